@@ -1,0 +1,50 @@
+"""The reference backend: the strict specs, written out in ``kernels/reference``, on CPU.
+
+Its bits are the golden bits. float64 inputs run the float64 oracle instead (no spec bits are
+promised for float64; it exists so ``torch.autograd.gradcheck`` can check the backward passes).
+"""
+from __future__ import annotations
+
+import torch
+
+from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+from kernels import oracle
+from kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
+
+F64 = torch.float64
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    device_types = ("cpu",)
+    priority = 0
+    dtypes = FLOAT_DTYPES + (F64,)
+    description = "readable definition of every strict spec (torch elementwise ops, no BLAS); golden bits"
+
+    def claimed_levels(self, op, spec):
+        return frozenset(LEVELS)
+
+    def matmul(self, a, b, spec):
+        return oracle.matmul(a, b) if a.dtype == F64 else _mm.matmul(a, b, spec)
+
+    def linear(self, x, weight, bias, spec):
+        return oracle.linear(x, weight, bias) if x.dtype == F64 else _mm.linear(x, weight, bias, spec)
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        if x.dtype == F64:
+            return oracle.rms_norm(x, weight, eps, residual)
+        return _rn.rms_norm(x, weight, eps, residual, spec)
+
+    def softmax(self, x, spec):
+        return oracle.softmax(x) if x.dtype == F64 else _sm.softmax(x, spec)
+
+    def log_softmax(self, x, spec):
+        return oracle.log_softmax(x) if x.dtype == F64 else _sm.log_softmax(x, spec)
+
+    def logsumexp(self, x, spec):
+        return oracle.logsumexp(x) if x.dtype == F64 else _sm.logsumexp(x, spec)
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        if F64 in (hidden.dtype, weight.dtype):
+            return oracle.token_logprobs(hidden, weight, tokens, temperature)
+        return _sm.token_logprobs(hidden, weight, tokens, temperature, spec)

@@ -1,0 +1,62 @@
+"""The backend interface.
+
+A backend implements ops as methods named after the op (``matmul``, ``rms_norm``, ...) that take
+validated tensors (same device, supported dtype, checked shapes) and the resolved spec, and return
+plain tensors without autograd. ``hal`` adds validation, dispatch and autograd around them.
+"""
+from __future__ import annotations
+
+import torch
+
+from .spec import OpSpec, STRICT
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+LEVELS = ("L0", "L1", "L2", "L3", "L4", "A")
+
+
+class Backend:
+    #: Name used by ``backend=``, ``hal.use`` and ``HAL_BACKEND``.
+    name: str = ""
+    #: Device types (``torch.device.type``) this backend serves.
+    device_types: tuple[str, ...] = ()
+    #: Higher is tried first when a backend is chosen automatically by device.
+    priority: int = 0
+    #: Whether automatic selection may pick it (the stock negative control never is).
+    auto: bool = True
+    #: Policies whose specs it implements.
+    policies: tuple[str, ...] = (STRICT,)
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    description: str = ""
+
+    def unavailable_reason(self) -> str | None:
+        """None when the backend can run on this machine, else why not (missing package, device)."""
+        return None
+
+    def ops(self) -> list[str]:
+        from .ops_registry import OPS
+        return [op for op in OPS if callable(getattr(self, op, None))]
+
+    def supports(self, op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device) -> list[str]:
+        """Reasons this backend cannot serve the call; an empty list means it can."""
+        reasons = []
+        why = self.unavailable_reason()
+        if why:
+            reasons.append(f"{self.name}: not available here: {why}")
+        if not callable(getattr(self, op, None)):
+            reasons.append(f"{self.name}: does not implement {op}")
+        if device.type not in self.device_types:
+            reasons.append(f"{self.name}: serves devices {list(self.device_types)}, not {device.type!r}")
+        if dtype not in self.dtypes:
+            reasons.append(f"{self.name}: dtype {dtype} not supported (supported: "
+                           f"{', '.join(str(d) for d in self.dtypes)})")
+        if spec.policy not in self.policies:
+            reasons.append(f"{self.name}: implements policies {list(self.policies)}, not {spec.policy!r} "
+                           f"(spec {spec.id})")
+        return reasons
+
+    def claimed_levels(self, op: str, spec: OpSpec) -> frozenset[str]:
+        """The levels this backend promises for (op, spec); a failure of one fails the conformance run."""
+        return frozenset()
+
+    def __repr__(self):
+        return f"<backend {self.name}>"

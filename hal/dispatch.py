@@ -1,0 +1,152 @@
+"""Backend registry and selection.
+
+Order of precedence for a call: ``backend=`` argument > innermost ``with hal.use(name)`` >
+``HAL_BACKEND`` environment variable > automatic choice by the tensors' device.
+
+A named backend that cannot serve the call raises :class:`UnsupportedError` with every reason.
+The automatic choice tries the backends serving the device in priority order and logs once when
+it falls back past the first one.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import logging
+import os
+import threading
+from importlib import metadata
+
+import torch
+
+from .backend import Backend
+from .errors import BackendUnavailable, InputError, UnsupportedError
+from .spec import OpSpec
+
+log = logging.getLogger("lockstep")
+
+ENTRY_POINT_GROUP = "lockstep.backends"
+_BUILTIN = {
+    "reference": "backends.reference:ReferenceBackend",
+    "stock": "backends.stock:StockBackend",
+}
+
+_lock = threading.Lock()
+_backends: dict[str, Backend] | None = None
+_load_errors: dict[str, str] = {}
+_fallback_logged: set[tuple] = set()
+_current: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("lockstep_backend", default=())
+
+
+def _load(target: str) -> Backend:
+    module, _, attr = target.partition(":")
+    obj = getattr(importlib.import_module(module), attr)
+    return obj() if isinstance(obj, type) else obj
+
+
+def backends() -> dict[str, Backend]:
+    """All registered backends by name (built-ins first, then entry points), loaded once."""
+    global _backends
+    with _lock:
+        if _backends is None:
+            found: dict[str, Backend] = {}
+            for name, target in _BUILTIN.items():
+                found[name] = _load(target)
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name in found:
+                    continue
+                try:
+                    b = ep.load()
+                    found[ep.name] = b() if isinstance(b, type) else b
+                except Exception as e:  # a broken plug-in must not break lockstep
+                    _load_errors[ep.name] = f"entry point {ep.value!r} failed to load: {type(e).__name__}: {e}"
+            _backends = found
+        return _backends
+
+
+def register_backend(backend: Backend) -> None:
+    """Register a backend object at run time (tests, notebooks). Entry points are the durable way."""
+    if not backend.name:
+        raise ValueError("a backend needs a name")
+    backends()[backend.name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    backends().pop(name, None)
+
+
+def load_errors() -> dict[str, str]:
+    backends()
+    return dict(_load_errors)
+
+
+def get_backend(name: str) -> Backend:
+    bs = backends()
+    if name not in bs:
+        extra = f" ({_load_errors[name]})" if name in _load_errors else ""
+        raise BackendUnavailable(f"unknown backend {name!r}{extra}; registered: {', '.join(bs)} (`hal info` lists them)")
+    return bs[name]
+
+
+@contextlib.contextmanager
+def use(name: str):
+    """Run the enclosed calls on backend ``name``. Nests, restores on exceptions, per thread/task."""
+    get_backend(name)  # fail early on a typo
+    token = _current.set(_current.get() + (name,))
+    try:
+        yield get_backend(name)
+    finally:
+        _current.reset(token)
+
+
+def requested_backend() -> tuple[str | None, str]:
+    """The backend name asked for by context or environment, and where the request came from."""
+    stack = _current.get()
+    if stack:
+        return stack[-1], "hal.use"
+    env = os.environ.get("HAL_BACKEND", "").strip()
+    if env and env != "auto":
+        return env, "HAL_BACKEND"
+    return None, "auto"
+
+
+def common_device(tensors: dict[str, torch.Tensor]) -> torch.device:
+    devices = {name: t.device for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+    distinct = set(devices.values())
+    if len(distinct) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise InputError(f"tensors are on different devices ({listing}); move them to one device")
+    return next(iter(distinct))
+
+
+def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, backend: str | Backend | None = None) -> Backend:
+    """The backend that serves this call (see module docstring)."""
+    if isinstance(backend, Backend):
+        name, source = backend.name, "backend="
+        chosen = backend
+    else:
+        name, source = (backend, "backend=") if backend not in (None, "auto") else requested_backend()
+        chosen = get_backend(name) if name else None
+    if chosen is not None:
+        reasons = chosen.supports(op, spec, dtype, device)
+        if reasons:
+            raise UnsupportedError(f"backend {name!r} (requested by {source}) cannot run {op} with spec "
+                                   f"{spec.id}, {dtype}, device {device}", reasons)
+        return chosen
+    candidates = sorted((b for b in backends().values() if b.auto and device.type in b.device_types),
+                        key=lambda b: -b.priority)
+    reasons: list[str] = []
+    for i, b in enumerate(candidates):
+        why = b.supports(op, spec, dtype, device)
+        if not why:
+            if i > 0:
+                key = (op, spec.id, device.type, b.name)
+                if key not in _fallback_logged:
+                    _fallback_logged.add(key)
+                    log.warning("lockstep: %s on %s falls back to backend %r: %s", op, device.type, b.name,
+                                "; ".join(reasons))
+            return b
+        reasons.extend(why)
+    if not candidates:
+        reasons.append(f"no registered backend serves device type {device.type!r}")
+    raise UnsupportedError(f"no backend can run {op} with spec {spec.id}, {dtype}, device {device}", reasons)

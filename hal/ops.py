@@ -1,0 +1,255 @@
+"""Public ops on torch tensors: validate, pick a spec and a backend, run, add autograd.
+
+Forward bits come from the backend (the spec's canonical computation). Backward passes are
+ordinary torch float32/float64 math: correct and deterministic, but not part of any spec
+(DESIGN.md principle 6: the bits that decide on-policy-ness are the forward log-probs).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, spec as specs, validate as v
+from .ops_registry import OPS
+
+__all__ = ["matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"]
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
+
+
+def _prepare(op: str, spec, backend, dtype: torch.dtype, **tensors):
+    """Resolve (spec, backend) for a call whose tensors were validated."""
+    s = specs.resolve(OPS[op], spec)
+    device = dispatch.common_device(tensors)
+    return s, dispatch.select(op, s, dtype, device, backend)
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------- matmul / linear
+
+
+class _MatmulFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, s, impl):
+        ctx.save_for_backward(a, b)
+        return impl.matmul(a, b, s)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        acc = _acc_dtype(a)
+        g32, a32, b32 = g.to(acc), a.to(acc), b.to(acc)
+        ga = (g32 @ b32.transpose(0, 1)).to(a.dtype) if ctx.needs_input_grad[0] else None
+        gb = None
+        if ctx.needs_input_grad[1]:
+            gb = (a32.reshape(-1, a.shape[-1]).transpose(0, 1) @ g32.reshape(-1, g.shape[-1])).to(b.dtype)
+        return ga, gb, None, None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> torch.Tensor:
+    """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in the inputs' dtype (float32 accumulation)."""
+    v.tensor("a", a, ndim_min=2), v.tensor("b", b, ndim=2)
+    dtype = v.same_dtype(a=v.floating("a", a), b=v.floating("b", b))
+    v.dim_eq("matmul: a.shape[-1] (K) vs b.shape[0]", a.shape[-1], b.shape[0], "b must be [K, N]")
+    s, impl = _prepare("matmul", spec, backend, dtype, a=a, b=b)
+    if _needs_grad(a, b):
+        return _MatmulFn.apply(a, b, s, impl)
+    return impl.matmul(a, b, s)
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, s, impl):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return impl.linear(x, weight, bias, s)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        acc = _acc_dtype(x)
+        g2 = g.reshape(-1, g.shape[-1]).to(acc)
+        gx = (g.to(acc) @ w.to(acc)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        gw = (g2.transpose(0, 1) @ x.reshape(-1, x.shape[-1]).to(acc)).to(w.dtype) if ctx.needs_input_grad[1] else None
+        gbias = g2.sum(0).to(w.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gbias, None, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, spec=None, backend=None):
+    """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``)."""
+    v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
+    if bias is not None:
+        v.tensor("bias", bias, ndim=1)
+        v.floating("bias", bias)
+        v.dim_eq("linear: bias.shape[0] vs weight.shape[0] (N)", bias.shape[0], weight.shape[0])
+    dtype = v.same_dtype(x=v.floating("x", x), weight=v.floating("weight", weight))
+    v.dim_eq("linear: x.shape[-1] (K) vs weight.shape[1]", x.shape[-1], weight.shape[1], "weight must be [N, K]")
+    s, impl = _prepare("linear", spec, backend, dtype, x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
+    if _needs_grad(x, weight, bias):
+        return _LinearFn.apply(x, weight, bias, s, impl)
+    return impl.linear(x, weight, bias, s)
+
+
+# ---------------------------------------------------------------- rms_norm
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, s, impl):
+        out = impl.rms_norm(x, weight, eps, residual, s)
+        h = out[1] if residual is not None else x
+        ctx.save_for_backward(h, weight)
+        ctx.eps, ctx.has_residual = eps, residual is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, gy, gh=None):
+        h, w = ctx.saved_tensors
+        acc = _acc_dtype(h)
+        h32, w32, gy32 = h.to(acc), w.to(acc), gy.to(acc)
+        n = h.shape[-1]
+        inv = torch.rsqrt((h32 * h32).mean(-1, keepdim=True) + ctx.eps)
+        xhat = h32 * inv
+        gxhat = gy32 * w32
+        gx = inv * (gxhat - xhat * (gxhat * xhat).sum(-1, keepdim=True) / n)
+        if gh is not None:
+            gx = gx + gh.to(acc)
+        gw = (gy32 * xhat).reshape(-1, n).sum(0).to(w.dtype) if ctx.needs_input_grad[1] else None
+        gx = gx.to(h.dtype)
+        if ctx.has_residual:
+            return gx, gw, gx, None, None, None
+        return gx, gw, None, None, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None, *,
+             spec=None, backend=None):
+    """RMSNorm over the last dim. With ``residual``: ``h = x + residual`` (fused), returns ``(y, h)``."""
+    v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=1)
+    v.floating("x", x), v.floating("weight", weight)
+    v.dim_eq("rms_norm: weight.shape[0] vs x.shape[-1] (hidden size)", weight.shape[0], x.shape[-1])
+    eps = float(eps)
+    if not eps >= 0:
+        raise v.InputError(f"eps must be >= 0, got {eps}")
+    if residual is not None:
+        v.tensor("residual", residual)
+        v.same_dtype(x=x, residual=v.floating("residual", residual))
+        if residual.shape != x.shape:
+            raise v.InputError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    tensors = dict(x=x, weight=weight, **({"residual": residual} if residual is not None else {}))
+    s, impl = _prepare("rms_norm", spec, backend, x.dtype, **tensors)
+    if _needs_grad(x, weight, residual):
+        return _RMSNormFn.apply(x, weight, residual, eps, s, impl)
+    return impl.rms_norm(x, weight, eps, residual, s)
+
+
+# ---------------------------------------------------------------- softmax family
+
+
+class _SoftmaxFamilyFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, kind, s, impl):
+        out = getattr(impl, kind)(x, s)
+        ctx.kind = kind
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        acc = _acc_dtype(x)
+        g32, x32 = g.to(acc), x.to(acc)
+        p = torch.softmax(x32, -1)
+        if ctx.kind == "softmax":
+            gx = p * (g32 - (g32 * p).sum(-1, keepdim=True))
+        elif ctx.kind == "log_softmax":
+            gx = g32 - p * g32.sum(-1, keepdim=True)
+        else:  # logsumexp
+            gx = g32.unsqueeze(-1) * p
+        return gx.to(x.dtype), None, None, None
+
+
+def _softmax_family(kind: str, x: torch.Tensor, dim: int, spec, backend):
+    v.tensor("x", x, ndim_min=1)
+    v.floating("x", x)
+    d = v.normalize_dim(dim, x.dim())
+    s, impl = _prepare(kind, spec, backend, x.dtype, x=x)
+    last = d == x.dim() - 1
+    xt = x if last else x.movedim(d, -1)  # rows are independent, so moving the axis changes no bits
+    if _needs_grad(x):
+        out = _SoftmaxFamilyFn.apply(xt, kind, s, impl)
+    else:
+        out = getattr(impl, kind)(xt, s)
+    if kind == "logsumexp" or last:
+        return out
+    return out.movedim(-1, d)
+
+
+def softmax(x, dim: int = -1, *, spec=None, backend=None):
+    """Softmax along ``dim`` (tiled along that axis by the spec)."""
+    return _softmax_family("softmax", x, dim, spec, backend)
+
+
+def log_softmax(x, dim: int = -1, *, spec=None, backend=None):
+    """log-softmax along ``dim``."""
+    return _softmax_family("log_softmax", x, dim, spec, backend)
+
+
+def logsumexp(x, dim: int = -1, *, spec=None, backend=None):
+    """log-sum-exp along ``dim`` (that dim is removed)."""
+    return _softmax_family("logsumexp", x, dim, spec, backend)
+
+
+# ---------------------------------------------------------------- token log-probs
+
+
+class _TokenLogprobsFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, temperature, s, impl):
+        ctx.save_for_backward(hidden, weight, tokens)
+        ctx.temperature = temperature
+        return impl.token_logprobs(hidden, weight, tokens, temperature, s)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, w, tok = ctx.saved_tensors
+        acc = _acc_dtype(h)
+        h32, w32 = h.to(acc).reshape(-1, h.shape[-1]), w.to(acc)
+        t = ctx.temperature
+        p = torch.softmax(h32 @ w32.transpose(0, 1) / t, -1)
+        onehot = torch.zeros_like(p).scatter_(-1, tok.reshape(-1, 1).long(), 1.0)
+        glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
+        gh = (glogits @ w32).reshape(h.shape).to(h.dtype) if ctx.needs_input_grad[0] else None
+        gw = (glogits.transpose(0, 1) @ h32).to(w.dtype) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None, None, None
+
+
+def token_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, tokens: torch.Tensor,
+                   temperature: float = 1.0, *, spec=None, backend=None) -> torch.Tensor:
+    """float32 ``log p(tokens | hidden)`` for hidden ``[..., H]``, LM head ``[V, H]``, tokens ``[...]``.
+
+    The LM head is accumulated in float32 and the log-softmax is vocab-tiled; the result is never
+    rounded below float32. This is the number a sampler records and a trainer recomputes.
+    """
+    v.tensor("hidden", hidden, ndim_min=1), v.tensor("lm_head_weight", lm_head_weight, ndim=2)
+    v.floating("hidden", hidden), v.floating("lm_head_weight", lm_head_weight)
+    v.tensor("tokens", tokens)
+    v.integer("tokens", tokens)
+    v.dim_eq("token_logprobs: lm_head_weight.shape[1] vs hidden.shape[-1] (hidden size)",
+             lm_head_weight.shape[1], hidden.shape[-1], "lm_head_weight must be [vocab, hidden]")
+    if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
+        raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}")
+    vocab = lm_head_weight.shape[0]
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise v.InputError(f"tokens must be in [0, {vocab}) (the LM head's vocab size); got values in "
+                           f"[{int(tokens.min())}, {int(tokens.max())}]")
+    temperature = v.positive_finite("temperature", temperature)
+    dtype = torch.float64 if torch.float64 in (hidden.dtype, lm_head_weight.dtype) else hidden.dtype
+    s, impl = _prepare("token_logprobs", spec, backend, dtype, hidden=hidden, lm_head_weight=lm_head_weight,
+                       tokens=tokens)
+    if _needs_grad(hidden, lm_head_weight):
+        return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl)
+    return impl.token_logprobs(hidden, lm_head_weight, tokens, temperature, s)

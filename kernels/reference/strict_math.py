@@ -1,0 +1,115 @@
+"""Strict float32 arithmetic that every backend can reproduce bit for bit.
+
+Only IEEE-754 operations that are correctly rounded everywhere are used: fma, +, -, *, /, sqrt,
+floor, comparisons and exact bit manipulation. Every product that feeds a sum is a fused
+multiply-add: compilers are allowed to contract ``a*b + c`` into an fma (XLA's CPU backend does
+under ``jax.jit``), but never to split an explicit fma, so writing the fma in the spec removes the
+ambiguity. Triton has ``tl.fma``, CUDA ``fmaf``, JAX ``lax`` on most targets; torch has no fma
+on CPU, so :func:`fma` emulates it exactly in float64 (below).
+
+``exp`` and ``log`` are lockstep's own (version ``lsm1``): Cody-Waite range reduction and a
+polynomial evaluated by Horner's rule with fma. They are not correctly rounded, but the same on
+every backend; their error against the correctly rounded result is measured by
+``python -m benchmarks.ulp`` and stated in the README.
+"""
+from __future__ import annotations
+
+import torch
+
+F32 = torch.float32
+F64 = torch.float64
+
+
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 ``a*b + c`` with a single rounding (IEEE fusedMultiplyAdd), for float32 tensors.
+
+    The float64 product of two float32 values is exact (24 + 24 < 53 bits). The float64 sum is
+    rounded once; rounding that again to float32 could round twice wrongly, so the sum is first
+    made *round-to-odd* (exact error by TwoSum; an inexact result with an even last bit moves one
+    float64 ulp towards the exact value). Rounding a round-to-odd value with at least two extra bits
+    to nearest-even gives the correctly rounded result (Boldo & Melquiond).
+    """
+    p = a.to(F64) * b.to(F64)  # exact
+    c64 = c.to(F64)
+    s = p + c64
+    # TwoSum: err = (p + c) - s exactly.
+    bv = s - p
+    err = (p - (s - bv)) + (c64 - bv)
+    bits = s.view(torch.int64)
+    inexact = (err != 0) & torch.isfinite(s)
+    to_odd = inexact & ((bits & 1) == 0)
+    # +1 on the bit pattern grows the magnitude, -1 shrinks it (for either sign).
+    step = torch.where((err > 0) == (s > 0), 1, -1)
+    bits = torch.where(to_odd, bits + step, bits)
+    return bits.view(F64).to(F32)
+
+
+def _f32(x: float) -> torch.Tensor:
+    return torch.tensor(x, dtype=F32)
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2**k as float32 for integer-valued float32 k in [-126, 127], built from its bits (exact)."""
+    return ((k.to(torch.int32) + 127) << 23).view(F32)
+
+
+# exp: x = k*ln2 + r, |r| <= ln2/2. LN2_HI has 16 trailing zero bits so k*LN2_HI is exact for
+# |k| < 2**8; with fma that does not even matter, but it keeps the reduction accurate.
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693145751953125
+_LN2_LO = 1.4286067653e-06
+# Taylor coefficients 1/n!, n = 7..2, as float32 (rounded from the exact rationals).
+_EXP_POLY = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5]
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """lockstep's float32 exp (lsm1). exp(NaN) = NaN, exp(-inf) = 0, exp(+inf) = inf."""
+    assert x.dtype == F32
+    xc = x.clamp(-110.0, 100.0)  # beyond these exp is 0 / inf in float32; keeps k small
+    k = torch.floor(fma(xc, _f32(_LOG2E).expand_as(xc), _f32(0.5).expand_as(xc)))
+    r = fma(-k, _f32(_LN2_HI).expand_as(k), xc)
+    r = fma(-k, _f32(_LN2_LO).expand_as(k), r)
+    p = _f32(_EXP_POLY[0]).expand_as(r)
+    for c in _EXP_POLY[1:]:
+        p = fma(p, r, _f32(c).expand_as(r))
+    one = _f32(1.0).expand_as(r)
+    p = fma(p, r, one)  # 1 + r + r^2/2 + ...
+    p = fma(p, r, one)
+    # Scale by 2**k in two exact steps so that only the last product can round (subnormal results).
+    k1 = torch.floor(k * 0.5)
+    y = (p * _pow2(k1)) * _pow2(k - k1)
+    return torch.where(torch.isnan(x), x, y)
+
+
+# log: x = m * 2**e with m in [sqrt(1/2), sqrt(2)); f = m - 1 (exact); s = f / (2 + f);
+# log(1+f) = 2 atanh(s) = f - s*(f - R(s^2)),  R(z) = z*(2/3 + z*(2/5 + z*(2/7 + z*2/9))).
+_LOG_POLY = [2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0]
+_SQRT2_BITS = 0x3FB504F3  # float32 sqrt(2) rounded down
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """lockstep's float32 natural log (lsm1). log(0) = -inf, log(x<0) = NaN, log(inf) = inf."""
+    assert x.dtype == F32
+    tiny = x < 1.1754943508222875e-38  # subnormal (or zero/negative): scale up exactly first
+    xs = torch.where(tiny, x * 8388608.0, x)  # 2**23
+    bits = xs.view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 127 - torch.where(tiny, 23, 0).to(torch.int32)
+    mbits = (bits & 0x7FFFFF) | 0x3F800000
+    big = mbits > _SQRT2_BITS
+    mbits = torch.where(big, mbits - 0x00800000, mbits)  # m/2, exact
+    e = e + big.to(torch.int32)
+    m = mbits.view(F32)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    r = _f32(_LOG_POLY[0]).expand_as(z)
+    for c in _LOG_POLY[1:]:
+        r = fma(r, z, _f32(c).expand_as(z))
+    r = r * z
+    lp = fma(-s, f - r, f)
+    ef = e.to(F32)
+    y = fma(ef, _f32(_LN2_HI).expand_as(ef), fma(ef, _f32(_LN2_LO).expand_as(ef), lp))
+    y = torch.where(x == 0, float("-inf"), y)
+    y = torch.where(x < 0, float("nan"), y)
+    y = torch.where(torch.isinf(x) & (x > 0), float("inf"), y)
+    return torch.where(torch.isnan(x), x, y)
