@@ -48,3 +48,7 @@ class ReferenceBackend(Backend):
         if F64 in (hidden.dtype, weight.dtype):
             return oracle.token_logprobs(hidden, weight, tokens, temperature)
         return _sm.token_logprobs(hidden, weight, tokens, temperature, spec)
+
+    # --- attention ---
+
+    # --- gated delta rule ---

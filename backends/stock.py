@@ -45,3 +45,7 @@ class StockBackend(Backend):
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
         logits = F.linear(hidden.float(), weight.float()) / temperature
         return torch.log_softmax(logits, -1).gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+    # --- attention ---
+
+    # --- gated delta rule ---

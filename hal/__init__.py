@@ -12,6 +12,8 @@ from .backend import LEVELS, Backend
 from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
 from .errors import (BackendUnavailable, GoldenError, HalError, InputError, SpecError, UnsupportedError)
 from .ops import linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
+# --- attention exports ---
+# --- gated delta rule exports ---
 
 __version__ = "0.1.0"
 

@@ -9,6 +9,8 @@ OPS: dict[str, str] = {
     "log_softmax": "softmax",
     "logsumexp": "softmax",
     "token_logprobs": "token_logprobs",
+    # --- attention ops ---
+    # --- gated delta rule ops ---
 }
 
 

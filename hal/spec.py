@@ -176,6 +176,11 @@ class TokenLogprobsSpec(OpSpec):
         ]
 
 
+# --- attention specs (issue 3) ---
+
+# --- gated delta rule specs (issue 4) ---
+
+
 _SPECS: dict[str, OpSpec] = {}
 #: The default spec for each op family (the one ops use when ``spec=`` is not given).
 DEFAULTS: dict[str, OpSpec] = {}
@@ -220,3 +225,5 @@ register(MatmulSpec(policy=FAST))
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)
+# --- attention spec registrations ---
+# --- gated delta rule spec registrations ---

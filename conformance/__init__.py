@@ -1,0 +1,9 @@
+"""The golden conformance suite: which invariance levels a backend reaches, op by op.
+
+Modules:
+  inputs   -- counter-based input generator (identical on every platform and library version)
+  bits     -- exact bit comparison and the first divergence
+  family   -- the Case / Family protocol each op family implements (families/)
+  golden   -- golden files written from the reference backend, verified by SHA-256 on load
+  runner   -- runs families x backends x levels, builds the report (table, JSON, JUnit)
+"""

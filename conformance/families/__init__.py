@@ -1,0 +1,25 @@
+"""Op families of the conformance suite, by name (what ``--ops`` selects)."""
+from __future__ import annotations
+
+import importlib
+
+from ..family import Family
+
+MODULES = {
+    "matmul": "conformance.families.matmul",
+    "rms_norm": "conformance.families.rms_norm",
+    "softmax": "conformance.families.softmax",
+    "token_logprobs": "conformance.families.token_logprobs",
+    # --- attention family ---
+    # --- gated delta rule family ---
+}
+
+
+def get(name: str) -> Family:
+    if name not in MODULES:
+        raise KeyError(f"unknown op family {name!r}; known: {', '.join(MODULES)}")
+    return importlib.import_module(MODULES[name]).FAMILY
+
+
+def names() -> list[str]:
+    return list(MODULES)
