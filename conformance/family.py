@@ -97,7 +97,8 @@ def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tupl
     """L1 checks for ops whose outputs' leading dim matches the leading dim of ``row_inputs``.
 
     A row's outputs must not depend on which other rows are in the call, on its position, on
-    padding rows, or on neighbours holding extreme values or NaN/Inf. ``hostile(name, n, x)`` makes
+    padding rows, or on neighbours holding extreme values or NaN/Inf. Names absent from a case's
+    inputs are ignored (e.g. an optional residual). ``hostile(name, n, x)`` makes
     n hostile rows for input ``name`` (default: :func:`extreme_rows`).
     """
     def mk_hostile(name, n, x):
@@ -105,9 +106,12 @@ def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tupl
             return hostile(name, n, x)
         return extreme_rows(n, x.shape[1:], x.dtype)
 
+    def present(inputs):
+        return [n for n in row_inputs if inputs.get(n) is not None]
+
     def with_rows(inputs, index):
         out = dict(inputs)
-        for name in row_inputs:
+        for name in present(inputs):
             out[name] = inputs[name][index]
         return out
 
@@ -129,7 +133,7 @@ def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tupl
     def padding(backend, case, inputs, base):
         n = inputs[row_inputs[0]].shape[0]
         padded = dict(inputs)
-        for name in row_inputs:
+        for name in present(inputs):
             x = inputs[name]
             padded[name] = torch.cat([x, mk_hostile(name, 5, x)])
         got = call(backend, case, padded)
@@ -139,7 +143,7 @@ def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tupl
         n = inputs[row_inputs[0]].shape[0]
         target = n // 2
         mixed = dict(inputs)
-        for name in row_inputs:
+        for name in present(inputs):
             x = inputs[name]
             h = mk_hostile(name, 2 * n + 1, x)
             mixed[name] = torch.cat([h[:n], x[target:target + 1], h[n:]])
@@ -154,7 +158,7 @@ def autograd_check(call: Callable[[Backend, Case, dict], dict], grad_inputs: tup
     """L3: the autograd (training) forward gives the bits of the inference forward (the base call)."""
     def check(backend, case, inputs, base):
         train = dict(inputs)
-        for name in grad_inputs:
+        for name in (n for n in grad_inputs if inputs.get(n) is not None):
             train[name] = inputs[name].detach().clone().requires_grad_(True)
         with torch.enable_grad():
             got = call(backend, case, train)

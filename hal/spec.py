@@ -149,8 +149,8 @@ class SoftmaxSpec(OpSpec):
             f"per tile: s_t = sequential sum from +0.0 of exp(x - M) over the tile's elements",
             "S = tile partials s_t added in increasing tile order from +0.0",
             "logsumexp = M + log(S); log_softmax = (x - M) - log(S); softmax = exp(x - M) / S",
-            "a row that is all -inf: logsumexp -inf, log_softmax -inf, softmax 0; NaN anywhere in a row "
-            "makes the whole row NaN; +inf in a row gives NaN (IEEE inf - inf)",
+            "a row that is all -inf (fully masked): logsumexp -inf, log_softmax -inf, softmax 0; "
+            "a NaN or +inf anywhere in a row makes every output of that row NaN",
             "softmax/log_softmax rounded once to the input dtype; logsumexp likewise",
         ]
 
@@ -221,7 +221,6 @@ def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
 
 
 register(MatmulSpec(), default=True)
-register(MatmulSpec(policy=FAST))
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)

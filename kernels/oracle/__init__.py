@@ -30,20 +30,31 @@ def _empty_rows(x):
     return (x == float("-inf")).all(-1, keepdim=True)
 
 
+def _poisoned_rows(x):
+    """Rows with a NaN or +inf: the softmax spec defines all their outputs as NaN."""
+    return (torch.isnan(x) | (x == float("inf"))).any(-1, keepdim=True)
+
+
+def _finish(x, out, empty_value, keepdim=True):
+    empty, bad = _empty_rows(x), _poisoned_rows(x)
+    if not keepdim:
+        empty, bad = empty.squeeze(-1), bad.squeeze(-1)
+    return torch.where(bad, float("nan"), torch.where(empty, empty_value, out))
+
+
 def logsumexp(x):
     x = x.to(F64)
-    out = torch.logsumexp(x, -1)
-    return torch.where(_empty_rows(x).squeeze(-1), float("-inf"), out)
+    return _finish(x, torch.logsumexp(x, -1), float("-inf"), keepdim=False)
 
 
 def log_softmax(x):
     x = x.to(F64)
-    return torch.where(_empty_rows(x), float("-inf"), torch.log_softmax(x, -1))
+    return _finish(x, torch.log_softmax(x, -1), float("-inf"))
 
 
 def softmax(x):
     x = x.to(F64)
-    return torch.where(_empty_rows(x), 0.0, torch.softmax(x, -1))
+    return _finish(x, torch.softmax(x, -1), 0.0)
 
 
 def token_logprobs(hidden, weight, tokens, temperature=1.0):

@@ -12,10 +12,12 @@ def _row_stats(x32: torch.Tensor, t: int):
     """(M, S, shifted) of rows of x32 [..., n]: M = row max, S = canonical sum of exp(x - M).
 
     A row that is all -inf uses M = 0 for the shift (so exp gives exact zeros, S = 0, log S = -inf)
-    and is fixed up by the callers; NaN anywhere gives M = NaN and so NaN everywhere.
+    and is fixed up by the callers. A NaN or +inf anywhere in a row sets M = NaN, so every output
+    of that row is NaN (one rule for every backend, instead of whatever inf - inf does where).
     """
     m = torch.amax(x32, dim=-1, keepdim=True)  # max is exact and order-free
-    m = torch.where(torch.isnan(x32).any(dim=-1, keepdim=True), float("nan"), m)
+    poisoned = (torch.isnan(x32) | (x32 == float("inf"))).any(dim=-1, keepdim=True)
+    m = torch.where(poisoned, float("nan"), m)
     empty = m == float("-inf")
     m_safe = torch.where(empty, 0.0, m)
     shifted = x32 - m_safe

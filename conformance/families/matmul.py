@@ -1,0 +1,68 @@
+"""matmul and linear: one case computes both (linear with the transposed weight and a bias)."""
+from __future__ import annotations
+
+import torch
+
+import hal
+from hal.spec import DEFAULTS
+
+from .. import inputs as gen
+from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+
+# (M, K, N): awkward sizes on purpose -- 1 row (decode), K not a multiple of the tile, K = 4097.
+SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6)]
+EPS32 = 2.0 ** -24
+
+
+def _call(backend, case, x):
+    return {
+        "matmul": hal.matmul(x["a"], x["b"], spec=case.spec, backend=backend),
+        "linear": hal.linear(x["a"], x["b"].t(), x["bias"], spec=case.spec, backend=backend),
+    }
+
+
+def _column_subset(backend, case, inputs, base):
+    """Output columns must not depend on the other columns of b (N-invariance)."""
+    n = inputs["b"].shape[1]
+    cols = torch.tensor(sorted({0, n - 1, n // 2}), dtype=torch.long)
+    sub = dict(inputs, b=inputs["b"][:, cols].contiguous(), bias=inputs["bias"][cols].contiguous())
+    got = _call(backend, case, sub)
+    for k in base:
+        yield f"columns-{cols.tolist()}:{k}", base[k][:, cols], got[k]
+
+
+class MatmulFamily(Family):
+    def cases(self):
+        return [Case("matmul", f"m{m}_k{k}_n{n}", dt, DEFAULTS["matmul"], (("m", m), ("k", k), ("n", n)))
+                for m, k, n in SHAPES for dt in DTYPES]
+
+    def make_inputs(self, case):
+        m, k, n = case.p["m"], case.p["k"], case.p["n"]
+        return {"a": gen.randn(case.key("a"), (m, k), case.dtype),
+                "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
+                "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+
+    def run(self, backend, case, inputs):
+        return _call(backend, case, inputs)
+
+    def oracle(self, case, x):
+        from kernels import oracle
+        return {"matmul": oracle.matmul(x["a"], x["b"]), "linear": oracle.linear(x["a"], x["b"].t(), x["bias"])}
+
+    def budget(self, case, output, x, exact):
+        # fp32 fma chains of length <= tile inside tiles, then n_tiles tile sums: the classic
+        # gamma_n bound on sum |a||b|, plus one rounding to the output dtype.
+        k, t = case.p["k"], case.spec.k_tile
+        mag = x["a"].double().abs() @ x["b"].double().abs()
+        if output == "linear":
+            mag = mag + x["bias"].double().abs()
+        return (t + -(-k // t) + 2) * EPS32 * mag + 2 * half_ulp(exact, case.dtype)
+
+
+FAMILY = MatmulFamily(
+    name="matmul", ops=("matmul", "linear"), levels=("L0", "L1", "L3", "L4", "A"),
+    checks={
+        "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],
+        "L3": autograd_check(_call, ("a", "b", "bias")),
+    },
+)

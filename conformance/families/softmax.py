@@ -1,0 +1,69 @@
+"""softmax, log_softmax and logsumexp along the last axis (one spec family)."""
+from __future__ import annotations
+
+import torch
+
+import hal
+from hal.spec import DEFAULTS
+
+from .. import inputs as gen
+from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+
+# (rows, n): n = 1, not a multiple of the tile, 4097; "special" adds masked / NaN / inf / huge rows.
+SHAPES = [(1, 1), (3, 7), (5, 129), (2, 4097), (4, 256)]
+EPS32 = 2.0 ** -24
+
+
+def _call(backend, case, x):
+    kw = dict(spec=case.spec, backend=backend)
+    return {"softmax": hal.softmax(x["x"], -1, **kw), "log_softmax": hal.log_softmax(x["x"], -1, **kw),
+            "logsumexp": hal.logsumexp(x["x"], -1, **kw)}
+
+
+class SoftmaxFamily(Family):
+    def cases(self):
+        out = [Case("softmax", f"r{r}_n{n}", dt, DEFAULTS["softmax"], (("r", r), ("n", n), ("special", False)))
+               for r, n in SHAPES for dt in DTYPES]
+        out += [Case("softmax", "special_r6_n300", dt, DEFAULTS["softmax"], (("r", 6), ("n", 300), ("special", True)))
+                for dt in DTYPES]
+        return out
+
+    def make_inputs(self, case):
+        r, n = case.p["r"], case.p["n"]
+        x = gen.randn(case.key("x"), (r, n), case.dtype, scale=4.0)
+        if case.p["special"]:
+            fi = torch.finfo(case.dtype)
+            x[0] = float("-inf")                       # fully masked row
+            x[1, ::2] = float("-inf")                  # half masked
+            x[2, 7] = float("nan")                     # NaN poisons its row
+            x[3, 3] = float("inf")                     # +inf poisons its row
+            x[4] = x[4] * 0 + fi.max                   # all equal, huge
+            x[5, :5] = -fi.max                         # huge negative entries
+        return {"x": x}
+
+    def run(self, backend, case, inputs):
+        return _call(backend, case, inputs)
+
+    def oracle(self, case, x):
+        from kernels import oracle
+        return {"softmax": oracle.softmax(x["x"]), "log_softmax": oracle.log_softmax(x["x"]),
+                "logsumexp": oracle.logsumexp(x["x"])}
+
+    def budget(self, case, output, x, exact):
+        # S is a sum of positive terms: relative error <= (tile + n_tiles) eps; exp/log <= 1 ulp each.
+        n, t = case.p["n"], case.spec.tile
+        c = (t + -(-n // t) + 6) * EPS32
+        xs = x["x"].double()
+        m = xs.amax(-1, keepdim=True)
+        shift = torch.nan_to_num((xs - m).abs(), nan=0.0, posinf=0.0)
+        if output == "softmax":
+            return (c + shift * EPS32 * 2) * exact.abs() + 2 * half_ulp(exact, case.dtype) + 1e-45
+        if output == "log_softmax":
+            return c + 2 * shift * EPS32 + 2 * half_ulp(exact, case.dtype)
+        return c + 2 * m.squeeze(-1).abs().nan_to_num(0.0, 0.0, 0.0) * EPS32 + 2 * half_ulp(exact, case.dtype)
+
+
+FAMILY = SoftmaxFamily(
+    name="softmax", ops=("softmax", "log_softmax", "logsumexp"), levels=("L0", "L1", "L3", "L4", "A"),
+    checks={"L1": rowwise_checks(_call, ("x",)), "L3": autograd_check(_call, ("x",))},
+)

@@ -1,0 +1,59 @@
+"""token_logprobs: LM head in float32 + vocab-tiled log-softmax + gather (the RL log-prob)."""
+from __future__ import annotations
+
+import torch
+
+import hal
+from hal.spec import DEFAULTS
+
+from .. import inputs as gen
+from ..family import DTYPES, Case, Family, autograd_check, extreme_rows, rowwise_checks
+
+# (tokens N, hidden H, vocab V, temperature)
+SHAPES = [(1, 64, 1000, 1.0), (7, 129, 4097, 1.0), (5, 96, 515, 0.7)]
+EPS32 = 2.0 ** -24
+
+
+def _call(backend, case, x):
+    return {"logprobs": hal.token_logprobs(x["hidden"], x["weight"], x["tokens"], case.p["temperature"],
+                                           spec=case.spec, backend=backend)}
+
+
+def _hostile(name, n, x):
+    if name == "tokens":  # neighbours' token ids only need to be valid
+        return torch.full((n,), int(x.max()), dtype=x.dtype)
+    return extreme_rows(n, x.shape[1:], x.dtype)
+
+
+class TokenLogprobsFamily(Family):
+    def cases(self):
+        return [Case("token_logprobs", f"n{n}_h{h}_v{v}_t{t}", dt, DEFAULTS["token_logprobs"],
+                     (("n", n), ("h", h), ("v", v), ("temperature", t)))
+                for n, h, v, t in SHAPES for dt in DTYPES]
+
+    def make_inputs(self, case):
+        n, h, v = case.p["n"], case.p["h"], case.p["v"]
+        return {"hidden": gen.randn(case.key("hidden"), (n, h), case.dtype),
+                "weight": gen.randn(case.key("w"), (v, h), case.dtype, scale=4 * h ** -0.5),
+                "tokens": gen.randint(case.key("tokens"), (n,), v)}
+
+    def run(self, backend, case, inputs):
+        return _call(backend, case, inputs)
+
+    def oracle(self, case, x):
+        from kernels import oracle
+        return {"logprobs": oracle.token_logprobs(x["hidden"], x["weight"], x["tokens"], case.p["temperature"])}
+
+    def budget(self, case, output, x, exact):
+        h, v, temp = case.p["h"], case.p["v"], case.p["temperature"]
+        th, tv = case.spec.hidden_tile, case.spec.vocab_tile
+        mag = (x["hidden"].double().abs() @ x["weight"].double().abs().t()).amax(-1) / temp
+        logits_err = (th + -(-h // th) + 2) * EPS32 * mag
+        return 2 * logits_err + (tv + -(-v // tv) + 6) * EPS32 * (1 + exact.abs())
+
+
+FAMILY = TokenLogprobsFamily(
+    name="token_logprobs", ops=("token_logprobs",), levels=("L0", "L1", "L3", "L4", "A"),
+    checks={"L1": rowwise_checks(_call, ("hidden", "tokens"), hostile=_hostile),
+            "L3": autograd_check(_call, ("hidden", "weight"))},
+)

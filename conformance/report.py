@@ -1,0 +1,69 @@
+"""Report formats: a terminal table, JSON records, JUnit XML."""
+from __future__ import annotations
+
+import json
+from xml.sax.saxutils import escape, quoteattr
+
+from .runner import LEVEL_ORDER, Record
+
+_MARK = {"pass": "pass", "fail": "FAIL", "unsupported": "unsup"}
+
+
+def table(records: list[Record]) -> str:
+    rows: dict[tuple, dict[str, Record]] = {}
+    for r in records:
+        rows.setdefault((r.backend, r.op, r.dtype, r.spec_id), {})[r.level] = r
+    head = ["backend", "op", "dtype", "spec", *LEVEL_ORDER]
+    body = []
+    for (b, op, dt, spec), levels in rows.items():
+        cells = []
+        for lvl in LEVEL_ORDER:
+            r = levels.get(lvl)
+            if r is None:
+                cells.append("-")
+            else:
+                mark = _MARK[r.status]
+                cells.append(mark + ("" if r.claimed or r.status != "fail" else "*"))
+        body.append([b, op, dt, spec, *cells])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    out = [line(head), line(["-" * w for w in widths])] + [line(r) for r in body]
+    out.append("")
+    out.append("pass = bits identical in every case (A: within the error budget); FAIL* = fails a level the "
+               "backend does not claim (expected of a negative control); unsup = backend cannot serve it; - = n/a")
+    return "\n".join(out)
+
+
+def failures(records: list[Record]) -> str:
+    lines = []
+    for r in records:
+        if r.status == "fail":
+            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}{'' if r.claimed else ' (not claimed)'}] "
+                         f"{r.detail}")
+        elif r.status == "unsupported" and r.level == "L0":
+            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id}] unsupported: {r.detail}")
+    return "\n".join(lines)
+
+
+def to_json(records: list[Record], meta: dict) -> str:
+    return json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=1)
+
+
+def to_junit(records: list[Record]) -> str:
+    n_fail = sum(r.status == "fail" and r.claimed for r in records)
+    n_skip = sum(r.status == "unsupported" or (r.status == "fail" and not r.claimed) for r in records)
+    out = [f'<?xml version="1.0" encoding="utf-8"?>',
+           f'<testsuite name="lockstep-conformance" tests="{len(records)}" failures="{n_fail}" skipped="{n_skip}">']
+    for r in records:
+        name = quoteattr(f"{r.op}.{r.dtype}.{r.level}")
+        cls = quoteattr(f"{r.backend}.{r.spec_id}")
+        out.append(f"  <testcase classname={cls} name={name}>")
+        if r.status == "fail" and r.claimed:
+            out.append(f"    <failure message={quoteattr(r.detail[:200])}>{escape(r.detail)}</failure>")
+        elif r.status == "fail":
+            out.append(f"    <skipped message={quoteattr('fails a level the backend does not claim: ' + r.detail[:150])}/>")
+        elif r.status == "unsupported":
+            out.append(f"    <skipped message={quoteattr('unsupported: ' + r.detail[:200])}/>")
+        out.append("  </testcase>")
+    out.append("</testsuite>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,204 @@
+"""Runs op families on backends and reports, per backend x op x dtype x spec, which levels hold.
+
+Per case the runner makes the inputs, runs the base call once (inference, no autograd) and then:
+  L0  the same call again, and with 1 and with 2 threads: same bits;
+  L1, L2, L3  the family's own checks (batch / split / training-path transforms): same bits;
+  L4  the golden bits written from the reference backend: same bits;
+  A   the float64 oracle: error within the family's stated budget.
+A level passes for a (backend, op, dtype, spec) when it holds for every case.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hal import dispatch
+from hal.backend import Backend
+from hal.errors import GoldenError
+
+from . import families as fam_registry
+from . import golden
+from .bits import Divergence, first_divergence
+from .family import DTYPE_NAMES, Case, Family
+
+LEVEL_ORDER = ("L0", "L1", "L2", "L3", "L4", "A")
+
+
+@dataclass
+class Record:
+    backend: str
+    op: str
+    dtype: str
+    spec_id: str
+    level: str
+    status: str  # pass | fail | unsupported
+    detail: str
+    first_divergence: dict | None
+    claimed: bool
+    cases: int = 0
+    failed_cases: list[str] = field(default_factory=list)
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class _Outcome:
+    """Accumulates one level's results over the cases of a group."""
+
+    def __init__(self):
+        self.cases = 0
+        self.checks = 0
+        self.failures: list[tuple[str, Divergence]] = []
+        self.unsupported: list[str] = []
+
+    def fail(self, case_id: str, div: Divergence):
+        self.failures.append((case_id, div))
+
+
+def _to_device(inputs: dict, device: torch.device) -> dict:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _compare_all(out: _Outcome, case: Case, pairs):
+    for label, expected, got in pairs:
+        out.checks += 1
+        div = first_divergence(label, expected, got)
+        if div is not None:
+            out.fail(case.id, div)
+            return  # the first divergence of a check is what a reader needs
+
+
+def _error(label: str, e: BaseException) -> Divergence:
+    tb = traceback.format_exception_only(type(e), e)[-1].strip()
+    return Divergence(label, None, None, None, None, None, None, 0, 0, note=f"raised {tb}")
+
+
+def _with_threads(n: int, fn):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+def _accuracy(family: Family, case: Case, inputs: dict, base: dict, out: _Outcome):
+    exact = family.oracle(case, _to_device(inputs, torch.device("cpu")))
+    for name, ex in exact.items():
+        got = base[name].detach().cpu().double()
+        ex = ex.detach().cpu().double()
+        out.checks += 1
+        fin = torch.isfinite(ex)
+        nonfinite_ok = torch.where(torch.isnan(ex), torch.isnan(got), got == ex)
+        bad = ~torch.where(fin, torch.isfinite(got), nonfinite_ok)
+        allowed = family.budget(case, name, inputs, torch.where(fin, ex, torch.zeros_like(ex))).expand_as(ex)
+        err = (got - ex).abs()
+        bad = bad | (fin & ~(err <= allowed))
+        if bool(bad.any()):
+            flat = int(bad.reshape(-1).nonzero()[0, 0])
+            idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(ex.shape))] if ex.dim() else []
+            note = (f"error {err.reshape(-1)[flat].item():.3e} > budget {allowed.reshape(-1)[flat].item():.3e} at "
+                    f"{tuple(idx)}: exact {ex.reshape(-1)[flat].item()!r}, got {got.reshape(-1)[flat].item()!r}; "
+                    f"{int(bad.sum())}/{bad.numel()} elements outside the budget")
+            out.fail(case.id, Divergence(f"oracle:{name}", idx, None, None, None, None, None, int(bad.sum()),
+                                         bad.numel(), note=note))
+        else:
+            ratio = (err / allowed.clamp_min(1e-300))[fin]
+            out.worst = max(getattr(out, "worst", 0.0), float(ratio.max()) if ratio.numel() else 0.0)
+
+
+def run_case(family: Family, backend: Backend, case: Case, device: torch.device, levels, outcomes: dict, golden_root=None):
+    reasons = []
+    for op in family.ops:
+        reasons += backend.supports(op, case.spec, case.dtype, device)
+    if reasons:
+        for lvl in levels:
+            outcomes[lvl].unsupported = sorted(set(reasons))
+        return
+    inputs = _to_device(family.make_inputs(case), device)
+
+    def base_call():
+        with torch.no_grad():
+            return family.run(backend, case, inputs)
+
+    try:
+        base = base_call()
+    except Exception as e:
+        for lvl in levels:
+            outcomes[lvl].cases += 1
+            outcomes[lvl].fail(case.id, _error("base call", e))
+        return
+    for lvl in levels:
+        o = outcomes[lvl]
+        o.cases += 1
+        try:
+            if lvl == "L0":
+                for label, fn in (("repeat", base_call), ("1-thread", lambda: _with_threads(1, base_call)),
+                                  ("2-threads", lambda: _with_threads(2, base_call))):
+                    got = fn()
+                    _compare_all(o, case, ((f"{label}:{k}", base[k], got[k]) for k in base))
+            elif lvl == "L4":
+                gold = golden.load(family.name, case, family.make_inputs(case), golden_root)
+                _compare_all(o, case, ((f"golden:{k}", gold[k], base[k].detach().cpu()) for k in gold))
+            elif lvl == "A":
+                _accuracy(family, case, inputs, base, o)
+            else:
+                for name, check in family.checks.get(lvl, []):
+                    _compare_all(o, case, ((f"{name}/{lab}", e, g) for lab, e, g in check(backend, case, inputs, base)))
+        except GoldenError as e:
+            o.fail(case.id, Divergence("golden", None, None, None, None, None, None, 0, 0, note=str(e)))
+        except Exception as e:
+            o.fail(case.id, _error(lvl, e))
+
+
+def run(backend_names: list[str], family_names: list[str], device: str = "cpu", dtypes: list[str] | None = None,
+        progress=None, golden_root=None) -> list[Record]:
+    dev = torch.device(device)
+    records: list[Record] = []
+    for bname in backend_names:
+        backend = dispatch.get_backend(bname)
+        for fname in family_names:
+            family = fam_registry.get(fname)
+            groups: dict[tuple, list[Case]] = {}
+            for case in family.cases():
+                if dtypes and DTYPE_NAMES[case.dtype] not in dtypes:
+                    continue
+                groups.setdefault((DTYPE_NAMES[case.dtype], case.spec.id), []).append(case)
+            for (dname, spec_id), cases in groups.items():
+                outcomes = {lvl: _Outcome() for lvl in family.levels}
+                for i, case in enumerate(cases):
+                    if progress:
+                        progress(f"{bname} {fname} {spec_id} {case.id} ({i + 1}/{len(cases)})")
+                    t0 = time.perf_counter()
+                    run_case(family, backend, case, dev, family.levels, outcomes, golden_root)
+                    if progress:
+                        progress(f"  {time.perf_counter() - t0:.1f}s")
+                claimed = backend.claimed_levels(fname, cases[0].spec)
+                for lvl in family.levels:
+                    records.append(_record(bname, fname, dname, spec_id, lvl, outcomes[lvl], lvl in claimed))
+    return records
+
+
+def _record(bname, fname, dname, spec_id, lvl, o: _Outcome, claimed: bool) -> Record:
+    if o.unsupported:
+        return Record(bname, fname, dname, spec_id, lvl, "unsupported", "; ".join(o.unsupported), None, claimed)
+    if o.failures:
+        case_id, div = o.failures[0]
+        fd = div.to_dict()
+        fd["case"] = case_id
+        failed = sorted({c for c, _ in o.failures})
+        detail = f"{len(failed)}/{o.cases} cases fail; first: case {case_id}: {div}"
+        return Record(bname, fname, dname, spec_id, lvl, "fail", detail, fd, claimed, o.cases, failed)
+    detail = f"{o.cases} cases, {o.checks} comparisons"
+    if lvl == "A" and hasattr(o, "worst"):
+        detail += f"; worst error {o.worst:.2f} of budget"
+    return Record(bname, fname, dname, spec_id, lvl, "pass", detail, None, claimed, o.cases)
+
+
+def exit_status(records: list[Record]) -> int:
+    """Non-zero when a level a backend claims fails."""
+    return 1 if any(r.status == "fail" and r.claimed for r in records) else 0

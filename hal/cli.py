@@ -1,0 +1,162 @@
+"""The ``hal`` command: backends, specs, and the conformance suite.
+
+    hal info                                   backends here, and why the others are not
+    hal spec list | hal spec show ID           specs, in words
+    hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--json F] [--junit F]
+    hal conformance generate [--ops ...]       write golden files from the reference backend
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+import torch
+
+
+def _info(args) -> int:
+    from . import dispatch
+    print(f"lockstep {__import__('hal').__version__}  torch {torch.__version__}  python {platform.python_version()}  "
+          f"{platform.machine()}")
+    for name, b in dispatch.backends().items():
+        why = b.unavailable_reason()
+        state = "available" if not why else f"not available: {why}"
+        claims = "claims levels" if b.claimed_levels("matmul", __import__("hal").spec.DEFAULTS["matmul"]) else "claims no level"
+        print(f"  {name:<10} devices {','.join(b.device_types):<22} {state}; {claims}")
+        print(f"  {'':<10} {b.description}")
+        print(f"  {'':<10} ops: {', '.join(b.ops())}")
+    for name, err in dispatch.load_errors().items():
+        print(f"  {name:<10} not available: {err}")
+    return 0
+
+
+def _spec(args) -> int:
+    from . import spec as specs
+    if args.spec_cmd == "list":
+        for s in specs.all_specs():
+            default = " (default)" if specs.DEFAULTS.get(s.family) == s else ""
+            print(f"{s.id}{default}")
+        return 0
+    s = specs.get(args.id)
+    print(s.id)
+    print(f"  family: {s.family}")
+    for line in s.describe():
+        print(f"  - {line}")
+    return 0
+
+
+def _families(ops):
+    from conformance import families
+    names = families.names()
+    if not ops:
+        return names
+    unknown = [o for o in ops if o not in names]
+    if unknown:
+        raise SystemExit(f"hal: unknown op family {', '.join(unknown)}; known: {', '.join(names)}")
+    return ops
+
+
+def _conformance_run(args) -> int:
+    from conformance import report, runner
+    from . import dispatch
+    from .errors import BackendUnavailable
+    device = torch.device(args.device)
+    if args.backend == "all":
+        names = [n for n, b in dispatch.backends().items() if not b.unavailable_reason()]
+    elif args.backend == "auto":
+        cands = sorted((b for b in dispatch.backends().values()
+                        if b.auto and device.type in b.device_types and not b.unavailable_reason()),
+                       key=lambda b: -b.priority)
+        if not cands:
+            print(f"hal: no available backend serves device {device.type!r}; `hal info` says why", file=sys.stderr)
+            return 2
+        names = [cands[0].name]
+    else:
+        names = [n.strip() for n in args.backend.split(",")]
+        for n in names:
+            try:
+                b = dispatch.get_backend(n)
+            except BackendUnavailable as e:
+                print(f"hal: {e}", file=sys.stderr)
+                return 2
+            why = b.unavailable_reason()
+            if why:
+                print(f"hal: backend {n!r} is not available here: {why}", file=sys.stderr)
+                return 2
+    fams = _families(args.ops)
+    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.time()
+    records = runner.run(names, fams, device=args.device, dtypes=args.dtypes, progress=progress)
+    print(report.table(records))
+    fails = report.failures(records)
+    if fails:
+        print("\nFirst divergences:")
+        print(fails)
+    meta = {"backends": names, "ops": fams, "device": args.device, "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine(), "seconds": round(time.time() - t0, 1)}
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json(records, meta))
+    if args.junit:
+        with open(args.junit, "w") as f:
+            f.write(report.to_junit(records))
+    status = runner.exit_status(records)
+    print(f"\n{'FAILED: a level a backend claims does not hold' if status else 'OK: every claimed level holds'} "
+          f"({meta['seconds']} s)")
+    return status
+
+
+def _conformance_generate(args) -> int:
+    from conformance import families, golden
+    from . import dispatch
+    ref = dispatch.get_backend("reference")
+    for name in _families(args.ops):
+        fam = families.get(name)
+        results = []
+        for case in fam.cases():
+            inputs = fam.make_inputs(case)
+            with torch.no_grad():
+                results.append((case, inputs, fam.run(ref, case, inputs)))
+            print(f"{name} {case.spec.id} {case.id}", file=sys.stderr, flush=True)
+        print(f"wrote {golden.write(fam, results)} ({len(results)} cases)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hal", description="lockstep: bitwise-identical ops; backends, specs, conformance")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="list backends, which are available here and why the others are not")
+    sp = sub.add_parser("spec", help="list specs or show one in words")
+    ssub = sp.add_subparsers(dest="spec_cmd", required=True)
+    ssub.add_parser("list")
+    show = ssub.add_parser("show")
+    show.add_argument("id")
+    cp = sub.add_parser("conformance", help="run the conformance suite or regenerate golden files")
+    csub = cp.add_subparsers(dest="conf_cmd", required=True)
+    run = csub.add_parser("run")
+    run.add_argument("--backend", default="auto", help="backend name(s, comma separated), 'auto' (by device) or 'all'")
+    run.add_argument("--device", default="cpu")
+    run.add_argument("--ops", nargs="*", help="op families (default: all)")
+    run.add_argument("--dtypes", nargs="*", choices=["fp32", "bf16", "fp16"])
+    run.add_argument("--json", help="write the JSON report here")
+    run.add_argument("--junit", help="write a JUnit XML report here")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    gen = csub.add_parser("generate")
+    gen.add_argument("--ops", nargs="*")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "info":
+            return _info(args)
+        if args.cmd == "spec":
+            return _spec(args)
+        if args.conf_cmd == "run":
+            return _conformance_run(args)
+        return _conformance_generate(args)
+    except __import__("hal").HalError as e:
+        print(f"hal: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
