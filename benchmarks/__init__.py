@@ -1,0 +1,1 @@
+"""Benchmarks: lockstep's backends against the stock torch op, same device, same run."""
