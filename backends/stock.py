@@ -46,6 +46,99 @@ class StockBackend(Backend):
         logits = F.linear(hidden.float(), weight.float()) / temperature
         return torch.log_softmax(logits, -1).gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
-    # --- attention ---
+    # torch's scaled_dot_product_attention, one call per sequence, the way an eager engine would
+    # call it: is_causal for a full causal prefill, no mask when every key is visible (decode),
+    # a boolean mask otherwise. On CPU its bits depend on the query length (prefill vs decode).
+    def _sdpa(self, q, k, v, qlen, klen, scale, causal, window):
+        from hal.attention import key_visibility, query_positions
+        nq, nk = q.shape[0], k.shape[0]
+        group = q.shape[1] // k.shape[1]
+        qpos, qvalid = query_positions(torch.tensor([qlen]), torch.tensor([klen]), nq)
+        vis = key_visibility(qpos, qvalid, torch.tensor([klen]), nk, causal, window)[0].to(q.device)
+        qt = q.transpose(0, 1).unsqueeze(0)
+        kt = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+        vt = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+        if bool(vis.all()):
+            o = F.scaled_dot_product_attention(qt, kt, vt, scale=scale)
+        elif causal and nq == nk and window == (-1, -1):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=vis, scale=scale)
+        seen = vis.any(-1)
+        o = torch.where(seen.reshape(1, 1, -1, 1), o, 0.0)[0].transpose(0, 1)
+        sc = torch.einsum("hqd,hkd->hqk", qt[0].float(), kt[0].float()) * scale
+        lse = torch.logsumexp(torch.where(vis, sc, float("-inf")), -1)
+        return o, torch.where(seen, lse, float("-inf"))
 
-    # --- gated delta rule ---
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+        out = torch.zeros_like(q)
+        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        for b in range(len(cq) - 1):
+            q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+            if q1 > q0 and k1 > k0:
+                out[q0:q1], lse[:, q0:q1] = self._sdpa(q[q0:q1], k[k0:k1], v[k0:k1], q1 - q0, k1 - k0, scale,
+                                                       causal, window)
+        return out, lse
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                num_splits, spec):
+        from hal.kv_cache import gather_kv
+        bsz, sq = q.shape[:2]
+        out = torch.zeros_like(q)
+        lse = torch.full((bsz, q.shape[2], sq), float("-inf"), dtype=torch.float32, device=q.device)
+        max_k = int(seqlens_k.max()) if bsz else 0
+        kp = gather_kv(k_cache, seqlens_k, block_table, max_k)
+        vp = gather_kv(v_cache, seqlens_k, block_table, max_k)
+        for b in range(bsz):
+            n = int(seqlens_k[b])
+            if n:
+                out[b], lse[b] = self._sdpa(q[b], kp[b, :n], vp[b, :n], sq, n, scale, causal, window)
+        return out, lse
+
+    # transformers' Qwen3-Next reference functions: the chunk form restarts its chunk grid at every
+    # call and continues from the bare final state; the recurrent form is token by token.
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if op in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+            try:
+                import transformers.models.qwen3_next.modeling_qwen3_next  # noqa: F401
+            except Exception as e:  # not installed, or too old to have Qwen3-Next
+                reasons.append(f"stock: {op} runs transformers' Qwen3-Next reference functions, which cannot be "
+                               f"imported here ({type(e).__name__}: {e}); pip install 'transformers>=4.57'")
+        return reasons
+
+    def _hf_gdn(self, fn, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        from transformers.models.qwen3_next import modeling_qwen3_next as hf
+        from kernels.reference.gated_delta_rule import Parts
+        # transformers always scales by d_k ** -0.5; o is linear in the scaled query, so another
+        # scale is applied to q (no in-kernel norm) or to o (with it), in float32
+        ratio = scale / (q.shape[-1] ** -0.5)
+        q = q.float() if l2 or ratio == 1.0 else q.float() * ratio
+        s0 = state.final if state.final is not None else state.S
+        cu = cu_seqlens or [0, q.shape[1]]
+        rows = [slice(None)] if cu_seqlens is None else [slice(cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+        outs, finals = [], []
+        for i, r in enumerate(rows):
+            s_i = s0 if cu_seqlens is None else s0[i: i + 1]
+            o, f = getattr(hf, fn)(q[:, r], k[:, r], v[:, r], g=g[:, r], beta=beta[:, r], initial_state=s_i,
+                                   output_final_state=True, use_qk_l2norm_in_kernel=l2)
+            outs.append((o * ratio if l2 and ratio != 1.0 else o).to(v.dtype))
+            finals.append(f)
+        fin = torch.cat(finals)
+        n = fin.shape[0]
+        lengths = torch.full((n,), q.shape[1]) if cu_seqlens is None else torch.tensor([cu[i + 1] - cu[i] for i in range(n)])
+        return torch.cat(outs, 1), Parts(state.position + lengths, fin, None, None, None, None, fin)
+
+    def chunk_gated_delta_rule(self, *args):
+        return self._hf_gdn("torch_chunk_gated_delta_rule", *args)
+
+    def fused_recurrent_gated_delta_rule(self, *args):
+        return self._hf_gdn("torch_recurrent_gated_delta_rule", *args)
+
+    def gdn_gating(self, A_log, a, dt_bias, b, spec):
+        return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float()), torch.sigmoid(b.float())
+
+    def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
+        from kernels.oracle.gated_delta_rule import causal_conv1d
+        return causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens, dtype=torch.float32)

@@ -12,8 +12,10 @@ from .backend import LEVELS, Backend
 from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
 from .errors import (BackendUnavailable, GoldenError, HalError, InputError, SpecError, UnsupportedError)
 from .ops import linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
-# --- attention exports ---
-# --- gated delta rule exports ---
+from .attention import flash_attn_varlen_func, flash_attn_with_kvcache
+from .kv_cache import KVCache
+from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
+                               gdn_causal_conv1d, gdn_gating)
 
 __version__ = "0.1.0"
 
@@ -21,4 +23,6 @@ __all__ = [
     "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
     "HalError", "InputError", "SpecError", "BackendUnavailable", "UnsupportedError", "GoldenError",
     "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
+    "flash_attn_varlen_func", "flash_attn_with_kvcache", "KVCache",
+    "GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_causal_conv1d", "gdn_gating",
 ]

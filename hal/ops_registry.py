@@ -9,8 +9,12 @@ OPS: dict[str, str] = {
     "log_softmax": "softmax",
     "logsumexp": "softmax",
     "token_logprobs": "token_logprobs",
-    # --- attention ops ---
-    # --- gated delta rule ops ---
+    "flash_attn_varlen_func": "attention",
+    "flash_attn_with_kvcache": "attention",
+    "chunk_gated_delta_rule": "gated_delta_rule",
+    "fused_recurrent_gated_delta_rule": "gated_delta_rule",
+    "gdn_gating": "gated_delta_rule",
+    "gdn_causal_conv1d": "gated_delta_rule",
 }
 
 

@@ -176,9 +176,140 @@ class TokenLogprobsSpec(OpSpec):
         ]
 
 
-# --- attention specs (issue 3) ---
+ATTN_P_PRECISIONS = ("fp32", "input")
 
-# --- gated delta rule specs (issue 4) ---
+
+@dataclass(frozen=True)
+class AttentionSpec(OpSpec):
+    """Softmax attention: KV blocks of ``kv_block`` and splits of ``kv_split`` keys anchored at key 0.
+
+    The full computation is written out in ``kernels/reference/attention.py`` and in words by
+    :meth:`describe`; ``docs/attention.md`` explains why it makes prefill, chunked prefill,
+    decode, paged KV and any ``num_splits`` give the same bits.
+    """
+
+    family: ClassVar[str] = "attention"
+    kv_block: int = tile(64)
+    kv_split: int = tile(256)
+    dot_tile: int = tile(64)
+    #: "fp32": P stays float32 in P.V; "input": P is rounded to the input dtype before P.V (as
+    #: GPU kernels that feed P to a bf16 matrix unit do); the row sum l always uses float32 P.
+    p_precision: str = "fp32"
+
+    def _validate(self):
+        if self.kv_split % self.kv_block:
+            raise SpecError(f"AttentionSpec: kv_split ({self.kv_split}) must be a multiple of kv_block "
+                            f"({self.kv_block}), e.g. kv_split={self.kv_block * max(1, self.kv_split // self.kv_block)}")
+        if self.p_precision not in ATTN_P_PRECISIONS:
+            raise SpecError(f"AttentionSpec.p_precision must be one of {ATTN_P_PRECISIONS}, got {self.p_precision!r}")
+
+    def _id_parts(self):
+        p = "pf32" if self.p_precision == "fp32" else "pin"
+        return [f"b{self.kv_block}", f"s{self.kv_split}", f"d{self.dot_tile}", p, MATH_VERSION]
+
+    def describe(self):
+        b, s = self.kv_block, self.kv_split
+        p_words = ("P stays float32 in P.V" if self.p_precision == "fp32" else
+                   "P rounded to the input dtype (then widened exactly) for P.V; l uses the float32 P")
+        return [
+            _policy_words(self.policy),
+            "inputs widened exactly to float32; key positions are absolute (0 = first token of the sequence); "
+            "GQA: query head h reads kv head h // (Hq / Hkv)",
+            "visible keys of a query at position i (bottom-right aligned: i = seqlen_k - seqlen_q + row): "
+            "j < seqlen_k, and j <= i if causal, and j >= i - left / j <= i + right for a window; "
+            "every other key is skipped by select (an exact identity), never multiplied by a 0 mask",
+            "score s_j = dot(q, k_j) * scale: " + _reduction_words("head dim", self.dot_tile)
+            + "; then one float32 multiply by float32(scale) (default 1/sqrt(head_dim))",
+            f"keys in splits of {s} anchored at key 0, blocks of {b} inside a split (split k = keys "
+            f"[{s}k, {s}(k+1)), block = keys [{b}n, {b}(n+1)))",
+            "per block, with m = running max of the split's visible scores before the block and "
+            "m' = max(m, block max) (exact): p_j = exp(s_j - m'); l_blk = sequential sum of p_j from +0.0 "
+            "in key order; acc_blk[d] = sequential chain acc = fma(p_j, v_j[d], acc) from +0.0 in key order; "
+            + p_words,
+            "running update per block in block order (a block with no visible key is skipped): "
+            "alpha = exp(m - m'); l = fma(l, alpha, l_blk); acc = fma(acc, alpha, acc_blk); m = m'; "
+            "start m = -inf, l = acc = +0.0",
+            "split partials (m_k, l_k, acc_k) merged in split order (empty splits skipped): M' = max(M, m_k); "
+            "a = exp(M - M'); c = exp(m_k - M'); L = fma(L, a, l_k * c); ACC = fma(ACC, a, acc_k * c); "
+            "start M = -inf, L = ACC = +0.0; num_splits only says how many splits run in parallel",
+            "out = ACC / L (correctly rounded), rounded once to the input dtype; lse = M + log(L) in float32",
+            "a query with no visible key: out = 0, lse = -inf",
+        ]
+
+
+
+GDN_VARIANTS = ("serial", "chunked")
+
+
+@dataclass(frozen=True)
+class GatedDeltaRuleSpec(OpSpec):
+    """Gated delta rule (Gated DeltaNet), per value head, state S [d_k, d_v] in float32.
+
+    ``serial``: the recurrence token by token, the state materialised after every token.
+    ``chunked``: the WY/UT chunk form on a grid of ``chunk`` rows anchored at absolute position 0;
+    row i of a chunk depends only on rows <= i, so a partial chunk gives its visible rows the bits
+    of the full chunk. Written out in ``kernels/reference/gated_delta_rule.py``; ``docs/gated_delta_rule.md``.
+    """
+
+    family: ClassVar[str] = "gated_delta_rule"
+    variant: str = "chunked"
+    chunk: int = tile(64)
+    dk_tile: int = tile(64)
+
+    def _validate(self):
+        if self.variant not in GDN_VARIANTS:
+            raise SpecError(f"GatedDeltaRuleSpec.variant must be one of {GDN_VARIANTS}, got {self.variant!r}")
+        if self.variant == "serial" and self.chunk != 64:
+            raise SpecError("GatedDeltaRuleSpec.chunk applies to the chunked variant only; leave it at 64 for serial")
+
+    def _id_parts(self):
+        if self.variant == "serial":
+            return ["serial", f"d{self.dk_tile}", MATH_VERSION]
+        return ["chunked", f"c{self.chunk}", f"d{self.dk_tile}", MATH_VERSION]
+
+    def describe(self):
+        dot = _reduction_words("d_k", self.dk_tile)
+        return self._describe_core(dot) + [
+            "companion ops (same under both variants): gdn_gating: g = -(exp(A_log) * softplus(a + dt_bias)), "
+            "softplus(x) = fma(log(w), e / (w - 1), max(x, 0)) with e = exp(-|x|), w = 1 + e (= max(x, 0) + e "
+            "when w == 1), beta = 1 / (1 + exp(-b)), float32 out; gdn_causal_conv1d: y_t = silu(acc), acc = "
+            "fma chain from bias (or +0.0) over taps oldest first, silu(z) = z / (1 + exp(-z)), rounded once to "
+            "x's dtype; its state is the previous K-1 inputs, unrounded",
+        ]
+
+    def _describe_core(self, dot):
+        common = [
+            _policy_words(self.policy),
+            "q, k, v, g, beta widened exactly to float32; value head j reads q/k head j // (HV / H); "
+            "scale = float32(scale or d_k ** -0.5)",
+            "optional L2 norm of q and k: x / sqrt(ss + float32(1e-6)), ss = sum of x^2: " + dot,
+            "qs = q * scale (one float32 multiply); alpha = exp(g)",
+        ]
+        if self.variant == "serial":
+            return common + [
+                "per token, in order: S' = alpha * S (elementwise); w = S'^T k: " + dot,
+                "u = (v - w) * beta; S = fma(k_i, u_j, S'_ij); o = S^T qs: " + dot,
+                "the float32 state after every token is the state; any split continues it exactly",
+                "o rounded once to v's dtype",
+            ]
+        c = self.chunk
+        return common + [
+            f"chunks of {c} rows anchored at absolute position 0 (0 = first token of the sequence); "
+            "the state S0 is materialised only at chunk boundaries; rows of an unfinished chunk are carried "
+            "in the recurrent state (k after the L2 norm, v, g, beta) and recomputed by the next call",
+            "log-decays: D[i, d] = g_i + g_(i-1) + ... + g_(i-d), a sequential chain from row i downward; "
+            "gamma_i = exp(D[i, i]); f_ij = exp(D[i, i-j-1]) for j < i (f_ii = 1, never multiplied)",
+            "KK_ij = k_i . k_j, QK_ij = qs_i . k_j, w_i = S0^T k_i, y_i = S0^T qs_i: " + dot,
+            "x_i = fma(-gamma_i, w_i, v_i); forward substitution in increasing j: acc_i = x_i, "
+            "for j < i: acc_i = fma(-(f_ij * KK_ij), u_j, acc_i); u_i = beta_i * acc_i",
+            "o_i = gamma_i * y_i, then for j = 0..i: o_i = fma(P_ij, u_j, o_i), P_ij = f_ij * QK_ij (j < i), "
+            "P_ii = QK_ii; rounded once to v's dtype",
+            "state after row L (L = last row at a boundary, or the last token for a final state): "
+            "S = gamma_L * S0, then for j = 0..L: S = fma(kd_j, u_j, S), kd_j = f_Lj * k_j (j < L), kd_L = k_L",
+            "absent rows (after the last token) are never read by an earlier row: a partial chunk's rows "
+            "have the bits of the full chunk's rows",
+        ]
+
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -224,5 +355,9 @@ register(MatmulSpec(), default=True)
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)
-# --- attention spec registrations ---
-# --- gated delta rule spec registrations ---
+register(AttentionSpec(), default=True)
+register(AttentionSpec(kv_block=16, kv_split=64))  # small tiles: many blocks/splits at short lengths
+register(AttentionSpec(p_precision="input"))
+register(AttentionSpec(kv_block=16, kv_split=64, p_precision="input"))
+register(GatedDeltaRuleSpec(variant="chunked"), default=True)
+register(GatedDeltaRuleSpec(variant="serial"))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.reference.strict_math import exp, fma, log
+from kernels.reference.strict_math import exp, fma, fma_exact, log
 
 
 def _rn32(fr: Fraction) -> float:
@@ -92,3 +92,58 @@ def test_exp_differs_from_torch_exp_somewhere():
     # torch, numpy and jax disagree on float32 exp bits; lockstep's is its own. The point of the spec.
     x = torch.linspace(-20, 20, 100001)
     assert not torch.equal(exp(x), torch.exp(x))
+
+
+def test_fast_fma_path_equals_round_to_odd_fma_bit_for_bit():
+    g = torch.Generator().manual_seed(1)
+    n = 200_000
+    a = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())
+    b = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())
+    c = torch.randn(n, generator=g) * torch.exp2(torch.randint(-60, 60, (n,), generator=g).float())
+    # crafted: exact sum lands a hair off a float32 midpoint (double rounding would go wrong),
+    # subnormal results, signed zeros, inf and NaN
+    one_odd = torch.tensor(1.0 + 2.0 ** -23)
+    crafted_a = torch.tensor([1 + 2.0 ** -23, 1 + 2.0 ** -23, 1e-20, -0.0, 0.0, float("inf"), float("nan"), 3.0])
+    crafted_b = torch.tensor([2.0 ** -24 * (1 - 2.0 ** -23), -(2.0 ** -24) * (1 - 2.0 ** -23), 1e-20, 5.0, -5.0,
+                              0.0, 1.0, float("inf")])
+    crafted_c = torch.stack([one_odd, one_odd, torch.tensor(1e-39), torch.tensor(-0.0), torch.tensor(-0.0),
+                             torch.tensor(1.0), torch.tensor(1.0), torch.tensor(float("-inf"))])
+    a, b, c = torch.cat([a, crafted_a]), torch.cat([b, crafted_b]), torch.cat([c, crafted_c])
+    want = fma_exact(a, b, c)
+    got = fma(a, b, c)
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32))
+    # the crafted midpoint cases really are ones where plain double rounding is wrong
+    naive = (a.double() * b.double() + c.double()).float()
+    assert not torch.equal(naive[-8:-6].view(torch.int32), want[-8:-6].view(torch.int32))
+
+
+def _spec_dot(a, b, t):
+    """The canonical tiled dot of two float32 vectors, one scalar operation at a time."""
+    partials = []
+    for s in range(0, max(1, len(a)), t):
+        acc = torch.tensor(0.0)
+        for i in range(s, min(s + t, len(a))):
+            acc = fma_exact(a[i:i + 1], b[i:i + 1], acc.reshape(1))[0]
+        partials.append(acc)
+    total = torch.tensor(0.0)
+    for p in partials:
+        total = total + p
+    return total
+
+
+@pytest.mark.parametrize("n,t", [(0, 4), (1, 4), (7, 4), (8, 4), (9, 4), (65, 16), (130, 64)])
+def test_tiled_dot_and_sum_follow_the_spec_order(n, t):
+    from kernels.reference.reduce import tiled_dot, tiled_sum
+    g = torch.Generator().manual_seed(n)
+    a = (torch.randn(3, n, generator=g) * 1e3).float()
+    b = torch.randn(3, n, generator=g).float()
+    if n:
+        a[1, 0], b[1, 0] = -1e-30, 1e-30  # a product that underflows to -0.0, then exact zeros
+        a[1, 1:], b[1, 1:] = 0.0, 0.0
+    got = tiled_dot(a, b, t)
+    for r in range(3):
+        assert got[r].view(torch.int32) == _spec_dot(a[r], b[r], t).view(torch.int32)
+    ones = torch.ones_like(a)
+    sums = tiled_sum(a, t)
+    for r in range(3):
+        assert sums[r].view(torch.int32) == _spec_dot(a[r], ones[r], t).view(torch.int32)

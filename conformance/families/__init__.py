@@ -10,8 +10,8 @@ MODULES = {
     "rms_norm": "conformance.families.rms_norm",
     "softmax": "conformance.families.softmax",
     "token_logprobs": "conformance.families.token_logprobs",
-    # --- attention family ---
-    # --- gated delta rule family ---
+    "attention": "conformance.families.attention",
+    "gated_delta_rule": "conformance.families.gated_delta_rule",
 }
 
 

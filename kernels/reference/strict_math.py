@@ -5,7 +5,8 @@ floor, comparisons and exact bit manipulation. Every product that feeds a sum is
 multiply-add: compilers are allowed to contract ``a*b + c`` into an fma (XLA's CPU backend does
 under ``jax.jit``), but never to split an explicit fma, so writing the fma in the spec removes the
 ambiguity. Triton has ``tl.fma``, CUDA ``fmaf``, JAX ``lax`` on most targets; torch has no fma
-on CPU, so :func:`fma` emulates it exactly in float64 (below).
+on CPU, so :func:`fma` emulates it exactly in float64 (below: a fast path, and the general
+round-to-odd method for the rare operands the fast path cannot decide).
 
 ``exp`` and ``log`` are lockstep's own (version ``lsm1``): Cody-Waite range reduction and a
 polynomial evaluated by Horner's rule with fma. They are not correctly rounded, but the same on
@@ -20,8 +21,8 @@ F32 = torch.float32
 F64 = torch.float64
 
 
-def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """float32 ``a*b + c`` with a single rounding (IEEE fusedMultiplyAdd), for float32 tensors.
+def fma_exact(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 ``a*b + c`` with a single rounding (IEEE fusedMultiplyAdd), for any operands.
 
     The float64 product of two float32 values is exact (24 + 24 < 53 bits). The float64 sum is
     rounded once; rounding that again to float32 could round twice wrongly, so the sum is first
@@ -42,6 +43,39 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     step = torch.where((err > 0) == (s > 0), 1, -1)
     bits = torch.where(to_odd, bits + step, bits)
     return bits.view(F64).to(F32)
+
+
+_MID_MASK = 0x1FFFFFFF  # the 29 float64 mantissa bits that a float32 drops ...
+_MID = 0x10000000       # ... holding exactly half a float32 ulp: a float32 rounding midpoint
+_ABS = 0x7FFFFFFFFFFFFFFF
+_TINY32 = int(torch.tensor(2.0 ** -126, dtype=F64).view(torch.int64))  # smallest normal float32
+
+
+def fma_wide(a64: torch.Tensor, b64: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """:func:`fma` for a, b already widened to float64 (saves the conversions inside loops).
+
+    s = a*b + c rounded once to float64 (the product is exact). Rounding s to float32 is then
+    correct unless s sits exactly on a float32 midpoint (the first rounding may have decided the
+    tie) or in float32's subnormal range; only those rare elements take :func:`fma_exact`.
+    """
+    c64 = c.to(F64)
+    s = a64 * b64 + c64
+    r = s.to(F32)
+    bits = s.view(torch.int64)
+    mag = bits & _ABS
+    suspect = ((bits & _MID_MASK) == _MID) | ((mag < _TINY32) & (mag != 0))
+    if bool(suspect.any()):
+        idx = suspect.nonzero(as_tuple=True)
+        shape = s.shape
+        r = r.clone()
+        r[idx] = fma_exact(a64.expand(shape)[idx].to(F32), b64.expand(shape)[idx].to(F32),
+                           c64.expand(shape)[idx].to(F32))
+    return r
+
+
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 ``a*b + c`` with a single rounding (IEEE fusedMultiplyAdd), for float32 tensors."""
+    return fma_wide(a.to(F64), b.to(F64), c)
 
 
 def _f32(x: float) -> torch.Tensor:

@@ -1,0 +1,372 @@
+"""Attention ops with flash-attn compatible signatures, computed under an AttentionSpec.
+
+    out = hal.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     causal=True)                         # training / prefill
+    out = hal.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                      block_table=table)                  # chunked prefill / decode
+
+Both give the same bits for the same query at the same absolute position, whatever the call
+cut, the cache layout or ``num_splits`` (see docs/attention.md).
+
+This module also holds the op's semantics that every backend shares: which keys a query sees
+(:func:`key_visibility`) and the packed <-> padded layout moves (exact copies).
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from . import validate as chk
+from .errors import InputError
+from .kv_cache import append_kv, capacity as cache_capacity, token_slots
+from .ops import _prepare
+
+__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
+
+_INT = (torch.int32, torch.int64)
+
+
+# ------------------------------------------------------------------ semantics shared by backends
+
+
+def query_positions(qlen: torch.Tensor, klen: torch.Tensor, n_rows: int):
+    """(absolute position [b, n_rows], row is a real query [b, n_rows]) for padded query rows.
+
+    Bottom-right aligned as in flash-attn: the qlen queries are the last qlen positions of a
+    sequence with klen keys, so row i sits at position klen - qlen + i.
+    """
+    i = torch.arange(n_rows, device=qlen.device).reshape(1, -1)
+    qlen = qlen.to(torch.int64).reshape(-1, 1)
+    return klen.to(torch.int64).reshape(-1, 1) - qlen + i, i < qlen
+
+
+def key_visibility(qpos: torch.Tensor, qvalid: torch.Tensor, klen: torch.Tensor, n_keys: int, causal: bool,
+                   window: tuple[int, int], key_offset: int = 0) -> torch.Tensor:
+    """bool [b, Q, n_keys]: key ``key_offset + j`` is visible to the query at ``qpos[b, i]``.
+
+    Visible: j < klen, and (causal) j <= qpos, and (window (left, right), -1 = unbounded)
+    qpos - left <= j and, when not causal, j <= qpos + right.
+    """
+    j = torch.arange(key_offset, key_offset + n_keys, device=qpos.device).reshape(1, 1, -1)
+    p = qpos.unsqueeze(-1)
+    vis = qvalid.unsqueeze(-1) & (j < klen.to(torch.int64).reshape(-1, 1, 1))
+    if causal:
+        vis = vis & (j <= p)
+    left, right = window
+    if left >= 0:
+        vis = vis & (j >= p - left)
+    if right >= 0 and not causal:
+        vis = vis & (j <= p + right)
+    return vis
+
+
+def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
+    """Packed ``x [total, ...]`` -> ``[batch, max_len, ...]`` and lengths; padding rows are copies (masked later)."""
+    cu = cu.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    bsz = lens.shape[0]
+    if x.shape[0] == 0 or max_len == 0:
+        return x.new_zeros((bsz, max_len, *x.shape[1:])), lens
+    i = torch.arange(max_len, device=x.device).reshape(1, -1)
+    idx = torch.where(i < lens.reshape(-1, 1), cu[:-1].reshape(-1, 1) + i, 0).clamp_max(x.shape[0] - 1)
+    return x[idx], lens
+
+
+def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float = 0.0) -> torch.Tensor:
+    """Inverse of :func:`varlen_to_padded`; rows of no sequence get ``fill``."""
+    cu = cu.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    out = xp.new_full((total, *xp.shape[2:]), fill)
+    if xp.shape[1] == 0:
+        return out
+    i = torch.arange(xp.shape[1], device=xp.device).reshape(1, -1)
+    valid = i < lens.reshape(-1, 1)
+    dest = (cu[:-1].reshape(-1, 1) + i)[valid]
+    out[dest] = xp[valid]
+    return out
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _window(window_size) -> tuple[int, int]:
+    try:
+        left, right = window_size
+        left, right = int(left), int(right)
+    except (TypeError, ValueError):
+        raise InputError(f"window_size must be a pair (left, right) of ints, -1 = unbounded; got {window_size!r}") from None
+    if left < -1 or right < -1:
+        raise InputError(f"window_size entries must be >= -1 (-1 = unbounded), got {window_size!r}")
+    return left, right
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    return chk.positive_finite("softmax_scale", softmax_scale)
+
+
+def _heads(q_heads: int, kv_heads: int) -> None:
+    if kv_heads == 0 or q_heads % kv_heads:
+        raise InputError(f"the number of query heads ({q_heads}) must be a multiple of the number of key/value "
+                         f"heads ({kv_heads}) (GQA/MQA: query head h reads kv head h // (Hq/Hkv))")
+
+
+def _kv_pair(k_name: str, k: torch.Tensor, v_name: str, val: torch.Tensor) -> None:
+    if tuple(k.shape) != tuple(val.shape):
+        raise InputError(f"{k_name} shape {tuple(k.shape)} != {v_name} shape {tuple(val.shape)}; "
+                         "keys and values must have the same shape")
+
+
+def _unsupported(**kw) -> None:
+    for name, (val, ok) in kw.items():
+        if not ok(val):
+            raise InputError(f"{name}={val!r} is not supported by lockstep attention (leave it at its default)")
+
+
+def _cu_seqlens(name: str, cu, total: int) -> torch.Tensor:
+    chk.tensor(name, cu, ndim=1)
+    chk.integer(name, cu)
+    if cu.shape[0] < 2:
+        raise InputError(f"{name} must have batch+1 >= 2 entries [0, end_0, end_1, ...], got {cu.tolist()}")
+    c = cu.detach().cpu().to(torch.int64)
+    if int(c[0]) != 0:
+        raise InputError(f"{name}[0] must be 0, got {int(c[0])}")
+    if bool((c[1:] < c[:-1]).any()):
+        b = int((c[1:] < c[:-1]).nonzero()[0, 0])
+        raise InputError(f"{name} must be non-decreasing (cumulative sequence lengths), but {name}[{b + 1}] = "
+                         f"{int(c[b + 1])} < {name}[{b}] = {int(c[b])}")
+    if int(c[-1]) > total:
+        raise InputError(f"{name}[-1] = {int(c[-1])} exceeds the number of packed tokens ({total})")
+    return c
+
+
+def _no_grad_needed(op: str, **tensors) -> None:
+    if torch.is_grad_enabled():
+        needing = [n for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needing:
+            raise InputError(f"{op} has no backward pass ({', '.join(needing)} require grad); use "
+                             "flash_attn_varlen_func for training, or call this under torch.no_grad()")
+
+
+# ------------------------------------------------------------------ varlen (autograd)
+
+
+def _backward_math(q, k, v, cu_q, cu_k, scale, causal, window, gout, glse):
+    """Gradients by ordinary torch math in float32 (float64 for float64 inputs), sequence by sequence.
+
+    P is recomputed from the inputs: dV = P^T dO, dS = P * (dP - rowsum(P * dP) + dlse),
+    dQ = scale dS K, dK = scale dS^T Q; GQA sums over the query heads sharing a kv head.
+    Deterministic: fixed shapes, fixed loop order, no atomics.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    gq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    gk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    gv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    cq, ck = cu_q.cpu().tolist(), cu_k.cpu().tolist()
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        qb = q[q0:q1].to(acc)
+        kb = k[k0:k1].to(acc).repeat_interleave(group, dim=1)
+        vb = v[k0:k1].to(acc).repeat_interleave(group, dim=1)
+        go = gout[q0:q1].to(acc)
+        qpos, qvalid = query_positions(torch.tensor([q1 - q0]), torch.tensor([k1 - k0]), q1 - q0)
+        vis = key_visibility(qpos, qvalid, torch.tensor([k1 - k0]), k1 - k0, causal, window)[0].to(q.device)
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * scale
+        s = s.masked_fill(~vis, float("-inf"))
+        any_vis = vis.any(-1)
+        p = torch.softmax(torch.where(any_vis.reshape(1, -1, 1), s, 0.0), -1)
+        p = torch.where(vis, p, 0.0)  # also zeroes fully masked rows
+        dp = torch.einsum("qhd,khd->hqk", go, vb)
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        if glse is not None:
+            ds = ds + p * glse[:, q0:q1].to(acc).unsqueeze(-1)
+        gq[q0:q1] = torch.einsum("hqk,khd->qhd", ds, kb) * scale
+        dk = torch.einsum("hqk,qhd->khd", ds, qb) * scale
+        dv = torch.einsum("hqk,qhd->khd", p, go)
+        gk[k0:k1] = dk.reshape(k1 - k0, hkv, group, -1).sum(2)
+        gv[k0:k1] = dv.reshape(k1 - k0, hkv, group, -1).sum(2)
+    return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
+
+
+class _VarlenFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, s, impl):
+        out, lse = impl.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, s)
+        ctx.save_for_backward(q, k, v, cu_q, cu_k)
+        ctx.args = (scale, causal, window)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, gout, glse):
+        q, k, v, cu_q, cu_k = ctx.saved_tensors
+        if gout is None:
+            gout = torch.zeros_like(q)
+        gq, gk, gv = _backward_math(q, k, v, cu_q, cu_k, *ctx.args, gout, glse)
+        return gq, gk, gv, None, None, None, None, None, None, None, None, None
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), return_lse=False, *, dropout_p=0.0, softcap=0.0,
+                           alibi_slopes=None, deterministic=True, return_attn_probs=False, spec=None, backend=None):
+    """Attention over packed sequences: ``q [total_q, Hq, D]``, ``k, v [total_k, Hkv, D]``.
+
+    Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``; key positions count from 0 at its first key. With
+    fewer queries than keys the queries are the last positions (bottom-right, as flash-attn).
+    Returns ``out [total_q, Hq, D]`` (q's dtype), and with ``return_lse`` (or
+    ``return_attn_probs``) also ``lse [Hq, total_q]`` float32. Query rows past cu_seqlens_q[-1]
+    and queries that see no key get out 0 and lse -inf. Differentiable in q, k, v (and lse).
+    ``deterministic`` is accepted for compatibility: lockstep always is.
+    """
+    chk.tensor("q", q, ndim=3), chk.tensor("k", k, ndim=3), chk.tensor("v", v, ndim=3)
+    dtype = chk.same_dtype(q=chk.floating("q", q), k=chk.floating("k", k), v=chk.floating("v", v))
+    _kv_pair("k", k, "v", v)
+    _heads(q.shape[1], k.shape[1])
+    chk.dim_eq("flash_attn_varlen_func: k head dim vs q head dim", k.shape[2], q.shape[2], "q, k, v must share head_dim")
+    _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
+                 alibi_slopes=(alibi_slopes, lambda x: x is None))
+    cq = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    ck = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    if cq.shape != ck.shape:
+        raise InputError(f"cu_seqlens_q has {cq.shape[0] - 1} sequences but cu_seqlens_k has {ck.shape[0] - 1}; "
+                         "both describe the same batch")
+    maxes = []
+    for name, cu, given in (("max_seqlen_q", cq, max_seqlen_q), ("max_seqlen_k", ck, max_seqlen_k)):
+        need = int((cu[1:] - cu[:-1]).max())
+        try:
+            got = operator.index(given)
+        except TypeError:
+            got = None
+        if got is None or isinstance(given, bool) or got < need:
+            raise InputError(f"{name} must be an int >= the longest sequence ({need}), got {given!r}")
+        maxes.append(got)
+    causal = bool(causal)
+    window = _window(window_size)
+    scale = _scale(softmax_scale, q.shape[2])
+    s, impl = _prepare("flash_attn_varlen_func", spec, backend, dtype, q=q, k=k, v=v,
+                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, maxes[0], maxes[1], scale, causal, window, s)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _VarlenFn.apply(*args, impl)
+    else:
+        out, lse = impl.flash_attn_varlen_func(*args)
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------ kv cache
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                            softmax_scale=None, causal=True, window_size=(-1, -1), num_splits=0, return_lse=False,
+                            *, return_softmax_lse=False, rotary_cos=None, rotary_sin=None, cache_batch_idx=None,
+                            cache_leftpad=None, softcap=0.0, alibi_slopes=None, spec=None, backend=None):
+    """Attention of ``q [batch, Sq, Hq, D]`` against a KV cache, appending ``k, v [batch, Sk, Hkv, D]``.
+
+    Cache: contiguous ``[batch, capacity, Hkv, D]``, or paged ``[num_pages, page_size, Hkv, D]``
+    with ``block_table [batch, max_pages]`` (any page size). ``cache_seqlens`` (int or ``[batch]``
+    ints; None = the whole capacity) tokens are already cached; ``k, v`` are written after them
+    in place and the queries are the last Sq of the cache_seqlens + Sk keys (bottom-right).
+    ``num_splits`` (0 = automatic) only sets how many KV splits run in parallel: never the bits.
+    Every argument is checked before the cache is touched. Returns ``out [batch, Sq, Hq, D]`` and,
+    with ``return_lse``, ``lse [batch, Hq, Sq]`` float32. No backward pass (inference op).
+    """
+    chk.tensor("q", q, ndim=4), chk.tensor("k_cache", k_cache, ndim=4), chk.tensor("v_cache", v_cache, ndim=4)
+    _kv_pair("k_cache", k_cache, "v_cache", v_cache)
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    if (k is None) != (v is None):
+        raise InputError("pass both k and v (the new tokens to append) or neither")
+    if k is not None:
+        chk.tensor("k", k, ndim=4), chk.tensor("v", v, ndim=4)
+        _kv_pair("k", k, "v", v)
+        named.update(k=k, v=v)
+    for n, t in named.items():
+        chk.floating(n, t)
+    dtype = chk.same_dtype(**named)
+    _unsupported(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
+                 cache_batch_idx=(cache_batch_idx, lambda x: x is None),
+                 cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),
+                 alibi_slopes=(alibi_slopes, lambda x: x is None))
+    bsz, sq, hq, hd = q.shape
+    hkv = k_cache.shape[2]
+    _heads(hq, hkv)
+    chk.dim_eq("flash_attn_with_kvcache: k_cache head dim vs q head dim", k_cache.shape[3], hd)
+    if k is not None:
+        if k.shape[0] != bsz or k.shape[2] != hkv or k.shape[3] != hd:
+            raise InputError(f"k and v must be [batch={bsz}, seqlen_new, Hkv={hkv}, D={hd}], got {tuple(k.shape)}")
+    tensors = dict(named)
+    if block_table is not None:
+        chk.tensor("block_table", block_table, ndim=2)
+        chk.integer("block_table", block_table)
+        if block_table.shape[0] != bsz:
+            raise InputError(f"block_table has {block_table.shape[0]} rows but q has batch {bsz}; one row per sequence")
+        tensors["block_table"] = block_table
+    elif k_cache.shape[0] != bsz:
+        raise InputError(f"contiguous k_cache has batch {k_cache.shape[0]} but q has batch {bsz} "
+                         "(cache_batch_idx is not supported; index the cache rows yourself)")
+    cap = cache_capacity(k_cache, block_table)
+    if cache_seqlens is None:
+        seqlens = torch.full((bsz,), cap, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        seqlens = torch.full((bsz,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        chk.tensor("cache_seqlens", cache_seqlens, ndim=1)
+        chk.integer("cache_seqlens", cache_seqlens)
+        if cache_seqlens.shape[0] != bsz:
+            raise InputError(f"cache_seqlens has {cache_seqlens.shape[0]} entries, q has batch {bsz}")
+        seqlens = cache_seqlens
+        tensors["cache_seqlens"] = cache_seqlens
+    n_new = 0 if k is None else int(k.shape[1])
+    lens = seqlens.detach().cpu().to(torch.int64)
+    if bool((lens < 0).any()):
+        raise InputError(f"cache_seqlens must be >= 0, got {lens.tolist()}")
+    after = lens + n_new
+    if bool((after > cap).any()):
+        b = int((after > cap).nonzero()[0, 0])
+        where = "k_cache.shape[1]" if block_table is None else f"block_table.shape[1] * page_size = {block_table.shape[1]} * {k_cache.shape[1]}"
+        raise InputError(f"cache too small: sequence {b} needs {int(after[b])} slots ({int(lens[b])} cached + {n_new} "
+                         f"new) but holds {cap} ({where}); allocate a larger cache")
+    if block_table is not None:
+        _check_pages(block_table, after, lens, n_new, k_cache)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise InputError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
+    _no_grad_needed("flash_attn_with_kvcache", **named)
+    causal = bool(causal)
+    window = _window(window_size)
+    scale = _scale(softmax_scale, hd)
+    s, impl = _prepare("flash_attn_with_kvcache", spec, backend, dtype, **tensors)
+    # Everything is valid and a backend is chosen: only now touch the cache.
+    if k is not None:
+        append_kv(k_cache, v_cache, k, v, seqlens, block_table)
+    seqlens_k = (seqlens.to(torch.int64) + n_new).to(q.device)
+    out, lse = impl.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                            num_splits, s)
+    return (out, lse) if (return_lse or return_softmax_lse) else out
+
+
+def _check_pages(block_table, after, before, n_new, k_cache) -> None:
+    """Pages a call reads must exist; slots it writes must be distinct across the batch."""
+    table = block_table.detach().cpu().to(torch.int64)
+    page = int(k_cache.shape[1])
+    num_pages = int(k_cache.shape[0])
+    used = torch.arange(table.shape[1]).reshape(1, -1) < ((after + page - 1) // page).reshape(-1, 1)
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bool(bad.any()):
+        b, i = (int(x) for x in bad.nonzero()[0])
+        raise InputError(f"block_table[{b}, {i}] = {int(table[b, i])} is out of range: the cache has {num_pages} pages "
+                         f"(valid ids 0..{num_pages - 1}) and sequence {b} uses its first "
+                         f"{int((after[b] + page - 1) // page)} entries")
+    if n_new and table.shape[0] > 1:
+        pages, slots = token_slots(before, n_new, k_cache, table)
+        flat = (pages * page + slots).reshape(-1)
+        if torch.unique(flat).numel() != flat.numel():
+            raise InputError("two sequences would append into the same cache slot (their block_table rows share "
+                             "a page that is being written); give each sequence its own page for new tokens")

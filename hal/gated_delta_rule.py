@@ -1,0 +1,443 @@
+"""Gated delta rule (Gated DeltaNet) ops with FLA-compatible signatures, and their recurrent state.
+
+    o, st = hal.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state="state",
+                                       use_qk_l2norm_in_kernel=True)        # prefill (any length)
+    o1, st = hal.fused_recurrent_gated_delta_rule(q1, k1, v1, g1, b1, initial_state=st,
+                                                  output_final_state=True)  # decode: exact continuation
+
+Both ops compute the bits of one spec (``spec=`` or the default ``GatedDeltaRuleSpec``): the
+trainer may call ``chunk_*`` and the sampler ``fused_recurrent_*`` and they agree bit for bit.
+
+``initial_state`` is either
+* a :class:`GatedDeltaRuleState` (what ``output_final_state="state"`` returns, and what a call
+  given a state returns with ``output_final_state=True``): continuing from it is exact at ANY
+  split point; or
+* a bare FLA-style float32 tensor ``[N, HV, d_k, d_v]`` (what ``output_final_state=True``
+  returns otherwise): a state at a chunk boundary, at the start of a fresh chunk grid. Under the
+  ``chunked`` spec continuing from it is exact only when the split falls on a multiple of the
+  chunk size (64); under ``serial`` at any split.
+
+``g`` is the log of the decay. ``g > 0`` is allowed (the state grows; nothing checks it, since
+that would be a data-dependent test); NaN or inf in a sequence's inputs propagate by IEEE rules
+into that sequence's outputs and state only.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, spec as specs, validate as val
+from .errors import InputError
+from .ops_registry import OPS
+
+__all__ = ["GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_gating",
+           "gdn_causal_conv1d"]
+
+F32, F64 = torch.float32, torch.float64
+
+
+def _parts_type():
+    from kernels.reference.gated_delta_rule import Parts
+    return Parts
+
+
+class GatedDeltaRuleState:
+    """The exact recurrent state of N sequences under one gated delta rule spec.
+
+    Fields: ``spec_id``; ``layout`` = (H, HV, d_k, d_v); ``position`` int64 [N] (tokens consumed);
+    ``parts`` (the backend's view: the materialised float32 state ``S`` -- after the last token for
+    ``serial``, at the last chunk boundary for ``chunked`` -- the unfinished chunk's rows for
+    ``chunked``, and ``final``). ``final_state`` is the FLA tensor [N, HV, d_k, d_v]: the state after
+    the last token. Treat it as immutable: every op returns a new state and leaves its input as it was.
+    """
+
+    def __init__(self, spec_id: str, layout: tuple[int, int, int, int], parts):
+        self.spec_id = spec_id
+        self.layout = tuple(int(x) for x in layout)
+        self.parts = parts
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.parts.position.shape[0])
+
+    @property
+    def position(self) -> torch.Tensor:
+        return self.parts.position
+
+    @property
+    def final_state(self) -> torch.Tensor:
+        return self.parts.final if self.parts.final is not None else self.parts.S
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts.S.dtype
+
+    def _map(self, fn):
+        P = type(self.parts)
+        return GatedDeltaRuleState(self.spec_id, self.layout,
+                                   P(*(None if x is None else fn(x) for x in self.parts)))
+
+    def select(self, index) -> "GatedDeltaRuleState":
+        """The states of some sequences (``index``: int, slice, list or index tensor), in that order."""
+        if isinstance(index, int):
+            index = [index]
+        if isinstance(index, list):
+            index = torch.tensor(index, dtype=torch.long)
+        return self._map(lambda x: x[index])
+
+    def clone(self) -> "GatedDeltaRuleState":
+        return self._map(lambda x: x.clone())
+
+    @staticmethod
+    def cat(states: list["GatedDeltaRuleState"]) -> "GatedDeltaRuleState":
+        """One state holding the sequences of ``states`` in order (same spec and layout)."""
+        if not states:
+            raise InputError("GatedDeltaRuleState.cat needs at least one state")
+        first = states[0]
+        for s in states[1:]:
+            if s.spec_id != first.spec_id or s.layout != first.layout or s.dtype != first.dtype:
+                raise InputError(f"cannot concatenate states of {s.spec_id} {s.layout} and {first.spec_id} "
+                                 f"{first.layout}: spec, head layout and dtype must match")
+        P = type(first.parts)
+        fields = []
+        for i, name in enumerate(P._fields):
+            vals = [s.parts[i] for s in states]
+            if name == "final":
+                vals = [s.final_state for s in states]
+            elif any(v is None for v in vals):
+                like = next((v for v in vals if v is not None), None)
+                if like is None:
+                    fields.append(None)
+                    continue
+                # a state without open rows (fresh, or from a bare tensor) has none: zero rows
+                vals = [v if v is not None else like.new_zeros((s.batch_size, *like.shape[1:]))
+                        for v, s in zip(vals, states)]
+            fields.append(torch.cat(vals))
+        return GatedDeltaRuleState(first.spec_id, first.layout, P(*fields))
+
+    def __repr__(self):
+        return (f"GatedDeltaRuleState({self.spec_id}, sequences={self.batch_size}, layout(H, HV, dk, dv)="
+                f"{self.layout}, position={self.position.tolist()})")
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _cu_list(cu_seqlens, q) -> list[int] | None:
+    if cu_seqlens is None:
+        return None
+    val.tensor("cu_seqlens", cu_seqlens, ndim=1)
+    val.integer("cu_seqlens", cu_seqlens)
+    if q.shape[0] != 1:
+        raise InputError(f"with cu_seqlens the inputs must be packed as [1, total_tokens, heads, dim]; got batch "
+                         f"{q.shape[0]} (flatten the batch into the token axis)")
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != q.shape[1]:
+        raise InputError(f"cu_seqlens must start at 0 and end at the total token count {q.shape[1]} "
+                         f"(N sequences -> N+1 offsets); got {cu}")
+    bad = [i for i in range(len(cu) - 1) if cu[i + 1] <= cu[i]]
+    if bad:
+        i = bad[0]
+        raise InputError(f"cu_seqlens must be strictly increasing (every sequence has >= 1 token); "
+                         f"cu_seqlens[{i}] = {cu[i]} >= cu_seqlens[{i + 1}] = {cu[i + 1]}")
+    return cu
+
+
+def _check_inputs(q, k, v, g, beta):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        val.tensor(name, t, ndim=4)
+        val.floating(name, t)
+    for name, t in (("g", g), ("beta", beta)):
+        val.tensor(name, t, ndim=3)
+        val.floating(name, t)
+    dtype = val.same_dtype(q=q, k=k, v=v)
+    if tuple(k.shape) != tuple(q.shape):
+        raise InputError(f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)} ([B, T, H, d_k])")
+    B, T, H, dk = q.shape
+    if tuple(v.shape[:2]) != (B, T):
+        raise InputError(f"v shape {tuple(v.shape)} must be [B, T, HV, d_v] with B, T = {B}, {T} as in q")
+    HV = v.shape[2]
+    if HV % H:
+        raise InputError(f"value heads HV = {HV} must be a multiple of q/k heads H = {H} (GVA: value head j reads "
+                         f"q/k head j // (HV/H))")
+    for name, t in (("g", g), ("beta", beta)):
+        if tuple(t.shape) != (B, T, HV):
+            raise InputError(f"{name} shape {tuple(t.shape)} must be [B, T, HV] = {(B, T, HV)} (one value per "
+                             f"token and value head)")
+        if (t.dtype == F64) != (dtype == F64):
+            raise InputError(f"{name} is {t.dtype} but q/k/v are {dtype}: float64 runs the oracle and needs "
+                             f"float64 everywhere; otherwise pass float32/bfloat16/float16")
+    if dk == 0 or v.shape[3] == 0:
+        raise InputError("head dims d_k and d_v must be >= 1")
+    return dtype, (H, HV, dk, v.shape[3])
+
+
+def _start_parts(initial_state, layout, n, dtype, device, s):
+    """The incoming state as kernel Parts, after every check."""
+    P = _parts_type()
+    H, HV, dk, dv = layout
+    sdtype = F64 if dtype == F64 else F32
+    if initial_state is None or isinstance(initial_state, torch.Tensor):
+        if initial_state is None:
+            S = torch.zeros((n, HV, dk, dv), dtype=sdtype, device=device)
+        else:
+            S = initial_state
+            if tuple(S.shape) != (n, HV, dk, dv):
+                raise InputError(f"initial_state shape {tuple(S.shape)} must be [N, HV, d_k, d_v] = {(n, HV, dk, dv)}")
+            if S.dtype != sdtype:
+                raise InputError(f"initial_state must be {sdtype} (the state is kept in {sdtype}), got {S.dtype}")
+            if S.device != device:
+                raise InputError(f"initial_state is on {S.device}, inputs on {device}")
+        return P(torch.zeros(n, dtype=torch.int64), S, None, None, None, None, S)
+    if not isinstance(initial_state, GatedDeltaRuleState):
+        raise InputError(f"initial_state must be None, a float32 tensor [N, HV, d_k, d_v] or a GatedDeltaRuleState, "
+                         f"got {type(initial_state).__name__}")
+    st = initial_state
+    if st.spec_id != s.id:
+        raise InputError(f"initial_state was made under spec {st.spec_id} but this call uses {s.id}; a state "
+                         f"continues only under the spec that made it (pass spec={st.spec_id!r})")
+    if st.layout != tuple(layout):
+        raise InputError(f"initial_state has head layout (H, HV, d_k, d_v) = {st.layout}, "
+                         f"this call has {tuple(layout)}")
+    if st.batch_size != n:
+        raise InputError(f"initial_state holds {st.batch_size} sequences, this call has {n} "
+                         f"(use state.select(...) / GatedDeltaRuleState.cat(...) to match)")
+    if st.dtype != sdtype:
+        raise InputError(f"initial_state is {st.dtype}; with {dtype} inputs the state must be {sdtype}")
+    if st.parts.S.device != device:
+        raise InputError(f"initial_state is on {st.parts.S.device}, inputs on {device}")
+    return st.parts
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _exact_start(parts, scale, dtype):
+    """The state after the last consumed token (the open chunk's rows applied), without grad."""
+    if parts.open_k is None:
+        return parts.S.to(dtype)
+    from kernels.oracle.gated_delta_rule import recurrence
+    n, C = parts.open_k.shape[:2]
+    out = []
+    with torch.no_grad():
+        for i in range(n):
+            m = int(parts.position[i]) % C
+            S = parts.S[i: i + 1].to(dtype)
+            if m:
+                zq = torch.zeros_like(parts.open_k[i: i + 1, :m])
+                rows = [t[i: i + 1, :m] for t in (parts.open_k, parts.open_v, parts.open_g, parts.open_beta)]
+                _, S = recurrence(zq, *rows, scale, S, False, dtype)
+            out.append(S)
+    return torch.cat(out)
+
+
+class _GDNFn(torch.autograd.Function):
+    """Forward: the backend's bits. Backward: autograd through the token-by-token recurrence
+    recomputed in float32 (float64 for float64 inputs) -- correct and deterministic."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, S0, op, impl, s, scale, parts, cu, l2, box):
+        o, new = getattr(impl, op)(q, k, v, g, beta, scale, parts, cu, l2, s, True)
+        box.append(new)
+        ctx.save_for_backward(q, k, v, g, beta, S0)
+        ctx.meta = (scale, parts, cu, l2)
+        return o, new.final
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        from kernels.oracle.gated_delta_rule import gated_delta_rule as recompute
+        q, k, v, g, beta, S0 = ctx.saved_tensors
+        scale, parts, cu, l2 = ctx.meta
+        acc = F64 if v.dtype == F64 else F32
+        with torch.enable_grad():
+            leaves = [x.detach().to(acc).requires_grad_(True) for x in (q, k, v, g, beta)]
+            s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else _exact_start(parts, scale, acc)
+            o, fin = recompute(*leaves, scale, s0, cu, l2, acc)
+            wrt = leaves + ([s0] if S0 is not None else [])
+            grads = torch.autograd.grad((o, fin), wrt, (do.to(acc), dfinal.to(acc)), allow_unused=True)
+        out = [None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v, g, beta, S0))]
+        if S0 is None:
+            out.append(None)
+        return (*out[:6], None, None, None, None, None, None, None, None)
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
+
+
+# ---------------------------------------------------------------- the two public ops
+
+
+def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+         spec, backend):
+    if beta is None:
+        val.tensor("g", g)
+        beta = torch.ones(tuple(g.shape), dtype=g.dtype, device=g.device)
+    dtype, layout = _check_inputs(q, k, v, g, beta)
+    cu = _cu_list(cu_seqlens, q)
+    n = q.shape[0] if cu is None else len(cu) - 1
+    if output_final_state not in (False, True, "state"):
+        raise InputError(f"output_final_state must be False, True (FLA tensor) or 'state' (exact state object), "
+                         f"got {output_final_state!r}")
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise InputError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
+    dk = layout[2]
+    scale = dk ** -0.5 if scale is None else val.positive_finite("scale", scale)
+    scale = float(torch.tensor(scale, dtype=F32))  # the spec's scale is a float32 number
+    s = specs.resolve(OPS[op], spec)
+    device = dispatch.common_device(dict(q=q, k=k, v=v, g=g, beta=beta))
+    parts = _start_parts(initial_state, layout, n, dtype, device, s)
+    impl = dispatch.select(op, s, dtype, device, backend)
+    as_state = output_final_state == "state" or (output_final_state is True and
+                                                 isinstance(initial_state, GatedDeltaRuleState))
+    if q.shape[1] == 0:  # nothing to do: the state is unchanged
+        o = v.new_zeros(v.shape)
+        final = GatedDeltaRuleState(s.id, layout, parts) if as_state else \
+            (parts.final if parts.final is not None else parts.S) if output_final_state else None
+        return o, final
+    bare = initial_state if isinstance(initial_state, torch.Tensor) else None
+    if _needs_grad(q, k, v, g, beta, bare):
+        box: list = []
+        o, fin = _GDNFn.apply(q, k, v, g, beta, bare, op, impl, s, scale, parts, cu, use_qk_l2norm_in_kernel, box)
+        new = box[0]
+    else:
+        o, new = getattr(impl, op)(q, k, v, g, beta, scale, parts, cu, use_qk_l2norm_in_kernel, s,
+                                   bool(output_final_state))
+        fin = new.final
+    if as_state:
+        return o, GatedDeltaRuleState(s.id, layout, new)
+    return o, (fin if output_final_state else None)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, spec=None, backend=None):
+    """Gated delta rule over ``q, k [B, T, H, d_k]``, ``v [B, T, HV, d_v]``, ``g, beta [B, T, HV]``.
+
+    Packed sequences: B = 1 and ``cu_seqlens`` (int, N+1 strictly increasing offsets). Returns
+    ``(o [B, T, HV, d_v] in v's dtype, final)``; ``final`` is None, the FLA float32 tensor
+    ``[N, HV, d_k, d_v]`` (``output_final_state=True``) or a :class:`GatedDeltaRuleState`
+    (``output_final_state="state"``, or ``True`` when ``initial_state`` is a state object).
+    The bits are those of ``spec`` (default: the registered default), whichever op is called.
+    """
+    return _gdn("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                use_qk_l2norm_in_kernel, spec, backend)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta=None, scale=None, initial_state=None, output_final_state=False,
+                                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, spec=None, backend=None):
+    """Same arguments, results and bits as :func:`chunk_gated_delta_rule` (``beta=None`` means 1).
+
+    The name is the one inference engines call for decode; under a spec both names compute the
+    same canonical computation, so decode reproduces prefill and training bit for bit.
+    """
+    return _gdn("fused_recurrent_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
+                cu_seqlens, use_qk_l2norm_in_kernel, spec, backend)
+
+
+# ---------------------------------------------------------------- Qwen3-Next layer pieces
+
+
+class _RecomputeFn(torch.autograd.Function):
+    """Forward: the backend's bits; backward: autograd through the float64/float32 oracle formula."""
+
+    @staticmethod
+    def forward(ctx, fwd, oracle_fn, n_in, *args):
+        ctx.oracle_fn, ctx.n_in = oracle_fn, n_in
+        ctx.save_for_backward(*[a if isinstance(a, torch.Tensor) else None for a in args[:n_in]])
+        ctx.rest = args[n_in:]
+        return fwd()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ins = ctx.saved_tensors
+        acc = F64 if any(t is not None and t.dtype == F64 for t in ins) else F32
+        with torch.enable_grad():
+            leaves = [None if t is None else t.detach().to(acc).requires_grad_(t.dtype.is_floating_point)
+                      for t in ins]
+            outs = ctx.oracle_fn(*leaves, *ctx.rest, dtype=acc)
+            pairs = [(o, gr) for o, gr in zip(outs, grads) if o is not None and o.requires_grad and gr is not None]
+            wrt = [x for x in leaves if x is not None and x.requires_grad]
+            got = torch.autograd.grad([o for o, _ in pairs], wrt, [gr.to(o.dtype) for o, gr in pairs],
+                                      allow_unused=True)
+        it = iter(got)
+        res = []
+        for t, x in zip(ins, leaves):
+            if x is not None and x.requires_grad:
+                gr = next(it)
+                res.append(None if gr is None else gr.to(t.dtype))
+            else:
+                res.append(None)
+        return (None, None, None, *res, *[None] * len(ctx.rest))
+
+
+def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
+    """Qwen3-Next gates: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, float32.
+
+    ``A_log, dt_bias [HV]``; ``a, b [..., HV]``. Per element, so decode-exact by construction.
+    """
+    for name, t in (("A_log", A_log), ("a", a), ("dt_bias", dt_bias), ("b", b)):
+        val.tensor(name, t)
+        val.floating(name, t)
+    if A_log.dim() != 1 or tuple(dt_bias.shape) != tuple(A_log.shape):
+        raise InputError(f"A_log and dt_bias must both be [HV]; got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
+    if a.dim() < 1 or a.shape[-1] != A_log.shape[0] or tuple(b.shape) != tuple(a.shape):
+        raise InputError(f"a and b must be [..., HV] with HV = {A_log.shape[0]} and equal shapes; got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    f64 = {t.dtype == F64 for t in (A_log, a, dt_bias, b)}
+    if len(f64) > 1:
+        raise InputError("gdn_gating: float64 (oracle) needs float64 for every input")
+    s = specs.resolve(OPS["gdn_gating"], spec)
+    dtype = F64 if True in f64 else a.dtype
+    impl = dispatch.select("gdn_gating", s, dtype, dispatch.common_device(dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b)),
+                           backend)
+
+    def fwd():
+        return impl.gdn_gating(A_log, a, dt_bias, b, s)
+    if _needs_grad(A_log, a, dt_bias, b):
+        from kernels.oracle.gated_delta_rule import gdn_gating as ora
+        return _RecomputeFn.apply(fwd, ora, 4, A_log, a, dt_bias, b)
+    return fwd()
+
+
+def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", cu_seqlens=None, *, spec=None,
+                      backend=None):
+    """Causal depthwise conv1d (+ SiLU) over time with its decode state, as in Qwen3-Next's GDN layer.
+
+    ``x [B, T, D]`` (or packed ``[1, total, D]`` with ``cu_seqlens``), ``weight [D, K]``, ``bias [D]``,
+    ``conv_state [N, K-1, D]`` (the previous K-1 inputs, x's dtype; None = zeros). Returns
+    ``(y like x, new conv_state)``; continuing with the returned state is exact at any split.
+    """
+    val.tensor("x", x, ndim=3), val.tensor("weight", weight, ndim=2)
+    val.floating("x", x), val.floating("weight", weight)
+    D, K = weight.shape
+    val.dim_eq("gdn_causal_conv1d: weight.shape[0] vs x.shape[-1] (channels)", D, x.shape[-1], "weight must be [D, K]")
+    if K < 1:
+        raise InputError("weight must have at least one tap (K >= 1)")
+    if bias is not None:
+        val.tensor("bias", bias, ndim=1), val.floating("bias", bias)
+        val.dim_eq("gdn_causal_conv1d: bias.shape[0] vs channels", bias.shape[0], D)
+    if activation not in ("silu", None):
+        raise InputError(f"activation must be 'silu' or None, got {activation!r}")
+    cu = _cu_list(cu_seqlens, x.unsqueeze(-1))
+    n = x.shape[0] if cu is None else len(cu) - 1
+    if conv_state is not None:
+        val.tensor("conv_state", conv_state, ndim=3)
+        if tuple(conv_state.shape) != (n, K - 1, D):
+            raise InputError(f"conv_state shape {tuple(conv_state.shape)} must be [N, K-1, D] = {(n, K - 1, D)}")
+        if conv_state.dtype != x.dtype:
+            raise InputError(f"conv_state holds previous inputs and must have x's dtype {x.dtype}, "
+                             f"got {conv_state.dtype}")
+    if (x.dtype == F64) != (weight.dtype == F64) or (bias is not None and (bias.dtype == F64) != (x.dtype == F64)):
+        raise InputError("gdn_causal_conv1d: float64 (oracle) needs float64 x, weight and bias")
+    s = specs.resolve(OPS["gdn_causal_conv1d"], spec)
+    tensors = dict(x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
+    impl = dispatch.select("gdn_causal_conv1d", s, x.dtype, dispatch.common_device(tensors), backend)
+    if x.shape[1] == 0:
+        st = conv_state if conv_state is not None else x.new_zeros((n, K - 1, D))
+        return x.new_zeros(x.shape), st
+
+    def fwd():
+        return impl.gdn_causal_conv1d(x, weight, bias, conv_state, activation, cu, s)
+    if _needs_grad(x, weight, bias, conv_state):
+        from kernels.oracle.gated_delta_rule import causal_conv1d as ora
+        return _RecomputeFn.apply(fwd, ora, 4, x, weight, bias, conv_state, activation, cu)
+    return fwd()

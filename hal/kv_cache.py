@@ -1,0 +1,268 @@
+"""KV caches for attention: contiguous or paged, and the exact data movement around them.
+
+Two layouts, as in flash-attn:
+
+* contiguous: ``k_cache [batch, capacity, Hkv, D]``; token t of sequence b is ``k_cache[b, t]``;
+* paged: ``k_cache [num_pages, page_size, Hkv, D]`` and ``block_table [batch, max_pages]`` (int);
+  token t of sequence b is ``k_cache[block_table[b, t // page_size], t % page_size]``. Any page
+  size works, pages may be in any order and may be shared (prefix caching).
+
+Moving keys in and out of a cache is a copy, so it never changes bits: the attention spec sees
+the same key values at the same absolute positions whatever the layout.
+
+:func:`append_kv` and :func:`gather_kv` are the low-level moves used by ``hal.flash_attn_with_kvcache``
+and the backends; :class:`KVCache` is a small owner of one layer's cache (page allocation with
+reference counts, prefix sharing) that tests and the engine share.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .errors import InputError
+
+
+# ------------------------------------------------------------------ low-level moves (inputs validated)
+
+
+def capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """Tokens one sequence can hold."""
+    if block_table is None:
+        return int(k_cache.shape[1])
+    return int(block_table.shape[1]) * int(k_cache.shape[1])
+
+
+def token_slots(start: torch.Tensor, n: int, k_cache: torch.Tensor, block_table: torch.Tensor | None):
+    """Index tuples addressing tokens start[b] .. start[b]+n-1 of every sequence b in the cache."""
+    bsz = start.shape[0]
+    pos = start.to(torch.int64).reshape(bsz, 1) + torch.arange(n, device=start.device).reshape(1, n)
+    if block_table is None:
+        return torch.arange(bsz, device=start.device).reshape(bsz, 1).expand(bsz, n), pos
+    page = int(k_cache.shape[1])
+    pages = block_table.to(torch.int64).gather(1, pos // page)
+    return pages, pos % page
+
+
+def append_kv(k_cache, v_cache, k, v, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:
+    """Write ``k, v [batch, n, Hkv, D]`` into the cache at positions cache_seqlens[b] + 0..n-1 (in place)."""
+    n = int(k.shape[1])
+    if n == 0:
+        return
+    rows, cols = token_slots(cache_seqlens, n, k_cache, block_table)
+    k_cache[rows, cols] = k
+    v_cache[rows, cols] = v
+
+
+def gather_kv(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor | None, max_len: int):
+    """The first ``max_len`` tokens of every sequence as a contiguous ``[batch, max_len, Hkv, D]``.
+
+    Positions at or past a sequence's length hold arbitrary cache contents (callers mask them).
+    """
+    bsz = seqlens.shape[0]
+    if block_table is None:
+        return cache[:bsz, :max_len]
+    page = int(cache.shape[1])
+    j = torch.arange(max_len, device=cache.device)
+    pages = block_table.to(torch.int64)[:, (j // page).clamp_max(block_table.shape[1] - 1)] if max_len else \
+        torch.zeros((bsz, 0), dtype=torch.int64, device=cache.device)
+    valid = j.reshape(1, -1) < seqlens.to(torch.int64).reshape(-1, 1)
+    pages = torch.where(valid, pages, 0).clamp(0, cache.shape[0] - 1)  # unused table entries may be -1
+    return cache[pages, (j % page).reshape(1, -1).expand(bsz, max_len)]
+
+
+# ------------------------------------------------------------------ KVCache
+
+
+class KVCache:
+    """One attention layer's KV cache for ``batch`` sequences, contiguous or paged.
+
+    ``seqlens[b]`` tokens of sequence b are valid. Paged caches allocate pages on demand from a
+    free list (in ``page_order``, so tests can shuffle the physical layout) and reference-count
+    them, so :meth:`share_prefix` can point a second sequence at the pages of a cached prefix.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor | None = None,
+                 page_order: Sequence[int] | None = None, capacity: int | None = None):
+        if k.shape != v.shape or k.dim() != 4:
+            raise InputError(f"KVCache: k and v must both be 4-D with one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        self.k, self.v = k, v
+        self.block_table = block_table
+        if block_table is None:
+            self.batch = int(k.shape[0])
+            self.capacity = int(k.shape[1])
+        else:
+            self.batch = int(block_table.shape[0])
+            self.capacity = int(capacity if capacity is not None else block_table.shape[1] * k.shape[1])
+            order = list(range(int(k.shape[0]))) if page_order is None else [int(p) for p in page_order]
+            if sorted(order) != list(range(int(k.shape[0]))):
+                raise InputError(f"KVCache: page_order must be a permutation of range({int(k.shape[0])})")
+            self._free = order[::-1]  # pop() takes from the front of page_order
+            self._refs = [0] * int(k.shape[0])
+            self._pages: list[list[int]] = [[] for _ in range(self.batch)]
+        self.seqlens = torch.zeros(self.batch, dtype=torch.int32, device=k.device)
+
+    @classmethod
+    def contiguous(cls, batch: int, capacity: int, num_kv_heads: int, head_dim: int,
+                   dtype=torch.float32, device="cpu") -> "KVCache":
+        shape = (batch, capacity, num_kv_heads, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @classmethod
+    def paged(cls, batch: int, capacity: int, num_kv_heads: int, head_dim: int, page_size: int,
+              dtype=torch.float32, device="cpu", num_pages: int | None = None,
+              page_order: Sequence[int] | None = None) -> "KVCache":
+        if page_size <= 0 or capacity <= 0:
+            raise InputError(f"KVCache.paged: page_size and capacity must be > 0, got {page_size}, {capacity}")
+        max_pages = -(-capacity // page_size)
+        num_pages = batch * max_pages if num_pages is None else num_pages
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        table = torch.full((batch, max_pages), -1, dtype=torch.int32, device=device)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   table, page_order, capacity=capacity)
+
+    @property
+    def paged_layout(self) -> bool:
+        return self.block_table is not None
+
+    @property
+    def page_size(self) -> int | None:
+        return int(self.k.shape[1]) if self.paged_layout else None
+
+    # -- pages
+
+    def _ensure(self, row: int, n_tokens: int) -> None:
+        if n_tokens > self.capacity:
+            raise InputError(f"KVCache: sequence {row} needs {n_tokens} tokens, capacity is {self.capacity}; "
+                             "make a larger cache")
+        if not self.paged_layout:
+            return
+        need = -(-n_tokens // self.page_size)
+        pages = self._pages[row]
+        if need - len(pages) > len(self._free):
+            raise InputError(f"KVCache: out of pages ({len(self._free)} free, sequence {row} needs "
+                             f"{need - len(pages)} more); free finished sequences or make more pages")
+        # A shared last page would be written by the next append: give this sequence its own copy.
+        cur = int(self.seqlens[row])
+        if cur % self.page_size and n_tokens > cur and self._refs[pages[cur // self.page_size]] > 1:
+            self._copy_page(row, cur // self.page_size)
+        while len(pages) < need:
+            p = self._free.pop()
+            self._refs[p] = 1
+            pages.append(p)
+            self.block_table[row, len(pages) - 1] = p
+
+    def _copy_page(self, row: int, index: int) -> None:
+        old = self._pages[row][index]
+        if not self._free:
+            raise InputError("KVCache: out of pages (copy-on-write of a shared page)")
+        new = self._free.pop()
+        self.k[new] = self.k[old]
+        self.v[new] = self.v[old]
+        self._refs[old] -= 1
+        self._refs[new] = 1
+        self._pages[row][index] = new
+        self.block_table[row, index] = new
+
+    def free(self, row: int) -> None:
+        """Forget sequence ``row`` (its pages return to the free list when no one shares them)."""
+        if self.paged_layout:
+            for p in self._pages[row]:
+                self._refs[p] -= 1
+                if self._refs[p] == 0:
+                    self._free.append(p)
+            self._pages[row] = []
+            self.block_table[row] = -1
+        self.seqlens[row] = 0
+
+    def share_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Make sequence ``dst`` start with the first ``n_tokens`` cached tokens of ``src``.
+
+        Paged: dst's table points at src's pages (shared, reference-counted; a partial last page is
+        copied when dst appends). Contiguous: the tokens are copied. Either way dst sees the same
+        key/value bits at the same absolute positions, so its outputs equal a full recompute.
+        """
+        if not 0 <= n_tokens <= int(self.seqlens[src]):
+            raise InputError(f"KVCache.share_prefix: n_tokens must be in [0, {int(self.seqlens[src])}] "
+                             f"(tokens cached for sequence {src}), got {n_tokens}")
+        self.free(dst)
+        if self.paged_layout:
+            n_pages = -(-n_tokens // self.page_size)
+            for i, p in enumerate(self._pages[src][:n_pages]):
+                self._refs[p] += 1
+                self._pages[dst].append(p)
+                self.block_table[dst, i] = p
+        else:
+            self.k[dst, :n_tokens] = self.k[src, :n_tokens]
+            self.v[dst, :n_tokens] = self.v[src, :n_tokens]
+        self.seqlens[dst] = n_tokens
+
+    # -- tokens
+
+    def _rows(self, rows) -> list[int]:
+        rows = list(range(self.batch)) if rows is None else [int(r) for r in rows]
+        if len(set(rows)) != len(rows) or any(not 0 <= r < self.batch for r in rows):
+            raise InputError(f"KVCache: rows must be distinct sequence indices in [0, {self.batch}), got {rows}")
+        return rows
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, rows=None) -> None:
+        """Append ``k, v [len(rows), n, Hkv, D]`` without computing attention (an exact copy)."""
+        rows = self._rows(rows)
+        if k.shape != v.shape or k.dim() != 4 or k.shape[0] != len(rows) or k.shape[2:] != self.k.shape[2:]:
+            raise InputError(f"KVCache.write: k and v must be [{len(rows)}, n, {self.k.shape[2]}, {self.k.shape[3]}], "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.dtype != self.k.dtype:
+            raise InputError(f"KVCache.write: dtype {k.dtype} != cache dtype {self.k.dtype}")
+        n = int(k.shape[1])
+        for r in rows:
+            self._ensure(r, int(self.seqlens[r]) + n)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.k.device)
+        start = self.seqlens[idx]
+        if self.paged_layout:
+            append_kv(self.k, self.v, k, v, start, self.block_table[idx])
+        else:
+            kc, vc = self.k[idx], self.v[idx]
+            append_kv(kc, vc, k, v, start, None)
+            self.k[idx], self.v[idx] = kc, vc
+        self.seqlens[idx] += n
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None, rows=None,
+               **kwargs):
+        """``hal.flash_attn_with_kvcache`` for sequences ``rows`` (default all), appending k/v.
+
+        ``q [len(rows), Sq, Hq, D]``; keyword arguments go to the op (causal, window_size,
+        num_splits, softmax_scale, return_lse, spec, backend). seqlens advance only on success.
+        """
+        from .attention import flash_attn_with_kvcache
+
+        rows = self._rows(rows)
+        n = 0 if k is None else int(k.shape[1])
+        if k is not None and k.dim() == 4 and k.shape[0] == len(rows):
+            for r in rows:
+                self._ensure(r, int(self.seqlens[r]) + n)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.k.device)
+        seqlens = self.seqlens[idx]
+        if self.paged_layout:
+            res = flash_attn_with_kvcache(q, self.k, self.v, k, v, cache_seqlens=seqlens,
+                                          block_table=self.block_table[idx], **kwargs)
+        elif rows == list(range(self.batch)):
+            res = flash_attn_with_kvcache(q, self.k, self.v, k, v, cache_seqlens=seqlens, **kwargs)
+        else:  # a subset of a contiguous cache: work on a copy of those rows, then put it back
+            kc, vc = self.k[idx], self.v[idx]
+            res = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, **kwargs)
+            self.k[idx], self.v[idx] = kc, vc
+        self.seqlens[idx] += n
+        return res
+
+    def _tokens(self, cache: torch.Tensor, row: int) -> torch.Tensor:
+        n = int(self.seqlens[row])
+        if not self.paged_layout:
+            return cache[row, :n]
+        return gather_kv(cache, self.seqlens[row:row + 1], self.block_table[row:row + 1], n)[0]
+
+    def keys(self, row: int) -> torch.Tensor:
+        """The cached keys of sequence ``row`` as ``[seqlen, Hkv, D]``."""
+        return self._tokens(self.k, row)
+
+    def values(self, row: int) -> torch.Tensor:
+        return self._tokens(self.v, row)
