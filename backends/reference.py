@@ -21,7 +21,7 @@ class ReferenceBackend(Backend):
     dtypes = FLOAT_DTYPES + (F64,)
     description = "readable definition of every strict spec (torch elementwise ops, no BLAS); golden bits"
 
-    def claimed_levels(self, op, spec):
+    def claimed_levels(self, family, spec):
         return frozenset(LEVELS)
 
     def matmul(self, a, b, spec):

@@ -54,8 +54,9 @@ class Backend:
                            f"(spec {spec.id})")
         return reasons
 
-    def claimed_levels(self, op: str, spec: OpSpec) -> frozenset[str]:
-        """The levels this backend promises for (op, spec); a failure of one fails the conformance run."""
+    def claimed_levels(self, family: str, spec: OpSpec) -> frozenset[str]:
+        """The levels this backend promises for an op family (conformance family name, e.g. "attention")
+        under ``spec``; a failure of a claimed level fails the conformance run."""
         return frozenset()
 
     def __repr__(self):

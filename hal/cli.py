@@ -16,13 +16,20 @@ import torch
 
 
 def _info(args) -> int:
-    from . import dispatch
+    from . import dispatch, spec as specs
+    from .backend import LEVELS
+    from .ops_registry import OPS
     print(f"lockstep {__import__('hal').__version__}  torch {torch.__version__}  python {platform.python_version()}  "
           f"{platform.machine()}")
     for name, b in dispatch.backends().items():
         why = b.unavailable_reason()
         state = "available" if not why else f"not available: {why}"
-        claims = "claims levels" if b.claimed_levels("matmul", __import__("hal").spec.DEFAULTS["matmul"]) else "claims no level"
+        claimed = set()
+        for op in b.ops():
+            family = OPS[op]
+            if family in specs.DEFAULTS:
+                claimed |= set(b.claimed_levels(family, specs.DEFAULTS[family]))
+        claims = f"claims {' '.join(l for l in LEVELS if l in claimed)}" if claimed else "claims no level"
         print(f"  {name:<10} devices {','.join(b.device_types):<22} {state}; {claims}")
         print(f"  {'':<10} {b.description}")
         print(f"  {'':<10} ops: {', '.join(b.ops())}")
