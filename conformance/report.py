@@ -52,7 +52,7 @@ def to_json(records: list[Record], meta: dict) -> str:
 def to_junit(records: list[Record]) -> str:
     n_fail = sum(r.status == "fail" and r.claimed for r in records)
     n_skip = sum(r.status == "unsupported" or (r.status == "fail" and not r.claimed) for r in records)
-    out = [f'<?xml version="1.0" encoding="utf-8"?>',
+    out = ['<?xml version="1.0" encoding="utf-8"?>',
            f'<testsuite name="lockstep-conformance" tests="{len(records)}" failures="{n_fail}" skipped="{n_skip}">']
     for r in records:
         name = quoteattr(f"{r.op}.{r.dtype}.{r.level}")

@@ -9,7 +9,6 @@ A level passes for a (backend, op, dtype, spec) when it holds for every case.
 """
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field

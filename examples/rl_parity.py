@@ -254,7 +254,7 @@ class StockOps:
     @staticmethod
     def attn_cached(cache, rows, q, k, v):
         """Append k, v for ``rows``, then SDPA of q [g, n, Hq, D] against each row's cached keys."""
-        g, n = q.shape[0], q.shape[1]
+        n = q.shape[1]
         group = q.shape[2] // k.shape[2]
         idx = torch.tensor(rows, dtype=torch.long)
         before = cache.seqlens[idx]

@@ -27,6 +27,7 @@ import torch
 
 from . import dispatch, spec as specs, validate as val
 from .errors import InputError
+from .ops import _needs_grad, _prepare
 from .ops_registry import OPS
 
 __all__ = ["GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_gating",
@@ -260,10 +261,6 @@ class _GDNFn(torch.autograd.Function):
         return (*out[:6], None, None, None, None, None, None, None, None)
 
 
-def _needs_grad(*ts) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
-
-
 # ---------------------------------------------------------------- the two public ops
 
 
@@ -385,10 +382,8 @@ def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
     f64 = {t.dtype == F64 for t in (A_log, a, dt_bias, b)}
     if len(f64) > 1:
         raise InputError("gdn_gating: float64 (oracle) needs float64 for every input")
-    s = specs.resolve(OPS["gdn_gating"], spec)
     dtype = F64 if True in f64 else a.dtype
-    impl = dispatch.select("gdn_gating", s, dtype, dispatch.common_device(dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b)),
-                           backend)
+    s, impl = _prepare("gdn_gating", spec, backend, dtype, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
 
     def fwd():
         return impl.gdn_gating(A_log, a, dt_bias, b, s)
@@ -428,9 +423,8 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
                              f"got {conv_state.dtype}")
     if (x.dtype == F64) != (weight.dtype == F64) or (bias is not None and (bias.dtype == F64) != (x.dtype == F64)):
         raise InputError("gdn_causal_conv1d: float64 (oracle) needs float64 x, weight and bias")
-    s = specs.resolve(OPS["gdn_causal_conv1d"], spec)
     tensors = dict(x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
-    impl = dispatch.select("gdn_causal_conv1d", s, x.dtype, dispatch.common_device(tensors), backend)
+    s, impl = _prepare("gdn_causal_conv1d", spec, backend, x.dtype, **tensors)
     if x.shape[1] == 0:
         st = conv_state if conv_state is not None else x.new_zeros((n, K - 1, D))
         return x.new_zeros(x.shape), st

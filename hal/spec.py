@@ -146,7 +146,7 @@ class SoftmaxSpec(OpSpec):
             _policy_words(self.policy),
             "inputs widened exactly to float32",
             f"tiles of {self.tile} along the axis, anchored at index 0; M = max of the row (exact, order-free)",
-            f"per tile: s_t = sequential sum from +0.0 of exp(x - M) over the tile's elements",
+            "per tile: s_t = sequential sum from +0.0 of exp(x - M) over the tile's elements",
             "S = tile partials s_t added in increasing tile order from +0.0",
             "logsumexp = M + log(S); log_softmax = (x - M) - log(S); softmax = exp(x - M) / S",
             "a row that is all -inf (fully masked): logsumexp -inf, log_softmax -inf, softmax 0; "

@@ -4,7 +4,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-import pytest
 
 
 def hal(*args, check=False):

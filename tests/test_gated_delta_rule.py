@@ -6,7 +6,6 @@ import hal
 from hal.errors import InputError
 from hal.spec import GatedDeltaRuleSpec
 from kernels.oracle.gated_delta_rule import gated_delta_rule as oracle
-from kernels.reference import gated_delta_rule as gdn
 
 CHUNKED = GatedDeltaRuleSpec(variant="chunked")
 SERIAL = GatedDeltaRuleSpec(variant="serial")
