@@ -12,6 +12,7 @@ MODULES = {
     "token_logprobs": "conformance.families.token_logprobs",
     "attention": "conformance.families.attention",
     "gated_delta_rule": "conformance.families.gated_delta_rule",
+    "gdn_layer": "conformance.families.gdn_layer",
 }
 
 
