@@ -142,16 +142,11 @@ class StockBackend(Backend):
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
         # What an eager engine does: F.conv1d (depthwise, groups = channels) over the previous K-1
         # inputs followed by this call's, then F.silu, in x's dtype.
-        kw = weight.shape[1]
-        seqs = [x[i] for i in range(x.shape[0])] if cu_seqlens is None else \
-            [x[0, cu_seqlens[i]: cu_seqlens[i + 1]] for i in range(len(cu_seqlens) - 1)]
-        ys, states = [], []
-        for i, xs in enumerate(seqs):
-            prev = xs.new_zeros((kw - 1, xs.shape[-1])) if conv_state is None else conv_state[i].to(xs.dtype)
-            rows = torch.cat([prev, xs], 0)
-            y = F.conv1d(rows.t().unsqueeze(0), weight.to(xs.dtype).unsqueeze(1),
-                         None if bias is None else bias.to(xs.dtype), groups=xs.shape[-1])[0].t()
-            ys.append(F.silu(y) if activation == "silu" else y)
-            states.append(rows[rows.shape[0] - (kw - 1):])
-        y = torch.stack(ys) if cu_seqlens is None else torch.cat(ys).unsqueeze(0)
-        return y, torch.stack(states)
+        from kernels.oracle.gated_delta_rule import conv_windows
+        w = weight.to(x.dtype).unsqueeze(1)
+        b = None if bias is None else bias.to(x.dtype)
+
+        def one(rows, n):
+            y = F.conv1d(rows.t().unsqueeze(0), w, b, groups=rows.shape[-1])[0].t()
+            return F.silu(y) if activation == "silu" else y
+        return conv_windows(x, conv_state, weight.shape[1], cu_seqlens, one)

@@ -69,6 +69,25 @@ def gdn_gating(A_log, a, dt_bias, b, dtype=F64):
     return -torch.exp(A_log) * F.softplus(a + dt_bias), torch.sigmoid(b)
 
 
+def conv_windows(x, conv_state, kw: int, cu_seqlens: list[int] | None, per_sequence):
+    """Run ``per_sequence(rows, n)`` on each sequence's conv window and pack the results.
+
+    ``rows`` = the previous K-1 inputs (``conv_state[i]``, zeros when None) followed by the
+    sequence's n new inputs; ``per_sequence`` returns that sequence's y [n, D]. Returns (y packed
+    like x, new conv_state [N, K-1, D]: the last K-1 rows of each window, in x's dtype).
+    """
+    seqs = [x[i] for i in range(x.shape[0])] if cu_seqlens is None else \
+        [x[0, cu_seqlens[i]: cu_seqlens[i + 1]] for i in range(len(cu_seqlens) - 1)]
+    ys, states = [], []
+    for i, xs in enumerate(seqs):
+        prev = xs.new_zeros((kw - 1, xs.shape[-1])) if conv_state is None else conv_state[i].to(xs.dtype)
+        rows = torch.cat([prev, xs], 0)
+        ys.append(per_sequence(rows, xs.shape[0]))
+        states.append(rows[rows.shape[0] - (kw - 1):])
+    y = torch.stack(ys) if cu_seqlens is None else torch.cat(ys).unsqueeze(0)
+    return y, torch.stack(states)
+
+
 def causal_conv1d(x, weight, bias=None, conv_state=None, activation: str | None = "silu",
                   cu_seqlens: list[int] | None = None, dtype=F64):
     """Depthwise causal conv over time. x [B, T, D]; weight [D, K]; conv_state [N, K-1, D] (previous inputs).
@@ -77,23 +96,14 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, activation: str | None 
     """
     kw = weight.shape[1]
     w = weight.to(dtype)
-    seqs = [x[i] for i in range(x.shape[0])] if cu_seqlens is None else \
-        [x[0, cu_seqlens[i]: cu_seqlens[i + 1]] for i in range(len(cu_seqlens) - 1)]
-    ys, states = [], []
-    for i, xs in enumerate(seqs):
-        prev = xs.new_zeros((kw - 1, xs.shape[-1])) if conv_state is None else conv_state[i].to(xs.dtype)
-        rows = torch.cat([prev, xs], 0)
+
+    def one(rows, n):
         r = rows.to(dtype)
-        L = xs.shape[0]
-        y = sum(w[:, j] * r[j: j + L] for j in range(kw))
+        y = sum(w[:, j] * r[j: j + n] for j in range(kw))
         if bias is not None:
             y = y + bias.to(dtype)
-        if activation == "silu":
-            y = F.silu(y)
-        ys.append(y)
-        states.append(rows[rows.shape[0] - (kw - 1):])
-    y = torch.stack(ys) if cu_seqlens is None else torch.cat(ys).unsqueeze(0)
-    return y, torch.stack(states)
+        return F.silu(y) if activation == "silu" else y
+    return conv_windows(x, conv_state, kw, cu_seqlens, one)
 
 
 def run_float64(q, k, v, g, beta, scale: float, parts, cu_seqlens, l2: bool):
