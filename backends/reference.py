@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
-from kernels import oracle
-from kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.kernels import oracle
+from hal.kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
 
 F64 = torch.float64
 
@@ -50,16 +50,16 @@ class ReferenceBackend(Backend):
         return _sm.token_logprobs(hidden, weight, tokens, temperature, spec)
 
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-        from kernels.oracle import attention as _oa
-        from kernels.reference import attention as _at
+        from hal.kernels.oracle import attention as _oa
+        from hal.kernels.reference import attention as _at
         if q.dtype == F64:
             return _oa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window)
         return _at.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec)
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                 num_splits, spec):
-        from kernels.oracle import attention as _oa
-        from kernels.reference import attention as _at
+        from hal.kernels.oracle import attention as _oa
+        from hal.kernels.reference import attention as _at
         if q.dtype == F64:
             return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
         return _at.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
@@ -67,8 +67,8 @@ class ReferenceBackend(Backend):
 
     # float64 runs the oracle (gradcheck); both op names compute the one spec's bits.
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
-        from kernels.oracle import gated_delta_rule as ora
-        from kernels.reference import gated_delta_rule as gdn
+        from hal.kernels.oracle import gated_delta_rule as ora
+        from hal.kernels.reference import gated_delta_rule as gdn
         if v.dtype == F64:
             return ora.run_float64(q, k, v, g, beta, scale, state, cu_seqlens, l2)
         return gdn.gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
@@ -76,13 +76,13 @@ class ReferenceBackend(Backend):
     fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        from kernels.oracle import gated_delta_rule as ora
-        from kernels.reference import qwen3_next
+        from hal.kernels.oracle import gated_delta_rule as ora
+        from hal.kernels.reference import qwen3_next
         return (ora if a.dtype == F64 else qwen3_next).gdn_gating(A_log, a, dt_bias, b)
 
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        from kernels.oracle import gated_delta_rule as ora
-        from kernels.reference import qwen3_next
+        from hal.kernels.oracle import gated_delta_rule as ora
+        from hal.kernels.reference import qwen3_next
         if x.dtype == F64:
             return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)

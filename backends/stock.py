@@ -110,7 +110,7 @@ class StockBackend(Backend):
 
     def _hf_gdn(self, fn, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         from transformers.models.qwen3_next import modeling_qwen3_next as hf
-        from kernels.reference.gated_delta_rule import Parts
+        from hal.kernels.reference.gated_delta_rule import Parts
         # transformers always scales by d_k ** -0.5; o is linear in the scaled query, so another
         # scale is applied to q (no in-kernel norm) or to o (with it), in float32
         ratio = scale / (q.shape[-1] ** -0.5)
@@ -142,7 +142,7 @@ class StockBackend(Backend):
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
         # What an eager engine does: F.conv1d (depthwise, groups = channels) over the previous K-1
         # inputs followed by this call's, then F.silu, in x's dtype.
-        from kernels.oracle.gated_delta_rule import conv_windows
+        from hal.kernels.oracle.gated_delta_rule import conv_windows
         w = weight.to(x.dtype).unsqueeze(1)
         b = None if bias is None else bias.to(x.dtype)
 

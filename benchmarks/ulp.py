@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from kernels.reference.strict_math import exp, log
+from hal.kernels.reference.strict_math import exp, log
 
 
 def _ordered(x):

@@ -54,7 +54,7 @@ def _spec(args) -> int:
 
 
 def _families(ops):
-    from conformance import families
+    from hal.conformance import families
     names = families.names()
     if not ops:
         return names
@@ -65,7 +65,7 @@ def _families(ops):
 
 
 def _conformance_run(args) -> int:
-    from conformance import report, runner
+    from hal.conformance import report, runner
     from . import dispatch
     from .errors import BackendUnavailable
     device = torch.device(args.device)
@@ -115,7 +115,7 @@ def _conformance_run(args) -> int:
 
 
 def _conformance_generate(args) -> int:
-    from conformance import families, golden
+    from hal.conformance import families, golden
     from . import dispatch
     ref = dispatch.get_backend("reference")
     for name in _families(args.ops):

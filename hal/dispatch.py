@@ -27,8 +27,8 @@ log = logging.getLogger("lockstep")
 
 ENTRY_POINT_GROUP = "lockstep.backends"
 _BUILTIN = {
-    "reference": "backends.reference:ReferenceBackend",
-    "stock": "backends.stock:StockBackend",
+    "reference": "hal.backends.reference:ReferenceBackend",
+    "stock": "hal.backends.stock:StockBackend",
 }
 
 _lock = threading.Lock()

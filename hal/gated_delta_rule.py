@@ -37,7 +37,7 @@ F32, F64 = torch.float32, torch.float64
 
 
 def _parts_type():
-    from kernels.reference.gated_delta_rule import Parts
+    from hal.kernels.reference.gated_delta_rule import Parts
     return Parts
 
 
@@ -216,7 +216,7 @@ def _exact_start(parts, scale, dtype):
     """The state after the last consumed token (the open chunk's rows applied), without grad."""
     if parts.open_k is None:
         return parts.S.to(dtype)
-    from kernels.oracle.gated_delta_rule import recurrence
+    from hal.kernels.oracle.gated_delta_rule import recurrence
     n, C = parts.open_k.shape[:2]
     out = []
     with torch.no_grad():
@@ -245,7 +245,7 @@ class _GDNFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        from kernels.oracle.gated_delta_rule import gated_delta_rule as recompute
+        from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as recompute
         q, k, v, g, beta, S0 = ctx.saved_tensors
         scale, parts, cu, l2 = ctx.meta
         acc = F64 if v.dtype == F64 else F32
@@ -388,7 +388,7 @@ def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
     def fwd():
         return impl.gdn_gating(A_log, a, dt_bias, b, s)
     if _needs_grad(A_log, a, dt_bias, b):
-        from kernels.oracle.gated_delta_rule import gdn_gating as ora
+        from hal.kernels.oracle.gated_delta_rule import gdn_gating as ora
         return _RecomputeFn.apply(fwd, ora, 4, A_log, a, dt_bias, b)
     return fwd()
 
@@ -432,6 +432,6 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
     def fwd():
         return impl.gdn_causal_conv1d(x, weight, bias, conv_state, activation, cu, s)
     if _needs_grad(x, weight, bias, conv_state):
-        from kernels.oracle.gated_delta_rule import causal_conv1d as ora
+        from hal.kernels.oracle.gated_delta_rule import causal_conv1d as ora
         return _RecomputeFn.apply(fwd, ora, 4, x, weight, bias, conv_state, activation, cu)
     return fwd()

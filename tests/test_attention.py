@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import hal
-from conformance import inputs as gen
-from conformance.bits import raw_bits
+from hal.conformance import inputs as gen
+from hal.conformance.bits import raw_bits
 from hal.errors import InputError, SpecError
 from hal.kv_cache import KVCache
 from hal.spec import AttentionSpec, DEFAULTS

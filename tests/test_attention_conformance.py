@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import hal
-from backends.reference import ReferenceBackend
-from conformance import families, runner
-from conformance.bits import first_divergence
-from conformance.family import DTYPE_NAMES
+from hal.backends.reference import ReferenceBackend
+from hal.conformance import families, runner
+from hal.conformance.bits import first_divergence
+from hal.conformance.family import DTYPE_NAMES
 from hal.spec import AttentionSpec
 
 FAM = families.get("attention")

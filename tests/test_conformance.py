@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from conformance import families, golden, inputs, runner
-from conformance.bits import first_divergence
+from hal.conformance import families, golden, inputs, runner
+from hal.conformance.bits import first_divergence
 
 FOUNDATION = ["matmul", "rms_norm", "softmax", "token_logprobs"]
 
@@ -126,7 +126,7 @@ def test_stale_missing_and_malformed_goldens(golden_copy):
 
 def test_checks_catch_a_planted_batch_dependence():
     """A backend that perturbs the last bit when M > 1 must fail L1 (the checks can fail)."""
-    from backends.reference import ReferenceBackend
+    from hal.backends.reference import ReferenceBackend
     import hal
 
     class Sneaky(ReferenceBackend):

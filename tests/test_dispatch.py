@@ -11,7 +11,7 @@ import hal
 from hal import dispatch
 from hal.backend import Backend
 from hal.errors import BackendUnavailable, UnsupportedError
-from backends.reference import ReferenceBackend
+from hal.backends.reference import ReferenceBackend
 
 
 class Recording(ReferenceBackend):
@@ -133,7 +133,7 @@ def test_no_backend_for_device_lists_every_reason():
 def test_entry_point_backend_is_discovered(tmp_path, monkeypatch):
     pkg = tmp_path / "thirdparty_lockstep_backend.py"
     pkg.write_text(textwrap.dedent("""
-        from backends.reference import ReferenceBackend
+        from hal.backends.reference import ReferenceBackend
         class ThirdParty(ReferenceBackend):
             name = "thirdparty"
     """))
@@ -152,6 +152,6 @@ def test_entry_point_backend_is_discovered(tmp_path, monkeypatch):
 
 def test_importing_hal_imports_no_optional_dependency():
     import subprocess
-    code = "import sys, hal, backends.reference, conformance.runner; print([m for m in ('triton','jax','torch_npu') if m in sys.modules])"
+    code = "import sys, hal, hal.backends.reference, hal.conformance.runner; print([m for m in ('triton','jax','torch_npu') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -5,7 +5,7 @@ import torch
 import hal
 from hal.errors import InputError
 from hal.spec import GatedDeltaRuleSpec
-from kernels.oracle.gated_delta_rule import gated_delta_rule as oracle
+from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as oracle
 
 CHUNKED = GatedDeltaRuleSpec(variant="chunked")
 SERIAL = GatedDeltaRuleSpec(variant="serial")

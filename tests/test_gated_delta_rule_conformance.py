@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import hal
-from backends.reference import ReferenceBackend
-from conformance import families, runner
-from kernels.reference.gated_delta_rule import Parts
+from hal.backends.reference import ReferenceBackend
+from hal.conformance import families, runner
+from hal.kernels.reference.gated_delta_rule import Parts
 
 FAM = families.get("gated_delta_rule")
 pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")

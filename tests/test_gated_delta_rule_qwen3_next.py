@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import hal
 from hal.errors import InputError
 from hal.spec import GatedDeltaRuleSpec
-from kernels.oracle import gated_delta_rule as ora
+from hal.kernels.oracle import gated_delta_rule as ora
 
 hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 

@@ -2,7 +2,7 @@
 level; the stock path (torch's exp/softplus/sigmoid gates, F.conv1d + F.silu) is caught."""
 import pytest
 
-from conformance import families, runner
+from hal.conformance import families, runner
 
 
 @pytest.fixture(scope="module")

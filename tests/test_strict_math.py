@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.reference.strict_math import exp, fma, fma_exact, log
+from hal.kernels.reference.strict_math import exp, fma, fma_exact, log
 
 
 def _rn32(fr: Fraction) -> float:
@@ -133,7 +133,7 @@ def _spec_dot(a, b, t):
 
 @pytest.mark.parametrize("n,t", [(0, 4), (1, 4), (7, 4), (8, 4), (9, 4), (65, 16), (130, 64)])
 def test_tiled_dot_and_sum_follow_the_spec_order(n, t):
-    from kernels.reference.reduce import tiled_dot, tiled_sum
+    from hal.kernels.reference.reduce import tiled_dot, tiled_sum
     g = torch.Generator().manual_seed(n)
     a = (torch.randn(3, n, generator=g) * 1e3).float()
     b = torch.randn(3, n, generator=g).float()

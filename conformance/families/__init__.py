@@ -6,13 +6,13 @@ import importlib
 from ..family import Family
 
 MODULES = {
-    "matmul": "conformance.families.matmul",
-    "rms_norm": "conformance.families.rms_norm",
-    "softmax": "conformance.families.softmax",
-    "token_logprobs": "conformance.families.token_logprobs",
-    "attention": "conformance.families.attention",
-    "gated_delta_rule": "conformance.families.gated_delta_rule",
-    "gdn_layer": "conformance.families.gdn_layer",
+    "matmul": "hal.conformance.families.matmul",
+    "rms_norm": "hal.conformance.families.rms_norm",
+    "softmax": "hal.conformance.families.softmax",
+    "token_logprobs": "hal.conformance.families.token_logprobs",
+    "attention": "hal.conformance.families.attention",
+    "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
+    "gdn_layer": "hal.conformance.families.gdn_layer",
 }
 
 

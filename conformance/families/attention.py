@@ -360,7 +360,7 @@ class AttentionFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels.oracle import attention as oa
+        from hal.kernels.oracle import attention as oa
         lens = x["cu"][1:] - x["cu"][:-1]
         scale = case.p["scale"] or case.p["d"] ** -0.5
         out, lse = oa.flash_attn_varlen_func(x["q"], x["k"], x["v"], x["cu"], x["cu"], int(lens.max()),

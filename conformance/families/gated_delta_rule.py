@@ -313,7 +313,7 @@ class GatedDeltaRuleFamily(Family):
         return {"o": o[0], "final": fin}
 
     def oracle(self, case, inputs):
-        from kernels.oracle.gated_delta_rule import gated_delta_rule
+        from hal.kernels.oracle.gated_delta_rule import gated_delta_rule
         p = case.p
         scale = float(torch.tensor(p["scale"] if p["scale"] else p["dk"] ** -0.5, dtype=torch.float32))
         o, fin = gated_delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], scale,

@@ -101,7 +101,7 @@ class GDNLayerFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels.oracle import gated_delta_rule as ora
+        from hal.kernels.oracle import gated_delta_rule as ora
         g, beta = ora.gdn_gating(x["A_log"], x["a"], x["dt_bias"], x["b"])
         y, state = ora.causal_conv1d(x["x"], x["weight"], x.get("bias"))
         return {"g": g, "beta": beta, "y": y, "conv_state": state.double()}
@@ -111,7 +111,7 @@ class GDNLayerFamily(Family):
             return torch.zeros_like(exact)  # a copy of inputs: exact
         if output in ("g", "beta"):  # exp, log, division, a product: a few float32 roundings
             return 16 * EPS32 * exact.abs() + 2 * half_ulp(exact, torch.float32)
-        from kernels.oracle import gated_delta_rule as ora
+        from hal.kernels.oracle import gated_delta_rule as ora
         bias = x.get("bias")
         mag, _ = ora.causal_conv1d(x["x"].abs(), x["weight"].abs(), None if bias is None else bias.abs(),
                                    activation=None)

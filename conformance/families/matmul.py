@@ -46,7 +46,7 @@ class MatmulFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels import oracle
+        from hal.kernels import oracle
         return {"matmul": oracle.matmul(x["a"], x["b"]), "linear": oracle.linear(x["a"], x["b"].t(), x["bias"])}
 
     def budget(self, case, output, x, exact):

@@ -37,7 +37,7 @@ class RMSNormFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels import oracle
+        from hal.kernels import oracle
         out = oracle.rms_norm(x["x"], x["weight"], EPS, x.get("residual"))
         if case.p["residual"]:
             return {"y": out[0], "residual": out[1].double()}

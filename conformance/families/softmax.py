@@ -45,7 +45,7 @@ class SoftmaxFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels import oracle
+        from hal.kernels import oracle
         return {"softmax": oracle.softmax(x["x"]), "log_softmax": oracle.log_softmax(x["x"]),
                 "logsumexp": oracle.logsumexp(x["x"])}
 

@@ -41,7 +41,7 @@ class TokenLogprobsFamily(Family):
         return _call(backend, case, inputs)
 
     def oracle(self, case, x):
-        from kernels import oracle
+        from hal.kernels import oracle
         return {"logprobs": oracle.token_logprobs(x["hidden"], x["weight"], x["tokens"], case.p["temperature"])}
 
     def budget(self, case, output, x, exact):
