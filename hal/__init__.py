@@ -7,6 +7,15 @@
 
 Importing ``hal`` imports no optional dependency (triton, jax, torch_npu).
 """
+import os as _os
+
+# Installed (wheel or editable), the repository's backends/, kernels/ and conformance/ folders are
+# the subpackages hal.backends, hal.kernels and hal.conformance (pyproject's package-dir). Run from a
+# source checkout without an install they sit beside this folder: let the subpackages be found there.
+_here = _os.path.dirname(__file__)
+if not _os.path.isdir(_os.path.join(_here, "kernels")) and \
+        _os.path.isfile(_os.path.join(_here, _os.pardir, "kernels", "__init__.py")):
+    __path__.append(_os.path.normpath(_os.path.join(_here, _os.pardir)))
 from . import spec
 from .backend import LEVELS, Backend
 from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
