@@ -1,0 +1,117 @@
+"""softmax / log_softmax / logsumexp and token log-probs (strict): one row per task.
+
+Per row (SoftmaxSpec): M = row max (exact); a NaN or +inf anywhere poisons the row (M = NaN);
+a row of -inf only is empty (shift 0, fixed up at the output); S = canonical tiled sum of
+exp(x - M); outputs from (x - M), S and log S exactly as kernels/reference/softmax.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .host import F32, f32, finish
+from .matmul import dot_rows_kn
+from .reduce import tiled_sum
+from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+@njit(inline="always", cache=True)
+def _row_stats(x, t, e, part):
+    """(shift, S, empty) of row x; fills e with exp(x - shift)."""
+    n = x.shape[0]
+    m = NEG_INF
+    poisoned = False
+    for i in range(n):
+        v = x[i]
+        if v != v or v == POS_INF:
+            poisoned = True
+        elif v > m:
+            m = v
+    empty = (not poisoned) and m == NEG_INF
+    if poisoned:
+        m = NAN
+    elif empty:
+        m = ZERO
+    for i in range(n):
+        e[i] = exp(x[i] - m)
+    return m, tiled_sum(e, t, part), empty
+
+
+@njit(parallel=True, cache=True)
+def _softmax_rows(x, t, kind, out):
+    rows, n = x.shape
+    for r in prange(rows):
+        e = np.empty(n, np.float32)
+        part = np.empty(max(1, (n + t - 1) // t), np.float32)
+        xr = x[r]
+        m, s, empty = _row_stats(xr, t, e, part)
+        o = out[r]
+        if kind == LOGSUMEXP:
+            o[0] = NEG_INF if empty else canon(m + log(s))
+        elif kind == LOG_SOFTMAX:
+            ls = log(s)
+            for i in range(n):
+                o[i] = NEG_INF if empty else canon((xr[i] - m) - ls)
+        else:
+            for i in range(n):
+                o[i] = ZERO if empty else canon(e[i] / s)
+
+
+def _run(x, spec, kind):
+    n = x.shape[-1]
+    x2 = f32(x.reshape(-1, n))
+    out = torch.empty((x2.shape[0], 1 if kind == LOGSUMEXP else n), dtype=F32)
+    if x2.shape[0] and (n or kind == LOGSUMEXP):
+        _softmax_rows(x2, spec.tile, kind, out.numpy())
+    if kind == LOGSUMEXP:
+        return finish(out, x.dtype).reshape(x.shape[:-1])
+    return finish(out, x.dtype).reshape(x.shape)
+
+
+def softmax(x, spec):
+    return _run(x, spec, SOFTMAX)
+
+
+def log_softmax(x, spec):
+    return _run(x, spec, LOG_SOFTMAX)
+
+
+def logsumexp(x, spec):
+    return _run(x, spec, LOGSUMEXP)
+
+
+@njit(parallel=True, cache=True)
+def _logprob_rows(logits_t, col0, tokens, inv_t, scale, t, out):
+    """out[col0 + c] for the columns c of logits_t [V, C] (one token's logits per column)."""
+    v, cols = logits_t.shape
+    for c in prange(cols):
+        row = np.empty(v, np.float32)
+        e = np.empty(v, np.float32)
+        part = np.empty(max(1, (v + t - 1) // t), np.float32)
+        for i in range(v):
+            row[i] = logits_t[i, c] / inv_t if scale else logits_t[i, c]
+        m, s, empty = _row_stats(row, t, e, part)
+        out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
+
+
+_ROW_CHUNK = 64  # tokens per chunk: at most V x 64 float32 logits exist at a time
+
+
+def token_logprobs(hidden, weight, tokens, temperature, spec):
+    """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N]."""
+    n = hidden.shape[0]
+    w = f32(weight)
+    # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
+    # of hidden[n] and W[v], computed without transposing the (large) LM head.
+    ht = f32(hidden.t())
+    tok = tokens.to(torch.int64).contiguous().numpy()
+    out = torch.empty(n, dtype=F32)
+    temp = np.float32(temperature)
+    for c0 in range(0, n, _ROW_CHUNK):
+        c1 = min(n, c0 + _ROW_CHUNK)
+        lt = dot_rows_kn(w, np.ascontiguousarray(ht[:, c0:c1]), spec.hidden_tile)
+        _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+    return out
