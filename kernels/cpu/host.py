@@ -15,9 +15,15 @@ _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.floa
 _TINY = np.float32(2.0 ** -126)
 
 
-def f32(t: torch.Tensor) -> np.ndarray:
-    """A C-contiguous float32 numpy array of t's values (exact widening; no copy when already so)."""
-    return t.detach().to(F32).contiguous().numpy()
+def raw(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy array of t's stored values for the kernels' ``widen``: float32 as is,
+    bfloat16 as its int16 bits, float16 as its uint16 bits (no widened copy)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy()
+    if t.dtype == torch.float16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.to(F32).numpy()
 
 
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from numba import njit, prange, uint64
 
-from .host import F32, f32, finish
-from .strict_math import ZERO, fma
+from .host import F32, finish, raw
+from .strict_math import ZERO, fma, widen
 
 _NC = 512  # columns per block of _rows_kn: 4 x 512 float32 accumulators stay in L1
 _FEW_ROWS = 4  # below this many rows linear runs on the weight as stored
@@ -42,10 +42,10 @@ def _rows_kn(A, B, C, T):
             k1 = min(k0 + T, K)
             acc[:] = ZERO
             for k in range(k0, k1):
-                x0, x1, x2, x3 = A[m0, k], A[m1, k], A[m2, k], A[m3, k]
+                x0, x1, x2, x3 = widen(A[m0, k]), widen(A[m1, k]), widen(A[m2, k]), widen(A[m3, k])
                 b = B[k, n0:n1]
                 for n in range(w):
-                    bn = b[n]
+                    bn = widen(b[n])
                     a0[n] = fma(x0, bn, a0[n])
                     a1[n] = fma(x1, bn, a1[n])
                     a2[n] = fma(x2, bn, a2[n])
@@ -76,11 +76,11 @@ def _dots_nk(A, B, C, T):
             s0 = s1 = s2 = s3 = ZERO
             for kk in range(k0, k1):
                 k = uint64(kk)
-                x = a[ra + k]
-                s0 = fma(x, b[b0 + k], s0)
-                s1 = fma(x, b[b1 + k], s1)
-                s2 = fma(x, b[b2 + k], s2)
-                s3 = fma(x, b[b3 + k], s3)
+                x = widen(a[ra + k])
+                s0 = fma(x, widen(b[b0 + k]), s0)
+                s1 = fma(x, widen(b[b1 + k]), s1)
+                s2 = fma(x, widen(b[b2 + k]), s2)
+                s3 = fma(x, widen(b[b3 + k]), s3)
             t0 += s0
             t1 += s1
             t2 += s2
@@ -96,7 +96,7 @@ def _dots_nk(A, B, C, T):
 
 
 def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int) -> torch.Tensor:
-    """float32 [M, K] . [K, N] -> float32 tensor [M, N] in the canonical tiled order."""
+    """[M, K] . [K, N] -> float32 tensor [M, N] in the canonical tiled order (operands from host.raw)."""
     out = torch.zeros((a2.shape[0], b_kn.shape[1]), dtype=F32)
     if out.numel():
         _rows_kn(a2, b_kn, out.numpy(), t)
@@ -104,7 +104,7 @@ def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int) -> torch.Tensor:
 
 
 def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int) -> torch.Tensor:
-    """float32 [M, K] . [N, K]^T -> float32 tensor [M, N] in the canonical tiled order."""
+    """[M, K] . [N, K]^T -> float32 tensor [M, N] in the canonical tiled order (operands from host.raw)."""
     out = torch.zeros((a2.shape[0], b_nk.shape[0]), dtype=F32)
     if out.numel():
         _dots_nk(a2, b_nk, out.numpy(), t)
@@ -113,17 +113,17 @@ def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int) -> torch.Tensor:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
     lead, k = a.shape[:-1], a.shape[-1]
-    out = dot_rows_kn(f32(a.reshape(-1, k)), f32(b), spec.k_tile)
+    out = dot_rows_kn(raw(a.reshape(-1, k)), raw(b), spec.k_tile)
     return finish(out, a.dtype).reshape(*lead, b.shape[1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = f32(x.reshape(-1, k))
+    x2 = raw(x.reshape(-1, k))
     if x2.shape[0] < _FEW_ROWS:
-        acc = dot_rows_nk(x2, f32(weight), spec.k_tile)
+        acc = dot_rows_nk(x2, raw(weight), spec.k_tile)
     else:
-        acc = dot_rows_kn(x2, f32(weight.t()), spec.k_tile)
+        acc = dot_rows_kn(x2, raw(weight.t()), spec.k_tile)
     if bias is not None:
         acc += bias.to(F32)  # once, after the K reduction (as the reference)
     return finish(acc, x.dtype).reshape(*lead, weight.shape[0])

@@ -5,9 +5,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, canonical_nan, f32, finish
+from .host import F32, canonical_nan, finish, raw
 from .reduce import tiled_dot
-from .strict_math import ONE, canon
+from .strict_math import ONE, canon, widen
 
 
 @njit(parallel=True, cache=True)
@@ -16,12 +16,14 @@ def _rms_rows(h, w, eps, t, out):
     hn = np.float32(n)  # exact for n < 2**24
     for r in prange(rows):
         part = np.empty(max(1, (n + t - 1) // t), np.float32)
-        x = h[r]
+        x = np.empty(n, np.float32)
+        for i in range(n):
+            x[i] = widen(h[r, i])
         ss = tiled_dot(x, x, t, part)
         inv = ONE / np.sqrt(ss / hn + eps)
         o = out[r]
         for i in range(n):
-            o[i] = canon((x[i] * inv) * w[i])
+            o[i] = canon((x[i] * inv) * widen(w[i]))
 
 
 def rms_norm(x, weight, eps, residual, spec):
@@ -31,10 +33,10 @@ def rms_norm(x, weight, eps, residual, spec):
     else:
         h = x
     hid = h.shape[-1]
-    h2 = f32(h.reshape(-1, hid))
+    h2 = raw(h.reshape(-1, hid))
     out = torch.empty(h2.shape, dtype=F32)
     if out.numel():
-        _rms_rows(h2, f32(weight), np.float32(eps), spec.hidden_tile, out.numpy())
+        _rms_rows(h2, raw(weight), np.float32(eps), spec.hidden_tile, out.numpy())
     y = finish(out, x.dtype).reshape(h.shape)
     return (y, h) if residual is not None else y
 

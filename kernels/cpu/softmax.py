@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, f32, finish
+from .host import F32, finish, raw
 from .matmul import dot_rows_kn
 from .reduce import tiled_sum
-from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log
+from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -25,7 +25,7 @@ def _row_stats(x, t, e, part):
     m = NEG_INF
     poisoned = False
     for i in range(n):
-        v = x[i]
+        v = widen(x[i])
         if v != v or v == POS_INF:
             poisoned = True
         elif v > m:
@@ -36,7 +36,7 @@ def _row_stats(x, t, e, part):
     elif empty:
         m = ZERO
     for i in range(n):
-        e[i] = exp(x[i] - m)
+        e[i] = exp(widen(x[i]) - m)
     return m, tiled_sum(e, t, part), empty
 
 
@@ -54,7 +54,7 @@ def _softmax_rows(x, t, kind, out):
         elif kind == LOG_SOFTMAX:
             ls = log(s)
             for i in range(n):
-                o[i] = NEG_INF if empty else canon((xr[i] - m) - ls)
+                o[i] = NEG_INF if empty else canon((widen(xr[i]) - m) - ls)
         else:
             for i in range(n):
                 o[i] = ZERO if empty else canon(e[i] / s)
@@ -62,7 +62,7 @@ def _softmax_rows(x, t, kind, out):
 
 def _run(x, spec, kind):
     n = x.shape[-1]
-    x2 = f32(x.reshape(-1, n))
+    x2 = raw(x.reshape(-1, n))
     out = torch.empty((x2.shape[0], 1 if kind == LOGSUMEXP else n), dtype=F32)
     if x2.shape[0] and (n or kind == LOGSUMEXP):
         _softmax_rows(x2, spec.tile, kind, out.numpy())
@@ -84,7 +84,7 @@ def logsumexp(x, spec):
 
 
 @njit(parallel=True, cache=True)
-def _logprob_rows(logits_t, col0, tokens, inv_t, scale, t, out):
+def _logprob_rows(logits_t, col0, tokens, temp, scale, t, out):
     """out[col0 + c] for the columns c of logits_t [V, C] (one token's logits per column)."""
     v, cols = logits_t.shape
     for c in prange(cols):
@@ -92,7 +92,7 @@ def _logprob_rows(logits_t, col0, tokens, inv_t, scale, t, out):
         e = np.empty(v, np.float32)
         part = np.empty(max(1, (v + t - 1) // t), np.float32)
         for i in range(v):
-            row[i] = logits_t[i, c] / inv_t if scale else logits_t[i, c]
+            row[i] = logits_t[i, c] / temp if scale else logits_t[i, c]
         m, s, empty = _row_stats(row, t, e, part)
         out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
 
@@ -101,17 +101,17 @@ _ROW_CHUNK = 64  # tokens per chunk: at most V x 64 float32 logits exist at a ti
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
-    """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N]."""
-    n = hidden.shape[0]
-    w = f32(weight)
+    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
+    n = tokens.numel()
+    w = raw(weight)
     # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
     # of hidden[n] and W[v], computed without transposing the (large) LM head.
-    ht = f32(hidden.t())
-    tok = tokens.to(torch.int64).contiguous().numpy()
+    ht = raw(hidden.reshape(-1, hidden.shape[-1]).t())
+    tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
         lt = dot_rows_kn(w, np.ascontiguousarray(ht[:, c0:c1]), spec.hidden_tile)
         _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
-    return out
+    return out.reshape(tokens.shape)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 F32 = np.float32
 
@@ -160,3 +160,45 @@ def _probe_par(tiny, n):
     for i in prange(n):
         ok[i] = _probe_one(tiny)
     return ok
+
+
+# -------------------------------------------------------------- exact widening of stored values
+# Kernels read bf16 / fp16 tensors as raw 16-bit integers (host.raw): int16 holds bf16 bits, uint16
+# holds fp16 bits, and `widen` turns either (or a float32) into the exact float32 value, so no
+# widened copy of a large operand (an LM head, a weight) is ever made.
+
+@intrinsic
+def _bf16_bits_to_f32(typingctx, i):
+    if i != types.int16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+    return types.float32(types.int16), codegen
+
+
+@intrinsic
+def _f16_bits_to_f32(typingctx, i):
+    if i != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        # IEEE half -> float is exact (fpext; vcvtph2ps with F16C, else compiler-rt's conversion)
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+def widen(v):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(widen, inline="always")
+def _widen(v):
+    if v == types.float32:
+        return lambda v: v
+    if v == types.int16:
+        return lambda v: _bf16_bits_to_f32(v)
+    if v == types.uint16:
+        return lambda v: _f16_bits_to_f32(v)
+    return None
