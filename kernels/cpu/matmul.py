@@ -13,6 +13,8 @@ chain from +0.0 in k order, tile partials added into the zeroed output in tile o
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from numba import njit, prange, uint64
@@ -113,13 +115,13 @@ def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int) -> torch.Tensor:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
     lead, k = a.shape[:-1], a.shape[-1]
-    out = dot_rows_kn(raw(a.reshape(-1, k)), raw(b), spec.k_tile)
+    out = dot_rows_kn(raw(a.reshape(math.prod(lead), k)), raw(b), spec.k_tile)
     return finish(out, a.dtype).reshape(*lead, b.shape[1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = raw(x.reshape(-1, k))
+    x2 = raw(x.reshape(math.prod(lead), k))
     if x2.shape[0] < _FEW_ROWS:
         acc = dot_rows_nk(x2, raw(weight), spec.k_tile)
     else:

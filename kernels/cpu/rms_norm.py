@@ -1,6 +1,8 @@
 """RMSNorm (+ fused residual) under an RMSNormSpec: one row per task (rows are independent)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -33,7 +35,7 @@ def rms_norm(x, weight, eps, residual, spec):
     else:
         h = x
     hid = h.shape[-1]
-    h2 = raw(h.reshape(-1, hid))
+    h2 = raw(h.reshape(math.prod(h.shape[:-1]), hid))
     out = torch.empty(h2.shape, dtype=F32)
     if out.numel():
         _rms_rows(h2, raw(weight), np.float32(eps), spec.hidden_tile, out.numpy())

@@ -6,6 +6,8 @@ exp(x - M); outputs from (x - M), S and log S exactly as kernels/reference/softm
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -62,7 +64,7 @@ def _softmax_rows(x, t, kind, out):
 
 def _run(x, spec, kind):
     n = x.shape[-1]
-    x2 = raw(x.reshape(-1, n))
+    x2 = raw(x.reshape(math.prod(x.shape[:-1]), n))
     out = torch.empty((x2.shape[0], 1 if kind == LOGSUMEXP else n), dtype=F32)
     if x2.shape[0] and (n or kind == LOGSUMEXP):
         _softmax_rows(x2, spec.tile, kind, out.numpy())
@@ -106,7 +108,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     w = raw(weight)
     # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
     # of hidden[n] and W[v], computed without transposing the (large) LM head.
-    ht = raw(hidden.reshape(-1, hidden.shape[-1]).t())
+    ht = raw(hidden.reshape(n, hidden.shape[-1]).t())
     tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
