@@ -22,7 +22,7 @@ from hal.kernels import oracle
 F64 = torch.float64
 
 #: conformance families whose every op this backend implements (so it claims every level there)
-_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs")
+_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention")
 
 
 def _kernel(module: str):
@@ -87,3 +87,20 @@ class CpuBackend(Backend):
         if F64 in (hidden.dtype, weight.dtype):
             return oracle.token_logprobs(hidden, weight, tokens, temperature)
         return _kernel("softmax").token_logprobs(hidden, weight, tokens, temperature, spec)
+
+    @_strict
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+        if q.dtype == F64:
+            from hal.kernels.oracle import attention as _oa
+            return _oa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window)
+        return _kernel("attention").flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal,
+                                                           window, spec)
+
+    @_strict
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                num_splits, spec):
+        if q.dtype == F64:
+            from hal.kernels.oracle import attention as _oa
+            return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
+        return _kernel("attention").flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale,
+                                                            causal, window, num_splits, spec)

@@ -202,3 +202,40 @@ def _widen(v):
     if v == types.uint16:
         return lambda v: _f16_bits_to_f32(v)
     return None
+
+
+@intrinsic
+def _round_f16(typingctx, x):
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        # float -> half -> float: IEEE round-to-nearest-even, with subnormals (exact way back)
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.float32), codegen
+
+
+@njit(inline="always", cache=True)
+def round_bf16(x):
+    """x rounded to bfloat16 (nearest even) and widened back; NaN stays NaN."""
+    if x != x:
+        return x
+    b = np.int64(f32_bits(x)) & np.int64(0xFFFFFFFF)  # the pattern as an unsigned value
+    b = (b + np.int64(0x7FFF) + ((b >> np.int64(16)) & np.int64(1))) & np.int64(0xFFFF0000)
+    return bits_f32(np.int32(b))  # truncation back to 32 bits restores the sign bit
+
+
+@njit(inline="always", cache=True)
+def round_f16(x):
+    """x rounded to float16 (nearest even) and widened back."""
+    return _round_f16(x)
+
+
+@njit(inline="always", cache=True)
+def nanmax(a, b):
+    """max that propagates NaN (as torch.amax / cummax / maximum)."""
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a >= b else b
