@@ -220,3 +220,63 @@ def test_negative_control_wrong_arithmetic_is_caught(kind):
     ref = hal.linear(x, w, backend="reference")[0]
     assert first_divergence("variant", ref, torch.from_numpy(out)) is not None
     assert first_divergence("cpu", ref, hal.linear(x, w, backend="cpu")[0]) is None
+
+
+# ------------------------------------------------------------------ attention
+
+from hal.spec import AttentionSpec  # noqa: E402
+
+
+@HYP
+@given(lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 90)), min_size=1, max_size=3),
+       heads=st.sampled_from([(1, 1), (4, 2), (3, 1)]), d=st.sampled_from([8, 40, 64]),
+       causal=st.booleans(), window=st.sampled_from([(-1, -1), (17, 0), (5, 3)]), dt=st.sampled_from(DTYPES),
+       tiles=st.sampled_from([(16, 32, 64, "fp32"), (64, 256, 64, "fp32"), (16, 64, 8, "input")]),
+       seed=st.integers(0, 2**16))
+def test_attention_varlen_bits(lens, heads, d, causal, window, dt, tiles, seed):
+    g = torch.Generator().manual_seed(seed)
+    lq = [min(a, b) for a, b in lens]  # queries are the last keys of their sequence
+    lk = [b for _, b in lens]
+    hq, hkv = heads
+    q, k, v = randn(g, sum(lq), hq, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt)
+    cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+    kb, ks, dtile, pp = tiles
+    spec = AttentionSpec(kv_block=kb, kv_split=ks, dot_tile=dtile, p_precision=pp)
+    ref, got = both(hal.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                    window_size=window, return_lse=True, spec=spec)
+    same("varlen", ref, got)
+
+
+@HYP
+@given(b=st.integers(1, 3), cached=st.integers(0, 150), sq=st.integers(1, 5), page=st.sampled_from([16, 48]),
+       splits=st.integers(0, 4), dt=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_attention_paged_kvcache_bits(b, cached, sq, page, splits, dt, seed):
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv, d = 4, 2, 32
+    pages_per_seq = -(-(cached + sq) // page)
+    n_pages = b * pages_per_seq
+    kc, vc = randn(g, n_pages, page, hkv, d, dtype=dt), randn(g, n_pages, page, hkv, d, dtype=dt)
+    table = torch.randperm(n_pages, generator=g).to(torch.int32).reshape(b, pages_per_seq)
+    q = randn(g, b, sq, hq, d, dtype=dt)
+    seqlens = torch.full((b,), cached + sq, dtype=torch.int32)
+    outs = [hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True,
+                                        num_splits=splits, return_lse=True, backend=name)
+            for name in ("reference", "cpu")]
+    same("paged", outs[0], outs[1])
+
+
+def test_attention_negative_controls_are_caught():
+    """The same comparison catches SDPA (stock) and a one-split variant of the merge arithmetic."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = randn(g, 40, 2, 32), randn(g, 600, 2, 32), randn(g, 600, 2, 32)
+    cu_q, cu_k = torch.tensor([0, 40], dtype=torch.int32), torch.tensor([0, 600], dtype=torch.int32)
+    args = (q, k, v, cu_q, cu_k, 40, 600)
+    ref = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference")
+    same("cpu", ref, hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="cpu"))
+    stock = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="stock")
+    assert first_divergence("stock", ref[0], stock[0]) is not None
+    # one split covering every key is a different (legal) spec: its bits must differ from the default's
+    one_split = AttentionSpec(kv_split=1024)
+    other = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, spec=one_split, backend="cpu")
+    assert first_divergence("split spec", ref[0], other[0]) is not None
