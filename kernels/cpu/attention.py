@@ -25,10 +25,33 @@ P_FP32, P_BF16, P_FP16 = 0, 1, 2
 _P_MODE = {torch.bfloat16: P_BF16, torch.float16: P_FP16}
 
 
+@njit(inline="always", cache=True)
+def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
+    """sc[j - b0] = (q . k_j) * scale for keys b0..b1-1, kt [D, K] the head's keys transposed: per key
+    the canonical tiled chain over the head dim (tile partials added in order from +0.0). The keys
+    of a block are independent chains advanced together, so the loop over keys vectorises."""
+    d = qv.shape[0]
+    w = b1 - b0
+    for j in range(w):
+        sc[j] = ZERO
+    for c0 in range(0, d, dt):
+        for j in range(w):
+            tmp[j] = ZERO
+        for c in range(c0, min(c0 + dt, d)):
+            x = qv[c]
+            row = kt[c, b0:b1]
+            for j in range(w):
+                tmp[j] = fma(x, widen(row[j]), tmp[j])
+        for j in range(w):
+            sc[j] = sc[j] + tmp[j]
+    for j in range(w):
+        sc[j] = sc[j] * scale
+
+
 @njit(parallel=True, cache=True)
-def _attend(q, k, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+def _attend(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
     bsz, nq, hq, d = q.shape
-    hkv = k.shape[2]
+    hkv = kt.shape[1]
     group = hq // hkv
     for task in prange(bsz * nq * hq):
         b = task // (nq * hq)
@@ -50,7 +73,8 @@ def _attend(q, k, v, vis, scale, kb, ks, dt, p_mode, out, lse):
         for c in range(d):
             qv[c] = widen(q[b, i, h, c])
         sc = np.empty(kb, np.float32)
-        part = np.empty(max(1, (d + dt - 1) // dt), np.float32)
+        tmp = np.empty(kb, np.float32)
+        kth = kt[b, hk]
         acc_blk = np.empty(d, np.float32)
         acc = np.empty(d, np.float32)
         acc_tot = np.zeros(d, np.float32)
@@ -65,26 +89,15 @@ def _attend(q, k, v, vis, scale, kb, ks, dt, p_mode, out, lse):
             split_seen = False
             for b0 in range(s0, s1, kb):
                 b1 = min(b0 + kb, s1)
-                m_blk = NEG_INF
                 nonempty = False
                 for j in range(b0, b1):
-                    if vrow[j]:
-                        kr = k[b, j, hk]
-                        # q . k over the head dim: the canonical tiled chain, then * scale
-                        for t in range(part.shape[0]):
-                            part[t] = ZERO
-                        for t0 in range(0, d, dt):
-                            a = ZERO
-                            for c in range(t0, min(t0 + dt, d)):
-                                a = fma(qv[c], widen(kr[c]), a)
-                            part[t0 // dt] = a
-                        s = ZERO
-                        for t in range(part.shape[0]):
-                            s = s + part[t]
-                        s = s * scale
-                        sc[j - b0] = s
-                        m_blk = nanmax(m_blk, s)
-                        nonempty = True
+                    nonempty = nonempty or vrow[j]
+                m_blk = NEG_INF
+                if nonempty:
+                    _block_scores(qv, kth, b0, b1, dt, scale, sc, tmp)
+                    for j in range(b0, b1):
+                        if vrow[j]:
+                            m_blk = nanmax(m_blk, sc[j - b0])
                 m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
                 if nonempty:
                     l_blk = ZERO
@@ -134,7 +147,8 @@ def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
     lse = torch.empty((bsz, n_q, hq), dtype=F32)
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
-        _attend(raw(q), raw(k), raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
+        # keys transposed per (sequence, kv head) to [D, K]: O(K*D), so a block's scores vectorise
+        _attend(raw(q), raw(k.permute(0, 2, 3, 1)), raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
                 spec.dot_tile, p_mode, out.numpy(), lse.numpy())
     return finish(out, q.dtype), lse
 
