@@ -46,10 +46,20 @@ def finish(out32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return canonical_nan(out)
 
 
+_workers_ok = False
+
+
 def check_fp_environment() -> None:
     """Refuse to run under flush-to-zero / denormals-are-zero (e.g. after
-    ``torch.set_flush_denormal(True)``): compiled code would flush subnormals and break the spec."""
-    ok = sm._probe_one(_TINY) and bool(sm._probe_par(_TINY, 4).all())
+    ``torch.set_flush_denormal(True)``): compiled code would flush subnormals and break the spec.
+
+    The calling thread is probed on every call (cheap). numba's worker threads take the state of
+    the thread that started them and only numba kernels run on them afterwards, so they are probed
+    until they pass once (a parallel launch per call would cost more than a small op)."""
+    global _workers_ok
+    ok = sm._probe_one(_TINY)
+    if ok and not _workers_ok:
+        ok = _workers_ok = bool(sm._probe_par(_TINY, 64).all())
     if not ok:
         raise UnsupportedError(
             "backend 'cpu': the floating-point unit flushes subnormals to zero (FTZ/DAZ is set, e.g. by "
