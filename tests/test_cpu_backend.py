@@ -8,6 +8,7 @@ are caught by the same comparison.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from hal.spec import MatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-HYP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# LOCKSTEP_FULL=1 runs 200 examples per randomized test (minutes); CI runs 15.
+HYP = settings(max_examples=200 if os.environ.get("LOCKSTEP_FULL") else 15, deadline=None,
+               suppress_health_check=[HealthCheck.too_slow])
 
 
 def canon(t):
