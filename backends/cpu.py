@@ -7,12 +7,17 @@ back to the reference. float64 inputs run the float64 oracle, as on the referenc
 
 Threads: each call runs the numba kernels on ``torch.get_num_threads()`` threads (capped by numba's
 pool), so ``torch.set_num_threads`` governs both. Work is split over independent outputs only,
-so the thread count never changes a bit.
+so the thread count never changes a bit. Unless ``NUMBA_THREADING_LAYER`` says otherwise, numba's
+``workqueue`` layer is used: the OpenMP layer shares libgomp with torch and measured ~30 ms per
+call here (spinning workers of the two pools); workqueue is not safe for concurrent launches, so
+calls are serialised by a lock.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import threading
 
 import torch
 
@@ -29,15 +34,21 @@ def _kernel(module: str):
     return importlib.import_module(f"hal.kernels.cpu.{module}")
 
 
+_lock = threading.Lock()
+
+
 def _strict(fn):
     """Check the FP environment and set numba's thread count before a compiled call."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         import numba
         from hal.kernels.cpu.host import check_fp_environment
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        check_fp_environment()
-        return fn(self, *args, **kwargs)
+        if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+            numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
+        with _lock:
+            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+            check_fp_environment()
+            return fn(self, *args, **kwargs)
     return wrapper
 
 

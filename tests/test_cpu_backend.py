@@ -283,3 +283,16 @@ def test_attention_negative_controls_are_caught():
     one_split = AttentionSpec(kv_split=1024)
     other = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, spec=one_split, backend="cpu")
     assert first_divergence("split spec", ref[0], other[0]) is not None
+
+
+def test_concurrent_calls_from_python_threads():
+    """Calls from several Python threads at once (the backend serialises its numba launches)."""
+    from concurrent.futures import ThreadPoolExecutor
+    g = torch.Generator().manual_seed(6)
+    xs = [randn(g, 8, 256) for _ in range(8)]
+    w = randn(g, 64, 256)
+    serial = [hal.linear(x, w, backend="cpu") for x in xs]
+    with ThreadPoolExecutor(4) as ex:
+        threaded = list(ex.map(lambda x: hal.linear(x, w, backend="cpu"), xs))
+    for a, b in zip(serial, threaded):
+        assert first_divergence("threaded", a, b) is None
