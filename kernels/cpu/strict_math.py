@@ -80,14 +80,11 @@ def pow2(k):
 
 @njit(inline="always", cache=True)
 def exp(x):
-    """lsm1 exp of a float32 (reference: strict_math.exp)."""
-    if x != x:
-        return x
-    xc = x
-    if xc < _EXP_LO:
-        xc = _EXP_LO
-    elif xc > _EXP_HI:
-        xc = _EXP_HI
+    """lsm1 exp of a float32 (reference: strict_math.exp). Branch-free (selects only), so loops
+    over it vectorise; NaN never enters the arithmetic (the clamp maps it to the low end) and is
+    returned as it came."""
+    xc = x if x >= _EXP_LO else _EXP_LO  # NaN -> _EXP_LO (replaced by x at the end)
+    xc = xc if xc <= _EXP_HI else _EXP_HI
     k = np.floor(fma(xc, _LOG2E, HALF))
     r = fma(-k, _LN2_HI, xc)
     r = fma(-k, _LN2_LO, r)
@@ -100,7 +97,8 @@ def exp(x):
     p = fma(p, r, ONE)
     p = fma(p, r, ONE)
     k1 = np.floor(k * HALF)
-    return (p * pow2(k1)) * pow2(k - k1)
+    y = (p * pow2(k1)) * pow2(k - k1)
+    return x if x != x else y
 
 
 @njit(inline="always", cache=True)
