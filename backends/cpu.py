@@ -57,7 +57,7 @@ class CpuBackend(Backend):
     device_types = ("cpu",)
     priority = 10
     dtypes = FLOAT_DTYPES + (F64,)
-    description = "the strict specs compiled with numba (reference bits, near torch speed)"
+    description = "the strict specs compiled with numba: the reference bits, compiled (GDN ops fall back to the reference)"
 
     def unavailable_reason(self):
         if importlib.util.find_spec("numba") is None:
