@@ -89,3 +89,8 @@ def assert_same_bits(expected: torch.Tensor, got: torch.Tensor, label: str = "te
     d = first_divergence(label, expected, got)
     if d is not None:
         raise AssertionError(str(d))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when dtype, shape and every raw bit pattern match (-0.0 != +0.0; NaN payloads count)."""
+    return first_divergence("", a, b) is None
