@@ -7,7 +7,7 @@ import torch
 
 import hal
 from hal.conformance import inputs as gen
-from hal.conformance.bits import raw_bits, same_bits
+from hal.conformance.bits import same_bits
 from hal.errors import InputError, SpecError
 from hal.kv_cache import KVCache
 from hal.spec import AttentionSpec, DEFAULTS

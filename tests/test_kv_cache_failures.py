@@ -8,8 +8,8 @@ import torch
 
 import hal
 from hal.conformance import inputs as gen
-from hal.conformance.bits import assert_same_bits, raw_bits
-from hal.errors import InputError, SpecError, UnsupportedError
+from hal.conformance.bits import assert_same_bits
+from hal.errors import InputError, SpecError
 from hal.kv_cache import KVCache
 
 
