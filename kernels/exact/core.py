@@ -1,0 +1,208 @@
+"""Arithmetic of the exact matmul policy, shared by every exact kernel (device-neutral torch ops).
+
+The computation (``ExactMatmulSpec.describe`` says it in words):
+
+1. slice: every row r of A and every output channel n of B (over K) gets the exponent
+   E = max floor(log2|x|) over its finite non-zero values (0 for a row without any); each value is
+   truncated towards zero to T = trunc(x * 2**(7s - 1 - E)), |T| < 2**(7s), and T is cut into s
+   signed 7-bit digits with the sign of x: x' = T * 2**(E - 7s + 1) = sum_t X_t * 2**(E - 6 - 7t),
+   X_t in [-127, 127]. Scaling by a power of two and truncating are exact in float64.
+2. products: P_tu = A_t @ B_u^T, int8 x int8 summed exactly (int32 suffices for K <= 133,144;
+   beyond that the products are summed in int64 pieces). Integer sums: any order, any split.
+3. combine: S = sum_tu P_tu * 2**(7(2s - 2 - t - u)) is held exactly as H * 2**28 + R with
+   0 <= R < 2**28 (two int64 limbs; s <= 4 and K <= 2**24 keep both in range).
+4. round once: the value S * 2**(Ea + Eb - 2(7s - 1)) is rounded to nearest even in the output
+   dtype (overflow to inf, subnormal results, no flush to zero), via round-to-odd in float64.
+5. non-finite inputs: outputs whose row or column holds a NaN or Inf take the IEEE value of the
+   sum of the products (NaN if any product is NaN -- NaN input, inf * 0 -- or +inf and -inf meet;
+   else the infinity); the finite values of such a row still slice as above for the other outputs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from hal.errors import InputError
+
+F32, F64, I64 = torch.float32, torch.float64, torch.int64
+DIGIT = 7                      # bits per slice (int8 holds [-127, 127])
+LIMB = 28                      # S = H * 2**LIMB + R
+MAX_K = 2 ** 24                # H stays below 2**53 (exact in float64) and L below 2**63
+INT32_SAFE_K = 131072          # K per int32 accumulation: 131072 * 127**2 < 2**31
+_NO_EXP = -(2 ** 30)           # exponent of a zero (never the max of a row that has a non-zero)
+CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+Products = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def pow2_f64(q: torch.Tensor) -> torch.Tensor:
+    """2.0**q as float64, built from its bits (exact), for integer q in [-1022, 1023]."""
+    return ((q.to(I64) + 1023) << 52).view(F64)
+
+
+def check_k(name: str, k: int) -> None:
+    if k > MAX_K:
+        raise InputError(f"{name}: K = {k} exceeds the exact matmul limit 2**24 = {MAX_K} (the wide "
+                         "accumulator's range); split the reduction into calls of at most 2**24")
+
+
+def row_exponents(x64: torch.Tensor) -> torch.Tensor:
+    """E per row of float64 x [R, K] (finite values only; 0 for a row of zeros): int64 [R]."""
+    _, e = torch.frexp(x64)                       # x = m * 2**e, 0.5 <= |m| < 1
+    e = torch.where(x64 != 0, e.to(I64) - 1, _NO_EXP)
+    big = e.amax(-1) if x64.shape[-1] else torch.full(x64.shape[:-1], _NO_EXP, dtype=I64)
+    return torch.where(big == _NO_EXP, 0, big)
+
+
+def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] float -> (digits int8 [s, R, K], E int64 [R]); non-finite values slice as 0.
+
+    ``e`` overrides the row exponents (tensor parallelism: the maximum over every rank's shard).
+    """
+    x64 = x.to(F64)
+    x64 = torch.where(torch.isfinite(x64), x64, 0.0)
+    if e is None:
+        e = row_exponents(x64)
+    t = torch.trunc(x64 * pow2_f64(DIGIT * s - 1 - e).unsqueeze(-1)).to(I64)  # |t| < 2**(7s), exact
+    mag, neg = t.abs(), t < 0
+    digits = []
+    for i in range(s):
+        d = (mag >> (DIGIT * (s - 1 - i))) & 127
+        digits.append(torch.where(neg, -d, d).to(torch.int8))
+    return torch.stack(digits), e
+
+
+def combine(p: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slice products p [s, s, M, N] (int64) -> limbs (hi, lo), S = hi * 2**28 + lo, not normalised.
+
+    Limbs of partial sums (K shards) add exactly: sum the limbs, then :func:`to_f64_odd`.
+    """
+    hi = torch.zeros(p.shape[2:], dtype=I64, device=p.device)
+    lo = torch.zeros_like(hi)
+    for t in range(s):
+        for u in range(s):
+            shift = DIGIT * (2 * s - 2 - t - u)
+            if shift >= LIMB:
+                hi = hi + p[t, u] * (1 << (shift - LIMB))
+            else:
+                lo = lo + p[t, u] * (1 << shift)
+    return hi, lo
+
+
+def to_f64_odd(hi: torch.Tensor, lo: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(hi * 2**28 + lo) * 2**q rounded to odd in float64 (exact scaling: no float64 over/underflow)."""
+    carry = torch.div(lo, 1 << LIMB, rounding_mode="floor")  # lo = carry * 2**28 + r, 0 <= r < 2**28
+    return _round_odd_f64(hi + carry, lo - carry * (1 << LIMB)) * pow2_f64(q)
+
+
+def scale_exponent(ea: torch.Tensor, ew: torch.Tensor, s: int) -> torch.Tensor:
+    """q [M, N]: the value of S's unit, 2**(Ea + Eb - 2(7s - 1))."""
+    return ea.unsqueeze(-1) + ew.unsqueeze(0) - 2 * (DIGIT * s - 1)
+
+
+def _round_odd_f64(hi: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """hi * 2**28 + r (|hi| < 2**53, 0 <= r < 2**28) rounded to odd in float64.
+
+    The float64 sum rounds once; TwoSum gives its exact error; an inexact result with an even last
+    bit moves one ulp towards the exact value. Rounding a round-to-odd value with >= 2 extra bits to
+    nearest even is the correct rounding of the exact value (Boldo & Melquiond), for any target
+    precision, subnormal targets included.
+    """
+    a, b = hi.to(F64) * float(1 << LIMB), r.to(F64)
+    s = a + b
+    bv = s - a
+    err = (a - (s - bv)) + (b - bv)
+    bits = s.view(I64)
+    to_odd = (err != 0) & ((bits & 1) == 0)
+    step = torch.where((err > 0) == (s > 0), 1, -1)
+    return torch.where(to_odd, bits + step, bits).view(F64)
+
+
+def _round_odd_f32(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded to odd (truncate towards zero; an inexact result gets its last bit set)."""
+    t = x.to(F32)
+    back = t.to(F64)
+    bits = t.view(torch.int32) - (back.abs() > x.abs()).to(torch.int32)  # one step towards zero
+    return torch.where(back == x, bits, bits | 1).view(F32)
+
+
+def round_from_f64_odd(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A round-to-odd float64 value -> dtype, round to nearest even, one rounding of the exact value."""
+    if dtype == F32:
+        return v.to(F32)
+    return _round_odd_f32(v).to(dtype)  # float32 keeps >= 2 extra bits over bf16 / fp16
+
+
+def specials(a: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """IEEE value of sum_k a[m,k] * w[n,k] where an input is NaN/Inf: (nan, +inf, -inf) masks [M, N].
+
+    None when every input is finite. Counts of 0/1 indicators are exact float32 sums (K <= 2**24)
+    in any order, so a BLAS matmul of indicators is order-free here.
+    """
+    if bool(torch.isfinite(a).all()) and bool(torch.isfinite(w).all()):
+        return None
+
+    def ind(*masks):
+        out = masks[0]
+        for m in masks[1:]:
+            out = out | m
+        return out.to(F32)
+
+    def cls(x):
+        inf = torch.isinf(x)
+        return {"nan": torch.isnan(x), "zero": x == 0, "pinf": inf & (x > 0), "ninf": inf & (x < 0),
+                "pos": x > 0, "neg": x < 0}   # pos/neg include the infinities, exclude NaN
+
+    ca, cw = cls(a), cls(w)
+
+    def any_of(pairs):
+        tot = 0
+        for ka, kw in pairs:
+            tot = tot + ind(ca[ka]) @ ind(cw[kw]).T
+        return tot > 0
+
+    nan = (ca["nan"].any(-1, keepdim=True) | cw["nan"].any(-1).unsqueeze(0)
+           | any_of([("pinf", "zero"), ("ninf", "zero"), ("zero", "pinf"), ("zero", "ninf")]))
+    pinf = any_of([("pinf", "pos"), ("ninf", "neg"), ("pos", "pinf"), ("neg", "ninf")])
+    ninf = any_of([("pinf", "neg"), ("ninf", "pos"), ("pos", "ninf"), ("neg", "pinf")])
+    return nan | (pinf & ninf), pinf & ~ninf, ninf & ~pinf
+
+
+def canonical_nan(t: torch.Tensor) -> torch.Tensor:
+    """Every NaN -> the one pattern of t's dtype (COMMON.md: 0x7FC00000 / 0x7FC0 / 0x7E00)."""
+    nan = torch.tensor(CANONICAL_NAN_BITS[t.dtype], dtype=_INT_VIEW[t.dtype]).view(t.dtype).to(t.device)
+    return torch.where(torch.isnan(t), nan, t)
+
+
+def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products) -> torch.Tensor:
+    """The sliced dot x [M, K] . w [N, K] over K, rounded to odd in float64 (finite part only)."""
+    check_k("x / a", x.shape[-1])
+    da, ea = slice_rows(x, s)
+    dw, ew = slice_rows(w, s)
+    hi, lo = combine(products(da, dw), s)
+    return to_f64_odd(hi, lo, scale_exponent(ea, ew, s))
+
+
+def finish(v: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """Round the round-to-odd float64 dot once, apply NaN/Inf inputs, the bias, canonical NaN."""
+    out = round_from_f64_odd(v, out_dtype if bias is None else F32)
+    sp = specials(x, w)
+    if sp is not None:
+        nan, pinf, ninf = sp
+        out = torch.where(nan, float("nan"), torch.where(pinf, float("inf"), torch.where(ninf, float("-inf"), out)))
+    if bias is not None:  # one float32 addition after the rounded dot, then one rounding to the output dtype
+        out = (out + bias.to(F32)).to(out_dtype)
+    return canonical_nan(out)
+
+
+def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s: int,
+                 products: Products) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype.
+
+    ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
+    [s, s, M, N]; it is the only part a backend replaces.
+    """
+    return finish(dot_f64_odd(x, w, s, products), x, w, bias, x.dtype)

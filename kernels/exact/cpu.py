@@ -1,0 +1,37 @@
+"""Exact slice products with ``torch._int_mm`` (int8 x int8 -> int32, exact; VNNI/AMX on x86).
+
+Backend-neutral host code: the reference's bits (``hal.kernels.exact.core`` does everything but the
+products), any device where ``torch._int_mm`` runs. All s x s products are one GEMM: the s digit
+matrices of A stacked along M times those of W stacked along N. K is cut into pieces of at most
+131,072 so that no int32 sum can overflow; the pieces are added in int64 (exact, any order).
+"""
+from __future__ import annotations
+
+import torch
+
+from .core import INT32_SAFE_K, exact_linear
+
+
+def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
+    s, m, k = da.shape
+    n = dw.shape[1]
+    if 0 in (m, n, k):
+        return torch.zeros((s, s, m, n), dtype=torch.int64, device=da.device)
+    a = da.reshape(s * m, k)
+    wt = dw.reshape(s * n, k).T  # [K, s*N]
+    p = None
+    for k0 in range(0, k, INT32_SAFE_K):
+        part = torch._int_mm(a[:, k0:k0 + INT32_SAFE_K].contiguous(),
+                             wt[k0:k0 + INT32_SAFE_K].contiguous()).to(torch.int64)
+        p = part if p is None else p + part
+    return p.reshape(s, m, s, n).permute(0, 2, 1, 3)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    out = exact_linear(x2, weight, bias, spec.slices, products_int_mm)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
+    return linear(a, b.transpose(0, 1), None, spec)
