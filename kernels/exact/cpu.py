@@ -12,6 +12,12 @@ import torch
 from .core import INT32_SAFE_K, exact_linear
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """Row-major copy with canonical strides: for a dimension of size 1, ``.contiguous()`` keeps any
+    stride, and ``torch._int_mm`` on CPU then reads the wrong elements (found at K = 1)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     s, m, k = da.shape
     n = dw.shape[1]
@@ -21,8 +27,7 @@ def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     wt = dw.reshape(s * n, k).T  # [K, s*N]
     p = None
     for k0 in range(0, k, INT32_SAFE_K):
-        part = torch._int_mm(a[:, k0:k0 + INT32_SAFE_K].contiguous(),
-                             wt[k0:k0 + INT32_SAFE_K].contiguous()).to(torch.int64)
+        part = torch._int_mm(_dense(a[:, k0:k0 + INT32_SAFE_K]), _dense(wt[k0:k0 + INT32_SAFE_K])).to(torch.int64)
         p = part if p is None else p + part
     return p.reshape(s, m, s, n).permute(0, 2, 1, 3)
 
