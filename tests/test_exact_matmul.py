@@ -240,3 +240,24 @@ def test_bad_specs_and_inputs():
         hal.linear(big, big, spec=ExactMatmulSpec(slices=3), backend="reference")
     with pytest.raises(hal.InputError):
         hal.matmul(torch.zeros(2, 3), torch.zeros(4, 2), spec=ExactMatmulSpec(), backend="reference")
+
+
+# ----------------------------------------------------------------- conformance family
+
+
+def test_conformance_family_reference_passes_and_stock_is_caught():
+    """Two cases per spec (the full family: `hal conformance run --backend reference,stock --ops matmul_exact`)."""
+    from hal import dispatch
+    from hal.conformance import families, runner
+    fam = families.get("matmul_exact")
+    cases = [c for c in fam.cases() if c.id in ("m7_k129_n33.fp32", "m1_k7_n5.fp32")]
+    assert len(cases) == 4
+    for bname in ("reference", "stock"):
+        for case in cases:
+            out = {lvl: runner._Outcome() for lvl in fam.levels}
+            runner.run_case(fam, dispatch.get_backend(bname), case, torch.device("cpu"), fam.levels, out)
+            failed = {lvl for lvl, o in out.items() if o.failures}
+            if bname == "reference":
+                assert not failed and all(o.cases == 1 for o in out.values()), (case.id, failed)
+            else:
+                assert {"L2", "L4"} <= failed, (case.id, failed)
