@@ -48,12 +48,25 @@ def check_k(name: str, k: int) -> None:
                          "accumulator's range); split the reduction into calls of at most 2**24")
 
 
-def row_exponents(x64: torch.Tensor) -> torch.Tensor:
-    """E per row of float64 x [R, K] (finite values only; 0 for a row of zeros): int64 [R]."""
+def row_exponents(x64: torch.Tensor, keep_empty: bool = False) -> torch.Tensor:
+    """E per row of float64 x [R, K] (finite values only; 0 for a row of zeros): int64 [R].
+
+    ``keep_empty`` leaves the sentinel -2**30 on rows without a non-zero (so a maximum over K shards
+    ignores them; :func:`settle_exponents` then maps it to 0).
+    """
     _, e = torch.frexp(x64)                       # x = m * 2**e, 0.5 <= |m| < 1
     e = torch.where(x64 != 0, e.to(I64) - 1, _NO_EXP)
-    big = e.amax(-1) if x64.shape[-1] else torch.full(x64.shape[:-1], _NO_EXP, dtype=I64)
-    return torch.where(big == _NO_EXP, 0, big)
+    big = e.amax(-1) if x64.shape[-1] else torch.full(x64.shape[:-1], _NO_EXP, dtype=I64, device=x64.device)
+    return big if keep_empty else settle_exponents(big)
+
+
+def settle_exponents(e: torch.Tensor) -> torch.Tensor:
+    return torch.where(e == _NO_EXP, 0, e)
+
+
+def finite_f64(x: torch.Tensor) -> torch.Tensor:
+    x64 = x.to(F64)
+    return torch.where(torch.isfinite(x64), x64, 0.0)
 
 
 def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +74,7 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> tuple[
 
     ``e`` overrides the row exponents (tensor parallelism: the maximum over every rank's shard).
     """
-    x64 = x.to(F64)
-    x64 = torch.where(torch.isfinite(x64), x64, 0.0)
+    x64 = finite_f64(x)
     if e is None:
         e = row_exponents(x64)
     t = torch.trunc(x64 * pow2_f64(DIGIT * s - 1 - e).unsqueeze(-1)).to(I64)  # |t| < 2**(7s), exact
@@ -135,20 +147,14 @@ def round_from_f64_odd(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _round_odd_f32(v).to(dtype)  # float32 keeps >= 2 extra bits over bf16 / fp16
 
 
-def specials(a: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """IEEE value of sum_k a[m,k] * w[n,k] where an input is NaN/Inf: (nan, +inf, -inf) masks [M, N].
+def special_flags(a: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Where sum_k a[m,k] * w[n,k] meets a NaN product, a +inf product, a -inf product: bool [M, N] x 3.
 
     None when every input is finite. Counts of 0/1 indicators are exact float32 sums (K <= 2**24)
-    in any order, so a BLAS matmul of indicators is order-free here.
+    in any order, so a BLAS matmul of indicators is order-free here. Flags of K shards combine by OR.
     """
     if bool(torch.isfinite(a).all()) and bool(torch.isfinite(w).all()):
         return None
-
-    def ind(*masks):
-        out = masks[0]
-        for m in masks[1:]:
-            out = out | m
-        return out.to(F32)
 
     def cls(x):
         inf = torch.isinf(x)
@@ -160,14 +166,23 @@ def specials(a: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     def any_of(pairs):
         tot = 0
         for ka, kw in pairs:
-            tot = tot + ind(ca[ka]) @ ind(cw[kw]).T
+            tot = tot + ca[ka].to(F32) @ cw[kw].to(F32).T
         return tot > 0
 
     nan = (ca["nan"].any(-1, keepdim=True) | cw["nan"].any(-1).unsqueeze(0)
            | any_of([("pinf", "zero"), ("ninf", "zero"), ("zero", "pinf"), ("zero", "ninf")]))
     pinf = any_of([("pinf", "pos"), ("ninf", "neg"), ("pos", "pinf"), ("neg", "ninf")])
     ninf = any_of([("pinf", "neg"), ("ninf", "pos"), ("pos", "ninf"), ("neg", "pinf")])
-    return nan | (pinf & ninf), pinf & ~ninf, ninf & ~pinf
+    return nan, pinf, ninf
+
+
+def apply_specials(out: torch.Tensor, flags) -> torch.Tensor:
+    """IEEE sum of the products: NaN if a product is NaN or +inf meets -inf, else the infinity."""
+    if flags is None:
+        return out
+    nan, pinf, ninf = flags
+    nan = nan | (pinf & ninf)
+    return torch.where(nan, float("nan"), torch.where(pinf, float("inf"), torch.where(ninf, float("-inf"), out)))
 
 
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:
@@ -176,33 +191,33 @@ def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(t), nan, t)
 
 
-def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products) -> torch.Tensor:
-    """The sliced dot x [M, K] . w [N, K] over K, rounded to odd in float64 (finite part only)."""
+def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products,
+                w_digits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The sliced dot x [M, K] . w [N, K] over K, rounded to odd in float64 (finite part only).
+
+    ``w_digits``: ``slice_rows(w, s)`` computed once for a weight that is used many times.
+    """
     check_k("x / a", x.shape[-1])
     da, ea = slice_rows(x, s)
-    dw, ew = slice_rows(w, s)
+    dw, ew = w_digits if w_digits is not None else slice_rows(w, s)
     hi, lo = combine(products(da, dw), s)
     return to_f64_odd(hi, lo, scale_exponent(ea, ew, s))
 
 
-def finish(v: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-           out_dtype: torch.dtype) -> torch.Tensor:
-    """Round the round-to-odd float64 dot once, apply NaN/Inf inputs, the bias, canonical NaN."""
-    out = round_from_f64_odd(v, out_dtype if bias is None else F32)
-    sp = specials(x, w)
-    if sp is not None:
-        nan, pinf, ninf = sp
-        out = torch.where(nan, float("nan"), torch.where(pinf, float("inf"), torch.where(ninf, float("-inf"), out)))
+def finish(v: torch.Tensor, flags, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """Round the round-to-odd float64 dot once, apply NaN/Inf inputs (``special_flags``), the bias,
+    canonical NaN."""
+    out = apply_specials(round_from_f64_odd(v, out_dtype if bias is None else F32), flags)
     if bias is not None:  # one float32 addition after the rounded dot, then one rounding to the output dtype
         out = (out + bias.to(F32)).to(out_dtype)
     return canonical_nan(out)
 
 
 def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s: int,
-                 products: Products) -> torch.Tensor:
+                 products: Products, w_digits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype.
 
     ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
     [s, s, M, N]; it is the only part a backend replaces.
     """
-    return finish(dot_f64_odd(x, w, s, products), x, w, bias, x.dtype)
+    return finish(dot_f64_odd(x, w, s, products, w_digits), special_flags(x, w), bias, x.dtype)

@@ -57,7 +57,7 @@ def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
     tl.atomic_add(lo_ptr + offs, lo, mask=mask)
 
 
-def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int = 1):
+def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int = 1, **launch):
     """Digits da [s, M, K], dw [s, N, K] (int8) -> limbs (hi, lo) [M, N] int64 (core.combine's)."""
     s, m, k = da.shape
     n = dw.shape[1]
@@ -69,24 +69,25 @@ def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int =
     per = min(-(-k // split_k), core.INT32_SAFE_K)  # any split point; int32 sums stay exact
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, per))
     _limbs_kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
-                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk)
+                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, **launch)
     return hi, lo
 
 
 def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec,
-                        block=(32, 32, 32), split_k: int = 1, weight_digits=None) -> torch.Tensor:
+                        block=(32, 32, 32), split_k: int = 1, weight_digits=None, **launch) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias) under an ExactMatmulSpec; the reference's bits.
 
-    ``weight_digits``: ``core.slice_rows(weight, spec.slices)``, computed once per weight.
+    ``weight_digits``: ``core.slice_rows(weight, spec.slices)``, computed once per weight; ``launch``:
+    Triton launch options (num_warps, num_stages). No choice here changes a bit.
     """
     s = spec.slices
     x2 = x.reshape(-1, x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
     da, ea = core.slice_rows(x2, s)
     dw, ew = weight_digits if weight_digits is not None else core.slice_rows(weight, s)
-    hi, lo = limbs(da, dw, block, split_k)
+    hi, lo = limbs(da, dw, block, split_k, **launch)
     v = core.to_f64_odd(hi, lo, core.scale_exponent(ea, ew, s))
-    out = core.finish(v, x2, weight, bias, x.dtype)
+    out = core.finish(v, core.special_flags(x2, weight), bias, x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
