@@ -33,35 +33,36 @@ def median_time(fn, repeats=5, min_seconds=0.3, sync=lambda: None):
     return statistics.median(times)
 
 
-def cpu_rows(k=4096, n=4096, strict_n=256):
+def cpu_rows(k=4096, n=4096, strict_n=64):
+    """Yields (shape, path, seconds, ratio vs F.linear fp32)."""
     g = torch.Generator().manual_seed(0)
-    out = []
     for m in (1, 128):
         x = torch.randn(m, k, generator=g).bfloat16()
         w = (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
         xf, wf = x.float(), w.float()
         t_lin = median_time(lambda: F.linear(xf, wf))
-        out.append((f"{m}x{k}x{n}", "F.linear fp32 (bf16 values)", t_lin, 1.0))
+        yield (f"{m}x{k}x{n}", "F.linear fp32 (bf16 values)", t_lin, 1.0)
         t_lin16 = median_time(lambda: F.linear(x, w))
-        out.append((f"{m}x{k}x{n}", "F.linear bf16", t_lin16, t_lin16 / t_lin))
+        yield (f"{m}x{k}x{n}", "F.linear bf16", t_lin16, t_lin16 / t_lin)
         for s in (3, 4):
             spec = ExactMatmulSpec(slices=s)
             wd = core.slice_rows(w, s)
             t = median_time(lambda: exact_cpu.linear(x, w, None, spec, wd))
-            out.append((f"{m}x{k}x{n}", f"exact s{s} torch._int_mm", t, t / t_lin))
+            yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm", t, t / t_lin)
             t = median_time(lambda: exact_cpu.linear(x, w, None, spec), repeats=3)
-            out.append((f"{m}x{k}x{n}", f"exact s{s} torch._int_mm, weight sliced per call", t, t / t_lin))
+            yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm, weight sliced per call", t, t / t_lin)
         # the readable references are slow: time them on N = strict_n and scale to N linearly
         ws, scale = w[:strict_n], n / strict_n
         t_ref = median_time(lambda: hal.linear(x, ws, spec=ExactMatmulSpec(slices=3), backend="reference"), 1, 0) * scale
-        out.append((f"{m}x{k}x{n}", f"exact s3 reference (int64 matmuls; N={strict_n} x{scale:g})", t_ref, t_ref / t_lin))
+        yield (f"{m}x{k}x{n}", f"exact s3 reference (int64 matmuls; N={strict_n} x{scale:g})", t_ref, t_ref / t_lin)
         t_strict = median_time(lambda: hal.linear(x, ws, spec=MatmulSpec(), backend="reference"), 1, 0) * scale
-        out.append((f"{m}x{k}x{n}", f"strict k64 reference (N={strict_n} x{scale:g})", t_strict, t_strict / t_lin))
-    return out
+        yield (f"{m}x{k}x{n}", f"strict k64 reference (N={strict_n} x{scale:g})", t_strict, t_strict / t_lin)
 
 
 def gpu_rows(s_values=(3, 4)):
-    """CUDA rows: cuBLAS bf16 vs the exact Triton kernel (best of a few tile configs), plus a bit check."""
+    """CUDA rows: cuBLAS bf16 vs the exact Triton kernel (best of a few tile configs), plus a bit check.
+
+    Not yet run on a GPU (no device in the session that wrote it): expect to adjust tile configs."""
     from hal.kernels.exact import triton_matmul as tx
     from hal.kernels.reference import exact_matmul as ref
     from hal.conformance.bits import first_divergence

@@ -3,9 +3,7 @@ bits (row-parallel: K sharded, uneven shards included; column-parallel: N sharde
 unsharded reference; the stock row-parallel linear (float32 partials + all-reduce) is caught."""
 from __future__ import annotations
 
-import os
 import socket
-import sys
 import time
 
 import pytest

@@ -8,7 +8,7 @@ computes the wide accumulator limbs (hi, lo) of every output tile:
 * for each slice pair (t, u) a K loop of int8 x int8 ``tl.dot`` with int32 accumulation (exact: a
   program never sums more than 131,072 products of |.| <= 127**2);
 * the int32 sums are shifted into the int64 limbs (``core.combine``'s layout);
-* programs of a split-K grid add their limbs with integer ``atomic_add`` -- exact and
+* programs of a split-K grid add their limbs with integer ``atomic_add`` (one split: a plain store) -- exact and
   associative, so the block sizes, the split count and the order the atomics land in cannot change
   a bit. Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy integer matmul, exact as well.
 """
@@ -25,7 +25,7 @@ from . import core
 def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
                   sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
                   S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -53,8 +53,12 @@ def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
                 lo += acc.to(tl.int64) * (1 << shift)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     offs = rm[:, None] * N + rn[None, :]
-    tl.atomic_add(hi_ptr + offs, hi, mask=mask)
-    tl.atomic_add(lo_ptr + offs, lo, mask=mask)
+    if ATOMIC:  # several programs share this tile (split-K): integer adds, exact in any order
+        tl.atomic_add(hi_ptr + offs, hi, mask=mask)
+        tl.atomic_add(lo_ptr + offs, lo, mask=mask)
+    else:
+        tl.store(hi_ptr + offs, hi, mask=mask)
+        tl.store(lo_ptr + offs, lo, mask=mask)
 
 
 def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int = 1, **launch):
@@ -69,7 +73,7 @@ def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int =
     per = min(-(-k // split_k), core.INT32_SAFE_K)  # any split point; int32 sums stay exact
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, per))
     _limbs_kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
-                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, **launch)
+                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, ATOMIC=grid[2] > 1, **launch)
     return hi, lo
 
 
