@@ -12,10 +12,14 @@ import torch
 from .core import INT32_SAFE_K, exact_linear
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """Row-major copy with canonical strides: for a dimension of size 1, ``.contiguous()`` keeps any
-    stride, and ``torch._int_mm`` on CPU then reads the wrong elements (found at K = 1)."""
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+def _operand(t: torch.Tensor) -> torch.Tensor:
+    """A matrix ``torch._int_mm`` reads correctly. A column-major B ([sN, K] row-major, transposed)
+    is its fast layout and needs no copy (an int8 transpose copy costs more than the product). A
+    dimension of size 1 may carry any stride, and ``_int_mm`` on CPU then reads the wrong elements
+    (seen at K = 1), so such a matrix is copied to canonical row-major strides."""
+    if 1 in t.shape:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return t
 
 
 def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
@@ -24,10 +28,13 @@ def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     if 0 in (m, n, k):
         return torch.zeros((s, s, m, n), dtype=torch.int64, device=da.device)
     a = da.reshape(s * m, k)
-    wt = dw.reshape(s * n, k).T  # [K, s*N]
+    wt = dw.reshape(s * n, k).T  # [K, s*N], column-major
     p = None
     for k0 in range(0, k, INT32_SAFE_K):
-        part = torch._int_mm(_dense(a[:, k0:k0 + INT32_SAFE_K]), _dense(wt[k0:k0 + INT32_SAFE_K])).to(torch.int64)
+        a_k, w_k = a[:, k0:k0 + INT32_SAFE_K], wt[k0:k0 + INT32_SAFE_K]
+        if k > INT32_SAFE_K:
+            a_k, w_k = a_k.contiguous(), w_k.T.contiguous().T
+        part = torch._int_mm(_operand(a_k), _operand(w_k)).to(torch.int64)
         p = part if p is None else p + part
     return p.reshape(s, m, s, n).permute(0, 2, 1, 3)
 
