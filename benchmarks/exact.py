@@ -95,12 +95,12 @@ def gpu_rows(s_values=(3, 4)):
         for s in s_values:
             spec = ExactMatmulSpec(slices=s)
             wd = core.slice_rows(w, s)
-            da, _ = core.slice_rows(x, s)
+            da = core.slice_rows(x, s).digits
             best = None
             for block, split, warps, stages in configs["big" if m > 16 else "decode"]:
                 try:
                     def kern():
-                        tx.limbs(da, wd[0], block, split, num_warps=warps, num_stages=stages)
+                        tx.limbs(da, wd.digits, block, split, num_warps=warps, num_stages=stages)
                     t = median_time(kern, sync=sync)
                 except Exception as e:  # a config that does not compile / fit here
                     out.append((shape, f"exact s{s} triton {block} split {split}", float("nan"), f"failed: {e}"[:120]))

@@ -32,14 +32,14 @@ def make_inputs(m, k, n, dtype, outliers, seed=0):
 
 
 def per_row(x, w, s):
-    return core.dot_f64_odd(x, w, s, products_int_mm)
+    return core.dot_f64_odd(x, w, s, products_int_mm)[0]
 
 
 def per_block(x, w, s, block):
     """Prototype of an MX-style variant: one scale per row per K-block."""
     total = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)
     for k0 in range(0, x.shape[1], block):
-        total = total + core.dot_f64_odd(x[:, k0:k0 + block], w[:, k0:k0 + block], s, products_int_mm)
+        total = total + core.dot_f64_odd(x[:, k0:k0 + block], w[:, k0:k0 + block], s, products_int_mm)[0]
     return total
 
 

@@ -54,12 +54,11 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     both = torch.cat([ea, ew])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)     # one scale per row / channel on every rank
     ea, ew = core.settle_exponents(both[:ea.numel()]), core.settle_exponents(both[ea.numel():])
-    da, _ = core.slice_rows(x2, s, ea)
-    dw, _ = core.slice_rows(weight, s, ew)
-    hi, lo = core.combine(products(da, dw), s)
+    sa, sw = core.slice_rows(x2, s, ea), core.slice_rows(weight, s, ew)
+    hi, lo = core.combine(products(sa.digits, sw.digits), s)
     limbs = torch.stack([hi, lo])
     dist.all_reduce(limbs, group=group)                           # int64 sum: exact, any order
-    flags = core.special_flags(x2, weight)
+    flags = None if sa.finite and sw.finite else core.special_flags(x2, weight)
     f = torch.stack(flags).to(torch.int32) if flags is not None else torch.zeros((3, *hi.shape), dtype=torch.int32)
     dist.all_reduce(f, op=dist.ReduceOp.MAX, group=group)         # OR over the shards
     flags = (f[0] > 0, f[1] > 0, f[2] > 0) if bool(f.any()) else None

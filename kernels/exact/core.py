@@ -19,7 +19,7 @@ The computation (``ExactMatmulSpec.describe`` says it in words):
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -69,12 +69,21 @@ def finite_f64(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x64), x64, 0.0)
 
 
-def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, K] float -> (digits int8 [s, R, K], E int64 [R]); non-finite values slice as 0.
+class Sliced(NamedTuple):
+    """A matrix cut into slices: computed once per weight, reused by every call."""
+    digits: torch.Tensor   # int8 [s, R, K]
+    exp: torch.Tensor      # int64 [R], the row exponents E
+    finite: bool           # no NaN / Inf among the values (the special-value pass can be skipped)
+
+
+def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> Sliced:
+    """x [R, K] float -> its slices; non-finite values slice as 0.
 
     ``e`` overrides the row exponents (tensor parallelism: the maximum over every rank's shard).
     """
-    x64 = finite_f64(x)
+    x64 = x.to(F64)
+    fin = torch.isfinite(x64)
+    x64 = torch.where(fin, x64, 0.0)
     if e is None:
         e = row_exponents(x64)
     t = torch.trunc(x64 * pow2_f64(DIGIT * s - 1 - e).unsqueeze(-1)).to(I64)  # |t| < 2**(7s), exact
@@ -83,7 +92,7 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> tuple[
     for i in range(s):
         d = (mag >> (DIGIT * (s - 1 - i))) & 127
         digits.append(torch.where(neg, -d, d).to(torch.int8))
-    return torch.stack(digits), e
+    return Sliced(torch.stack(digits), e, bool(fin.all()))
 
 
 def combine(p: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,16 +201,14 @@ def canonical_nan(t: torch.Tensor) -> torch.Tensor:
 
 
 def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products,
-                w_digits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """The sliced dot x [M, K] . w [N, K] over K, rounded to odd in float64 (finite part only).
-
-    ``w_digits``: ``slice_rows(w, s)`` computed once for a weight that is used many times.
-    """
+                w_sliced: Sliced | None = None) -> tuple[torch.Tensor, bool]:
+    """The sliced dot x [M, K] . w [N, K] over K rounded to odd in float64 (finite part only), and
+    whether every input was finite. ``w_sliced``: ``slice_rows(w, s)`` computed once per weight."""
     check_k("x / a", x.shape[-1])
-    da, ea = slice_rows(x, s)
-    dw, ew = w_digits if w_digits is not None else slice_rows(w, s)
-    hi, lo = combine(products(da, dw), s)
-    return to_f64_odd(hi, lo, scale_exponent(ea, ew, s))
+    sa = slice_rows(x, s)
+    sw = w_sliced if w_sliced is not None else slice_rows(w, s)
+    hi, lo = combine(products(sa.digits, sw.digits), s)
+    return to_f64_odd(hi, lo, scale_exponent(sa.exp, sw.exp, s)), sa.finite and sw.finite
 
 
 def finish(v: torch.Tensor, flags, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -214,10 +221,11 @@ def finish(v: torch.Tensor, flags, bias: torch.Tensor | None, out_dtype: torch.d
 
 
 def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s: int,
-                 products: Products, w_digits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 products: Products, w_sliced: Sliced | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype.
 
     ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
     [s, s, M, N]; it is the only part a backend replaces.
     """
-    return finish(dot_f64_odd(x, w, s, products, w_digits), special_flags(x, w), bias, x.dtype)
+    v, finite = dot_f64_odd(x, w, s, products, w_sliced)
+    return finish(v, None if finite else special_flags(x, w), bias, x.dtype)

@@ -78,20 +78,21 @@ def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int =
 
 
 def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec,
-                        block=(32, 32, 32), split_k: int = 1, weight_digits=None, **launch) -> torch.Tensor:
+                        block=(32, 32, 32), split_k: int = 1, weight_sliced=None, **launch) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias) under an ExactMatmulSpec; the reference's bits.
 
-    ``weight_digits``: ``core.slice_rows(weight, spec.slices)``, computed once per weight; ``launch``:
+    ``weight_sliced``: ``core.slice_rows(weight, spec.slices)``, computed once per weight; ``launch``:
     Triton launch options (num_warps, num_stages). No choice here changes a bit.
     """
     s = spec.slices
     x2 = x.reshape(-1, x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
-    da, ea = core.slice_rows(x2, s)
-    dw, ew = weight_digits if weight_digits is not None else core.slice_rows(weight, s)
-    hi, lo = limbs(da, dw, block, split_k, **launch)
-    v = core.to_f64_odd(hi, lo, core.scale_exponent(ea, ew, s))
-    out = core.finish(v, core.special_flags(x2, weight), bias, x.dtype)
+    sa = core.slice_rows(x2, s)
+    sw = weight_sliced if weight_sliced is not None else core.slice_rows(weight, s)
+    hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
+    v = core.to_f64_odd(hi, lo, core.scale_exponent(sa.exp, sw.exp, s))
+    flags = None if sa.finite and sw.finite else core.special_flags(x2, weight)
+    out = core.finish(v, flags, bias, x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
