@@ -45,7 +45,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """
     _check(x, weight, spec, "row_parallel_linear")
     s = spec.slices
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     k_total = torch.tensor([x2.shape[1]], dtype=torch.int64)
     dist.all_reduce(k_total, group=group)
     core.check_k("row_parallel_linear: total K", int(k_total))
@@ -72,7 +72,7 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """x [..., K] @ weight [N_r, K]^T (+ bias [N_r]) on each rank; ``gather``: all ranks' outputs
     concatenated along the last dim in rank order (every rank's N_r must be equal)."""
     _check(x, weight, spec, "column_parallel_linear")
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     out = core.exact_linear(x2, weight, bias, spec.slices, products).reshape(*x.shape[:-1], weight.shape[0])
     if not gather:
         return out

@@ -261,3 +261,12 @@ def test_conformance_family_reference_passes_and_stock_is_caught():
                 assert not failed and all(o.cases == 1 for o in out.values()), (case.id, failed)
             else:
                 assert {"L2", "L4"} <= failed, (case.id, failed)
+
+
+def test_empty_k_and_empty_batch():
+    spec = ExactMatmulSpec(slices=3)
+    bias = torch.tensor([1.5, -0.0])
+    want = torch.tensor([[1.5, 0.0]] * 3)  # +0.0 (the empty dot) + -0.0 = +0.0
+    assert_bits("K = 0", want, hal.linear(torch.zeros(3, 0), torch.zeros(2, 0), bias, spec=spec, backend="reference"))
+    assert_bits("K = 0 int_mm", want, core.exact_linear(torch.zeros(3, 0), torch.zeros(2, 0), bias, 3, products_int_mm))
+    assert hal.linear(torch.zeros(0, 4), torch.zeros(2, 4), spec=spec, backend="reference").shape == (0, 2)

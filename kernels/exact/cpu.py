@@ -41,7 +41,7 @@ def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec, weight_sliced=None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T + bias under an ExactMatmulSpec (``weight_sliced``: core.slice_rows(weight, s))."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     out = exact_linear(x2, weight, bias, spec.slices, products_int_mm, weight_sliced)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -85,7 +85,7 @@ def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     Triton launch options (num_warps, num_stages). No choice here changes a bit.
     """
     s = spec.slices
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
     sa = core.slice_rows(x2, s)
     sw = weight_sliced if weight_sliced is not None else core.slice_rows(weight, s)

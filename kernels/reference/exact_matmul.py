@@ -20,7 +20,7 @@ def products_int64(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] in x's dtype."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     out = exact_linear(x2, weight, bias, spec.slices, products_int64)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
