@@ -118,8 +118,11 @@ def gpu_rows(s_values=(3, 4)):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for every path (0: torch's default)")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = gpu_rows() if args.gpu else cpu_rows()
     print(f"| shape | path | ms | vs {'cuBLAS bf16' if args.gpu else 'F.linear fp32'} |")
     print("|---|---|---|---|")

@@ -49,8 +49,8 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     k_total = torch.tensor([x2.shape[1]], dtype=torch.int64)
     dist.all_reduce(k_total, group=group)
     core.check_k("row_parallel_linear: total K", int(k_total))
-    ea = core.row_exponents(core.finite_f64(x2), keep_empty=True)
-    ew = core.row_exponents(core.finite_f64(weight), keep_empty=True)
+    ea = core.row_exponents(x2, keep_empty=True)
+    ew = core.row_exponents(weight, keep_empty=True)
     both = torch.cat([ea, ew])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)     # one scale per row / channel on every rank
     ea, ew = core.settle_exponents(both[:ea.numel()]), core.settle_exponents(both[ea.numel():])

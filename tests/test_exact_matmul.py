@@ -99,6 +99,10 @@ ROUNDING_CASES = [
     ("fp16-subnormal", torch.float16, [2.0 ** -12, 2.0 ** -13], [2.0 ** -13, 2.0 ** -14], 3),
     ("bf16-subnormal", torch.bfloat16, [2.0 ** -70, 2.0 ** -71], [2.0 ** -60, 2.0 ** -61], 3),
     ("cancellation-to-zero", torch.float32, [1.0, 1.0], [1.0, -1.0], 3),
+    ("fp32-subnormal-inputs", torch.float32, [1e-40, -3e-42, 1e-45], [1e30, 3e29, -1e30], 3),
+    ("fp32-subnormal-row-max", torch.float32, [2.0 ** -149, -2.0 ** -148], [2.0 ** 100, 2.0 ** 99], 4),
+    ("fp16-subnormal-inputs", torch.float16, [2.0 ** -20, 2.0 ** -24, -3 * 2.0 ** -24], [1.0, 1.0, 1.0], 2),
+    ("bf16-subnormal-inputs", torch.bfloat16, [1e-39, 3e-40, -2e-40], [1e20, 1e20, 3e20], 3),
 ]
 
 

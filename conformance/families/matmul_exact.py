@@ -52,8 +52,8 @@ class MatmulExactFamily(Family):
         from hal.kernels.exact.core import row_exponents
         s = case.spec.slices
         a, b = x["a"].double(), x["b"].double()
-        ua = torch.exp2((row_exponents(a) - 7 * s + 1).double()).unsqueeze(1)
-        ub = torch.exp2((row_exponents(b.T) - 7 * s + 1).double()).unsqueeze(0)
+        ua = torch.exp2((row_exponents(x["a"]) - 7 * s + 1).double()).unsqueeze(1)
+        ub = torch.exp2((row_exponents(x["b"].T) - 7 * s + 1).double()).unsqueeze(0)
         bound = ua * b.abs().sum(0, keepdim=True) + a.abs().sum(1, keepdim=True) * ub + a.shape[1] * ua * ub
         if output == "linear":
             bound = bound + 2 * EPS32 * (exact.abs() + x["bias"].double().abs() + bound)

@@ -44,29 +44,39 @@ def pow2_f64(q: torch.Tensor) -> torch.Tensor:
 
 def check_k(name: str, k: int) -> None:
     if k > MAX_K:
-        raise InputError(f"{name}: K = {k} exceeds the exact matmul limit 2**24 = {MAX_K} (the wide "
-                         "accumulator's range); split the reduction into calls of at most 2**24")
+        raise InputError(f"{name}: K = {k} exceeds the exact matmul limit 2**24 = {MAX_K} (the range of "
+                         "its two-limb accumulator); use a strict matmul spec for longer reductions")
 
 
-def row_exponents(x64: torch.Tensor, keep_empty: bool = False) -> torch.Tensor:
-    """E per row of float64 x [R, K] (finite values only; 0 for a row of zeros): int64 [R].
+def _fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 view of x (exact for every input dtype): (finite mask, integer mantissa m, scale
+    exponent q with |x| = m * 2**q, floor(log2|x|) or the sentinel for 0 and non-finite values)."""
+    bits = x.to(F32).view(torch.int32)
+    field = (bits >> 23) & 0xFF
+    frac = bits & 0x7FFFFF
+    finite = field != 0xFF
+    normal = (field != 0) & finite
+    m = torch.where(normal, frac | 0x800000, torch.where(finite, frac, 0))
+    q = torch.where(normal, field, 1) - 150
+    # a subnormal's leading bit: float64 of m is exact and normal, its exponent field says where
+    lead = ((m.to(F64).view(I64) >> 52) & 0x7FF) - 1023
+    e = torch.where(m != 0, q + lead.to(torch.int32), _NO_EXP)
+    return finite, m, q, e
 
-    ``keep_empty`` leaves the sentinel -2**30 on rows without a non-zero (so a maximum over K shards
+
+def row_exponents(x: torch.Tensor, keep_empty: bool = False) -> torch.Tensor:
+    """E per row of x [R, K] (finite values only; 0 for a row without a finite non-zero): int64 [R].
+
+    ``keep_empty`` leaves the sentinel -2**30 on rows without one (so a maximum over K shards
     ignores them; :func:`settle_exponents` then maps it to 0).
     """
-    _, e = torch.frexp(x64)                       # x = m * 2**e, 0.5 <= |m| < 1
-    e = torch.where(x64 != 0, e.to(I64) - 1, _NO_EXP)
-    big = e.amax(-1) if x64.shape[-1] else torch.full(x64.shape[:-1], _NO_EXP, dtype=I64, device=x64.device)
+    e = _fields(x)[3].to(I64)
+    big = e.amax(-1) if x.shape[-1] else torch.full(x.shape[:-1], _NO_EXP, dtype=I64, device=x.device)
     return big if keep_empty else settle_exponents(big)
 
 
 def settle_exponents(e: torch.Tensor) -> torch.Tensor:
     return torch.where(e == _NO_EXP, 0, e)
-
-
-def finite_f64(x: torch.Tensor) -> torch.Tensor:
-    x64 = x.to(F64)
-    return torch.where(torch.isfinite(x64), x64, 0.0)
 
 
 class Sliced(NamedTuple):
@@ -80,19 +90,24 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> Sliced
     """x [R, K] float -> its slices; non-finite values slice as 0.
 
     ``e`` overrides the row exponents (tensor parallelism: the maximum over every rank's shard).
+    |T| = trunc(|x| * 2**(7s - 1 - E)) = m * 2**(q + 7s - 1 - E): a shift of the integer mantissa
+    (left by at most 7s - 24, or right, truncating), all in integers.
     """
-    x64 = x.to(F64)
-    fin = torch.isfinite(x64)
-    x64 = torch.where(fin, x64, 0.0)
+    if x.dtype not in CANONICAL_NAN_BITS:  # float32's fields hold every supported input exactly
+        raise InputError(f"the exact policy takes float32, bfloat16 or float16 inputs, got {x.dtype}")
+    finite, m, q, ex = _fields(x)
     if e is None:
-        e = row_exponents(x64)
-    t = torch.trunc(x64 * pow2_f64(DIGIT * s - 1 - e).unsqueeze(-1)).to(I64)  # |t| < 2**(7s), exact
-    mag, neg = t.abs(), t < 0
+        big = ex.to(I64).amax(-1) if x.shape[-1] else torch.full(x.shape[:-1], _NO_EXP, dtype=I64, device=x.device)
+        e = settle_exponents(big)
+    d = (q.to(I64) + (DIGIT * s - 1) - e.unsqueeze(-1)).clamp(-40, DIGIT * s)
+    m64 = m.to(I64)
+    mag = torch.where(d >= 0, m64 << d.clamp_min(0), m64 >> (-d).clamp_min(0))
+    neg = (x.to(F32).view(torch.int32) < 0) & (mag != 0)
     digits = []
     for i in range(s):
-        d = (mag >> (DIGIT * (s - 1 - i))) & 127
-        digits.append(torch.where(neg, -d, d).to(torch.int8))
-    return Sliced(torch.stack(digits), e, bool(fin.all()))
+        dg = (mag >> (DIGIT * (s - 1 - i))) & 127
+        digits.append(torch.where(neg, -dg, dg).to(torch.int8))
+    return Sliced(torch.stack(digits), e, bool(finite.all()))
 
 
 def combine(p: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
