@@ -32,7 +32,7 @@ def _check(x, weight, spec, name):
         raise InputError(f"{name}: weight must be [N, K_shard], got shape {tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[1]:
         raise InputError(f"{name}: x.shape[-1] ({x.shape[-1]}) must equal weight.shape[1] ({weight.shape[1]})")
-    if x.dtype != weight.dtype or x.dtype not in core.CANONICAL_NAN_BITS:
+    if x.dtype != weight.dtype or x.dtype not in core.DTYPES:
         raise InputError(f"{name}: x and weight must share one dtype of float32/bfloat16/float16, got "
                          f"{x.dtype} and {weight.dtype}")
 

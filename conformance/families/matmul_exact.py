@@ -19,7 +19,7 @@ from .matmul import _call, _column_subset
 SPECS = (ExactMatmulSpec(slices=3), ExactMatmulSpec(slices=4))
 # (name, M, K, N, outlier channels): decode row, odd K, K past one int32-safe tile of 64, massive activations
 SHAPES = [("m1_k7_n5", 1, 7, 5, 0), ("m7_k129_n33", 7, 129, 33, 0), ("m3_k4097_n6", 3, 4097, 6, 0),
-          ("m8_k512_n16_outliers", 8, 512, 16, 6)]
+          ("m8_k512_n16_outliers", 8, 512, 16, 6), ("m6_k70_n9_nonfinite", 6, 70, 9, 0)]
 EPS32 = 2.0 ** -24
 
 
@@ -34,9 +34,16 @@ class MatmulExactFamily(Family):
         if o:  # a few K channels 1000x larger, as in LLM residual streams
             ch = (gen.randint(case.key("channels"), (o,), k)).long()
             a[:, ch] *= 1000.0
-        return {"a": a.to(case.dtype),
-                "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
-                "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+        x = {"a": a.to(case.dtype),
+             "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
+             "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+        if case.name.endswith("nonfinite"):   # the matmul family's NaN/Inf placement
+            x["a"][1, 3] = float("nan")       # row 1: NaN
+            x["a"][2, 65] = float("inf")      # row 2: +-inf
+            x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
+            x["b"][0, 4] = 0.0
+            x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+        return x
 
     def run(self, backend, case, inputs):
         return _call(backend, case, inputs)

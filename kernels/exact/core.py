@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from hal.errors import InputError
+from hal.kernels.reference.strict_math import canonical_nan
 
 F32, F64, I64 = torch.float32, torch.float64, torch.int64
 DIGIT = 7                      # bits per slice (int8 holds [-127, 127])
@@ -31,8 +32,7 @@ LIMB = 28                      # S = H * 2**LIMB + R
 MAX_K = 2 ** 24                # H stays below 2**53 (exact in float64) and L below 2**63
 INT32_SAFE_K = 131072          # K per int32 accumulation: 131072 * 127**2 < 2**31
 _NO_EXP = -(2 ** 30)           # exponent of a zero (never the max of a row that has a non-zero)
-CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float32's fields hold each exactly
 
 Products = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -93,7 +93,7 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> Sliced
     |T| = trunc(|x| * 2**(7s - 1 - E)) = m * 2**(q + 7s - 1 - E): a shift of the integer mantissa
     (left by at most 7s - 24, or right, truncating), all in integers.
     """
-    if x.dtype not in CANONICAL_NAN_BITS:  # float32's fields hold every supported input exactly
+    if x.dtype not in DTYPES:
         raise InputError(f"the exact policy takes float32, bfloat16 or float16 inputs, got {x.dtype}")
     finite, m, q, ex = _fields(x)
     if e is None:
@@ -207,12 +207,6 @@ def apply_specials(out: torch.Tensor, flags) -> torch.Tensor:
     nan, pinf, ninf = flags
     nan = nan | (pinf & ninf)
     return torch.where(nan, float("nan"), torch.where(pinf, float("inf"), torch.where(ninf, float("-inf"), out)))
-
-
-def canonical_nan(t: torch.Tensor) -> torch.Tensor:
-    """Every NaN -> the one pattern of t's dtype (COMMON.md: 0x7FC00000 / 0x7FC0 / 0x7E00)."""
-    nan = torch.tensor(CANONICAL_NAN_BITS[t.dtype], dtype=_INT_VIEW[t.dtype]).view(t.dtype).to(t.device)
-    return torch.where(torch.isnan(t), nan, t)
 
 
 def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products,
