@@ -1,7 +1,8 @@
 """The exact matmul Triton kernel under the CPU interpreter (TRITON_INTERPRET=1; numpy integer dot
 products are exact, so the interpreter checks the kernel's integer logic faithfully): random tile
-configs and split-K counts give the reference's bits. Runs in a subprocess so that the interpreter
-setting (read when Triton decorates a kernel) cannot leak into other tests."""
+configs and split-K counts give the reference's bits, and a lost-update variant of the kernel is
+caught. Runs in a subprocess so that the interpreter setting (read when Triton decorates a kernel)
+cannot leak into other tests."""
 from __future__ import annotations
 
 import os
