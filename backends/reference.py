@@ -10,7 +10,8 @@ import torch
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.ops_registry import OPS
 from hal.kernels import oracle
-from hal.kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.kernels.reference import exact_matmul as _xm, matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.spec import EXACT, STRICT
 
 F64 = torch.float64
 
@@ -20,16 +21,22 @@ class ReferenceBackend(Backend):
     device_types = ("cpu",)
     priority = 0
     dtypes = FLOAT_DTYPES + (F64,)
-    description = "readable definition of every strict spec (torch elementwise ops, no BLAS); golden bits"
+    policies = (STRICT, EXACT)
+    description = ("readable definition of every strict spec (torch elementwise ops, no BLAS) and of the "
+                   "exact matmul policy (int64 matmuls); golden bits")
 
     def claimed_levels(self, family, spec):
         return frozenset(LEVELS)
 
     def matmul(self, a, b, spec):
-        return oracle.matmul(a, b) if a.dtype == F64 else _mm.matmul(a, b, spec)
+        if a.dtype == F64:
+            return oracle.matmul(a, b)
+        return (_xm if spec.policy == EXACT else _mm).matmul(a, b, spec)
 
     def linear(self, x, weight, bias, spec):
-        return oracle.linear(x, weight, bias) if x.dtype == F64 else _mm.linear(x, weight, bias, spec)
+        if x.dtype == F64:
+            return oracle.linear(x, weight, bias)
+        return (_xm if spec.policy == EXACT else _mm).linear(x, weight, bias, spec)
 
     def rms_norm(self, x, weight, eps, residual, spec):
         if x.dtype == F64:
