@@ -14,7 +14,6 @@ import torch
 
 import hal
 from ..errors import UnsupportedError
-from . import hf_elementwise as ew
 from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
                            several_sequences_per_row, visibility)
 
@@ -43,7 +42,7 @@ def rms_norm_gated(mod, x, gate):
     if getattr(mod, "activation", "silu") != "silu":
         raise UnsupportedError(f"{type(mod).__name__} with activation {mod.activation!r}: only silu is supported")
     y = hal.rms_norm(x.float(), mod.weight.float(), _eps(mod))
-    return ew.silu_mul(gate.float(), y).to(x.dtype)
+    return hal.silu_mul(gate.float(), y).to(x.dtype)
 
 
 def _eps(mod) -> float:
@@ -55,7 +54,7 @@ def _eps(mod) -> float:
 
 def mlp(mod, x):
     """gate/up/down MLP with SiLU: ``down(silu(gate(x)) * up(x))``, the product rounded once."""
-    return mod.down_proj(ew.silu_mul(mod.gate_proj(x), mod.up_proj(x)))
+    return mod.down_proj(hal.silu_mul(mod.gate_proj(x), mod.up_proj(x)))
 
 
 def rotary(mod, x, position_ids):
@@ -64,7 +63,7 @@ def rotary(mod, x, position_ids):
     Kept in float32: lockstep's attention forward hands the first half to hal.apply_rotary.
     """
     inv_freq = mod.inv_freq.float()
-    cos, sin = ew.rotary_cos_sin(position_ids, 2 * inv_freq.shape[0], inv_freq)
+    cos, sin = hal.rotary_cos_sin(position_ids, 2 * inv_freq.shape[0], inv_freq=inv_freq)
     scale = float(getattr(mod, "attention_scaling", 1.0))
     if scale != 1.0:
         cos, sin = cos * scale, sin * scale
@@ -107,7 +106,7 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     cos, sin = position_embeddings
     half = cos.shape[-1] // 2
     c, s = cos[..., :half].unsqueeze(-2).float(), sin[..., :half].unsqueeze(-2).float()
-    q, k = ew.apply_rotary(q, c, s), ew.apply_rotary(k, c, s)
+    q, k = hal.apply_rotary(q, c, s), hal.apply_rotary(k, c, s)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache is not None:
         _check_cache_layer(cache, mod.layer_idx)
@@ -124,7 +123,7 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     out = attend(q, k, v, vis, mod.scaling)
     out = out.reshape(*shape, -1)
     if gated:
-        out = out * ew.sigmoid(gate)
+        out = out * hal.sigmoid(gate)
     return mod.o_proj(out), None
 
 
@@ -269,7 +268,7 @@ def experts(mod, hidden_states, top_k_index, top_k_weights):
                 continue
             rows = (col == e).nonzero()[:, 0]
             gate, up = hal.linear(hidden_states[rows], mod.gate_up_proj[e]).chunk(2, dim=-1)
-            y = hal.linear(ew.silu_mul(gate, up), mod.down_proj[e])
+            y = hal.linear(hal.silu_mul(gate, up), mod.down_proj[e])
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
         out = out + acc
     return out
@@ -282,5 +281,5 @@ def sparse_moe_block(mod, hidden_states):
     shared = mod.shared_expert(h)
     _, weights, index = mod.gate(h)
     routed = mod.experts(h, index, weights)
-    shared = ew.sigmoid(mod.shared_expert_gate(h)) * shared
+    shared = hal.sigmoid(mod.shared_expert_gate(h)) * shared
     return (routed + shared).reshape(B, T, H)

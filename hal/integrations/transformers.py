@@ -204,9 +204,6 @@ def apply(model, *, unknown: str = "raise", allow_untested: bool = False) -> Pat
     """
     check_version(allow_untested)
     _validate(model, unknown)
-    if not hal_elementwise_available():
-        raise UnsupportedError("this hal has no strict elementwise ops (hal.silu_mul, hal.sigmoid, "
-                               "hal.rotary_cos_sin, hal.apply_rotary); update lockstep")
     p = Patch(model)
     for name, mod in model.named_modules():
         kind = _kind(mod)
@@ -224,11 +221,6 @@ def apply(model, *, unknown: str = "raise", allow_untested: bool = False) -> Pat
 def patch(model, **kwargs) -> Patch:
     """Context-manager form of :func:`apply`: ``with lt.patch(model): ...`` reverts on exit."""
     return apply(model, **kwargs)
-
-
-def hal_elementwise_available() -> bool:
-    from . import hf_elementwise
-    return hf_elementwise.available()
 
 
 def _guarded_generate(model, generate):
