@@ -266,12 +266,14 @@ class Audit:
         return "\n".join(lines)
 
 
-# aten ops that round (reductions, transcendental functions, matmuls); exact ones (copies, adds of
-# two numbers, index ops) are not listed
-_ROUNDING = ("mm", "addmm", "bmm", "matmul", "baddbmm", "_softmax", "_log_softmax", "softmax", "log_softmax",
-             "mean", "sum", "exp", "log", "rsqrt", "sqrt", "sigmoid", "silu", "softplus", "tanh", "cos", "sin",
-             "pow", "var", "norm", "linear", "conv1d", "convolution", "_scaled_dot_product", "cumsum",
-             "linalg_solve_triangular", "erf", "gelu", "topk", "logsumexp")
+# aten ops whose floating-point result can depend on the call's shape or the element's position
+# (reductions, matmuls, transcendental functions); exact ones (copies, index ops, one add or
+# multiply of two numbers) and integer arithmetic are not counted
+_ROUNDING = {"mm", "addmm", "bmm", "matmul", "baddbmm", "dot", "mv", "_softmax", "_log_softmax", "mean", "sum",
+             "exp", "log", "log1p", "expm1", "rsqrt", "sqrt", "sigmoid", "silu", "softplus", "tanh", "cos", "sin",
+             "pow", "var", "norm", "linalg_vector_norm", "convolution", "cumsum", "cumprod", "logsumexp", "erf",
+             "gelu", "linalg_solve_triangular", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_attention_math", "_fused_rms_norm", "native_layer_norm", "topk", "prod"}
 
 
 def audit(model, input_ids, **forward_kwargs) -> Audit:
@@ -288,10 +290,10 @@ def audit(model, input_ids, **forward_kwargs) -> Audit:
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not any(s.startswith("L:") for s in stack):
-                name = func.overloadpacket.__name__.lstrip("_") if hasattr(func, "overloadpacket") else str(func)
-                base = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-                if any(base == r or base.startswith(r) or name == r for r in _ROUNDING):
+            base = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+            if base in _ROUNDING and not any(s.startswith("L:") for s in stack):
+                floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+                if floats:
                     key = f"aten.{base}"
                     ops[key] = ops.get(key, 0) + 1
             return func(*args, **(kwargs or {}))
