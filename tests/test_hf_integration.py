@@ -295,3 +295,15 @@ def test_aten_mode_linear_batch_invariant_inside_stock_outside():
     assert same(inside[1], inside[7]) and same(inside[1], inside[40]) and same(ref, inside[1])
     assert same(out_stock[40], first_row(40))  # outside again: stock bits
     assert not same(inside[1], out_stock[1]) or not same(inside[7], out_stock[7])
+
+
+def test_moe_router_ties_take_lower_expert_index():
+    """Equal router probabilities: the top-k are the lowest expert indices, in order, whatever the batch."""
+    from hal.integrations import hf_modules
+    m = tiny_model("qwen3_next")
+    router = m.model.layers[1].mlp.gate
+    with torch.no_grad():
+        router.weight.zero_()  # every expert gets the same probability
+        _, w, idx = hf_modules.router(router, torch.randn(5, 64))
+    assert idx.tolist() == [[0, 1]] * 5
+    assert same(w, torch.full((5, 2), 0.5))
