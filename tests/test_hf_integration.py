@@ -307,3 +307,20 @@ def test_moe_router_ties_take_lower_expert_index():
         _, w, idx = hf_modules.router(router, torch.randn(5, 64))
     assert idx.tolist() == [[0, 1]] * 5
     assert same(w, torch.full((5, 2), 0.5))
+
+
+def test_bfloat16_verify_and_static_cache_equals_dynamic():
+    m = tiny_model("llama", dtype=torch.bfloat16)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with lt.patch(m):
+        rep = lt.verify(m, VOCAB, lengths=(6, 3), decode_steps=1)
+        steps = {}
+        for impl in (None, "static"):
+            out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True, cache_implementation=impl)
+            steps[impl] = torch.stack(out.logits, 1)
+    assert rep.ok, str(rep)
+    assert same(steps[None], steps["static"])
+    assert steps[None].dtype == torch.bfloat16
