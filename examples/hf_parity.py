@@ -82,7 +82,7 @@ def metrics(sampler, trainer):
     lr = (trainer.double() - sampler.double()).reshape(-1)  # log pi_train / pi_sample per token
     differ = sampler.reshape(-1).view(torch.int32) != trainer.reshape(-1).view(torch.int32)
     return dict(tokens=lr.numel(), max_abs=float(lr.abs().max()), k1=float((-lr).mean()),
-                k2=float((lr ** 2 / 2).mean()), k3=float((lr.exp() - 1 - lr).mean()),
+                k2=float((lr ** 2 / 2).mean()), k3=float((torch.expm1(lr) - lr).mean()),
                 share_differing=float(differ.double().mean()))
 
 

@@ -344,3 +344,14 @@ def _generate_static(m, seqs, new=3):
     out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                      output_logits=True, return_dict_in_generate=True, pad_token_id=0, cache_implementation="static")
     return out.sequences[:, P:], torch.stack(out.logits, 1).float()
+
+
+@pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("mistral", "eager")])
+def test_qwen2_mistral_and_any_attn_implementation(kind, attn):
+    """Qwen2 (q/k/v biases) and Mistral use the same adapters; a patched attention module calls
+    lockstep attention itself and reads sdpa's bool masks / eager's additive masks."""
+    m = tiny_model(kind, attn_implementation=attn)
+    with lt.patch(m):
+        rep = lt.verify(m, VOCAB, lengths=(4, 3), decode_steps=1)
+    assert rep.ok, str(rep)
+    assert not lt.verify(tiny_model(kind, attn_implementation=attn), VOCAB, lengths=(4, 3), decode_steps=1).ok

@@ -9,8 +9,9 @@
     report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
     lt.audit(model, input_ids)                        # what still computes outside hal
 
-Supported model code: Llama, Qwen2, Qwen3, Mistral (no sliding window), Qwen3-Next (gated attention,
-Gated DeltaNet, MoE) of the transformers versions in ``SUPPORTED``. transformers is imported only
+Supported model code: Llama, Qwen3, Qwen3-Next (gated attention, Gated DeltaNet, MoE) -- the full test
+set -- and Qwen2, Mistral (no sliding window) -- checked with verify -- of the transformers versions
+in ``SUPPORTED``. transformers is imported only
 when one of these functions is called, never at ``import hal``. See docs/integrations.md.
 """
 from __future__ import annotations
