@@ -355,3 +355,20 @@ def test_qwen2_mistral_and_any_attn_implementation(kind, attn):
         rep = lt.verify(m, VOCAB, lengths=(4, 3), decode_steps=1)
     assert rep.ok, str(rep)
     assert not lt.verify(tiny_model(kind, attn_implementation=attn), VOCAB, lengths=(4, 3), decode_steps=1).ok
+
+
+def test_aten_mode_softmax_and_elementwise_are_hals_inside_only():
+    torch.manual_seed(0)
+    x = torch.randn(37, 50) * 4
+    ops = dict(softmax=(lambda t: torch.softmax(t, -1), hal.softmax),
+               log_softmax=(lambda t: torch.log_softmax(t, -1), hal.log_softmax),
+               sigmoid=(torch.sigmoid, hal.sigmoid), silu=(torch.nn.functional.silu, hal.silu),
+               softplus=(torch.nn.functional.softplus, hal.softplus))
+    with hal.aten_mode():
+        inside = {k: f(x) for k, (f, _) in ops.items()}
+        mean_1, mean_all = x[:1].mean(-1), x.mean(-1)[:1]
+    outside = {k: f(x) for k, (f, _) in ops.items()}
+    for k, (_, ref) in ops.items():
+        assert same(ref(x), inside[k], k)
+        assert not same(ref(x), outside[k], k)  # negative control: torch's own kernels give other bits here
+    assert same(mean_1, mean_all)
