@@ -372,3 +372,20 @@ def test_aten_mode_softmax_and_elementwise_are_hals_inside_only():
         assert same(ref(x), inside[k], k)
         assert not same(ref(x), outside[k], k)  # negative control: torch's own kernels give other bits here
     assert same(mean_1, mean_all)
+
+
+def test_example_hf_parity_small(tmp_path):
+    """examples/hf_parity.py: sampler vs packed-trainer log-probs, lockstep equal bits, stock not; PNG written."""
+    import argparse
+    import pathlib
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from examples import hf_parity as ex
+    args = argparse.Namespace(prompts=3, new_tokens=3, seed=0)
+    lock, stock_r = ex.run("llama", "lockstep", args), ex.run("llama", "stock", args)
+    assert lock["tokens"] == 9 and lock["share_differing"] == 0.0 and lock["k3"] == 0.0
+    assert stock_r["share_differing"] > 0.0
+    png = ex.plot([lock, stock_r], "llama", str(tmp_path))
+    assert pathlib.Path(png).stat().st_size > 1000
