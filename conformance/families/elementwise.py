@@ -18,7 +18,7 @@ from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
 
 OPS = ("sigmoid", "silu", "softplus", "silu_mul")
-SHAPES = [(1, 1), (7, 129), (3, 4099)]
+SHAPES = [(1, 1), (7, 129), (1, 4099)]
 EPS32 = 2.0 ** -24
 #: |x| beyond which exp(-x) overflows float32 (x < -88.72): sigmoid/silu = 1 / inf, x / inf = +-0 there,
 #: where the exact values are below UNDERFLOW_GAP in magnitude (|x| e^x at x = -88.72; the spec states it).
