@@ -150,18 +150,23 @@ def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, base: float = 10000
         v.dim_eq("rotary_cos_sin: inv_freq.shape[0] vs rotary_dim // 2", inv_freq.shape[0], r // 2)
         if not bool(torch.isfinite(inv_freq).all()):
             raise InputError("inv_freq must be finite")
-        fmax = float(inv_freq.abs().max())
         tensors["inv_freq"] = inv_freq
-    else:  # inv_freq_i = base ** (-2i/R): the largest is i = 0 (base >= 1) or i = R/2 - 1 (base < 1)
-        fmax = max(1.0, float(torch.tensor(base, dtype=F32)) ** (-(r - 2) / r))
     pmax = int(positions.abs().max()) if positions.numel() else 0
     if pmax >= POSITION_LIMIT or (positions.numel() and int(positions.min()) <= -POSITION_LIMIT):
         raise InputError(f"positions must satisfy |pos| < 2**24 (exact in float32), got max |pos| = {pmax}")
-    if pmax * fmax * (1 + 1e-6) >= POSITION_LIMIT:
+    if inv_freq is None and float(torch.tensor(base, dtype=F32)) >= 1.0:
+        fmax = torch.tensor(1.0, dtype=F32)  # inv_freq_0 = exp(-0) = 1 is the largest
+    else:  # the spec's own table (a few exp/log on R/2 values), or the caller's
+        from hal.kernels.reference.elementwise import inv_freq as strict_inv_freq
+        f = strict_inv_freq(r, base) if inv_freq is None else inv_freq.detach().cpu()
+        fmax = f.abs().max()
+    amax = float(torch.tensor(float(pmax), dtype=F32) * fmax)  # the largest angle, rounded as the spec rounds it
+    if not amax < POSITION_LIMIT:
         raise InputError(f"rotary angles must stay below 2**24 in magnitude (the strict sin/cos domain): max |pos| "
-                         f"{pmax} x max inv_freq {fmax:.6g} is too large; check base / inv_freq")
+                         f"{pmax} x max inv_freq {float(fmax):.6g} = {amax:.6g}; check base / inv_freq")
     s, impl = _prepare("rotary_cos_sin", spec, backend, F32, **tensors)
-    return impl.rotary_cos_sin(positions, r, base, inv_freq, s)
+    # no gradient flows into a table: integer positions, and a given inv_freq is a constant here
+    return impl.rotary_cos_sin(positions, r, base, None if inv_freq is None else inv_freq.detach(), s)
 
 
 class _RotaryFn(torch.autograd.Function):

@@ -33,7 +33,7 @@ STRICT = "strict"
 FAST = "fast"
 POLICIES = (STRICT, FAST)
 
-#: Version tag of lockstep's own exp/log (kernels/reference/strict_math.py). Part of every id of a
+#: Version tag of lockstep's own exp/log/sin/cos (kernels/reference/strict_math.py). Part of every id of a
 #: spec that uses them: a new polynomial means new bits and so a new id.
 MATH_VERSION = "lsm1"
 
