@@ -176,25 +176,6 @@ def log(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, y)
 
 
-# ---------------------------------------------------------------- canonical NaN
-
-#: The one NaN bit pattern of each dtype in every strict output (the quiet NaN with no payload).
-CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-             torch.float64: torch.int64}
-_CANONICAL_NAN_BITS64 = 0x7FF8000000000000
-
-
-def canonical_nan(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with every NaN replaced by its dtype's canonical pattern (set on the bits, not by value:
-    hardware and libraries disagree on which NaN an operation returns)."""
-    if t.dtype not in _INT_VIEW:
-        return t
-    bits = CANONICAL_NAN_BITS.get(t.dtype, _CANONICAL_NAN_BITS64)  # all positive in their signed int type
-    nan = torch.tensor(bits, dtype=_INT_VIEW[t.dtype], device=t.device).view(t.dtype)
-    return torch.where(t != t, nan, t)
-
-
 # ---------------------------------------------------------------- sin / cos (lsm1)
 
 # x = k*(pi/2) + r: k0 = floor(fma(x, 2/pi, 0.5)) is the nearest integer only up to the product's rounding
