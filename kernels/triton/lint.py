@@ -123,6 +123,16 @@ def strict_kernels(full: bool = False) -> list[KernelCase]:
              **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
             {"HAS_BIAS": True, "KT": 64, "OUT_DTYPE": tdt, "BM": 16, "BN": 64}))
         cases.append(KernelCase(
+            f"matmul.gemv_partials[{dt}]", matmul._gemv_partials_kernel,
+            {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
+             **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n")},
+            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8}))
+        if full:
+            cases.append(KernelCase(
+                f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,
+                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"), **_ints("M", "N", "n_kt", "so_m", "so_n")},
+                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128}))
+        cases.append(KernelCase(
             f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
             {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "eps": "fp32",
              "n_tiles": "i32"},

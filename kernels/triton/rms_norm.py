@@ -85,8 +85,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
 
     reg: the register layout of the sum of squares (default: in the interpreter only; same bits)."""
     hdim = x.shape[-1]
-    x2 = x.reshape(-1, hdim).contiguous()
-    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
+    x2 = x.reshape(x.shape[:-1].numel(), hdim).contiguous()
+    r2 = residual.reshape(x2.shape).contiguous() if residual is not None else x2
     rows = x2.shape[0]
     y = torch.empty_like(x2)
     h = torch.empty_like(x2) if residual is not None else y

@@ -95,7 +95,7 @@ def _blocks(rows: int, n_tiles: int, reg: bool):
 def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Tensor:
     """reg: the register layout of the tile sums (default: in the interpreter only; same bits)."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n).contiguous()
+    x2 = x.reshape(x.shape[:-1].numel(), n).contiguous()
     rows = x2.shape[0]
     out = torch.empty((rows,) if mode == LOGSUMEXP else (rows, n), dtype=x.dtype, device=x.device)
     n_tiles = max(1, triton.cdiv(n, spec.tile))

@@ -142,7 +142,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
                    spec) -> torch.Tensor:
     """float32 log p(tokens[n] | hidden[n]) for hidden [..., H], weight [V, H], tokens [...] int."""
     lead, hdim = hidden.shape[:-1], hidden.shape[-1]
-    h2 = hidden.reshape(-1, hdim).contiguous()
+    h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim).contiguous()
     w = weight.contiguous()
     tok = tokens.reshape(-1).to(torch.int64).contiguous()
     rows, vocab = h2.shape[0], w.shape[0]
