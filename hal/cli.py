@@ -2,13 +2,14 @@
 
     hal info                                   backends here, and why the others are not
     hal spec list | hal spec show ID           specs, in words
-    hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--json F] [--junit F]
+    hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--quick] [--json F] [--junit F]
     hal conformance generate [--ops ...]       write golden files from the reference backend
     hal rl report LOGPROBS.npz [--json F]      sampler/trainer mismatch metrics of saved log-probs
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -95,13 +96,14 @@ def _conformance_run(args) -> int:
     fams = _families(args.ops)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.time()
-    records = runner.run(names, fams, device=args.device, dtypes=args.dtypes, progress=progress)
+    quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
+    records = runner.run(names, fams, device=args.device, dtypes=args.dtypes, progress=progress, quick=quick)
     print(report.table(records))
     fails = report.failures(records)
     if fails:
         print("\nFirst divergences:")
         print(fails)
-    meta = {"backends": names, "ops": fams, "device": args.device, "torch": torch.__version__,
+    meta = {"backends": names, "ops": fams, "device": args.device, "quick": quick, "torch": torch.__version__,
             "python": platform.python_version(), "machine": platform.machine(), "seconds": round(time.time() - t0, 1)}
     if args.json:
         with open(args.json, "w") as f:
@@ -179,6 +181,8 @@ def main(argv=None) -> int:
     run.add_argument("--json", help="write the JSON report here")
     run.add_argument("--junit", help="write a JUnit XML report here")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--quick", action="store_true",
+                     help="each family's quick case set (still crosses every tile/split boundary); also LOCKSTEP_QUICK=1")
     gen = csub.add_parser("generate")
     gen.add_argument("--ops", nargs="*")
     rp = sub.add_parser("rl", help="RL mismatch toolkit")

@@ -30,6 +30,7 @@ _BUILTIN = {
     "cpu": "hal.backends.cpu:CpuBackend",
     "reference": "hal.backends.reference:ReferenceBackend",
     "stock": "hal.backends.stock:StockBackend",
+    "triton": "hal.backends.triton:TritonBackend",
 }
 
 _lock = threading.Lock()
