@@ -1,0 +1,61 @@
+"""The one way a strict Triton kernel is launched.
+
+* fp fusion OFF (``enable_fp_fusion=False``, a launch option since Triton 2.2, still in 3.6 and 3.9):
+  Triton turns fusion on by default and would contract the spec's separate ``a*b`` and ``+ c``
+  into one fma, changing bits (lsm1 log: 81 of 2.1 M outputs).
+* under ``TRITON_INTERPRET=1`` the interpreter must be Triton >= 3.9 and its ``tl.fma`` must round
+  once; older interpreters computed ``a*b + c`` in two roundings. A crafted case decides it once per
+  process: (1 + 2**-12)**2 - 1 is 2**-11 + 2**-24 exactly, but 2**-11 when rounded twice.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+STRICT_OPTIONS = {"enable_fp_fusion": False}
+MIN_INTERPRETER = (3, 9)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (decided by Triton at decoration time)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+@triton.jit
+def _fma_probe(a_ptr, out_ptr):
+    a = tl.load(a_ptr)
+    tl.store(out_ptr, tl.fma(a, a, -1.0))
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_problem() -> str | None:
+    """Why the interpreter cannot run strict kernels, or None when it can (checked once)."""
+    if triton_version() < MIN_INTERPRETER:
+        return (f"the Triton interpreter before {'.'.join(map(str, MIN_INTERPRETER))} rounds tl.fma twice; "
+                f"installed: triton {triton.__version__}")
+    a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
+    out = torch.empty(1, dtype=torch.float32)
+    _fma_probe[(1,)](a, out, **STRICT_OPTIONS)
+    want = 2.0 ** -11 + 2.0 ** -24
+    if float(out[0]) != want:
+        return (f"the Triton interpreter's tl.fma rounds twice ((1+2**-12)**2 - 1 gave {float(out[0])!r}, "
+                f"a single rounding gives {want!r})")
+    return None
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs) with fp fusion off; refuses a double-rounding interpreter."""
+    if interpreting():
+        problem = interpreter_problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+    kernel[grid](*args, **kwargs, **STRICT_OPTIONS)

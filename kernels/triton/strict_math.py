@@ -1,0 +1,179 @@
+"""Strict float32 arithmetic as Triton device functions, bit for bit kernels/reference/strict_math.py.
+
+Why each building block is what it is (measured facts: issue 8, docs/triton.md):
+
+* ``tl.fma`` is a single-rounding fma on the GPU (``fma.rn.f32``) and, since Triton 3.9, in the
+  interpreter too (older interpreters rounded twice; :func:`hal.kernels.triton.launch.check_interpreter`
+  refuses those).
+* ``a*b + c`` written as two operations must stay two roundings: every strict kernel is launched with
+  fp fusion OFF (:mod:`hal.kernels.triton.launch`), otherwise Triton contracts it into an fma.
+* ``/`` lowers to the approximate ``div.full.f32`` and ``tl.sqrt`` to ``sqrt.approx``: use
+  ``tl.math.div_rn`` / ``tl.math.sqrt_rn`` (correctly rounded, IEEE).
+* ``tl.exp`` / ``tl.log`` are not lockstep's lsm1: :func:`exp` and :func:`log` port lsm1 with the same
+  float32 constants, the same operation order, ``tl.fma`` and integer bit operations.
+* the interpreter's fp32 -> bf16 cast truncates, the GPU's rounds: outputs are rounded with integer
+  round-to-nearest-even on the float32 bits (:func:`round_to_bf16`, :func:`round_to_fp16`), one path
+  for both, and every NaN becomes the canonical pattern of its dtype.
+
+The float constants below are written as the exact float32 values (decimal of the float32 the
+reference rounds its float64 constant to), so the double -> float32 conversion of a literal is exact.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# exp: x = k*ln2 + r (reference: _LOG2E, _LN2_HI, _LN2_LO, _EXP_POLY as float32)
+LOG2E: tl.constexpr = 1.4426950216293335        # 0x3FB8AA3B
+LN2_HI: tl.constexpr = 0.693145751953125        # 0x3F317200
+LN2_LO: tl.constexpr = 1.428606765330187e-06    # 0x35BFBE8E
+EXP_C7: tl.constexpr = 0.00019841270113829523   # 1/5040
+EXP_C6: tl.constexpr = 0.0013888889225199819    # 1/720
+EXP_C5: tl.constexpr = 0.008333333767950535     # 1/120
+EXP_C4: tl.constexpr = 0.0416666679084301       # 1/24
+EXP_C3: tl.constexpr = 0.1666666716337204       # 1/6
+# log: R(z) = z*(2/3 + z*(2/5 + z*(2/7 + z*2/9)))
+LOG_C9: tl.constexpr = 0.2222222238779068       # 2/9
+LOG_C7: tl.constexpr = 0.2857142984867096       # 2/7
+LOG_C5: tl.constexpr = 0.4000000059604645       # 2/5
+LOG_C3: tl.constexpr = 0.6666666865348816       # 2/3
+SQRT2_BITS: tl.constexpr = 0x3FB504F3           # float32 sqrt(2) rounded down
+MIN_NORMAL: tl.constexpr = 1.1754943508222875e-38  # 2**-126
+
+# canonical NaN bit patterns (hal.kernels.reference.strict_math.canonical_nan)
+NAN_F32_BITS: tl.constexpr = 0x7FC00000
+NAN_BF16_BITS: tl.constexpr = 0x7FC0
+NAN_FP16_BITS: tl.constexpr = 0x7E00
+
+
+@triton.jit
+def fma(a, b, c):
+    """float32 a*b + c rounded once."""
+    return tl.fma(a, b, c)
+
+
+@triton.jit
+def div(a, b):
+    """float32 a / b, correctly rounded (never the approximate ``/``)."""
+    return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def sqrt(x):
+    """float32 sqrt, correctly rounded."""
+    return tl.math.sqrt_rn(x)
+
+
+@triton.jit
+def _pow2(k):
+    """2**k as float32 for integer-valued float32 k in [-126, 127], from its bits (exact)."""
+    return ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exp(x):
+    """lsm1 exp (reference ``exp``): exp(NaN) = NaN, exp(-inf) = 0, exp(+inf) = inf."""
+    xc = tl.minimum(tl.maximum(x, -110.0), 100.0)
+    k = tl.floor(tl.fma(xc, LOG2E, 0.5))
+    r = tl.fma(-k, LN2_HI, xc)
+    r = tl.fma(-k, LN2_LO, r)
+    p = tl.fma(EXP_C7 + tl.zeros_like(r), r, EXP_C6)
+    p = tl.fma(p, r, EXP_C5)
+    p = tl.fma(p, r, EXP_C4)
+    p = tl.fma(p, r, EXP_C3)
+    p = tl.fma(p, r, 0.5)
+    p = tl.fma(p, r, 1.0)
+    p = tl.fma(p, r, 1.0)
+    # 2**k in two exact steps so that only the last product can round (subnormal results)
+    k1 = tl.floor(k * 0.5)
+    y = (p * _pow2(k1)) * _pow2(k - k1)
+    return tl.where(x != x, x, y)
+
+
+@triton.jit
+def log(x):
+    """lsm1 log (reference ``log``): log(0) = -inf, log(x<0) = NaN, log(inf) = inf, log(NaN) = NaN."""
+    tiny = x < MIN_NORMAL
+    xs = tl.where(tiny, x * 8388608.0, x)  # 2**23: subnormals scaled up exactly
+    bits = xs.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - tl.where(tiny, 23, 0)
+    mbits = (bits & 0x7FFFFF) | 0x3F800000
+    big = mbits > SQRT2_BITS
+    mbits = tl.where(big, mbits - 0x00800000, mbits)  # m/2, exact
+    e = e + big.to(tl.int32)
+    m = mbits.to(tl.float32, bitcast=True)
+    f = m - 1.0
+    s = tl.math.div_rn(f, f + 2.0)
+    z = s * s
+    r = tl.fma(LOG_C9 + tl.zeros_like(z), z, LOG_C7)
+    r = tl.fma(r, z, LOG_C5)
+    r = tl.fma(r, z, LOG_C3)
+    r = r * z
+    lp = tl.fma(-s, f - r, f)
+    ef = e.to(tl.float32)
+    y = tl.fma(ef, LN2_HI, tl.fma(ef, LN2_LO, lp))
+    inf = float("inf")
+    y = tl.where(x == 0.0, -inf, y)
+    y = tl.where(x < 0.0, float("nan"), y)
+    y = tl.where(x == inf, inf, y)
+    return tl.where(x != x, x, y)
+
+
+@triton.jit
+def canonical_nan(x):
+    """float32 x with every NaN replaced by 0x7FC00000 (kept as float32)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(x != x, NAN_F32_BITS, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_to_bf16(x):
+    """float32 -> bfloat16, round to nearest even on the bits; NaN -> 0x7FC0; overflow -> inf.
+
+    bfloat16 has float32's exponent range, so rounding the low 16 bits away is the whole job, for
+    subnormals too; a carry out of the mantissa correctly bumps the exponent (up to inf).
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    lsb = (bits >> 16) & 1
+    r = ((bits + 0x7FFF + lsb) >> 16) & 0xFFFF
+    r = tl.where(x != x, NAN_BF16_BITS, r)
+    return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def round_to_fp16(x):
+    """float32 -> float16, round to nearest even on the bits; NaN -> 0x7E00; subnormals; overflow -> inf."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 16) & 0x8000
+    a = bits & 0x7FFFFFFF
+    # normal float16 (|x| >= 2**-14): rebias the exponent (127 -> 15), round 13 bits away
+    h = a - 0x38000000
+    normal = (h + 0xFFF + ((h >> 13) & 1)) >> 13
+    # subnormal float16: the value in units of 2**-24 is mant * 2**(E - 126), E = float32 exponent
+    ex = a >> 23
+    mant = (a & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(126 - ex, 31)
+    shift = tl.maximum(shift, 1)
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    sub = q + up.to(tl.int32)
+    r = tl.where(a >= 0x38800000, normal, sub)
+    r = tl.where(a < 0x33000001, 0, r)          # <= 2**-25 (and float32 subnormals): rounds to 0
+    r = tl.where(a >= 0x477FF000, 0x7C00, r)    # >= 65520: rounds to inf (65504 is odd)
+    r = sign | r
+    r = tl.where(a > 0x7F800000, NAN_FP16_BITS, r)
+    return r.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def round_out(x, OUT_DTYPE: tl.constexpr):
+    """float32 result -> the output dtype (float32, bfloat16 or float16), canonical NaN."""
+    if OUT_DTYPE == tl.bfloat16:
+        return round_to_bf16(x)
+    elif OUT_DTYPE == tl.float16:
+        return round_to_fp16(x)
+    else:
+        return canonical_nan(x)
