@@ -26,10 +26,20 @@ import torch
 import triton
 import triton.language as tl
 
-from . import attn_math as sm
-from .attn_math import LAUNCH, out_code
+from . import strict_math as sm
+from .launch import launch
 
 F32 = torch.float32
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _round_trip(x, OUT: tl.constexpr):
+    """x rounded to the input dtype and widened back exactly (p_precision "input")."""
+    if OUT == tl.float32:
+        return x
+    else:
+        return sm.round_out(x, OUT).to(tl.float32)
 
 
 @triton.jit
@@ -109,7 +119,7 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
             vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
             p = sm.exp(_col(s_bits, cols, j) - m_new)
             l_blk = tl.where(vis_j, l_blk + p, l_blk)
-            pv = sm.round_trip(p, OUT) if P_IN else p
+            pv = _round_trip(p, OUT) if P_IN else p
             voff = tl.sum(tl.where(cols == j, koff, 0), axis=0)  # this key's offset (exact int)
             vj = tl.load(V + voff + dcol, mask=(dcol < D) & ((dcol * 0 + kjj) < klen), other=0.0).to(tl.float32)
             acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj[None, :], acc_blk), acc_blk)
@@ -140,10 +150,10 @@ def _finish(O, LSE, o_off, lse_off, valid, M, L, ACC, seen, D: tl.constexpr, BLO
             OUT: tl.constexpr):
     dcol = tl.arange(0, BLOCK_D)
     has = seen > 0
-    out = tl.where(has[:, None], tl.math.div_rn(ACC, L[:, None]), 0.0)
+    out = tl.where(has[:, None], sm.div(ACC, L[:, None]), 0.0)
     lse = tl.where(has, M + sm.log(L), float("-inf"))
-    tl.store(O + o_off[:, None] + dcol[None, :], sm.round_to(out, OUT), mask=valid[:, None] & (dcol[None, :] < D))
-    tl.store(LSE + lse_off, sm.canon_f32(lse), mask=valid)
+    tl.store(O + o_off[:, None] + dcol[None, :], sm.round_out(out, OUT), mask=valid[:, None] & (dcol[None, :] < D))
+    tl.store(LSE + lse_off, sm.canonical_nan(lse), mask=valid)
 
 
 @triton.jit
@@ -278,7 +288,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     one_split = num_splits > 1 and n_splits > 1
     meta = dict(HQ=hq, D=d, BLOCK_M=bm, BLOCK_D=bd)
     common = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
-                  OUT=out_code(q.dtype), PAGED=paged, GROUP=group, **meta)
+                  OUT=_TL[q.dtype], PAGED=paged, GROUP=group, **meta)
     n_rows = n_tiles * bm
     if one_split:
         # one program per split (num_splits only sets parallelism: all splits run at once here)
@@ -291,14 +301,14 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         wm = wl = wa = torch.empty(1, dtype=F32, device=q.device)
         wn = dummy
     grid = (n_tiles, n_seq * hq, n_splits if one_split else 1)
-    _attn_kernel[grid](q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
+    launch(_attn_kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
                        q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
                        bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
-                       ONE_SPLIT=one_split, **common, **LAUNCH)
+                       ONE_SPLIT=one_split, **common)
     if one_split:
-        _merge_kernel[(n_tiles, n_seq * hq)](out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
+        launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
                                              q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
-                                             OUT=out_code(q.dtype), **meta, **LAUNCH)
+                                             OUT=_TL[q.dtype], **meta)
     return out
 
 
