@@ -289,3 +289,92 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
     return from_padded(o, cu_seqlens).to(v.dtype), new
+
+
+# ------------------------------------------------------------------ Qwen3-Next gates and conv1d
+
+
+@triton.jit
+def _softplus(x):
+    """max(x, 0) + log1p(exp(-|x|)), the reference's steps (Goldberg's log1p correction as one fma)."""
+    m = tl.where(x < 0.0, 0.0, x)
+    e = sm.exp(-tl.abs(x))
+    w = 1.0 + e
+    tiny = w == 1.0
+    safe = tl.where(tiny, 1.0, w)
+    return tl.where(tiny, m + e, tl.fma(sm.log(safe), sm.div(e, safe - 1.0), m))
+
+
+@triton.jit
+def _gating_kernel(A_LOG, A, DT_BIAS, B, G_OUT, BETA_OUT, n, HV: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    hd = i % HV
+    a_log = tl.load(A_LOG + hd, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(A + i, mask=ok, other=0.0).to(tl.float32) + tl.load(DT_BIAS + hd, mask=ok, other=0.0).to(tl.float32)
+    g = -(sm.exp(a_log) * _softplus(x))
+    b = tl.load(B + i, mask=ok, other=0.0).to(tl.float32)
+    beta = sm.div(1.0, 1.0 + sm.exp(-b))
+    tl.store(G_OUT + i, sm.canonical_nan(g), mask=ok)
+    tl.store(BETA_OUT + i, sm.canonical_nan(beta), mask=ok)
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    """A_log, dt_bias [HV]; a, b [..., HV] -> (g, beta) float32 [..., HV] (kernels/reference/qwen3_next.py)."""
+    hv = A_log.shape[0]
+    a_, b_ = a.contiguous(), b.contiguous()
+    g = torch.empty(a.shape, dtype=F32, device=a.device)
+    beta = torch.empty(b.shape, dtype=F32, device=b.device)
+    n = a_.numel()
+    if n:
+        block = 256
+        launch(_gating_kernel, (triton.cdiv(n, block),), A_log.contiguous(), a_, dt_bias.contiguous(), b_, g, beta, n,
+               HV=hv, BLOCK=block)
+    return g, beta
+
+
+@triton.jit
+def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, D: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """ROWS [N, K-1+L, D] (state then inputs); y[n, t] = act(fma chain from bias over taps oldest first)."""
+    n = tl.program_id(0)
+    t = tl.program_id(1) * BT + tl.arange(0, BT)
+    d = tl.program_id(2) * BD + tl.arange(0, BD)
+    tm = t < lmax
+    dm = d < D
+    mask = tm[:, None] & dm[None, :]
+    if HAS_BIAS:
+        acc = tl.load(BIAS + d, mask=dm, other=0.0).to(tl.float32)[None, :] + tl.zeros([BT, BD], tl.float32)
+    else:
+        acc = tl.zeros([BT, BD], tl.float32)
+    base = n.to(tl.int64) * n_rows
+    for i in range(0, KW):
+        w = tl.load(W + d * KW + i, mask=dm, other=0.0).to(tl.float32)
+        x = tl.load(ROWS + (base + t + i)[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc = tl.fma(w[None, :], x, acc)
+    if SILU:
+        acc = sm.div(acc, 1.0 + sm.exp(-acc))
+    tl.store(Y + (n.to(tl.int64) * lmax + t)[:, None] * D + d[None, :], sm.round_out(acc, OUT), mask=mask)
+
+
+def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
+    """x [B, T, D] (or packed [1, total, D]); weight [D, K]; bias [D] | None; conv_state [N, K-1, D] | None.
+
+    Returns (y like x, new conv_state [N, K-1, D] in x's dtype), as kernels/reference/qwen3_next.py.
+    """
+    kw = weight.shape[1]
+    xp = to_padded(x, cu_seqlens)
+    n, lmax, d = xp.shape
+    lengths = torch.full((n,), lmax) if cu_seqlens is None else \
+        torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(n)])
+    prev = xp.new_zeros((n, kw - 1, d)) if conv_state is None else conv_state.to(x.dtype)
+    rows = torch.cat([prev, xp], dim=1).contiguous()
+    y = torch.empty((n, lmax, d), dtype=x.dtype, device=x.device)
+    if n and lmax and d:
+        bt, bd = 16, min(128, triton.next_power_of_2(d))
+        launch(_conv_kernel, (n, triton.cdiv(lmax, bt), triton.cdiv(d, bd)), rows, weight.contiguous(),
+               bias.contiguous() if bias is not None else rows, y, lmax, rows.shape[1], D=d, KW=kw,
+               HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd)
+    idx = (lengths[:, None] + torch.arange(kw - 1)[None, :]).to(x.device)
+    state = rows[torch.arange(n, device=x.device)[:, None], idx]
+    return from_padded(y, cu_seqlens), state
