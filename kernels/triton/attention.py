@@ -30,6 +30,8 @@ from . import strict_math as sm
 from .launch import launch
 
 F32 = torch.float32
+#: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
+_REVERSE_MERGE_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -232,7 +234,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
 def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits,
                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  OUT: tl.constexpr):
+                  OUT: tl.constexpr, REVERSE: tl.constexpr):
     """Merge the split partials of a row tile in split order and write out / lse."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -245,7 +247,8 @@ def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
         L = tl.zeros([BLOCK_M], tl.float32)
         ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         seen = tl.zeros([BLOCK_M], tl.int32)
-        for sp in range(0, n_ws_splits):
+        for k in range(0, n_ws_splits):
+            sp = n_ws_splits - 1 - k if REVERSE else k
             w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
             m = tl.load(WM + w, mask=valid, other=float("-inf"))
             l = tl.load(WL + w, mask=valid, other=0.0)
@@ -308,7 +311,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     if one_split:
         launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
                                              q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
-                                             OUT=_TL[q.dtype], **meta)
+                                             OUT=_TL[q.dtype], REVERSE=_REVERSE_MERGE_FOR_TESTS, **meta)
     return out
 
 

@@ -28,6 +28,8 @@ from .launch import launch
 F32 = torch.float32
 EPS_L2 = 1e-6
 EPS: tl.constexpr = 9.999999974752427e-07  # float32(1e-6), exact
+#: Negative control for the tests only: restart the chunk grid at every call (ignore the open rows).
+_RESTART_GRID_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -271,15 +273,16 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         new = Parts(position + lengths.to(position.device), S, None, None, None, None, S)
     else:
         C = spec.chunk
-        start = position if parts.open_k is not None else torch.zeros_like(position)
+        fresh = parts.open_k is None or _RESTART_GRID_FOR_TESTS
+        start = torch.zeros_like(position) if fresh else position
         opened = (start % C).to(dev)
         total = opened + lengths.to(dev)
         n_chunks = int(-(-int(total.max()) // C)) if n else 0
         R = max(1, n_chunks) * C
-        kr = _rows(parts.open_k, kn, opened, total, C, R)
-        vr = _rows(parts.open_v, v32, opened, total, C, R)
-        gr = _rows(parts.open_g, g32, opened, total, C, R)
-        br = _rows(parts.open_beta, b32, opened, total, C, R)
+        kr = _rows(None if fresh else parts.open_k, kn, opened, total, C, R)
+        vr = _rows(None if fresh else parts.open_v, v32, opened, total, C, R)
+        gr = _rows(None if fresh else parts.open_g, g32, opened, total, C, R)
+        br = _rows(None if fresh else parts.open_beta, b32, opened, total, C, R)
         qr = _rows(None, qs, opened, total, C, R)
         fin = S.clone() if want_final else S
         if n and n_chunks:
