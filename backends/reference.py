@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+from hal.ops_registry import OPS
 from hal.kernels import oracle
 from hal.kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
 
@@ -86,3 +87,29 @@ class ReferenceBackend(Backend):
         if x.dtype == F64:
             return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+
+
+def _canonical_outputs(method):
+    """Wrap an op so every float output (tensors, tuples, state parts) leaves with the canonical NaN."""
+    import functools
+
+    from hal.kernels.reference.strict_math import canonical_nan
+
+    def canon(x):
+        if isinstance(x, torch.Tensor):
+            return canonical_nan(x)
+        if isinstance(x, tuple):
+            items = [canon(i) for i in x]
+            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+        return x
+
+    @functools.wraps(method)
+    def op(self, *args, **kwargs):
+        return canon(method(self, *args, **kwargs))
+    return op
+
+
+# The strict policy's last step, in one place: whatever an op returns carries one NaN pattern per dtype.
+for _op in OPS:
+    if callable(getattr(ReferenceBackend, _op, None)):
+        setattr(ReferenceBackend, _op, _canonical_outputs(getattr(ReferenceBackend, _op)))

@@ -60,6 +60,20 @@ class Family:
     def cases(self) -> list[Case]:
         raise NotImplementedError
 
+    #: Case ids (``Case.id``) of the quick set: a few cases that still cross every tile / split
+    #: boundary and cover each dtype, for slow backends (the Triton interpreter) in CI. Empty: all cases.
+    quick: tuple[str, ...] = ()
+
+    def quick_cases(self) -> list[Case]:
+        """The quick subset of :meth:`cases` (``hal conformance run --quick``)."""
+        if not self.quick:
+            return self.cases()
+        chosen = [c for c in self.cases() if c.id in self.quick]
+        missing = set(self.quick) - {c.id for c in chosen}
+        if missing:
+            raise KeyError(f"family {self.name}: quick case ids not among its cases: {sorted(missing)}")
+        return chosen
+
     def make_inputs(self, case: Case) -> dict:
         raise NotImplementedError
 

@@ -157,7 +157,8 @@ def run_case(family: Family, backend: Backend, case: Case, device: torch.device,
 
 
 def run(backend_names: list[str], family_names: list[str], device: str = "cpu", dtypes: list[str] | None = None,
-        progress=None, golden_root=None) -> list[Record]:
+        progress=None, golden_root=None, quick: bool = False) -> list[Record]:
+    """``quick``: each family's quick case set (Family.quick_cases) instead of every case."""
     dev = torch.device(device)
     records: list[Record] = []
     for bname in backend_names:
@@ -165,7 +166,7 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
         for fname in family_names:
             family = fam_registry.get(fname)
             groups: dict[tuple, list[Case]] = {}
-            for case in family.cases():
+            for case in (family.quick_cases() if quick else family.cases()):
                 if dtypes and DTYPE_NAMES[case.dtype] not in dtypes:
                     continue
                 groups.setdefault((DTYPE_NAMES[case.dtype], case.spec.id), []).append(case)

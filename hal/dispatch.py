@@ -29,6 +29,7 @@ ENTRY_POINT_GROUP = "lockstep.backends"
 _BUILTIN = {
     "reference": "hal.backends.reference:ReferenceBackend",
     "stock": "hal.backends.stock:StockBackend",
+    "triton": "hal.backends.triton:TritonBackend",
 }
 
 _lock = threading.Lock()

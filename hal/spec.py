@@ -5,7 +5,7 @@ size along every reduction axis, the order partial results are combined in, the 
 output dtypes, and where rounding happens. Two calls with equal specs and equal inputs must give
 equal bits on every backend that supports the spec (the L4 promise of the `strict` policy).
 
-Every spec has a stable, human-readable id derived from its fields, e.g. ``matmul.strict.k64.v1``.
+Every spec has a stable, human-readable id derived from its fields, e.g. ``matmul.strict.k64.v2``.
 Whatever changes the bits changes the id; golden files and reports carry the id.
 
 The arithmetic shared by every strict spec (see ``kernels/reference/strict_math.py``):
@@ -19,7 +19,10 @@ The arithmetic shared by every strict spec (see ``kernels/reference/strict_math.
   (the accumulator is kept as it is, an exact identity even for -0.0 and NaN);
 * ``exp`` and ``log`` are lockstep's own (``lsm1``: range reduction + polynomial written with fma,
   division and square root only); division and square root are correctly rounded IEEE operations;
-* results are rounded once, to the output dtype, round-to-nearest-even; no flush to zero.
+* results are rounded once, to the output dtype, round-to-nearest-even; no flush to zero;
+* every NaN result is the canonical quiet NaN of its dtype (float32 0x7FC00000, bfloat16 0x7FC0,
+  float16 0x7E00): NaN payloads differ between vendors and even between torch's vector and scalar
+  paths, so a spec that let them through could not give the same bits everywhere.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ class OpSpec:
 
     family: ClassVar[str] = ""
     policy: str = STRICT
-    version: int = 1
+    #: 2: the canonical NaN became part of the strict policy (every v1 spec's bits could differ on NaN).
+    version: int = 2
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -85,7 +89,9 @@ def _reduction_words(axis: str, t: int) -> str:
 def _policy_words(policy: str) -> str:
     if policy == STRICT:
         return ("policy strict: IEEE float32 fma, +, -, /, sqrt only, each rounded to nearest even; "
-                f"lockstep's own exp/log ({MATH_VERSION}); no flush-to-zero; same bits on every backend (L4)")
+                f"lockstep's own exp/log ({MATH_VERSION}); no flush-to-zero; every NaN output is the canonical quiet NaN "
+                "of its dtype (float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00), whatever NaN produced it; "
+                "same bits on every backend (L4)")
     return ("policy fast: vendor matrix units and vendor math allowed inside a backend; tiling and "
             "combine order still fixed (L0-L3 within one backend and device type)")
 

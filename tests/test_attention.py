@@ -46,9 +46,9 @@ def same_bits(a, b):
 
 def test_spec_id_describe_and_validation():
     s = DEFAULTS["attention"]
-    assert s.id == "attention.strict.b64.s256.d64.pf32.lsm1.v1"
+    assert s.id == "attention.strict.b64.s256.d64.pf32.lsm1.v2"
     assert hal.spec.get(s.id) is s and hal.spec.get(SMALL.id) == SMALL
-    assert AttentionSpec(p_precision="input").id == "attention.strict.b64.s256.d64.pin.lsm1.v1"
+    assert AttentionSpec(p_precision="input").id == "attention.strict.b64.s256.d64.pin.lsm1.v2"
     assert len(s.describe()) >= 8 and any("split order" in line for line in s.describe())
     with pytest.raises(SpecError, match="multiple of kv_block"):
         AttentionSpec(kv_block=64, kv_split=100)

@@ -47,8 +47,8 @@ def _sl(x, a, b):
 
 
 def test_spec_ids_and_default():
-    assert CHUNKED.id == "gated_delta_rule.strict.chunked.c64.d64.lsm1.v1"
-    assert SERIAL.id == "gated_delta_rule.strict.serial.d64.lsm1.v1"
+    assert CHUNKED.id == "gated_delta_rule.strict.chunked.c64.d64.lsm1.v2"
+    assert SERIAL.id == "gated_delta_rule.strict.serial.d64.lsm1.v2"
     assert hal.spec.DEFAULTS["gated_delta_rule"] == CHUNKED
     assert hal.spec.get(SERIAL.id) == SERIAL
     with pytest.raises(hal.SpecError):

@@ -98,8 +98,8 @@ def test_unsupported_spec_backend_combination_lists_reasons():
 
 
 def test_spec_ids_are_stable_and_change_with_the_bits():
-    assert hal.spec.MatmulSpec().id == "matmul.strict.k64.v1"
-    assert hal.spec.MatmulSpec(k_tile=128).id == "matmul.strict.k128.v1"
+    assert hal.spec.MatmulSpec().id == "matmul.strict.k64.v2"
+    assert hal.spec.MatmulSpec(k_tile=128).id == "matmul.strict.k128.v2"
     assert hal.spec.MatmulSpec() == hal.spec.MatmulSpec() and hash(hal.spec.MatmulSpec()) == hash(hal.spec.MatmulSpec())
     a, b = _rand(3, 200), _rand(200, 4, seed=1)
     # a different K tile is a different computation: different bits somewhere

@@ -10,7 +10,8 @@ from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
 
 # (M, K, N): awkward sizes on purpose -- 1 row (decode), K not a multiple of the tile, K = 4097.
-SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6)]
+SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6), (6, 70, 9)]
+NAN_SHAPE = (6, 70, 9)  # rows/columns holding NaN and inf: outputs must be the canonical NaN
 EPS32 = 2.0 ** -24
 
 
@@ -38,9 +39,16 @@ class MatmulFamily(Family):
 
     def make_inputs(self, case):
         m, k, n = case.p["m"], case.p["k"], case.p["n"]
-        return {"a": gen.randn(case.key("a"), (m, k), case.dtype),
-                "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
-                "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+        x = {"a": gen.randn(case.key("a"), (m, k), case.dtype),
+             "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
+             "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+        if (m, k, n) == NAN_SHAPE:
+            x["a"][1, 3] = float("nan")       # row 1: NaN
+            x["a"][2, 65] = float("inf")      # row 2: +-inf, in the short last K tile
+            x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
+            x["b"][0, 4] = 0.0
+            x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+        return x
 
     def run(self, backend, case, inputs):
         return _call(backend, case, inputs)
@@ -60,6 +68,8 @@ class MatmulFamily(Family):
 
 
 FAMILY = MatmulFamily(
+    # quick: K = 129 crosses two K-tile boundaries and ends in a 1-long tile; M = 1 is decode
+    quick=("m1_k7_n5.fp32", "m7_k129_n33.bf16", "m7_k129_n33.fp32", "m33_k64_n17.fp16"),
     name="matmul", ops=("matmul", "linear"), levels=("L0", "L1", "L3", "L4", "A"),
     checks={
         "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],

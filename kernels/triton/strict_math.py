@@ -24,26 +24,26 @@ import triton
 import triton.language as tl
 
 # exp: x = k*ln2 + r (reference: _LOG2E, _LN2_HI, _LN2_LO, _EXP_POLY as float32)
-LOG2E: tl.constexpr = 1.4426950216293335        # 0x3FB8AA3B
-LN2_HI: tl.constexpr = 0.693145751953125        # 0x3F317200
-LN2_LO: tl.constexpr = 1.428606765330187e-06    # 0x35BFBE8E
-EXP_C7: tl.constexpr = 0.00019841270113829523   # 1/5040
-EXP_C6: tl.constexpr = 0.0013888889225199819    # 1/720
-EXP_C5: tl.constexpr = 0.008333333767950535     # 1/120
-EXP_C4: tl.constexpr = 0.0416666679084301       # 1/24
-EXP_C3: tl.constexpr = 0.1666666716337204       # 1/6
+LOG2E = tl.constexpr(1.4426950216293335)        # 0x3FB8AA3B
+LN2_HI = tl.constexpr(0.693145751953125)        # 0x3F317200
+LN2_LO = tl.constexpr(1.428606765330187e-06)    # 0x35BFBE8E
+EXP_C7 = tl.constexpr(0.00019841270113829523)   # 1/5040
+EXP_C6 = tl.constexpr(0.0013888889225199819)    # 1/720
+EXP_C5 = tl.constexpr(0.008333333767950535)     # 1/120
+EXP_C4 = tl.constexpr(0.0416666679084301)       # 1/24
+EXP_C3 = tl.constexpr(0.1666666716337204)       # 1/6
 # log: R(z) = z*(2/3 + z*(2/5 + z*(2/7 + z*2/9)))
-LOG_C9: tl.constexpr = 0.2222222238779068       # 2/9
-LOG_C7: tl.constexpr = 0.2857142984867096       # 2/7
-LOG_C5: tl.constexpr = 0.4000000059604645       # 2/5
-LOG_C3: tl.constexpr = 0.6666666865348816       # 2/3
-SQRT2_BITS: tl.constexpr = 0x3FB504F3           # float32 sqrt(2) rounded down
-MIN_NORMAL: tl.constexpr = 1.1754943508222875e-38  # 2**-126
+LOG_C9 = tl.constexpr(0.2222222238779068)       # 2/9
+LOG_C7 = tl.constexpr(0.2857142984867096)       # 2/7
+LOG_C5 = tl.constexpr(0.4000000059604645)       # 2/5
+LOG_C3 = tl.constexpr(0.6666666865348816)       # 2/3
+SQRT2_BITS = tl.constexpr(0x3FB504F3)           # float32 sqrt(2) rounded down
+MIN_NORMAL = tl.constexpr(1.1754943508222875e-38)  # 2**-126
 
 # canonical NaN bit patterns (hal.kernels.reference.strict_math.canonical_nan)
-NAN_F32_BITS: tl.constexpr = 0x7FC00000
-NAN_BF16_BITS: tl.constexpr = 0x7FC0
-NAN_FP16_BITS: tl.constexpr = 0x7E00
+NAN_F32_BITS = tl.constexpr(0x7FC00000)
+NAN_BF16_BITS = tl.constexpr(0x7FC0)
+NAN_FP16_BITS = tl.constexpr(0x7E00)
 
 
 @triton.jit

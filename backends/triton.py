@@ -1,0 +1,118 @@
+"""The triton backend: the strict specs as Triton kernels (kernels/triton), same bits as the reference.
+
+Serves CUDA tensors. Under ``TRITON_INTERPRET=1`` (Triton >= 3.9, whose interpreter has a
+single-rounding ``tl.fma``) it also serves CPU tensors, so the conformance suite can run the real
+kernels on a machine without a GPU; it is never chosen automatically for CPU tensors (its
+``device_types`` stay ``("cuda",)``; only an explicit ``backend="triton"`` reaches CPU).
+
+Importing this module does not import triton: the kernels are imported on first use.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from importlib import metadata
+
+import torch
+
+from hal.backend import LEVELS, Backend
+from hal.spec import STRICT
+
+MIN_TRITON = (3, 6)        # GPU: enable_fp_fusion launch option, tl.fma, div_rn, sqrt_rn
+MIN_INTERPRETER = (3, 9)   # CPU interpreter: tl.fma rounds once only since 3.9
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = text.split(".")
+    digits = lambda s: int("".join(ch for ch in s if ch.isdigit()) or 0)  # noqa: E731
+    return digits(parts[0]), digits(parts[1]) if len(parts) > 1 else 0
+
+
+def _kernels():
+    from hal.kernels.triton import matmul, rms_norm, softmax, token_logprobs
+    return matmul, rms_norm, softmax, token_logprobs
+
+
+@contextlib.contextmanager
+def _on(t: torch.Tensor):
+    """Launch on the tensor's GPU (Triton launches on the current device)."""
+    if t.device.type == "cuda":
+        with torch.cuda.device(t.device):
+            yield
+    else:
+        yield
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    device_types = ("cuda",)
+    priority = 10
+    description = ("strict specs as Triton kernels (explicit fma chains, lsm1 exp/log, fusion off); CUDA, or CPU "
+                   "through TRITON_INTERPRET=1 for verification")
+    #: conformance families whose ops this backend implements under the strict policy (the attention /
+    #: GDN kernels add theirs here).
+    families = {"matmul", "rms_norm", "softmax", "token_logprobs"}
+
+    def unavailable_reason(self) -> str | None:
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (pip install 'lockstep[triton]')"
+        try:
+            version = _version(metadata.version("triton"))
+        except metadata.PackageNotFoundError:
+            version = (0, 0)
+        if _interpreting():
+            if version < MIN_INTERPRETER:
+                return (f"TRITON_INTERPRET=1 needs triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
+                        f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")
+            from hal.kernels.triton.launch import interpreter_problem
+            return interpreter_problem()
+        if version < MIN_TRITON:
+            return f"needs triton >= {'.'.join(map(str, MIN_TRITON))}; installed: {'.'.join(map(str, version))}"
+        if not torch.cuda.is_available():
+            return ("no CUDA device (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 to run the "
+                    "kernels on CPU in the Triton interpreter (verification only, slow)")
+        return None
+
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
+            reasons = [r for r in reasons if "serves devices" not in r]
+        return reasons
+
+    def claimed_levels(self, family, spec):
+        if family in self.families and spec.policy == STRICT:
+            return frozenset(LEVELS)
+        return frozenset()
+
+    def matmul(self, a, b, spec):
+        with _on(a):
+            return _kernels()[0].matmul(a, b, spec)
+
+    def linear(self, x, weight, bias, spec):
+        with _on(x):
+            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        with _on(x):
+            return _kernels()[1].rms_norm(x, weight, eps, residual, spec)
+
+    def softmax(self, x, spec):
+        with _on(x):
+            return _kernels()[2].softmax(x, spec)
+
+    def log_softmax(self, x, spec):
+        with _on(x):
+            return _kernels()[2].log_softmax(x, spec)
+
+    def logsumexp(self, x, spec):
+        with _on(x):
+            return _kernels()[2].logsumexp(x, spec)
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        with _on(hidden):
+            return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)

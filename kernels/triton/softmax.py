@@ -1,0 +1,118 @@
+"""softmax / log_softmax / logsumexp under SoftmaxSpec (strict), rows of x [R, n].
+
+Per program BR rows, three passes over each row:
+1. M = row max (exact; NaN or +inf poisons the row; a fully -inf row shifts by 0), in blocks;
+2. S = tiled sum of exp(x - M): a sequential sum from +0.0 inside each tile of T, tile partials
+   added in tile order (common.add_columns_in_order). Two layouts, same operations in the same
+   order, so the same bits: on the GPU a [BR, NTB] tile where step j loads element j of every tile;
+   in the interpreter (REG) a [BR, NTB, T] block whose exp is one operation, read back in order
+   (common.tile_sums_in_order), ~7x fewer interpreted operations. Tests run both in the interpreter;
+3. outputs in blocks: logsumexp = M + log S; log_softmax = (x - M) - log S; softmax = exp(x - M) / S.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common, strict_math as sm
+from .dtypes import tl_dtype
+from .launch import interpreting, launch
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+@triton.jit
+def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr,
+              BC: tl.constexpr, REG: tl.constexpr):
+    """(m_safe, S, empty) of rows x[base : base + n] (float32 widened): see the module docstring."""
+    cols = tl.arange(0, BC)
+    m = tl.full([BR], float("-inf"), tl.float32)
+    poisoned = tl.zeros([BR], dtype=tl.int32)
+    pos_zero = tl.zeros([BR], dtype=tl.int32)
+    for c0 in range(0, n, BC):
+        ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+        x = tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0).to(tl.float32)
+        bm, bp, bz = common.row_max(x, ok)
+        m = tl.maximum(m, bm)
+        poisoned = tl.maximum(poisoned, bp)
+        pos_zero = tl.maximum(pos_zero, bz)
+    m = common.finish_max(m, poisoned, pos_zero)
+    empty = m == float("-inf")
+    m_safe = tl.where(empty, 0.0, m)
+    tiles = tl.arange(0, NTB)
+    s = tl.zeros([BR], dtype=tl.float32)
+    for t0 in range(0, n_tiles, NTB):
+        start = (t0 + tiles) * T
+        if REG:  # one 3-D block, exp once, then the in-tile order from registers (few, large operations)
+            col3 = start[:, None] + tl.arange(0, T)[None, :]
+            ok3 = row_ok[:, None, None] & (col3 < n)[None, :, :]
+            x = tl.load(x_ptr + base[:, None, None] + col3[None, :, :], mask=ok3, other=0.0).to(tl.float32)
+            part = common.tile_sums_in_order(sm.exp(x - m_safe[:, None, None]), start, n, T, BR, NTB)
+        else:  # step j loads element j of every tile: loads do the indexing (the GPU layout)
+            part = tl.zeros([BR, NTB], dtype=tl.float32)
+            for j in range(0, tl.minimum(T, n)):
+                col = start + j
+                ok = row_ok[:, None] & (col < n)[None, :]
+                x = tl.load(x_ptr + base[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
+                part = tl.where(ok, part + sm.exp(x - m_safe[:, None]), part)
+        s = common.add_columns_in_order(s, part, tiles, tl.minimum(NTB, n_tiles - t0))
+    return m_safe, s, empty
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, MODE: tl.constexpr, T: tl.constexpr,
+                    OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, BC: tl.constexpr,
+                    REG: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    base = rows.to(tl.int64) * n
+    m_safe, s, empty = row_stats(x_ptr, base, row_ok, n, n_tiles, T, BR, NTB, BC, REG)
+    if MODE == 2:
+        out = tl.where(empty, float("-inf"), m_safe + sm.log(s))
+        tl.store(out_ptr + rows, sm.round_out(out, OUT_DTYPE), mask=row_ok)
+    else:
+        log_s = sm.log(s)
+        cols = tl.arange(0, BC)
+        for c0 in range(0, n, BC):
+            ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+            offs = base[:, None] + (c0 + cols)[None, :]
+            shifted = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - m_safe[:, None]
+            if MODE == 1:
+                out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
+            else:
+                out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None]))
+            tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE), mask=ok)
+
+
+def _blocks(rows: int, n_tiles: int, reg: bool):
+    if reg:
+        return triton.next_power_of_2(min(rows, 16)), min(16, triton.next_power_of_2(n_tiles)), 4096
+    return 4, min(64, triton.next_power_of_2(n_tiles)), 512
+
+
+def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Tensor:
+    """reg: the register layout of the tile sums (default: in the interpreter only; same bits)."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n).contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows,) if mode == LOGSUMEXP else (rows, n), dtype=x.dtype, device=x.device)
+    n_tiles = max(1, triton.cdiv(n, spec.tile))
+    if rows:
+        reg = interpreting() if reg is None else reg
+        br, ntb, bc = _blocks(rows, n_tiles, reg)
+        launch(_softmax_kernel, (triton.cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
+               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, REG=reg)
+    return out.reshape(x.shape[:-1]) if mode == LOGSUMEXP else out.reshape(x.shape)
+
+
+def softmax(x, spec, reg=None):
+    return _run(x, spec, SOFTMAX, reg)
+
+
+def log_softmax(x, spec, reg=None):
+    return _run(x, spec, LOG_SOFTMAX, reg)
+
+
+def logsumexp(x, spec, reg=None):
+    return _run(x, spec, LOGSUMEXP, reg)
