@@ -4,8 +4,6 @@ Checks (tests/triton_seq_check.py): serial and chunked (C = 16 so chunk boundari
 over two calls (varlen, GVA, L2 norm in kernel or not, initial state, open rows carried across
 calls, a one-token decode, final state), gdn_gating and gdn_causal_conv1d (varlen, conv state,
 fp32/bf16/fp16). Negative control: a chunk grid restarting at the call start is caught.
-The L2-norm case compares with the spec's correctly rounded sqrt (torch.sqrt on CPU float32 is
-not; see tests/triton_seq_check.py).
 """
 from __future__ import annotations
 

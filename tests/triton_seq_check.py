@@ -51,15 +51,15 @@ def _differs(label, pairs):
 
 # ------------------------------------------------------------------ attention
 
-ATTN_SMALL = AttentionSpec(kv_block=16, kv_split=32, dot_tile=8)
-ATTN_CASES = [  # spec, dtype, causal, window, Hq, Hkv, D
-    (ATTN_SMALL, torch.float32, True, (-1, -1), 2, 1, 12),
-    (AttentionSpec(kv_block=16, kv_split=32, dot_tile=8, p_precision="input"), torch.bfloat16, True, (20, -1), 2, 2, 16),
-    (ATTN_SMALL, torch.float16, False, (9, 5), 4, 2, 8),
+ATTN_SMALL = AttentionSpec(kv_block=8, kv_split=16, dot_tile=4)
+ATTN_CASES = [  # spec, dtype, causal, window, Hq, Hkv, D (10: a short last dot tile)
+    (ATTN_SMALL, torch.float32, True, (-1, -1), 2, 1, 10),
+    (AttentionSpec(kv_block=8, kv_split=16, dot_tile=4, p_precision="input"), torch.bfloat16, True, (11, -1), 2, 2, 8),
+    (ATTN_SMALL, torch.float16, False, (9, 5), 2, 1, 8),
 ]
 
 
-def _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=(37, 5, 0, 20), lens_k=(70, 5, 3, 41)):
+def _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=(19, 3, 0, 9), lens_k=(37, 3, 2, 20)):
     cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
     ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
     q = rnd(int(cq[-1]) + 2, hq, d).to(dt)  # two padding rows past cu_q[-1]
@@ -70,17 +70,17 @@ def _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=(37, 5, 0, 20), lens_k=(70, 5, 3,
 def attn_varlen():
     for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(ATTN_CASES):
         q, k, v, cq, ck = _varlen_inputs(_gen(i), dt, hq, hkv, d)
-        args = (q, k, v, cq, ck, 37, 70, 0.3, causal, window, spec)
+        args = (q, k, v, cq, ck, 19, 37, 0.3, causal, window, spec)
         o1, l1 = ref_attn.flash_attn_varlen_func(*args)
         o2, l2 = tri_attn.flash_attn_varlen_func(*args)
         _same(f"attn-varlen[{spec.id},{dt},causal={causal},window={window}]", [("out", o1, o2), ("lse", l1, l2)])
 
 
 def _paged_inputs(rnd, dt, hkv, d, page=7, bsz=3, sq=2):
-    seqlens = torch.tensor([70, 2, 41])
-    n_pages = bsz * 11 + 3
+    seqlens = torch.tensor([40, 2, 23])
+    n_pages = bsz * 6 + 3
     kc, vc = rnd(n_pages, page, hkv, d).to(dt), rnd(n_pages, page, hkv, d).to(dt)
-    table = torch.randperm(n_pages, generator=torch.Generator().manual_seed(5))[: bsz * 11].reshape(bsz, 11)
+    table = torch.randperm(n_pages, generator=torch.Generator().manual_seed(5))[: bsz * 6].reshape(bsz, 6)
     return kc, vc, seqlens, table.to(torch.int32), sq
 
 
@@ -93,7 +93,7 @@ def attn_kvcache():
         for ns in (0, 3):
             o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, ns, spec)
             _same(f"attn-paged[{dt},page=7,num_splits={ns}]", [("out", o1, o2), ("lse", l1, l2)])
-        kc2, vc2 = rnd(3, 80, hkv, d).to(dt), rnd(3, 80, hkv, d).to(dt)
+        kc2, vc2 = rnd(3, 45, hkv, d).to(dt), rnd(3, 45, hkv, d).to(dt)
         q1 = q[:, -1:].contiguous()  # decode: one query row
         o1, l1 = ref_attn.flash_attn_with_kvcache(q1, kc2, vc2, seqlens, None, 0.25, causal, window, 0, spec)
         o2, l2 = tri_attn.flash_attn_with_kvcache(q1, kc2, vc2, seqlens, None, 0.25, causal, window, 2, spec)
@@ -118,14 +118,6 @@ def attn_negative():
 # ------------------------------------------------------------------ gated delta rule
 
 
-def _l2_correct_sqrt(x, t):
-    """The spec's L2 norm with a correctly rounded sqrt. torch.sqrt on CPU float32 is not correctly
-    rounded (~0.6% of inputs); until the reference uses its strict sqrt, compare against this."""
-    ss = ref_gdn.dot(x.unsqueeze(-1), x.unsqueeze(-1), t)
-    return x / torch.sqrt((ss + torch.tensor(ref_gdn.EPS_L2, dtype=torch.float32)).double()).float()
-
-
-ref_gdn.l2norm = _l2_correct_sqrt
 GDN_CASES = [  # dtype, H, HV, dk, dv, l2
     (torch.float32, 1, 2, 12, 10, True),
     (torch.bfloat16, 2, 2, 12, 8, False),
@@ -161,8 +153,8 @@ def _gdn_two_calls(variant, chunk, label_extra=""):
     for i, (dt, h, hv, dk, dv, l2) in enumerate(GDN_CASES):
         spec = GatedDeltaRuleSpec(variant=variant, chunk=chunk, dk_tile=8)
         rnd = _gen(30 + i)
-        x1, cu1 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (37, 5, 20))
-        x2, cu2 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (3, 1, 30))
+        x1, cu1 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (21, 3, 9))
+        x2, cu2 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (3, 1, 25))
         S0 = rnd(3, hv, dk, dv, scale=0.1)
         parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), S0, None, None, None, None, None)
         o1, p1 = ref_gdn.gated_delta_rule(*x1, 0.3, parts, cu1, l2, spec, True)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
+from hal.kernels.reference.strict_math import canonical_nan
 from . import strict_math as sm
 from .launch import launch
 
@@ -291,7 +292,9 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
                    WANT_FINAL=bool(want_final))
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
-    return from_padded(o, cu_seqlens).to(v.dtype), new
+    # the strict policy's last step: one NaN pattern per dtype in the output and every state part
+    new = Parts(*(x if x is None or not x.is_floating_point() else canonical_nan(x) for x in new))
+    return canonical_nan(from_padded(o, cu_seqlens).to(v.dtype)), new
 
 
 # ------------------------------------------------------------------ Qwen3-Next gates and conv1d
@@ -380,4 +383,4 @@ def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
                HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd)
     idx = (lengths[:, None] + torch.arange(kw - 1)[None, :]).to(x.device)
     state = rows[torch.arange(n, device=x.device)[:, None], idx]
-    return from_padded(y, cu_seqlens), state
+    return from_padded(y, cu_seqlens), canonical_nan(state)
