@@ -28,7 +28,7 @@ from .launch import launch
 
 F32 = torch.float32
 EPS_L2 = 1e-6
-EPS: tl.constexpr = 9.999999974752427e-07  # float32(1e-6), exact
+EPS = tl.constexpr(9.999999974752427e-07)  # float32(1e-6), exact
 #: Negative control for the tests only: restart the chunk grid at every call (ignore the open rows).
 _RESTART_GRID_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
