@@ -4,7 +4,8 @@ Checks (tests/triton_seq_check.py): varlen (GQA/MQA, causal, sliding window, non
 right window, p_precision "input", fp32/bf16/fp16, padding rows, an empty sequence) and the KV cache
 (paged with page size 7 and a shuffled block table, contiguous, decode, num_splits 0/2/3), with
 spec tiles small enough that every block, split and dot tile boundary is crossed. Negative
-control: the split partials merged in reverse order are caught. ~1-2 min on 2 cores.
+control: the split partials merged in reverse order are caught.
+Default: the first case of each check (CI); LOCKSTEP_FULL=1 pytest ... runs every dtype / mode.
 """
 from __future__ import annotations
 

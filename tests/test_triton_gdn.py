@@ -4,6 +4,7 @@ Checks (tests/triton_seq_check.py): serial and chunked (C = 16 so chunk boundari
 over two calls (varlen, GVA, L2 norm in kernel or not, initial state, open rows carried across
 calls, a one-token decode, final state), gdn_gating and gdn_causal_conv1d (varlen, conv state,
 fp32/bf16/fp16). Negative control: a chunk grid restarting at the call start is caught.
+Default: the first case of each check (CI); LOCKSTEP_FULL=1 pytest ... runs every dtype / mode.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_attention.py and
 tests/test_triton_gdn.py (Triton decides interpreter or compiler when a kernel module is imported).
 Usage: python tests/triton_seq_check.py CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
+CI runs the first case of each check; LOCKSTEP_FULL=1 runs every dtype / mode.
 Shapes are small but cross every block, split, dot tile and chunk boundary of the specs used.
 """
 from __future__ import annotations
@@ -23,6 +24,13 @@ from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
 FAILED = []
+#: LOCKSTEP_FULL=1: every case of each check (all dtypes / modes); default: the first case of each,
+#: which still crosses every block, split, dot-tile and chunk boundary (the CI set).
+FULL = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
+
+
+def _pick(cases):
+    return cases if FULL else cases[:1]
 
 
 def _gen(seed):
@@ -68,7 +76,7 @@ def _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=(19, 3, 0, 9), lens_k=(37, 3, 2, 
 
 
 def attn_varlen():
-    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(ATTN_CASES):
+    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(_pick(ATTN_CASES)):
         q, k, v, cq, ck = _varlen_inputs(_gen(i), dt, hq, hkv, d)
         args = (q, k, v, cq, ck, 19, 37, 0.3, causal, window, spec)
         o1, l1 = ref_attn.flash_attn_varlen_func(*args)
@@ -85,7 +93,7 @@ def _paged_inputs(rnd, dt, hkv, d, page=7, bsz=3, sq=2):
 
 
 def attn_kvcache():
-    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(ATTN_CASES[:2]):
+    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(_pick(ATTN_CASES[:2])):
         rnd = _gen(10 + i)
         kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
         q = rnd(3, sq, hq, d).to(dt)
@@ -150,7 +158,7 @@ def _parts_pairs(p1, p2):
 def _gdn_two_calls(variant, chunk, label_extra=""):
     """Call 1 from a random initial state; call 2 continues from call 1's state (open rows crossing a
     chunk boundary, a 1-token decode, an empty sequence)."""
-    for i, (dt, h, hv, dk, dv, l2) in enumerate(GDN_CASES):
+    for i, (dt, h, hv, dk, dv, l2) in enumerate(_pick(GDN_CASES)):
         spec = GatedDeltaRuleSpec(variant=variant, chunk=chunk, dk_tile=8)
         rnd = _gen(30 + i)
         x1, cu1 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (21, 3, 9))
@@ -192,7 +200,7 @@ def gdn_negative():
 
 
 def gdn_layer():
-    for i, dt in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+    for i, dt in enumerate(_pick([torch.float32, torch.bfloat16, torch.float16])):
         rnd = _gen(50 + i)
         A_log, dtb = rnd(6), rnd(6)
         a, b = rnd(2, 30, 6, scale=4.0).to(dt), rnd(2, 30, 6, scale=4.0).to(dt)
