@@ -288,7 +288,9 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     stride_kt, stride_kh = (k.stride(1), k.stride(2)) if paged else (k.stride(0), k.stride(1))
     left, right = window
     n_splits = max(1, -(-max_k // spec.kv_split))
-    one_split = num_splits > 1 and n_splits > 1
+    # split-KV (one program per split + merge kernel) when asked, and by default for decode-sized query
+    # tiles, where (sequence, head) programs alone would leave most of the GPU idle; bits are the same
+    one_split = n_splits > 1 and (num_splits > 1 or (num_splits == 0 and max_q <= 16))
     meta = dict(HQ=hq, D=d, BLOCK_M=bm, BLOCK_D=bd)
     common = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
                   OUT=_TL[q.dtype], PAGED=paged, GROUP=group, **meta)
