@@ -80,14 +80,14 @@ def dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok
 
 
 @triton.jit
-def tile_sums_in_order(v, start, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
-    """[BR, NTB] sequential sums from +0.0 over the last axis of v [BR, NTB, T] (elements at or past n,
-    by column index start[t] + j, are skipped). Each element is read exactly through an integer
-    masked sum: used where a register tile is cheaper than re-loading (the interpreter's layout)."""
+def nonneg_sums_in_order(v, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
+    """[BR, NTB] sequential sums from +0.0 over the last axis of v [BR, NTB, T], whose terms are all
+    >= +0.0 (or NaN) and whose elements past the end hold +0.0. Adding such a +0.0 is then an exact
+    identity (a partial is +0.0 or positive), so no skip mask is needed. Each element is read
+    exactly through an integer masked sum (the interpreter's register layout)."""
     bits = v.to(tl.int32, bitcast=True)
     jidx = tl.arange(0, T)
     s = tl.zeros([BR, NTB], dtype=tl.float32)
     for j in range(0, tl.minimum(T, n)):
-        vj = tl.sum(tl.where(jidx[None, None, :] == j, bits, 0), axis=2).to(tl.float32, bitcast=True)
-        s = tl.where(((start + j) < n)[None, :], s + vj, s)
+        s = s + tl.sum(tl.where(jidx[None, None, :] == j, bits, 0), axis=2).to(tl.float32, bitcast=True)
     return s

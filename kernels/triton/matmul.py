@@ -1,7 +1,10 @@
 """matmul / linear under MatmulSpec (strict): one program computes a [BM, BN] tile of outputs.
 
 Every output is its own sequential fma chain (common.dot_k_tiled), so the bits do not depend on
-BM/BN, the grid or the batch: block sizes are chosen for speed only. No ``tl.dot``: on bf16/fp16
+BM/BN, the grid or the batch: block sizes are chosen for speed only. Up to 16 rows (decode) a
+second kernel pair also runs the K tiles of each output in parallel (independent chains, partials
+combined in tile order by a second kernel): the same operations in the same order, so the same
+bits; the conformance L1 row-subset checks compare the two paths (33 rows vs 1 / 16 of them). No ``tl.dot``: on bf16/fp16
 it is a tensor-core tree, and even fp32 ``ieee`` dots get fused across K tiles by Triton's combiner.
 """
 from __future__ import annotations
@@ -32,6 +35,73 @@ def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
     tl.store(ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_k, sb_n,
+                          KT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr):
+    """Few rows (decode): the K tiles are independent chains, so they run in parallel too.
+
+    [BM, BN, NKT] partials: step j does element j of every K tile (fma chain from +0.0; a step past
+    K keeps the partial as it is), then each tile's partial goes to scratch [n_kt, M, N].
+    """
+    rows = tl.arange(0, BM)
+    row_ok = rows < M
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    tiles = tl.program_id(1) * NKT + tl.arange(0, NKT)
+    k0 = tiles.to(tl.int64) * KT
+    a_p = a_ptr + rows.to(tl.int64)[:, None] * sa_m + k0[None, :] * sa_k
+    b_p = b_ptr + cols.to(tl.int64)[:, None] * sb_n + k0[None, :] * sb_k
+    part = tl.zeros([BM, BN, NKT], dtype=tl.float32)
+    for j in range(0, tl.minimum(KT, K)):
+        kv = (k0 + j) < K
+        a = tl.load(a_p, mask=row_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
+        b = tl.load(b_p, mask=col_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
+        part = tl.where(kv[None, None, :], tl.fma(a[:, None, :], b[None, :, :], part), part)
+        a_p += sa_k
+        b_p += sb_k
+    offs = tiles.to(tl.int64)[None, None, :] * M * N + rows[:, None, None] * N + cols[None, :, None]
+    ok = row_ok[:, None, None] & col_ok[None, :, None] & (tiles < n_kt)[None, None, :]
+    tl.store(part_ptr + offs, part, mask=ok)
+
+
+@triton.jit
+def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, HAS_BIAS: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """K-tile partials added in tile order from +0.0, bias once, one rounding to the output dtype."""
+    rows = tl.arange(0, BM)
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    p = part_ptr + rows[:, None] * N + cols[None, :]
+    total = tl.zeros([BM, BN], dtype=tl.float32)
+    for t in range(0, n_kt):
+        total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
+    if HAS_BIAS:
+        total = total + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
+    tl.store(ptrs, sm.round_out(total, OUT_DTYPE), mask=ok)
+
+
+GEMV_MAX_ROWS = 16
+
+
+def _gemv(a2, b_kn, bias, k_tile, out):
+    m, k = a2.shape
+    n = b_kn.shape[1]
+    n_kt = max(1, triton.cdiv(k, k_tile))
+    bm = max(2, triton.next_power_of_2(m))
+    if interpreting():
+        bn, nkt = max(2, triton.next_power_of_2(min(n, 256))), triton.next_power_of_2(n_kt)
+    else:
+        bn, nkt = 32, min(8, triton.next_power_of_2(n_kt))
+    part = torch.empty((n_kt, m, n), dtype=torch.float32, device=a2.device)
+    launch(_gemv_partials_kernel, (triton.cdiv(n, bn), triton.cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
+           a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt)
+    bn2 = max(2, triton.next_power_of_2(min(n, 1024 if interpreting() else 128)))
+    launch(_gemv_combine_kernel, (triton.cdiv(n, bn2),), part, bias if bias is not None else part, out, m, n, n_kt,
+           out.stride(0), out.stride(1), HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn2)
+    return out
+
+
 def _blocks(m: int, n: int) -> tuple[int, int]:
     if interpreting():  # the interpreter pays per operation, not per element: few large programs
         return max(16, triton.next_power_of_2(min(m, 128))), max(16, triton.next_power_of_2(min(n, 256)))
@@ -46,6 +116,8 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
     out = torch.empty((m, n), dtype=out_dtype, device=a2.device)
     if m == 0 or n == 0:
         return out
+    if m <= GEMV_MAX_ROWS:
+        return _gemv(a2, b_kn, bias, k_tile, out)
     bm, bn = _blocks(m, n)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     launch(_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
@@ -57,12 +129,12 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
     """a [..., M, K] @ b [K, N] -> [..., M, N] in a's dtype."""
     lead, k = a.shape[:-1], a.shape[-1]
-    out = _mm2d(a.reshape(-1, k), b, None, spec.k_tile, a.dtype)
+    out = _mm2d(a.reshape(lead.numel(), k), b, None, spec.k_tile, a.dtype)
     return out.reshape(*lead, b.shape[1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T + bias[N] -> [..., N] in x's dtype; bias added once in float32."""
     lead, k = x.shape[:-1], x.shape[-1]
-    out = _mm2d(x.reshape(-1, k), weight.t(), bias, spec.k_tile, x.dtype)
+    out = _mm2d(x.reshape(lead.numel(), k), weight.t(), bias, spec.k_tile, x.dtype)
     return out.reshape(*lead, weight.shape[0])

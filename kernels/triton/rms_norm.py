@@ -29,14 +29,15 @@ def _load_h(x_ptr, r_ptr, offs, mask, HAS_RES: tl.constexpr, OUT_DTYPE: tl.const
 
 
 @triton.jit
-def _fma_chains(h, start, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
-    """[BR, NTB] chains part = fma(h_j, h_j, part) from +0.0 over j of h [BR, NTB, T] (j past n skipped)."""
+def _square_chains(h, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
+    """[BR, NTB] chains part = fma(h_j, h_j, part) from +0.0 over j of h [BR, NTB, T]. Elements past
+    the end hold +0.0: fma(0, 0, part) = part exactly, as every partial is +0.0 or positive (or NaN)."""
     bits = h.to(tl.int32, bitcast=True)
     jidx = tl.arange(0, T)
     part = tl.zeros([BR, NTB], dtype=tl.float32)
     for j in range(0, tl.minimum(T, n)):
         hj = tl.sum(tl.where(jidx[None, None, :] == j, bits, 0), axis=2).to(tl.float32, bitcast=True)
-        part = tl.where(((start + j) < n)[None, :], tl.fma(hj, hj, part), part)
+        part = tl.fma(hj, hj, part)
     return part
 
 
@@ -55,7 +56,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, n_tiles,
             col3 = start[:, None] + tl.arange(0, T)[None, :]
             ok3 = row_ok[:, None, None] & (col3 < H)[None, :, :]
             h = _load_h(x_ptr, r_ptr, base[:, None, None] + col3[None, :, :], ok3, HAS_RES, OUT_DTYPE)
-            part = _fma_chains(h, start, H, T, BR, NTB)
+            part = _square_chains(h, H, T, BR, NTB)
         else:  # GPU layout: step j loads element j of every tile
             part = tl.zeros([BR, NTB], dtype=tl.float32)
             for j in range(0, tl.minimum(T, H)):
@@ -84,8 +85,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
 
     reg: the register layout of the sum of squares (default: in the interpreter only; same bits)."""
     hdim = x.shape[-1]
-    x2 = x.reshape(-1, hdim).contiguous()
-    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
+    x2 = x.reshape(x.shape[:-1].numel(), hdim).contiguous()
+    r2 = residual.reshape(x2.shape).contiguous() if residual is not None else x2
     rows = x2.shape[0]
     y = torch.empty_like(x2)
     h = torch.empty_like(x2) if residual is not None else y
@@ -94,7 +95,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
     if rows and hdim:
         reg = interpreting() if reg is None else reg
         if reg:
-            br, ntb, bh = triton.next_power_of_2(min(rows, 16)), min(16, triton.next_power_of_2(n_tiles)), 1024
+            br, ntb, bh = triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 1024
         else:
             br, ntb, bh = 4, min(32, triton.next_power_of_2(n_tiles)), 256
         launch(_rms_norm_kernel, (triton.cdiv(rows, br),), x2, r2, weight.contiguous(), y, h, rows, hdim,

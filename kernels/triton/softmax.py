@@ -6,7 +6,7 @@ Per program BR rows, three passes over each row:
    added in tile order (common.add_columns_in_order). Two layouts, same operations in the same
    order, so the same bits: on the GPU a [BR, NTB] tile where step j loads element j of every tile;
    in the interpreter (REG) a [BR, NTB, T] block whose exp is one operation, read back in order
-   (common.tile_sums_in_order), ~7x fewer interpreted operations. Tests run both in the interpreter;
+   (common.nonneg_sums_in_order), ~7x fewer interpreted operations. Tests run both in the interpreter;
 3. outputs in blocks: logsumexp = M + log S; log_softmax = (x - M) - log S; softmax = exp(x - M) / S.
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
             col3 = start[:, None] + tl.arange(0, T)[None, :]
             ok3 = row_ok[:, None, None] & (col3 < n)[None, :, :]
             x = tl.load(x_ptr + base[:, None, None] + col3[None, :, :], mask=ok3, other=0.0).to(tl.float32)
-            part = common.tile_sums_in_order(sm.exp(x - m_safe[:, None, None]), start, n, T, BR, NTB)
+            e = tl.where(ok3, sm.exp(x - m_safe[:, None, None]), 0.0)
+            part = common.nonneg_sums_in_order(e, n, T, BR, NTB)
         else:  # step j loads element j of every tile: loads do the indexing (the GPU layout)
             part = tl.zeros([BR, NTB], dtype=tl.float32)
             for j in range(0, tl.minimum(T, n)):
@@ -87,14 +88,14 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, MODE: tl.constexpr, T: tl.con
 
 def _blocks(rows: int, n_tiles: int, reg: bool):
     if reg:
-        return triton.next_power_of_2(min(rows, 16)), min(16, triton.next_power_of_2(n_tiles)), 4096
+        return triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 4096
     return 4, min(64, triton.next_power_of_2(n_tiles)), 512
 
 
 def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Tensor:
     """reg: the register layout of the tile sums (default: in the interpreter only; same bits)."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n).contiguous()
+    x2 = x.reshape(x.shape[:-1].numel(), n).contiguous()
     rows = x2.shape[0]
     out = torch.empty((rows,) if mode == LOGSUMEXP else (rows, n), dtype=x.dtype, device=x.device)
     n_tiles = max(1, triton.cdiv(n, spec.tile))

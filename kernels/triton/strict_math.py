@@ -65,6 +65,15 @@ def sqrt(x):
 
 
 @triton.jit
+def floor_small(x):
+    """floor(x) for float32 |x| < 2**31 (NaN: unspecified). tl.floor lowers to cvt.rmi.ftz.f32 (flush to
+    zero) on NVIDIA GPUs; truncation to an integer and a correction step are exact and never flush.
+    Like torch.floor for the operands lsm1 has (never -0.0: fma(x, log2e, 0.5) cannot round to -0.0)."""
+    t = x.to(tl.int32).to(tl.float32)  # toward zero, exact for |x| < 2**31
+    return tl.where(t > x, t - 1.0, t)
+
+
+@triton.jit
 def _pow2(k):
     """2**k as float32 for integer-valued float32 k in [-126, 127], from its bits (exact)."""
     return ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
@@ -74,7 +83,7 @@ def _pow2(k):
 def exp(x):
     """lsm1 exp (reference ``exp``): exp(NaN) = NaN, exp(-inf) = 0, exp(+inf) = inf."""
     xc = tl.minimum(tl.maximum(x, -110.0), 100.0)
-    k = tl.floor(tl.fma(xc, LOG2E, 0.5))
+    k = floor_small(tl.fma(xc, LOG2E, 0.5))
     r = tl.fma(-k, LN2_HI, xc)
     r = tl.fma(-k, LN2_LO, r)
     p = tl.fma(EXP_C7 + tl.zeros_like(r), r, EXP_C6)
@@ -85,7 +94,7 @@ def exp(x):
     p = tl.fma(p, r, 1.0)
     p = tl.fma(p, r, 1.0)
     # 2**k in two exact steps so that only the last product can round (subnormal results)
-    k1 = tl.floor(k * 0.5)
+    k1 = floor_small(k * 0.5)
     y = (p * _pow2(k1)) * _pow2(k - k1)
     return tl.where(x != x, x, y)
 

@@ -95,13 +95,9 @@ def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_ti
     tiles, vidx, v_ok = _vocab_block(tl.program_id(1), V, NTB, VT)
     x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT)
     shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
-    e = sm.exp(x - shift[:, None, None]).to(tl.int32, bitcast=True)
-    jidx = tl.arange(0, VT)
-    s = tl.zeros([BR, NTB], dtype=tl.float32)
-    for j in range(0, VT):
-        # element j of every vocab tile, read exactly through an integer masked sum (one term)
-        ej = tl.sum(tl.where(jidx[None, None, :] == j, e, 0), axis=2).to(tl.float32, bitcast=True)
-        s = tl.where(((tiles * VT + j) < V)[None, :], s + ej, s)  # past the vocab end: skipped
+    # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
+    e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
+    s = common.nonneg_sums_in_order(e, V, VT, BR, NTB)
     out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
     tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
 
@@ -146,7 +142,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
                    spec) -> torch.Tensor:
     """float32 log p(tokens[n] | hidden[n]) for hidden [..., H], weight [V, H], tokens [...] int."""
     lead, hdim = hidden.shape[:-1], hidden.shape[-1]
-    h2 = hidden.reshape(-1, hdim).contiguous()
+    h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim).contiguous()
     w = weight.contiguous()
     tok = tokens.reshape(-1).to(torch.int64).contiguous()
     rows, vocab = h2.shape[0], w.shape[0]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The triton backend on a real GPU, in one go (~5-8 minutes on one H200). Nothing is installed.
+#
+#   bash benchmarks/gpu_check.sh OUT_DIR        (or OUT=OUT_DIR bash benchmarks/gpu_check.sh)
+#
+# Writes to OUT_DIR: env.txt, lint.txt (PTX/TTIR lint with the GPU's own Triton), conformance.json /
+# conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
+# (lockstep triton vs stock torch, CUDA events, median), log.txt. Every step is time-boxed; a failing
+# step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
+# and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
+set -u
+cd "$(dirname "$0")/.."
+OUT="${1:-${OUT:-gpu-check-out}}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python}"
+FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs}"
+CONF_ARGS="${CONF_ARGS:-}"          # e.g. --quick
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+step() {  # step NAME SECONDS OUTFILE CMD...
+  local name=$1 secs=$2 file=$3; shift 3
+  log "start $name (limit ${secs}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$secs" "$@" > "$OUT/$file" 2>&1
+  local rc=$?
+  log "end $name rc=$rc ($((SECONDS - t0))s)$([ $rc = 124 ] && echo ' TIMED OUT')"
+}
+
+{ nvidia-smi || true
+  "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__); print(torch.cuda.get_device_name())"
+  "$PY" -m hal.cli info
+} > "$OUT/env.txt" 2>&1
+
+step lint 90 lint.txt "$PY" -m hal.kernels.triton.lint
+# shellcheck disable=SC2086
+step conformance "${CONF_TIMEOUT:-240}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
+  --device cuda --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
+step bench "${BENCH_TIMEOUT:-180}" bench.txt "$PY" -m benchmarks.triton_bench --csv "$OUT/bench.csv"
+log "done"

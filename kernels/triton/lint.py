@@ -1,0 +1,188 @@
+"""Lint of the strict Triton kernels without a GPU: compile to TTIR and PTX for sm_80 / sm_90, reject
+what would break the bits.
+
+    python -m hal.kernels.triton.lint            # CI set: a few kernels x 2 targets
+    python -m hal.kernels.triton.lint --full     # every strict kernel and variant
+
+PTX rules (a strict kernel may only use correctly rounded IEEE operations):
+  ``.approx`` (ex2/lg2/sin/rcp/sqrt/rsqrt approximations, ``div.approx``), ``.ftz`` (flush to zero),
+  ``div.full`` (what ``/`` lowers to: approximate), ``ex2``/``lg2`` (tl.exp/tl.log), ``mma``/``wgmma``
+  (tensor cores: tree sums), float atomics (``atom``/``red`` on f16/bf16/f32/f64: order-dependent),
+  and any float ``add/sub/mul/fma/mad`` without ``.rn`` (ptxas may contract those into an fma).
+TTIR / metadata rules: compiled with fp fusion off (the launcher's options), and no ``tt.dot`` whose
+accumulator is not a zero constant (Triton's combiner folds ``acc + dot`` into one chain across tiles).
+
+Needs triton only (no CUDA driver): ``triton.compile(ASTSource(...), target=GPUTarget(...))``.
+Not available under TRITON_INTERPRET=1 (kernels are then interpreter objects, not compilable).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .launch import STRICT_OPTIONS
+
+TARGETS = {"sm80": GPUTarget("cuda", 80, 32), "sm90": GPUTarget("cuda", 90, 32)}
+
+_FLOAT_TYPES = r"(?:f16|bf16|f32|f64|f16x2|bf16x2)"
+PTX_RULES = [
+    ("approximate instruction (.approx)", re.compile(r"\.approx\b")),
+    ("flush to zero (.ftz)", re.compile(r"\.ftz\b")),
+    ("approximate division (div.full)", re.compile(r"^\s*(?:@!?%p\d+\s+)?div\.full\b", re.M)),
+    ("hardware exp2/log2 (ex2/lg2)", re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ex2|lg2)\.", re.M)),
+    ("tensor-core instruction (mma/wgmma)", re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:wgmma|mma)\.", re.M)),
+    ("float atomic (order-dependent sum)",
+     re.compile(rf"^\s*(?:@!?%p\d+\s+)?(?:atom|red)(?:\.[a-z0-9_]+)*\.{_FLOAT_TYPES}\b", re.M)),
+]
+_ARITH = re.compile(rf"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|fma|mad)(?:\.[a-z0-9_]+)*\.{_FLOAT_TYPES})\b", re.M)
+
+
+def ptx_problems(ptx: str) -> list[str]:
+    """Each rule the PTX breaks, with the first offending instruction."""
+    out = []
+    for what, rx in PTX_RULES:
+        m = rx.search(ptx)
+        if m:
+            line = ptx[ptx.rfind("\n", 0, m.start()) + 1: ptx.find("\n", m.end())].strip()
+            out.append(f"{what}: {line}")
+    for m in _ARITH.finditer(ptx):
+        if ".rn." not in m.group(1) + ".":
+            out.append(f"float arithmetic without .rn (may be contracted): {m.group(1)}")
+            break
+    return out
+
+
+_DOT = re.compile(r"tt\.dot\s+(%[\w#]+),\s*(%[\w#]+),\s*(%[\w#]+)")
+
+
+def ttir_problems(ttir: str, fp_fusion: bool) -> list[str]:
+    out = []
+    if fp_fusion:
+        out.append("compiled with fp fusion ON (a*b + c becomes one fma): launch with enable_fp_fusion=False")
+    for m in _DOT.finditer(ttir):
+        acc = m.group(3)
+        define = re.search(rf"^\s*{re.escape(acc)}\s*=\s*(.*)$", ttir, re.M)
+        rhs = define.group(1) if define else ""
+        if not re.match(r"arith\.constant dense<0\.0+e\+00>", rhs):
+            out.append(f"tt.dot with a non-zero accumulator {acc} (= {rhs[:60] or 'block argument'}): "
+                       "one fma chain across K tiles")
+    return out
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity (lru_cache of compiles)
+class KernelCase:
+    name: str
+    fn: object
+    signature: dict
+    constexprs: dict = field(default_factory=dict)
+
+    def source(self) -> ASTSource:
+        sig = dict(self.signature)
+        sig.update({k: "constexpr" for k in self.constexprs})
+        return ASTSource(self.fn, sig, dict(self.constexprs))
+
+
+@functools.lru_cache(maxsize=None)
+def compile_case(case: KernelCase, target: str, fp_fusion: bool = False):
+    options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
+    return triton.compile(case.source(), target=TARGETS[target], options=options)
+
+
+def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> list[str]:
+    """Problems of one kernel on one target (compiled with the launcher's STRICT_OPTIONS)."""
+    fusion = STRICT_OPTIONS["enable_fp_fusion"] if options_fusion is None else options_fusion
+    k = compile_case(case, target, fusion)
+    return ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion)) + ptx_problems(k.asm["ptx"])
+
+
+def _ptrs(dtype: str, *names: str) -> dict:
+    return {n: f"*{dtype}" for n in names}
+
+
+def _ints(*names: str) -> dict:
+    return {n: "i32" for n in names}
+
+
+def strict_kernels(full: bool = False) -> list[KernelCase]:
+    """The strict kernels with representative constexprs; full adds every dtype / mode variant."""
+    from . import matmul, rms_norm, softmax, token_logprobs as tlp
+    cases = []
+    for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
+        cases.append(KernelCase(
+            f"matmul[{dt}]", matmul._matmul_kernel,
+            {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
+             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
+            {"HAS_BIAS": True, "KT": 64, "OUT_DTYPE": tdt, "BM": 16, "BN": 64}))
+        cases.append(KernelCase(
+            f"matmul.gemv_partials[{dt}]", matmul._gemv_partials_kernel,
+            {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
+             **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n")},
+            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8}))
+        if full:
+            cases.append(KernelCase(
+                f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,
+                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"), **_ints("M", "N", "n_kt", "so_m", "so_n")},
+                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128}))
+        cases.append(KernelCase(
+            f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
+            {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "eps": "fp32",
+             "n_tiles": "i32"},
+            {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 16, "BH": 256, "REG": False}))
+        for mode in ((softmax.SOFTMAX,) + ((softmax.LOG_SOFTMAX, softmax.LOGSUMEXP) if full else ())):
+            cases.append(KernelCase(
+                f"softmax[{dt},mode{mode}]", softmax._softmax_kernel,
+                {**_ptrs(dt, "x_ptr", "out_ptr"), **_ints("R", "n", "n_tiles")},
+                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 64, "BC": 512, "REG": False}))
+    dt = "bf16"
+    lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
+    cases.append(KernelCase(
+        "token_logprobs.finish", tlp._finish_kernel,
+        {**lm, "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
+         "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32"},
+        {"HAS_TEMP": True, "KT": 64, "BR": 16}))
+    if full:
+        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16, "NTB": 1, "VT": 256}
+        cases.append(KernelCase(
+            "token_logprobs.max", tlp._max_kernel,
+            {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),
+             "temp": "fp32", "n_chunks": "i32"}, blk))
+        cases.append(KernelCase(
+            "token_logprobs.stats", tlp._stats_kernel,
+            {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
+             **_ints("R", "n_chunks")}, {"BR": 16, "BC": 64}))
+        cases.append(KernelCase(
+            "token_logprobs.sum", tlp._sum_kernel,
+            {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
+             "n_tiles": "i32"}, blk))
+    return cases
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hal.kernels.triton.lint", description=__doc__.split("\n")[0])
+    p.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
+    p.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
+    args = p.parse_args(argv)
+    bad = 0
+    for case in strict_kernels(args.full):
+        for target in args.targets:
+            t0 = time.perf_counter()
+            problems = lint(case, target)
+            bad += bool(problems)
+            state = "ok" if not problems else "FAIL"
+            print(f"{state:4} {case.name:<28} {target}  ({time.perf_counter() - t0:.1f} s)")
+            for pr in problems:
+                print(f"     - {pr}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The triton backend's registration and availability rules (no kernel runs here; fast)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hal
+from hal.spec import DEFAULTS
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_importing_hal_does_not_import_triton():
+    code = ("import sys, hal; b = hal.get_backend('triton'); b.unavailable_reason(); b.ops(); "
+            "print('triton' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PATH": "", "PYTHONPATH": ".", "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_registered_and_claims_its_families():
+    b = hal.get_backend("triton")
+    assert b.device_types == ("cuda",)
+    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs"):
+        assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
+    assert b.claimed_levels("attention", DEFAULTS["attention"]) == frozenset()  # not implemented here
+
+
+def test_never_chosen_automatically_for_cpu_tensors(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    chosen = hal.select("matmul", DEFAULTS["matmul"], torch.float32, torch.device("cpu"))
+    assert chosen.name == "reference"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_unavailable_reason_without_gpu_or_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    why = hal.get_backend("triton").unavailable_reason()
+    if HAS_TRITON:
+        assert "no CUDA device" in why and "TRITON_INTERPRET=1" in why
+    else:
+        assert "not installed" in why
+    with pytest.raises(hal.UnsupportedError, match="triton"):
+        hal.matmul(torch.ones(2, 2), torch.ones(2, 2), backend="triton")

@@ -1,0 +1,120 @@
+"""PTX / TTIR lint of the strict Triton kernels (no GPU needed), each rule with a negative control.
+
+CI compiles a few strict kernels for sm_80 and sm_90 (Triton caches compiles on disk); every kernel
+and variant: ``python -m hal.kernels.triton.lint --full``.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    pytest.skip("the lint compiles kernels; under TRITON_INTERPRET=1 they are interpreter objects",
+                allow_module_level=True)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hal.kernels.triton import lint  # noqa: E402
+
+
+@pytest.mark.parametrize("case", lint.strict_kernels(full=False), ids=lambda c: c.name)
+@pytest.mark.parametrize("target", ["sm80", "sm90"])
+def test_strict_kernel_passes_lint(case, target):
+    assert lint.lint(case, target) == []
+
+
+# ------------------------------------------------------------------ negative controls
+
+
+@triton.jit
+def _slash_div(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i) / tl.load(y_ptr + i))
+
+
+@triton.jit
+def _tl_exp(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.exp(tl.load(x_ptr + i)))
+
+
+@triton.jit
+def _tl_sqrt(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.sqrt(tl.load(x_ptr + i)))
+
+
+@triton.jit
+def _tl_floor(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.floor(tl.load(x_ptr + i)))
+
+
+@triton.jit
+def _mul_add(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i)
+    tl.store(out_ptr + i, x * tl.load(y_ptr + i) + x)
+
+
+@triton.jit
+def _atomic_sum(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.atomic_add(out_ptr, tl.sum(tl.load(x_ptr + i), axis=0))
+
+
+@triton.jit
+def _bf16_dot(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    offs = i[:, None] * BLOCK + i[None, :]
+    a = tl.load(x_ptr + offs)
+    b = tl.load(y_ptr + offs)
+    tl.store(out_ptr + offs, tl.dot(a, b))
+
+
+@triton.jit
+def _dot_chain(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    offs = i[:, None] * BLOCK + i[None, :]
+    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    for k in range(0, 4):
+        a = tl.load(x_ptr + offs + k * BLOCK * BLOCK)
+        b = tl.load(y_ptr + offs + k * BLOCK * BLOCK)
+        acc = tl.dot(a, b, acc, input_precision="ieee")  # one chain across K tiles: not the spec's order
+    tl.store(out_ptr + offs, acc)
+
+
+def _case(fn, dtype="fp32", block=128):
+    return lint.KernelCase(fn.__name__, fn, {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "out_ptr": "*fp32"},
+                           {"BLOCK": block})
+
+
+@pytest.mark.parametrize("fn, dtype, block, target, expect", [
+    (_slash_div, "fp32", 128, "sm90", "div.full"),
+    (_tl_exp, "fp32", 128, "sm90", "ex2"),
+    (_tl_sqrt, "fp32", 128, "sm90", ".approx"),
+    (_tl_floor, "fp32", 128, "sm90", ".ftz"),
+    (_atomic_sum, "fp32", 128, "sm80", "float atomic"),
+    (_bf16_dot, "bf16", 16, "sm80", "mma"),
+    (_dot_chain, "fp32", 16, "sm80", "non-zero accumulator"),
+], ids=["slash-div", "tl.exp", "tl.sqrt", "tl.floor", "atomic-add", "bf16-dot", "dot-accumulator"])
+def test_lint_catches_bad_kernel(fn, dtype, block, target, expect):
+    problems = lint.lint(_case(fn, dtype, block), target)
+    assert any(expect in p for p in problems), problems
+
+
+def test_lint_catches_fp_fusion():
+    case = _case(_mul_add)
+    assert lint.lint(case, "sm90") == []  # fusion off (the launcher's options): mul.rn + add.rn
+    problems = lint.lint(case, "sm90", options_fusion=True)
+    assert any("fusion ON" in p for p in problems), problems
+    assert "fma.rn.f32" in lint.compile_case(case, "sm90", True).asm["ptx"]  # what fusion does
+
+
+def test_ptx_rule_rejects_float_arithmetic_without_rn():
+    # add.f32 without a rounding modifier lets ptxas contract it with a multiply into an fma
+    assert any(".rn" in p for p in lint.ptx_problems("\tadd.f32 \t%r1, %r2, %r3;\n"))
+    assert lint.ptx_problems("\tadd.rn.f32 \t%r1, %r2, %r3;\n\tadd.s32 \t%r4, %r5, 1;\n") == []
