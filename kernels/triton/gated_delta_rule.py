@@ -127,6 +127,7 @@ def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.con
                 part = tl.fma(s_new, tl.load(QS + qk_base + d), part)
             o = o + part
         tl.store(O + (tok * HV + hv) * DV + dv, o, mask=dm)
+        tl.debug_barrier()  # the next token reads rows of S this token stored (maybe from another thread)
 
 
 # ------------------------------------------------------------------ chunked
@@ -218,6 +219,7 @@ def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
                 tl.store(FIN + s_tile, St, mask=s_mask)
             if complete:
                 tl.store(S + s_tile, St, mask=s_mask)
+            tl.debug_barrier()  # ... and the next chunk reads the new S0 rows after they are stored
 
 
 def _rows(open_rows, new_rows, opened, total, C, R):
