@@ -19,6 +19,8 @@ import torch
 from hal.backend import LEVELS, Backend
 from hal.spec import STRICT
 
+from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps
+
 MIN_TRITON = (3, 6)        # GPU: enable_fp_fusion launch option, tl.fma, div_rn, sqrt_rn
 MIN_INTERPRETER = (3, 9)   # CPU interpreter: tl.fma rounds once only since 3.9
 
@@ -48,7 +50,7 @@ def _on(t: torch.Tensor):
         yield
 
 
-class TritonBackend(Backend):
+class TritonBackend(SequenceOps, Backend):
     name = "triton"
     device_types = ("cuda",)
     priority = 10
@@ -56,7 +58,7 @@ class TritonBackend(Backend):
                    "through TRITON_INTERPRET=1 for verification")
     #: conformance families whose ops this backend implements under the strict policy (the attention /
     #: GDN kernels add theirs here).
-    families = {"matmul", "rms_norm", "softmax", "token_logprobs"}
+    families = {"matmul", "rms_norm", "softmax", "token_logprobs"} | _SEQ_FAMILIES
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("triton") is None:

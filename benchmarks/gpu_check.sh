@@ -5,7 +5,8 @@
 #
 # Writes to OUT_DIR: env.txt, lint.txt (PTX/TTIR lint with the GPU's own Triton), conformance.json /
 # conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
-# (lockstep triton vs stock torch, CUDA events, median), log.txt. Every step is time-boxed; a failing
+# (lockstep triton vs stock torch, CUDA events, median), log.txt; with SEQ=1 also conformance_seq.* and
+# bench_seq.* (attention / GDN kernels, benchmarks/triton_attn_bench.py). Every step is time-boxed; a failing
 # step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
 # and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
 set -u
@@ -38,4 +39,11 @@ step lint 90 lint.txt "$PY" -m hal.kernels.triton.lint
 step conformance "${CONF_TIMEOUT:-240}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
   --device cuda --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
 step bench "${BENCH_TIMEOUT:-180}" bench.txt "$PY" -m benchmarks.triton_bench --csv "$OUT/bench.csv"
+# Sequence ops (attention, gated delta rule, GDN layer): opt-in (SEQ=1) so the default run stays within
+# its time box; quick case sets (each crosses every block / split / chunk boundary) and their benchmark.
+if [ "${SEQ:-0}" = 1 ]; then
+  step conformance-seq "${SEQ_CONF_TIMEOUT:-200}" conformance_seq.txt "$PY" -m hal.cli conformance run \
+    --backend triton --device cuda --ops attention gated_delta_rule gdn_layer --quick --json "$OUT/conformance_seq.json"
+  step bench-seq "${SEQ_BENCH_TIMEOUT:-150}" bench_seq.txt "$PY" -m benchmarks.triton_attn_bench --csv "$OUT/bench_seq.csv"
+fi
 log "done"

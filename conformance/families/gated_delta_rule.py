@@ -351,6 +351,8 @@ def _magnitudes(case, inputs, output, exact):
 
 
 FAMILY = GatedDeltaRuleFamily(
+    # quick: crosses the 64-row chunk, both specs, NaN inputs; the Triton interpreter's set
+    quick=("nan_gva_h1v2_d16.fp32",),
     name="gated_delta_rule", ops=(CHUNK_OP, REC_OP), levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={
         "L1": [("alone-batched", _alone), ("batched-prefixes", _batched_prefixes),

@@ -125,6 +125,8 @@ class GDNLayerFamily(Family):
 
 
 FAMILY = GDNLayerFamily(
+    # quick: short sequences (conv state carried over splits), with and without bias, every dtype
+    quick=("b2_t12_d8_k4_hv2_bias.fp32", "b2_t9_d8_k4_hv2.bf16", "b2_t12_d8_k4_hv2_bias.fp16"),
     name="gdn_layer", ops=("gdn_gating", "gdn_causal_conv1d"), levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={
         "L1": rowwise_checks(_call, ("x", "a", "b")) + [("packed-vs-batched", _packed)],

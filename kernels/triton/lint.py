@@ -163,6 +163,8 @@ def strict_kernels(full: bool = False) -> list[KernelCase]:
             "token_logprobs.sum", tlp._sum_kernel,
             {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
              "n_tiles": "i32"}, blk))
+    from . import seq_lint_cases  # attention and gated delta rule kernels
+    cases += seq_lint_cases.cases(KernelCase, full)
     return cases
 
 

@@ -1,0 +1,358 @@
+"""Strict softmax attention in Triton: ``AttentionSpec`` bits (kernels/reference/attention.py), fast layout.
+
+One program owns (query row tile, sequence x head) and either every split of its keys (splits
+merged in-kernel, in split order) or, for split-KV decoding, one split (``num_splits`` > 1: the
+partials go to a workspace and :func:`_merge_kernel` merges them in split order). The spec's
+reduction orders are the loops here:
+
+* score s_j = tiled dot over the head dim (a sequential fma chain from +0.0 per ``dot_tile``
+  tile, tile partials added in order from +0.0), then one multiply by float32(scale);
+* per block of ``kv_block`` keys: m' = max(m, block max over visible keys) (exact),
+  p_j = exp(s_j - m'), l_blk and acc_blk sequential chains in key order over visible keys;
+  l = fma(l, alpha, l_blk), acc = fma(acc, alpha, acc_blk) for a block with a visible key;
+* split partials merged in split order; out = ACC / L (``div_rn``), lse = M + log(L).
+
+Keys no row of the tile sees (before the window, after the causal diagonal or the sequence) are
+never loaded: skipping them is exact because the spec skips invisible keys by select. Rows are
+independent, so the row tile and the grid are speed knobs only.
+
+The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
+by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
+by a float reduction.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import strict_math as sm
+from .launch import launch
+
+F32 = torch.float32
+#: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
+_REVERSE_MERGE_FOR_TESTS = False
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _round_trip(x, OUT: tl.constexpr):
+    """x rounded to the input dtype and widened back exactly (p_precision "input")."""
+    if OUT == tl.float32:
+        return x
+    else:
+        return sm.round_out(x, OUT).to(tl.float32)
+
+
+@triton.jit
+def _col(x_bits, cols, j):
+    """Column j of an int32 tile (bit patterns) as float32: exact, whatever the sum order."""
+    return tl.sum(tl.where(cols[None, :] == j, x_bits, 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _visible(kj, pos, valid, klen, causal, left, right):
+    """bool tile: key kj (any shape broadcastable with pos) is visible to the query at pos."""
+    vis = valid & (kj < klen)
+    if causal:
+        vis = vis & (kj <= pos)
+    if left >= 0:
+        vis = vis & (kj >= pos - left)
+    if (right >= 0) & (causal == 0):
+        vis = vis & (kj <= pos + right)
+    return vis
+
+
+@triton.jit
+def _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED: tl.constexpr):
+    """Element offsets of keys kj of sequence b (paged: through the block table)."""
+    if PAGED:
+        pg = tl.load(BT + b * bt_stride + kj // page, mask=kmask, other=0).to(tl.int64)
+        return pg * stride_kp + (kj % page).to(tl.int64) * stride_kt
+    else:
+        row0 = tl.load(K_ROW0 + b).to(tl.int64)
+        return (row0 + kj.to(tl.int64)) * stride_kt
+
+
+@triton.jit
+def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
+           scale, causal, left, right, k_lo, k_hi,
+           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
+           DT: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr):
+    """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0."""
+    cols = tl.arange(0, KB)
+    dcol = tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    ne = tl.zeros([BLOCK_M], tl.int32)
+    D_FULL: tl.constexpr = (D // DT) * DT
+    for kb0 in range((k_lo // KB) * KB, k_hi, KB):
+        kj = kb0 + cols
+        kmask = kj < klen
+        koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
+        # scores: tiled dot over the head dim, then one multiply by scale
+        s = tl.zeros([BLOCK_M, KB], tl.float32)
+        for t0 in range(0, D_FULL, DT):
+            part = tl.zeros([BLOCK_M, KB], tl.float32)
+            for d in range(t0, t0 + DT):
+                qd = tl.load(Q + q_off + d, mask=valid, other=0.0).to(tl.float32)
+                kd = tl.load(K + koff + d, mask=kmask, other=0.0).to(tl.float32)
+                part = tl.fma(qd[:, None], kd[None, :], part)
+            s = s + part
+        if D_FULL < D:
+            part = tl.zeros([BLOCK_M, KB], tl.float32)
+            for d in range(D_FULL, D):
+                qd = tl.load(Q + q_off + d, mask=valid, other=0.0).to(tl.float32)
+                kd = tl.load(K + koff + d, mask=kmask, other=0.0).to(tl.float32)
+                part = tl.fma(qd[:, None], kd[None, :], part)
+            s = s + part
+        s = s * scale
+        vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
+        m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
+        blk_ne = tl.max(vis.to(tl.int32), axis=1)
+        s_bits = s.to(tl.int32, bitcast=True)
+        l_blk = tl.zeros([BLOCK_M], tl.float32)
+        acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        j_lo = tl.maximum(k_lo - kb0, 0)
+        j_hi = tl.minimum(k_hi - kb0, KB)
+        for j in range(j_lo, j_hi):  # keys in order: sequential chains
+            kjj = kb0 + j
+            vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
+            p = sm.exp(_col(s_bits, cols, j) - m_new)
+            l_blk = tl.where(vis_j, l_blk + p, l_blk)
+            pv = _round_trip(p, OUT) if P_IN else p
+            voff = tl.sum(tl.where(cols == j, koff, 0), axis=0)  # this key's offset (exact int)
+            vj = tl.load(V + voff + dcol, mask=(dcol < D) & ((dcol * 0 + kjj) < klen), other=0.0).to(tl.float32)
+            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj[None, :], acc_blk), acc_blk)
+        alpha = sm.exp(m - m_new)
+        has = blk_ne > 0
+        l = tl.where(has, tl.fma(l, alpha, l_blk), l)
+        acc = tl.where(has[:, None], tl.fma(acc, alpha[:, None], acc_blk), acc)
+        m = m_new
+        ne = ne | blk_ne
+    return m, l, acc, ne
+
+
+@triton.jit
+def _merge(M, L, ACC, seen, m, l, acc, ne):
+    """Fold one split partial into the running (M, L, ACC): the spec's merge step."""
+    has = ne > 0
+    m_new = tl.maximum(M, m)
+    a = sm.exp(M - m_new)
+    c = sm.exp(m - m_new)
+    L = tl.where(has, tl.fma(L, a, l * c), L)
+    ACC = tl.where(has[:, None], tl.fma(ACC, a[:, None], acc * c[:, None]), ACC)
+    M = tl.where(has, m_new, M)
+    return M, L, ACC, seen | ne
+
+
+@triton.jit
+def _finish(O, LSE, o_off, lse_off, valid, M, L, ACC, seen, D: tl.constexpr, BLOCK_D: tl.constexpr,
+            OUT: tl.constexpr):
+    dcol = tl.arange(0, BLOCK_D)
+    has = seen > 0
+    out = tl.where(has[:, None], sm.div(ACC, L[:, None]), 0.0)
+    lse = tl.where(has, M + sm.log(L), float("-inf"))
+    tl.store(O + o_off[:, None] + dcol[None, :], sm.round_out(out, OUT), mask=valid[:, None] & (dcol[None, :] < D))
+    tl.store(LSE + lse_off, sm.canonical_nan(lse), mask=valid)
+
+
+@triton.jit
+def _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M: tl.constexpr):
+    qlen = tl.load(QLEN + b)
+    klen = tl.load(KLEN + b)
+    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = i < qlen
+    pos = klen - qlen + i
+    return i, valid, pos, qlen, klen
+
+
+@triton.jit
+def _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M: tl.constexpr):
+    """[lo, hi): the keys some row of this tile may see (all others are invisible to every row)."""
+    p_min = klen - qlen + pid_m * BLOCK_M
+    p_max = klen - qlen + tl.minimum(qlen, (pid_m + 1) * BLOCK_M) - 1
+    hi = klen
+    if causal:
+        hi = tl.minimum(hi, p_max + 1)
+    elif right >= 0:
+        hi = tl.minimum(hi, p_max + right + 1)
+    lo = 0
+    if left >= 0:
+        lo = tl.maximum(p_min - left, 0)
+    return lo, hi
+
+
+@triton.jit
+def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
+                 Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
+                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
+                 scale, causal, left, right, n_ws_rows, n_ws_splits,
+                 HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr,
+                 P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+    if pid_m * BLOCK_M < qlen:
+        q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
+        q_off = (q_row0 + i.to(tl.int64)) * stride_qt + h * stride_qh
+        hk_off = (h // GROUP).to(tl.int64) * stride_kh
+        lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
+        if ONE_SPLIT:
+            sp = tl.program_id(2)
+            s_lo = tl.maximum(lo, sp * KS)
+            s_hi = tl.minimum(hi, (sp + 1) * KS)
+            m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                   stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
+                                   D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED)
+            w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+            tl.store(WM + w, m, mask=valid)
+            tl.store(WL + w, l, mask=valid)
+            tl.store(WN + w, ne, mask=valid)
+            dcol = tl.arange(0, BLOCK_D)
+            tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
+        else:
+            M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            L = tl.zeros([BLOCK_M], tl.float32)
+            ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            seen = tl.zeros([BLOCK_M], tl.int32)
+            for s0 in range((lo // KS) * KS, hi, KS):
+                m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                       stride_kp, stride_kt, scale, causal, left, right,
+                                       tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
+                                       D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED)
+                M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
+            lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
+            _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT)
+
+
+@triton.jit
+def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
+                  stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits,
+                  HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  OUT: tl.constexpr, REVERSE: tl.constexpr):
+    """Merge the split partials of a row tile in split order and write out / lse."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+    if pid_m * BLOCK_M < qlen:
+        dcol = tl.arange(0, BLOCK_D)
+        M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        L = tl.zeros([BLOCK_M], tl.float32)
+        ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        seen = tl.zeros([BLOCK_M], tl.int32)
+        for k in range(0, n_ws_splits):
+            sp = n_ws_splits - 1 - k if REVERSE else k
+            w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+            m = tl.load(WM + w, mask=valid, other=float("-inf"))
+            l = tl.load(WL + w, mask=valid, other=0.0)
+            ne = tl.load(WN + w, mask=valid, other=0)
+            acc = tl.load(WA + w[:, None] * BLOCK_D + dcol[None, :], mask=valid[:, None], other=0.0)
+            M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
+        q_off = (tl.load(Q_ROW0 + b).to(tl.int64) + i.to(tl.int64)) * stride_qt + h * stride_qh
+        lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
+        _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT)
+
+
+# ------------------------------------------------------------------ host side
+
+
+def _block_m(max_q: int) -> int:
+    return max(1, min(32, triton.next_power_of_2(max(1, max_q))))
+
+
+def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
+           scale, causal, window, spec, num_splits: int, max_q: int, max_k: int):
+    """Launch the kernels. q [rows, Hq, D] (contiguous); k, v [rows, Hkv, D] (``k_row0`` per sequence)
+    or paged pages [P, page, Hkv, D] (``block_table``). Returns out like q; fills ``lse``."""
+    n_seq = qlen.shape[0]
+    hq, d = q.shape[1], q.shape[2]
+    group = hq // k.shape[-2]
+    out = torch.zeros_like(q)
+    if n_seq == 0 or q.shape[0] == 0 or max_q == 0:
+        return out
+    bm = _block_m(max_q)
+    bd = triton.next_power_of_2(d)
+    n_tiles = -(-max_q // bm)
+    paged = block_table is not None
+    dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
+    bt = block_table if paged else dummy
+    krow = dummy if paged else k_row0
+    stride_kp = k.stride(0) if paged else 0
+    stride_kt, stride_kh = (k.stride(1), k.stride(2)) if paged else (k.stride(0), k.stride(1))
+    left, right = window
+    n_splits = max(1, -(-max_k // spec.kv_split))
+    # split-KV (one program per split + merge kernel) when asked, and by default for decode-sized query
+    # tiles, where (sequence, head) programs alone would leave most of the GPU idle; bits are the same
+    one_split = n_splits > 1 and (num_splits > 1 or (num_splits == 0 and max_q <= 16))
+    meta = dict(HQ=hq, D=d, BLOCK_M=bm, BLOCK_D=bd)
+    common = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
+                  OUT=_TL[q.dtype], PAGED=paged, GROUP=group, **meta)
+    n_rows = n_tiles * bm
+    if one_split:
+        # one program per split (num_splits only sets parallelism: all splits run at once here)
+        bh = n_seq * hq
+        wm = torch.empty((bh, n_rows, n_splits), dtype=F32, device=q.device)
+        wl = torch.empty_like(wm)
+        wn = torch.zeros((bh, n_rows, n_splits), dtype=torch.int32, device=q.device)
+        wa = torch.empty((bh, n_rows, n_splits, bd), dtype=F32, device=q.device)
+    else:
+        wm = wl = wa = torch.empty(1, dtype=F32, device=q.device)
+        wn = dummy
+    grid = (n_tiles, n_seq * hq, n_splits if one_split else 1)
+    launch(_attn_kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
+                       q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
+                       bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
+                       ONE_SPLIT=one_split, **common)
+    if one_split:
+        launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
+                                             q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
+                                             OUT=_TL[q.dtype], REVERSE=_REVERSE_MERGE_FOR_TESTS, **meta)
+    return out
+
+
+def _i32(x, device):
+    return torch.as_tensor(x, dtype=torch.int32).to(device)
+
+
+def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+    """Packed q [Tq, Hq, D], k, v [Tk, Hkv, D] -> out [Tq, Hq, D], lse [Hq, Tq] (the reference's contract)."""
+    dev = q.device
+    cq = cu_q.to(torch.int64).cpu()
+    ck = cu_k.to(torch.int64).cpu()
+    qlen, klen = cq[1:] - cq[:-1], ck[1:] - ck[:-1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=F32, device=dev)
+    out = attend(q, k, v, q_row0=_i32(cq[:-1], dev), qlen=_i32(qlen, dev), klen=_i32(klen, dev),
+                 k_row0=_i32(ck[:-1], dev), block_table=None, page=1, lse=lse, lse_row0=_i32(cq[:-1], dev),
+                 lse_hstride=q.shape[0], scale=scale, causal=causal, window=window, spec=spec, num_splits=0,
+                 max_q=int(qlen.max()) if qlen.numel() else 0, max_k=int(klen.max()) if klen.numel() else 0)
+    return out, lse
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):
+    """q [B, Sq, Hq, D] against a contiguous or paged cache -> out [B, Sq, Hq, D], lse [B, Hq, Sq]."""
+    dev = q.device
+    bsz, sq, hq, d = q.shape
+    lens = seqlens_k.to(torch.int64).cpu()
+    qf = q.contiguous().reshape(bsz * sq, hq, d)
+    lse = torch.full((bsz, hq, sq), float("-inf"), dtype=F32, device=dev)
+    if block_table is None:  # contiguous: sequence b's keys are rows b * capacity + j
+        cap = k_cache.shape[1]
+        kk = k_cache.contiguous().reshape(-1, *k_cache.shape[2:])
+        vv = v_cache.contiguous().reshape(-1, *v_cache.shape[2:])
+        paged = dict(k_row0=_i32(torch.arange(bsz) * cap, dev), block_table=None, page=1)
+    else:
+        kk, vv = k_cache, v_cache
+        paged = dict(k_row0=None, block_table=block_table.to(torch.int32).contiguous(), page=int(k_cache.shape[1]))
+    out = attend(qf, kk, vv, q_row0=_i32(torch.arange(bsz) * sq, dev), qlen=_i32(torch.full((bsz,), sq), dev),
+                 klen=_i32(lens, dev), **paged, lse=lse, lse_row0=_i32(torch.arange(bsz) * hq * sq, dev),
+                 lse_hstride=sq, scale=scale, causal=causal, window=window, spec=spec,
+                 num_splits=num_splits, max_q=sq, max_k=int(lens.max()) if bsz else 0)
+    return out.reshape(bsz, sq, hq, d), lse

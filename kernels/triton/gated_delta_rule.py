@@ -1,0 +1,388 @@
+"""Strict gated delta rule in Triton: ``GatedDeltaRuleSpec`` bits (kernels/reference/gated_delta_rule.py).
+
+One program owns (sequence, value head, d_v tile): the state columns of that tile never meet
+another program, so the state lives with it for the whole call (rows of S in memory for the
+serial scan, an S [d_k, d_v-tile] register tile for the chunked state update). Every loop is a
+spec order:
+
+* ``serial``: per token S' = alpha S, w = S'^T k (tiled chain over d_k), u = (v - w) beta,
+  S = fma(k, u, S'), o = S^T qs (tiled chain);
+* ``chunked``: per chunk of C rows on the grid anchored at absolute position 0: the log-decay
+  chains D[i, d] from row i downward, KK / QK / S0^T k / S0^T qs as tiled chains over d_k, the
+  forward substitution in increasing j, o_i accumulated in the same j loop, and the state after
+  row L as the chain over j <= L of rank-one fma updates.
+
+Rows are taken out of register tiles by an integer sum of their bit patterns (exact, order-free).
+The host side lays out the rows of the unfinished chunk exactly as the reference does (copies).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
+from hal.kernels.reference.strict_math import canonical_nan
+from . import strict_math as sm
+from .launch import launch
+
+F32 = torch.float32
+EPS_L2 = 1e-6
+EPS = tl.constexpr(9.999999974752427e-07)  # float32(1e-6), exact
+#: Negative control for the tests only: restart the chunk grid at every call (ignore the open rows).
+_RESTART_GRID_FOR_TESTS = False
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _row(x, idx, j, AXIS: tl.constexpr):
+    """Slice j of a float32 tile along AXIS (idx: the index along that axis), exact."""
+    if AXIS == 0:
+        return tl.sum(tl.where(idx[:, None] == j, x.to(tl.int32, bitcast=True), 0), axis=0).to(tl.float32, bitcast=True)
+    else:
+        return tl.sum(tl.where(idx[None, :] == j, x.to(tl.int32, bitcast=True), 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scalar(x, idx, j):
+    """Element j of a float32 vector, exact."""
+    return tl.sum(tl.where(idx == j, x.to(tl.int32, bitcast=True), 0), axis=0).to(tl.float32, bitcast=True)
+
+
+# ------------------------------------------------------------------ q / k preparation
+
+
+@triton.jit
+def _prep_kernel(X, OUT, n_rows, scale, L2: tl.constexpr, SCALE: tl.constexpr, DK: tl.constexpr,
+                 BT: tl.constexpr, BDK: tl.constexpr, DT: tl.constexpr):
+    """Rows of X [n_rows, DK] widened, optionally L2-normalised (x / sqrt(ss + 1e-6)), optionally * scale."""
+    r = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = r < n_rows
+    dcol = tl.arange(0, BDK)
+    r64 = r.to(tl.int64) * DK
+    mask = rm[:, None] & (dcol[None, :] < DK)
+    x = tl.load(X + r64[:, None] + dcol[None, :], mask=mask, other=0.0).to(tl.float32)
+    if L2:
+        ss = tl.zeros([BT], tl.float32)
+        for t0 in range(0, DK, DT):
+            part = tl.zeros([BT], tl.float32)
+            for d in range(t0, tl.minimum(t0 + DT, DK)):
+                xd = tl.load(X + r64 + d, mask=rm, other=0.0).to(tl.float32)
+                part = tl.fma(xd, xd, part)
+            ss = ss + part
+        x = sm.div(x, sm.sqrt(ss + tl.full([BT], EPS, tl.float32))[:, None])
+    if SCALE:
+        x = x * scale
+    tl.store(OUT + r64[:, None] + dcol[None, :], x, mask=mask)
+
+
+def _prepare(x, scale, l2: bool, dt: int):
+    """[..., DK] any float dtype -> float32 (normalised / scaled), the reference's prepare_qk for one input."""
+    dk = x.shape[-1]
+    flat = x.contiguous().reshape(-1, dk)
+    out = torch.empty(flat.shape, dtype=F32, device=x.device)
+    n = flat.shape[0]
+    if n:
+        bt = 16
+        launch(_prep_kernel, (triton.cdiv(n, bt),), flat, out, n, 1.0 if scale is None else scale,
+               L2=l2, SCALE=scale is not None, DK=dk, BT=bt, BDK=triton.next_power_of_2(dk), DT=dt)
+    return out.reshape(x.shape)
+
+
+# ------------------------------------------------------------------ serial
+
+
+@triton.jit
+def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                   DV: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr):
+    """QS, KN [N, Lmax, H, DK]; V, O [N, Lmax, HV, DV]; G, B [N, Lmax, HV]; S [N, HV, DK, DV] (in place)."""
+    n = tl.program_id(0)
+    hv = tl.program_id(1)
+    dv = tl.program_id(2) * BDV + tl.arange(0, BDV)
+    dm = dv < DV
+    h = hv // (HV // H)
+    length = tl.load(LEN + n)
+    s_base = (n.to(tl.int64) * HV + hv) * DK * DV
+    for t in range(0, length):
+        tok = n.to(tl.int64) * lmax + t
+        qk_base = (tok * H + h) * DK
+        alpha = sm.exp(tl.load(G + tok * HV + hv))
+        beta = tl.load(B + tok * HV + hv)
+        w = tl.zeros([BDV], tl.float32)
+        for t0 in range(0, DK, DT):
+            part = tl.zeros([BDV], tl.float32)
+            for d in range(t0, tl.minimum(t0 + DT, DK)):
+                sp = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0) * alpha
+                part = tl.fma(sp, tl.load(KN + qk_base + d), part)
+            w = w + part
+        vt = tl.load(V + (tok * HV + hv) * DV + dv, mask=dm, other=0.0)
+        u = (vt - w) * beta
+        o = tl.zeros([BDV], tl.float32)
+        for t0 in range(0, DK, DT):
+            part = tl.zeros([BDV], tl.float32)
+            for d in range(t0, tl.minimum(t0 + DT, DK)):
+                sp = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0) * alpha
+                s_new = tl.fma(tl.load(KN + qk_base + d), u, sp)
+                tl.store(S + s_base + d * DV + dv, s_new, mask=dm)
+                part = tl.fma(s_new, tl.load(QS + qk_base + d), part)
+            o = o + part
+        tl.store(O + (tok * HV + hv) * DV + dv, o, mask=dm)
+        tl.debug_barrier()  # the next token reads rows of S this token stored (maybe from another thread)
+
+
+# ------------------------------------------------------------------ chunked
+
+
+@triton.jit
+def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
+                    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
+                    BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr):
+    """QR, KR [N, R, H, DK]; VR [N, R, HV, DV]; GR, BR [N, R, HV] (rows from the last chunk boundary);
+    S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV]."""
+    n = tl.program_id(0)
+    hv = tl.program_id(1)
+    dv = tl.program_id(2) * BDV + tl.arange(0, BDV)
+    dm = dv < DV
+    h = hv // (HV // H)
+    opened = tl.load(OPENED + n)
+    total = tl.load(TOTAL + n)
+    ri = tl.arange(0, C)
+    dk = tl.arange(0, BDK)
+    s_base = (n.to(tl.int64) * HV + hv) * DK * DV
+    s_tile = s_base + dk[:, None] * DV + dv[None, :]
+    s_mask = (dk[:, None] < DK) & dm[None, :]
+    for a in range(0, total, C):
+        row = n.to(tl.int64) * n_rows + a + ri              # [C] global row ids of this chunk
+        qk = (row * H + h) * DK
+        gv = row * HV + hv
+        # log-decay chains from row i downward: A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
+        A = tl.zeros([C, C], tl.float32)
+        Gm = tl.zeros([C], tl.float32)
+        for d in range(0, C):
+            ok = ri - d >= 0
+            gd = tl.load(GR + (n.to(tl.int64) * n_rows + a + ri - d) * HV + hv, mask=ok, other=0.0)
+            A = tl.where(ri[:, None] - d >= ri[None, :] + 1, A + gd[:, None], A)
+            Gm = tl.where(ok, Gm + gd, Gm)
+        F = sm.exp(A)
+        gamma = sm.exp(Gm)
+        # KK, QK [C, C] and W = S0^T k, Y = S0^T qs [C, BDV]: tiled chains over d_k
+        KK = tl.zeros([C, C], tl.float32)
+        QK = tl.zeros([C, C], tl.float32)
+        W = tl.zeros([C, BDV], tl.float32)
+        Y = tl.zeros([C, BDV], tl.float32)
+        for t0 in range(0, DK, DT):
+            pkk = tl.zeros([C, C], tl.float32)
+            pqk = tl.zeros([C, C], tl.float32)
+            pw = tl.zeros([C, BDV], tl.float32)
+            py = tl.zeros([C, BDV], tl.float32)
+            for d in range(t0, tl.minimum(t0 + DT, DK)):
+                kd = tl.load(KR + qk + d)
+                qd = tl.load(QR + qk + d)
+                s0d = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0)
+                pkk = tl.fma(kd[:, None], kd[None, :], pkk)
+                pqk = tl.fma(qd[:, None], kd[None, :], pqk)
+                pw = tl.fma(kd[:, None], s0d[None, :], pw)
+                py = tl.fma(qd[:, None], s0d[None, :], py)
+            KK = KK + pkk
+            QK = QK + pqk
+            W = W + pw
+            Y = Y + py
+        coef = F * KK
+        P = tl.where(ri[:, None] == ri[None, :], QK, F * QK)
+        vt = tl.load(VR + gv[:, None] * DV + dv[None, :], mask=dm[None, :], other=0.0)
+        X = tl.fma(-gamma[:, None], W, vt)
+        Ot = gamma[:, None] * Y
+        U = tl.zeros([C, BDV], tl.float32)
+        for j in range(0, C):  # forward substitution, o accumulated in the same order
+            beta_j = tl.load(BR + (n.to(tl.int64) * n_rows + a + j) * HV + hv)
+            u_j = beta_j * _row(X, ri, j, 0)
+            U = tl.where(ri[:, None] == j, u_j[None, :], U)
+            X = tl.where(ri[:, None] > j, tl.fma(-_row(coef, ri, j, 1)[:, None], u_j[None, :], X), X)
+            Ot = tl.where(ri[:, None] >= j, tl.fma(_row(P, ri, j, 1)[:, None], u_j[None, :], Ot), Ot)
+        # outputs of the new rows
+        r_abs = a + ri
+        new = (r_abs >= opened) & (r_abs < total)
+        o_row = n.to(tl.int64) * lmax + (r_abs - opened)
+        tl.store(O + (o_row * HV + hv)[:, None] * DV + dv[None, :], Ot, mask=new[:, None] & dm[None, :])
+        complete = total >= a + C
+        last_here = (total - 1) // C == a // C
+        if complete | (last_here & WANT_FINAL):
+            L = tl.minimum(total - 1 - a, C - 1)
+            fL = _row(F, ri, L, 0)                           # f_Lj over j
+            St = tl.load(S + s_tile, mask=s_mask, other=0.0) * _scalar(gamma, ri, L)
+            for j in range(0, L + 1):
+                kj = tl.load(KR + ((n.to(tl.int64) * n_rows + a + j) * H + h) * DK + dk, mask=dk < DK, other=0.0)
+                kd = tl.where(j == L, kj, _scalar(fL, ri, j) * kj)
+                St = tl.fma(kd[:, None], _row(U, ri, j, 0)[None, :], St)
+            tl.debug_barrier()  # every read of S0 above happens before it is overwritten
+            if WANT_FINAL & last_here:
+                tl.store(FIN + s_tile, St, mask=s_mask)
+            if complete:
+                tl.store(S + s_tile, St, mask=s_mask)
+            tl.debug_barrier()  # ... and the next chunk reads the new S0 rows after they are stored
+
+
+def _rows(open_rows, new_rows, opened, total, C, R):
+    """[N, R, ...]: the open rows, then the new rows, then zeros (the reference's chunk-row layout)."""
+    n, lmax = new_rows.shape[:2]
+    if open_rows is None:
+        open_rows = new_rows.new_zeros((n, C, *new_rows.shape[2:]))
+    src = torch.cat([open_rows.to(new_rows.device), new_rows, new_rows.new_zeros((n, 1, *new_rows.shape[2:]))], dim=1)
+    r = torch.arange(R, device=new_rows.device).unsqueeze(0)
+    idx = torch.where(r < opened[:, None], r, torch.where(r < total[:, None], C + r - opened[:, None], C + lmax))
+    return src[torch.arange(n, device=new_rows.device)[:, None], idx].contiguous()
+
+
+def _carry(x, total, C, R):
+    """Rows after the last boundary (the new open chunk), zeros after them."""
+    n = x.shape[0]
+    dev = x.device
+    boundary = total - total % C
+    ridx = boundary[:, None] + torch.arange(C, device=dev).unsqueeze(0)
+    keep = torch.arange(C, device=dev).unsqueeze(0) < (total % C)[:, None]
+    got = x[torch.arange(n, device=dev)[:, None], ridx.clamp_max(R - 1)]
+    return torch.where(keep.reshape(n, C, *([1] * (got.dim() - 2))), got, torch.zeros((), dtype=F32, device=dev))
+
+
+def _i32(x, dev):
+    return torch.as_tensor(x).to(device=dev, dtype=torch.int32)
+
+
+def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l2: bool, spec, want_final: bool):
+    """The reference's entry point and contract (kernels/reference/gated_delta_rule.py), on Triton."""
+    dev = v.device
+    t = spec.dk_tile
+    hv, dv = v.shape[2], v.shape[3]
+    h, dk = k.shape[2], k.shape[3]
+    if cu_seqlens is None:
+        lengths = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64)
+    else:
+        lengths = torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)])
+    qs = _prepare(to_padded(q, cu_seqlens), float(torch.tensor(scale, dtype=F32)), l2, t)
+    kn = _prepare(to_padded(k, cu_seqlens), None, l2, t)
+    v32 = to_padded(v, cu_seqlens).to(F32).contiguous()
+    g32 = to_padded(g, cu_seqlens).to(F32).contiguous()
+    b32 = to_padded(beta, cu_seqlens).to(F32).contiguous()
+    n, lmax = v32.shape[:2]
+    bdv = min(64, triton.next_power_of_2(dv))
+    grid = (n, hv, triton.cdiv(dv, bdv))
+    S = parts.S.to(device=dev, dtype=F32).contiguous().clone()
+    o = torch.zeros((n, lmax, hv, dv), dtype=F32, device=dev)
+    position = parts.position.to(torch.int64)
+    if spec.variant == "serial":
+        if n and lmax:
+            launch(_serial_kernel, grid, qs, kn, v32, g32, b32, S, o, _i32(lengths, dev), lmax,
+                   H=h, HV=hv, DK=dk, DV=dv, BDV=bdv, DT=t)
+        new = Parts(position + lengths.to(position.device), S, None, None, None, None, S)
+    else:
+        C = spec.chunk
+        fresh = parts.open_k is None or _RESTART_GRID_FOR_TESTS
+        start = torch.zeros_like(position) if fresh else position
+        opened = (start % C).to(dev)
+        total = opened + lengths.to(dev)
+        n_chunks = int(-(-int(total.max()) // C)) if n else 0
+        R = max(1, n_chunks) * C
+        kr = _rows(None if fresh else parts.open_k, kn, opened, total, C, R)
+        vr = _rows(None if fresh else parts.open_v, v32, opened, total, C, R)
+        gr = _rows(None if fresh else parts.open_g, g32, opened, total, C, R)
+        br = _rows(None if fresh else parts.open_beta, b32, opened, total, C, R)
+        qr = _rows(None, qs, opened, total, C, R)
+        fin = S.clone() if want_final else S
+        if n and n_chunks:
+            launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, _i32(opened, dev), _i32(total, dev), R, lmax,
+                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=triton.next_power_of_2(dk), BDV=bdv, DT=t,
+                   WANT_FINAL=bool(want_final))
+        new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
+                    _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
+    # the strict policy's last step: one NaN pattern per dtype in the output and every state part
+    new = Parts(*(x if x is None or not x.is_floating_point() else canonical_nan(x) for x in new))
+    return canonical_nan(from_padded(o, cu_seqlens).to(v.dtype)), new
+
+
+# ------------------------------------------------------------------ Qwen3-Next gates and conv1d
+
+
+@triton.jit
+def _softplus(x):
+    """max(x, 0) + log1p(exp(-|x|)), the reference's steps (Goldberg's log1p correction as one fma)."""
+    m = tl.where(x < 0.0, 0.0, x)
+    e = sm.exp(-tl.abs(x))
+    w = 1.0 + e
+    tiny = w == 1.0
+    safe = tl.where(tiny, 1.0, w)
+    return tl.where(tiny, m + e, tl.fma(sm.log(safe), sm.div(e, safe - 1.0), m))
+
+
+@triton.jit
+def _gating_kernel(A_LOG, A, DT_BIAS, B, G_OUT, BETA_OUT, n, HV: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    hd = i % HV
+    a_log = tl.load(A_LOG + hd, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(A + i, mask=ok, other=0.0).to(tl.float32) + tl.load(DT_BIAS + hd, mask=ok, other=0.0).to(tl.float32)
+    g = -(sm.exp(a_log) * _softplus(x))
+    b = tl.load(B + i, mask=ok, other=0.0).to(tl.float32)
+    beta = sm.div(1.0, 1.0 + sm.exp(-b))
+    tl.store(G_OUT + i, sm.canonical_nan(g), mask=ok)
+    tl.store(BETA_OUT + i, sm.canonical_nan(beta), mask=ok)
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    """A_log, dt_bias [HV]; a, b [..., HV] -> (g, beta) float32 [..., HV] (kernels/reference/qwen3_next.py)."""
+    hv = A_log.shape[0]
+    a_, b_ = a.contiguous(), b.contiguous()
+    g = torch.empty(a.shape, dtype=F32, device=a.device)
+    beta = torch.empty(b.shape, dtype=F32, device=b.device)
+    n = a_.numel()
+    if n:
+        block = 256
+        launch(_gating_kernel, (triton.cdiv(n, block),), A_log.contiguous(), a_, dt_bias.contiguous(), b_, g, beta, n,
+               HV=hv, BLOCK=block)
+    return g, beta
+
+
+@triton.jit
+def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, D: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """ROWS [N, K-1+L, D] (state then inputs); y[n, t] = act(fma chain from bias over taps oldest first)."""
+    n = tl.program_id(0)
+    t = tl.program_id(1) * BT + tl.arange(0, BT)
+    d = tl.program_id(2) * BD + tl.arange(0, BD)
+    tm = t < lmax
+    dm = d < D
+    mask = tm[:, None] & dm[None, :]
+    if HAS_BIAS:
+        acc = tl.load(BIAS + d, mask=dm, other=0.0).to(tl.float32)[None, :] + tl.zeros([BT, BD], tl.float32)
+    else:
+        acc = tl.zeros([BT, BD], tl.float32)
+    base = n.to(tl.int64) * n_rows
+    for i in range(0, KW):
+        w = tl.load(W + d * KW + i, mask=dm, other=0.0).to(tl.float32)
+        x = tl.load(ROWS + (base + t + i)[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc = tl.fma(w[None, :], x, acc)
+    if SILU:
+        acc = sm.div(acc, 1.0 + sm.exp(-acc))
+    tl.store(Y + (n.to(tl.int64) * lmax + t)[:, None] * D + d[None, :], sm.round_out(acc, OUT), mask=mask)
+
+
+def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
+    """x [B, T, D] (or packed [1, total, D]); weight [D, K]; bias [D] | None; conv_state [N, K-1, D] | None.
+
+    Returns (y like x, new conv_state [N, K-1, D] in x's dtype), as kernels/reference/qwen3_next.py.
+    """
+    kw = weight.shape[1]
+    xp = to_padded(x, cu_seqlens)
+    n, lmax, d = xp.shape
+    lengths = torch.full((n,), lmax) if cu_seqlens is None else \
+        torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(n)])
+    prev = xp.new_zeros((n, kw - 1, d)) if conv_state is None else conv_state.to(x.dtype)
+    rows = torch.cat([prev, xp], dim=1).contiguous()
+    y = torch.empty((n, lmax, d), dtype=x.dtype, device=x.device)
+    if n and lmax and d:
+        bt, bd = 16, min(128, triton.next_power_of_2(d))
+        launch(_conv_kernel, (n, triton.cdiv(lmax, bt), triton.cdiv(d, bd)), rows, weight.contiguous(),
+               bias.contiguous() if bias is not None else rows, y, lmax, rows.shape[1], D=d, KW=kw,
+               HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd)
+    idx = (lengths[:, None] + torch.arange(kw - 1)[None, :]).to(x.device)
+    state = rows[torch.arange(n, device=x.device)[:, None], idx]
+    return from_padded(y, cu_seqlens), canonical_nan(state)

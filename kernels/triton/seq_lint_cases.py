@@ -1,0 +1,54 @@
+"""Lint cases of the attention / gated-delta-rule kernels for kernels/triton/lint.py.
+
+``cases(KernelCase, full)`` returns them in lint.py's own ``KernelCase`` type (passed in, so this
+module does not import the linter): lint.py's ``strict_kernels`` adds ``seq_lint_cases.cases(KernelCase,
+full)``. Representative Qwen-like shapes. The CI set (``full=False``) holds the split-KV paged attention
+kernel, the merge kernel and the small GDN kernels; ``full`` adds the chunked GDN kernel (~30 s to
+compile per target) and every attention mode and dtype.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+
+def _sig(fn, types: dict, default: str) -> dict:
+    return {n: types.get(n, default) for n in fn.arg_names}
+
+
+def cases(KernelCase, full: bool = False) -> list:
+    from . import attention as A, gated_delta_rule as G
+    i32 = "i32"
+    attn_types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
+    attn_types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
+                                        "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits")})
+    attn_types["scale"] = "fp32"
+    out = []
+    dtypes = (("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())
+    modes = ((True, True),) + (((False, False), (True, False), (False, True)) if full else ())
+    for dt, tdt in dtypes:
+        types = dict(attn_types, Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", O=f"*{dt}")
+        for paged, one in modes:
+            consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=16, BLOCK_D=128, KB=64, KS=256, DT=64, P_IN=not one,
+                          OUT=tdt, PAGED=paged, ONE_SPLIT=one)
+            sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
+            out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts))
+        consts = dict(HQ=32, D=128, BLOCK_M=16, BLOCK_D=128, OUT=tdt, REVERSE=False)
+        sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
+        out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts))
+    gdn = [
+        ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
+        ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
+         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True)),
+        ("gdn.prep", G._prep_kernel, {"X": "*bf16", "n_rows": i32, "scale": "fp32"},
+         dict(L2=True, SCALE=True, DK=128, BT=16, BDK=128, DT=64)),
+        ("gdn.gating", G._gating_kernel, {"A": "*bf16", "B": "*bf16", "n": i32}, dict(HV=32, BLOCK=256)),
+        ("gdn.conv1d", G._conv_kernel, {"ROWS": "*bf16", "W": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "lmax": i32,
+                                        "n_rows": i32},
+         dict(D=1024, KW=4, HAS_BIAS=True, SILU=True, OUT=tl.bfloat16, BT=16, BD=128)),
+    ]
+    for name, fn, types, consts in gdn:
+        if name == "gdn.chunked" and not full:
+            continue
+        sig = {k: v for k, v in _sig(fn, types, "*fp32").items() if k not in consts}
+        out.append(KernelCase(name, fn, sig, consts))
+    return out

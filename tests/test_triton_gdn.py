@@ -1,0 +1,34 @@
+"""Triton strict gated delta rule and GDN layer pieces == the reference bit for bit (Triton interpreter).
+
+Checks (tests/triton_seq_check.py): serial and chunked (C = 16 so chunk boundaries are crossed)
+over two calls (varlen, GVA, L2 norm in kernel or not, initial state, open rows carried across
+calls, a one-token decode, final state), gdn_gating and gdn_causal_conv1d (varlen, conv state,
+fp32/bf16/fp16). Negative control: a chunk grid restarting at the call start is caught.
+Default: the first case of each check (CI); LOCKSTEP_FULL=1 pytest ... runs every dtype / mode.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[triton]')")
+
+from _triton_seq_run import interpreter_ok, run_checks  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not interpreter_ok(), reason="the Triton interpreter before 3.9 rounds tl.fma twice")
+
+
+def test_serial_bits_equal_reference():
+    run_checks("gdn-serial")
+
+
+def test_chunked_bits_equal_reference():
+    run_checks("gdn-chunked")
+
+
+def test_negative_control_restarted_chunk_grid_is_caught():
+    out = run_checks("gdn-negative")
+    assert "wrong variant caught" in out
+
+
+def test_gating_and_conv1d_bits_equal_reference():
+    run_checks("gdn-layer")

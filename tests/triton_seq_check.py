@@ -1,0 +1,232 @@
+"""Triton sequence kernels (attention, gated delta rule, GDN layer) == the reference, bit for bit.
+
+Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_attention.py and
+tests/test_triton_gdn.py (Triton decides interpreter or compiler when a kernel module is imported).
+Usage: python tests/triton_seq_check.py CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
+CI runs the first case of each check; LOCKSTEP_FULL=1 runs every dtype / mode.
+Shapes are small but cross every block, split, dot tile and chunk boundary of the specs used.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch  # noqa: E402
+
+from hal.conformance.bits import first_divergence  # noqa: E402
+from hal.kernels.reference import attention as ref_attn  # noqa: E402
+from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
+from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
+from hal.kernels.triton import attention as tri_attn  # noqa: E402
+from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
+from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
+
+FAILED = []
+#: LOCKSTEP_FULL=1: every case of each check (all dtypes / modes); default: the first case of each,
+#: which still crosses every block, split, dot-tile and chunk boundary (the CI set).
+FULL = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
+
+
+def _pick(cases):
+    return cases if FULL else cases[:1]
+
+
+def _gen(seed):
+    g = torch.Generator().manual_seed(seed)
+    return lambda *shape, scale=1.0: torch.randn(*shape, generator=g) * scale
+
+
+def _same(label, pairs):
+    """Every (name, expected, got) pair has identical raw bits."""
+    bad = [d for d in (first_divergence(f"{label}:{n}", e, g) for n, e, g in pairs) if d is not None]
+    if bad:
+        FAILED.append(label)
+        print(f"{label}: FAIL {bad[0]}", flush=True)
+    else:
+        print(f"{label}: ok ({len(pairs)} outputs identical)", flush=True)
+
+
+def _differs(label, pairs):
+    """Negative control: at least one pair must differ (the check catches the wrong variant)."""
+    if any(first_divergence(n, e, g) is not None for n, e, g in pairs):
+        print(f"{label}: ok (wrong variant caught)", flush=True)
+    else:
+        FAILED.append(label)
+        print(f"{label}: FAIL (wrong variant NOT caught)", flush=True)
+
+
+# ------------------------------------------------------------------ attention
+
+ATTN_SMALL = AttentionSpec(kv_block=8, kv_split=16, dot_tile=4)
+ATTN_CASES = [  # spec, dtype, causal, window, Hq, Hkv, D (10: a short last dot tile)
+    (ATTN_SMALL, torch.float32, True, (-1, -1), 2, 1, 10),
+    (AttentionSpec(kv_block=8, kv_split=16, dot_tile=4, p_precision="input"), torch.bfloat16, True, (11, -1), 2, 2, 8),
+    (ATTN_SMALL, torch.float16, False, (9, 5), 2, 1, 8),
+]
+
+
+def _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=(19, 3, 0, 9), lens_k=(37, 3, 2, 20)):
+    cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q = rnd(int(cq[-1]) + 2, hq, d).to(dt)  # two padding rows past cu_q[-1]
+    k, v = rnd(int(ck[-1]), hkv, d).to(dt), rnd(int(ck[-1]), hkv, d).to(dt)
+    return q, k, v, cq, ck
+
+
+def attn_varlen():
+    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(_pick(ATTN_CASES)):
+        q, k, v, cq, ck = _varlen_inputs(_gen(i), dt, hq, hkv, d)
+        args = (q, k, v, cq, ck, 19, 37, 0.3, causal, window, spec)
+        o1, l1 = ref_attn.flash_attn_varlen_func(*args)
+        o2, l2 = tri_attn.flash_attn_varlen_func(*args)
+        _same(f"attn-varlen[{spec.id},{dt},causal={causal},window={window}]", [("out", o1, o2), ("lse", l1, l2)])
+
+
+def _paged_inputs(rnd, dt, hkv, d, page=7, bsz=3, sq=2):
+    seqlens = torch.tensor([40, 2, 23])
+    n_pages = bsz * 6 + 3
+    kc, vc = rnd(n_pages, page, hkv, d).to(dt), rnd(n_pages, page, hkv, d).to(dt)
+    table = torch.randperm(n_pages, generator=torch.Generator().manual_seed(5))[: bsz * 6].reshape(bsz, 6)
+    return kc, vc, seqlens, table.to(torch.int32), sq
+
+
+def attn_kvcache():
+    for i, (spec, dt, causal, window, hq, hkv, d) in enumerate(_pick(ATTN_CASES[:2])):
+        rnd = _gen(10 + i)
+        kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
+        q = rnd(3, sq, hq, d).to(dt)
+        o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 0, spec)
+        for ns in (0, 3):
+            o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, ns, spec)
+            _same(f"attn-paged[{dt},page=7,num_splits={ns}]", [("out", o1, o2), ("lse", l1, l2)])
+        kc2, vc2 = rnd(3, 45, hkv, d).to(dt), rnd(3, 45, hkv, d).to(dt)
+        q1 = q[:, -1:].contiguous()  # decode: one query row
+        o1, l1 = ref_attn.flash_attn_with_kvcache(q1, kc2, vc2, seqlens, None, 0.25, causal, window, 0, spec)
+        o2, l2 = tri_attn.flash_attn_with_kvcache(q1, kc2, vc2, seqlens, None, 0.25, causal, window, 2, spec)
+        _same(f"attn-contiguous-decode[{dt},num_splits=2]", [("out", o1, o2), ("lse", l1, l2)])
+
+
+def attn_negative():
+    """Split partials merged in reverse order: the same comparison must catch it."""
+    spec, dt, causal, window, hq, hkv, d = ATTN_CASES[0]
+    rnd = _gen(20)
+    kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
+    q = rnd(3, 1, hq, d).to(dt)
+    o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 0, spec)
+    tri_attn._REVERSE_MERGE_FOR_TESTS = True
+    try:
+        o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 3, spec)
+    finally:
+        tri_attn._REVERSE_MERGE_FOR_TESTS = False
+    _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
+
+
+# ------------------------------------------------------------------ gated delta rule
+
+
+GDN_CASES = [  # dtype, H, HV, dk, dv, l2
+    (torch.float32, 1, 2, 12, 10, True),
+    (torch.bfloat16, 2, 2, 12, 8, False),
+]
+
+
+def _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, lens):
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    T = cu[-1]
+    q = rnd(1, T, h, dk).to(dt)
+    k = rnd(1, T, h, dk, scale=1.0 if l2 else 0.3 / dk ** 0.5).to(dt)
+    v = rnd(1, T, hv, dv).to(dt)
+    g = -(rnd(1, T, hv).abs() ** 2)
+    beta = torch.sigmoid(rnd(1, T, hv)).to(dt)
+    return (q, k, v, g, beta), cu
+
+
+def _parts_pairs(p1, p2):
+    out = []
+    for name in p1._fields:
+        a, b = getattr(p1, name), getattr(p2, name)
+        if a is None and b is None:
+            continue
+        if (a is None) != (b is None):
+            return [(name, torch.zeros(1), torch.ones(1))]
+        out.append((name, a, b))
+    return out
+
+
+def _gdn_two_calls(variant, chunk, label_extra=""):
+    """Call 1 from a random initial state; call 2 continues from call 1's state (open rows crossing a
+    chunk boundary, a 1-token decode, an empty sequence)."""
+    for i, (dt, h, hv, dk, dv, l2) in enumerate(_pick(GDN_CASES)):
+        spec = GatedDeltaRuleSpec(variant=variant, chunk=chunk, dk_tile=8)
+        rnd = _gen(30 + i)
+        x1, cu1 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (21, 3, 9))
+        x2, cu2 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (3, 1, 25))
+        S0 = rnd(3, hv, dk, dv, scale=0.1)
+        parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), S0, None, None, None, None, None)
+        o1, p1 = ref_gdn.gated_delta_rule(*x1, 0.3, parts, cu1, l2, spec, True)
+        o2, p2 = tri_gdn.gated_delta_rule(*x1, 0.3, parts, cu1, l2, spec, True)
+        _same(f"gdn-{variant}-call1[{dt},l2={l2}]{label_extra}", [("o", o1, o2), *_parts_pairs(p1, p2)])
+        o1b, p1b = ref_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
+        o2b, p2b = tri_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
+        _same(f"gdn-{variant}-call2-continues[{dt},l2={l2}]{label_extra}", [("o", o1b, o2b), *_parts_pairs(p1b, p2b)])
+
+
+def gdn_serial():
+    _gdn_two_calls("serial", 64)
+
+
+def gdn_chunked():
+    _gdn_two_calls("chunked", 16, "(C=16)")
+
+
+def gdn_negative():
+    """A chunk grid restarting at the call start (open rows dropped): the continuation check catches it."""
+    dt, h, hv, dk, dv, l2 = GDN_CASES[1]
+    spec = GatedDeltaRuleSpec(variant="chunked", chunk=16, dk_tile=8)
+    rnd = _gen(40)
+    x1, cu1 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (21, 5))
+    x2, cu2 = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, (9, 3))
+    parts = ref_gdn.Parts(torch.zeros(2, dtype=torch.int64), torch.zeros(2, hv, dk, dv), None, None, None, None, None)
+    _, p1 = ref_gdn.gated_delta_rule(*x1, 0.3, parts, cu1, l2, spec, True)
+    o1, f1 = ref_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
+    tri_gdn._RESTART_GRID_FOR_TESTS = True
+    try:
+        o2, f2 = tri_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
+    finally:
+        tri_gdn._RESTART_GRID_FOR_TESTS = False
+    _differs("gdn-negative-control[chunk grid restarts at the call]", [("o", o1, o2), ("final", f1.final, f2.final)])
+
+
+def gdn_layer():
+    for i, dt in enumerate(_pick([torch.float32, torch.bfloat16, torch.float16])):
+        rnd = _gen(50 + i)
+        A_log, dtb = rnd(6), rnd(6)
+        a, b = rnd(2, 30, 6, scale=4.0).to(dt), rnd(2, 30, 6, scale=4.0).to(dt)
+        a[0, 0, :4] = torch.tensor([0.0, -0.0, 30.0, -30.0]).to(dt)
+        g1, b1 = ref_layer.gdn_gating(A_log, a, dtb, b)
+        g2, b2 = tri_gdn.gdn_gating(A_log, a, dtb, b)
+        _same(f"gdn-gating[{dt}]", [("g", g1, g2), ("beta", b1, b2)])
+        x, w, bias = rnd(1, 40, 24).to(dt), rnd(24, 4).to(dt), rnd(24).to(dt)
+        state = rnd(3, 3, 24).to(dt)
+        for args in ((x, w, bias, state, "silu", [0, 17, 18, 40]), (x.reshape(2, 20, 24), w, None, None, None, None)):
+            y1, s1 = ref_layer.causal_conv1d(*args)
+            y2, s2 = tri_gdn.causal_conv1d(*args)
+            _same(f"gdn-conv1d[{dt},state={args[3] is not None}]", [("y", y1, y2), ("state", s1, s2)])
+
+
+CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, gdn_serial, gdn_chunked,
+                                                     gdn_negative, gdn_layer)}
+
+if __name__ == "__main__":
+    from hal.kernels.triton.launch import interpreter_problem
+    problem = interpreter_problem()
+    if problem:
+        print(f"SKIP: {problem}")
+        sys.exit(3)
+    for name in sys.argv[1:] or list(CHECKS):
+        t0 = time.time()
+        CHECKS[name]()
+        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
+    sys.exit(1 if FAILED else 0)
