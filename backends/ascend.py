@@ -49,6 +49,13 @@ def triton_owners() -> list[str]:
     return sorted({o.lower().replace("_", "-") for o in owners})
 
 
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
 def cann_home() -> str | None:
     """The CANN toolkit directory named by set_env.sh's variables, if it exists."""
     for var in CANN_ENV:
@@ -88,7 +95,7 @@ def _npu_reason() -> str | None:
     owners = triton_owners()
     if "triton-ascend" not in owners:
         if "triton" in owners:
-            return (f"community triton {metadata.version('triton')} owns the `triton` package; the NPU needs "
+            return (f"community triton {_dist_version('triton')} owns the `triton` package; the NPU needs "
                     "triton-ascend (pip uninstall -y triton && pip install triton-ascend)")
         return "triton-ascend is not installed (pip install triton-ascend)"
     if "triton" in owners:

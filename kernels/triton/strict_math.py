@@ -109,6 +109,8 @@ def div_exact(a, b):
     """float32 a / b correctly rounded (ties to even, subnormal results, overflow, specials) from a seed
     ``/`` plus exact int64 midpoint tests: Q = ma/mb in [1, 2) is rounded to K units of g = 2**(s-23)
     (s > 0 only for subnormal results) by comparing 2*A*2**23 with (2K +- 1) * B * 2**s."""
+    a = tl.where(b == b, a, a)  # a literal or scalar operand becomes a float32 tensor of the common shape
+    b = tl.where(a == a, b, b)
     ma, ea = _split(a)
     mb, eb = _split(b)
     swap = ma < mb
