@@ -90,13 +90,13 @@ def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, NPU:
 
 
 NPU = False
+BLOCK = 4096
 
 
 def run(op: str, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     y = x if y is None else y
     out = torch.empty_like(x)
-    block = 4096
-    launch(_unary, (triton.cdiv(x.numel(), block),), x, y, out, x.numel(), OP=op, BLOCK=block, NPU=NPU)
+    launch(_unary, (triton.cdiv(x.numel(), BLOCK),), x, y, out, x.numel(), OP=op, BLOCK=BLOCK, NPU=NPU)
     return out.view(torch.int32)
 
 
