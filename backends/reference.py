@@ -10,7 +10,8 @@ import torch
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.ops_registry import OPS
 from hal.kernels import oracle
-from hal.kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.kernels.reference import exact_matmul as _xm, matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.spec import EXACT, STRICT
 
 F64 = torch.float64
 
@@ -20,16 +21,22 @@ class ReferenceBackend(Backend):
     device_types = ("cpu",)
     priority = 0
     dtypes = FLOAT_DTYPES + (F64,)
-    description = "readable definition of every strict spec (torch elementwise ops, no BLAS); golden bits"
+    policies = (STRICT, EXACT)
+    description = ("readable definition of every strict spec (torch elementwise ops, no BLAS) and of the "
+                   "exact matmul policy (int64 matmuls); golden bits")
 
     def claimed_levels(self, family, spec):
         return frozenset(LEVELS)
 
     def matmul(self, a, b, spec):
-        return oracle.matmul(a, b) if a.dtype == F64 else _mm.matmul(a, b, spec)
+        if a.dtype == F64:
+            return oracle.matmul(a, b)
+        return (_xm if spec.policy == EXACT else _mm).matmul(a, b, spec)
 
     def linear(self, x, weight, bias, spec):
-        return oracle.linear(x, weight, bias) if x.dtype == F64 else _mm.linear(x, weight, bias, spec)
+        if x.dtype == F64:
+            return oracle.linear(x, weight, bias)
+        return (_xm if spec.policy == EXACT else _mm).linear(x, weight, bias, spec)
 
     def rms_norm(self, x, weight, eps, residual, spec):
         if x.dtype == F64:
@@ -88,6 +95,37 @@ class ReferenceBackend(Backend):
             return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
+    # elementwise and rotary: float64 runs the oracle (gradcheck)
+    def sigmoid(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.sigmoid(x) if x.dtype == F64 else ew.sigmoid(x, spec)
+
+    def silu(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.silu(x) if x.dtype == F64 else ew.silu(x, spec)
+
+    def softplus(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.softplus(x) if x.dtype == F64 else ew.softplus(x, spec)
+
+    def silu_mul(self, a, b, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.silu_mul(a, b) if a.dtype == F64 else ew.silu_mul(a, b, spec)
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        from hal.kernels.reference import elementwise as ew
+        return ew.rotary_cos_sin(positions, rotary_dim, base, inv_freq, spec)
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        if x.dtype == F64:
+            return ora.apply_rotary(x, cos, sin, interleaved)
+        return ew.apply_rotary(x, cos, sin, interleaved, spec)
 
 def _canonical_outputs(method):
     """Wrap an op so every float output (tensors, tuples, state parts) leaves with the canonical NaN."""

@@ -34,9 +34,11 @@ from .errors import SpecError
 
 STRICT = "strict"
 FAST = "fast"
-POLICIES = (STRICT, FAST)
+#: Integer-exact accumulation (matmul family only): any order, split or tiling gives the same bits.
+EXACT = "exact"
+POLICIES = (STRICT, FAST, EXACT)
 
-#: Version tag of lockstep's own exp/log (kernels/reference/strict_math.py). Part of every id of a
+#: Version tag of lockstep's own exp/log/sin/cos (kernels/reference/strict_math.py). Part of every id of a
 #: spec that uses them: a new polynomial means new bits and so a new id.
 MATH_VERSION = "lsm1"
 
@@ -46,6 +48,8 @@ class OpSpec:
     """Base of all specs. Subclasses add the fields that decide their bits."""
 
     family: ClassVar[str] = ""
+    #: Policies this spec class can describe (exact needs its own fields: ExactMatmulSpec).
+    policies: ClassVar[tuple[str, ...]] = (STRICT, FAST)
     policy: str = STRICT
     #: 2: the canonical NaN became part of the strict policy (every v1 spec's bits could differ on NaN).
     version: int = 2
@@ -53,6 +57,10 @@ class OpSpec:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise SpecError(f"{type(self).__name__}: policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in self.policies:
+            hint = " (use ExactMatmulSpec(slices=...))" if self.policy == EXACT else ""
+            raise SpecError(f"{type(self).__name__}: policy {self.policy!r} not available for this spec; "
+                            f"one of {self.policies}{hint}")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.metadata.get("tile") and (not isinstance(v, int) or v <= 0):
@@ -113,6 +121,60 @@ class MatmulSpec(OpSpec):
             _reduction_words("K", self.k_tile),
             "linear: bias (float32) added once after the K reduction",
             "output rounded once to the input dtype",
+        ]
+
+
+EXACT_MAX_SLICES = 4  # the two-limb accumulator of kernels/exact/core.py holds s <= 4
+
+
+@dataclass(frozen=True)
+class ExactMatmulSpec(OpSpec):
+    """matmul / linear with integer-exact accumulation of ``slices`` signed 7-bit slices per value.
+
+    The result is the correctly rounded dot product of the sliced inputs, whatever the order of
+    the K reduction: any tiling, split-K, thread count or tensor-parallel degree gives the same bits.
+    Written out in ``kernels/exact/core.py``; measurements and the choice of s in docs/exact_matmul.md.
+    """
+
+    family: ClassVar[str] = "matmul"
+    policies: ClassVar[tuple[str, ...]] = (EXACT,)
+    policy: str = EXACT
+    version: int = 2  # born with the canonical-NaN convention of the v2 strict specs
+    slices: int = 3
+
+    def _validate(self):
+        if not isinstance(self.slices, int) or not 1 <= self.slices <= EXACT_MAX_SLICES:
+            raise SpecError(f"ExactMatmulSpec.slices must be an int in [1, {EXACT_MAX_SLICES}], got {self.slices!r}")
+
+    def _id_parts(self):
+        return [f"s{self.slices}"]
+
+    def describe(self):
+        s = self.slices
+        top = 2 * (7 * s - 1)
+        return [
+            "policy exact: the K reduction is an exact integer sum (any order, tiling, split-K, thread count "
+            "or tensor-parallel degree gives the same bits); one correct rounding at the end",
+            "scales: every row of A (linear: of x) and every output channel of B (matmul: column of b; linear: "
+            "row of weight) gets E = max over its K values of floor(log2|v|), over finite non-zero v (E = 0 "
+            "when there is none); one power of two per row, over the whole K axis",
+            f"slicing: T = trunc(v * 2**({7 * s - 1} - E)) (towards zero, exact), |T| < 2**{7 * s}; T is cut into "
+            f"{s} base-128 digits of |T|, most significant first, each with v's sign: "
+            f"v' = sum_t V_t * 2**(E - 6 - 7t), V_t in [-127, 127] (int8); NaN and +-inf slice as 0",
+            "products: P_tu[m, n] = sum_k A_t[m, k] * B_u[k, n] for all t, u in [0, s) (int8 x int8, summed "
+            "exactly: int32 for K <= 131072 per piece, pieces added in int64)",
+            f"combine: S = sum_tu P_tu * 2**(7 * ({2 * s - 2} - t - u)), exact (two int64 limbs: S = H * 2**28 + R); "
+            f"K <= 2**24",
+            f"rounding: S * 2**(Ea[m] + Eb[n] - {top}) rounded once to nearest even in the output dtype "
+            "(matmul/linear: the input dtype), with overflow to +-inf and gradual underflow (no flush to zero); "
+            "an exact zero is +0.0",
+            "non-finite inputs: an output whose row of A or column of B holds NaN or +-inf takes the IEEE value of "
+            "sum_k a*b: NaN if any product is NaN (a NaN input, inf * 0) or +inf and -inf products meet, else "
+            "that infinity",
+            "linear bias: the dot is rounded once to float32 (as above), bias (widened to float32) is added "
+            "with one float32 addition, the sum is rounded to the output dtype",
+            "every NaN output is the canonical NaN of its dtype (float32 0x7FC00000, bfloat16 0x7FC0, "
+            "float16 0x7E00)",
         ]
 
 
@@ -279,8 +341,9 @@ class GatedDeltaRuleSpec(OpSpec):
             "companion ops (same under both variants): gdn_gating: g = -(exp(A_log) * softplus(a + dt_bias)), "
             "softplus(x) = fma(log(w), e / (w - 1), max(x, 0)) with e = exp(-|x|), w = 1 + e (= max(x, 0) + e "
             "when w == 1), beta = 1 / (1 + exp(-b)), float32 out; gdn_causal_conv1d: y_t = silu(acc), acc = "
-            "fma chain from bias (or +0.0) over taps oldest first, silu(z) = z / (1 + exp(-z)), rounded once to "
-            "x's dtype; its state is the previous K-1 inputs, unrounded",
+            "fma chain from bias (or +0.0) over taps oldest first, silu(z) = z / (1 + exp(-z)) (silu(-inf) = -0.0; "
+            "softplus, sigmoid and silu are the elementwise spec's), rounded once to x's dtype; its state is the "
+            "previous K-1 inputs, unrounded",
         ]
 
     def _describe_core(self, dot):
@@ -316,6 +379,79 @@ class GatedDeltaRuleSpec(OpSpec):
             "have the bits of the full chunk's rows",
         ]
 
+
+
+_NAN_WORDS = ("NaN: every NaN of an output is the canonical pattern (float32 0x7FC00000, bfloat16 0x7FC0, "
+              "float16 0x7E00), whatever NaN the arithmetic produced")
+
+
+@dataclass(frozen=True)
+class ElementwiseSpec(OpSpec):
+    """sigmoid, silu, softplus and silu_mul (SwiGLU): each value alone, in float32, with lsm1 exp/log.
+
+    Written out in ``kernels/reference/elementwise.py``; ``docs/elementwise.md``.
+    """
+
+    family: ClassVar[str] = "elementwise"
+    version: int = 2
+
+    def _id_parts(self):
+        return [MATH_VERSION]
+
+    def describe(self):
+        return [
+            _policy_words(self.policy),
+            "per element, independent of every other element and of its position: input widened exactly to "
+            "float32, computed in float32, rounded once to the input dtype (silu_mul: a's dtype; a and b share it)",
+            "sigmoid(x) = 1 / (1 + exp(-x)): negation exact, + and / correctly rounded, exp = lsm1 exp "
+            "(so sigmoid(-inf) = 0, sigmoid(+inf) = 1)",
+            "silu(x) = x / (1 + exp(-x)) (one correctly rounded division, not x * sigmoid(x)); silu(-inf) = -0.0",
+            "softplus(x) = fma(log(w), e / (w - 1), m) with e = exp(-|x|), w = 1 + e, m = x if x > 0 else +0.0; "
+            "when w == 1: m + e (log = lsm1 log; no threshold: softplus(x) is x + exp(-x) rounded for large x)",
+            "silu_mul(a, b) = silu(a) * b: the float32 silu(a) above (unrounded) times float32 b, one rounding "
+            "to float32, then once to the output dtype",
+            "exp's argument is clamped to [-110, 100] inside lsm1 exp (exact 0 / inf beyond), so +-88, +-100, "
+            "+-1e30 follow IEEE: e.g. sigmoid(-100) = 1 / inf = 0, silu(-88) is a normal float32, no flush to zero",
+            _NAN_WORDS,
+        ]
+
+
+@dataclass(frozen=True)
+class RotarySpec(OpSpec):
+    """Rotary position embedding: cos/sin tables from integer positions, and the rotation of x.
+
+    Written out in ``kernels/reference/elementwise.py`` and ``strict_math.sincos``; ``docs/elementwise.md``.
+    """
+
+    family: ClassVar[str] = "rotary"
+    version: int = 2
+
+    def _id_parts(self):
+        return [MATH_VERSION]
+
+    def describe(self):
+        return [
+            _policy_words(self.policy),
+            "rotary_cos_sin(positions, R, base, inv_freq): positions int32/int64 with |pos| < 2**24 (so "
+            "float32(pos) is exact; int32 and int64 give the same bits); output float32 [..., R/2]",
+            "inv_freq_i (i < R/2), unless inv_freq (float32 [R/2]) is given: lb = log(float32(base)) (lsm1 log); "
+            "e_i = float32(2i) / float32(R) (correctly rounded); inv_freq_i = exp(-(e_i * lb)) (product rounded "
+            "once, negation exact, lsm1 exp)",
+            "angle = float32(pos) * inv_freq_i, one rounding; |angle| must stay below 2**24",
+            "cos/sin = lsm1 sincos: k0 = floor(fma(a, 2/pi, 0.5)), r0 = a - k0*pi/2, k = k0 + floor(fma(r0, 2/pi, 0.5)), "
+            "r = a - k*pi/2 where a - k*pi/2 = fma(-k, C3, fma(-k, C2, fma(-k, C1, a))), pi/2 = C1 + C2 + C3 "
+            "(float32 0x3FC90FDB, 0xB33BBD2E, 0xA6F72CED; 2/pi = 0x3F22F983)",
+            "z = r*r; sin r = fma(r*z, P(z), r), P = Horner by fma of -1/3!, 1/5!, -1/7!, 1/9!, -1/11! (float32); "
+            "cos r = fma(z, Q(z), 1), Q = -1/2!, 1/4!, ..., 1/12!; quadrant q = k - 4*floor(k/4): "
+            "q = 0: (sin, cos) = (s, c); 1: (c, -s); 2: (-s, -c); 3: (-c, s); sin(+-0) = +-0; "
+            "NaN, +-inf and |a| >= 2**24 give NaN",
+            "apply_rotary(x, cos, sin, interleaved): R = 2 * cos.shape[-1] <= D; pairs (x1, x2) = (x[i], x[i + R/2]) "
+            "(half-split, GPT-NeoX / HF Llama rotate_half) or (x[2i], x[2i+1]) (interleaved, GPT-J), i < R/2; "
+            "x, cos, sin widened exactly to float32",
+            "out1 = fma(x1, cos, -(x2 * sin)), out2 = fma(x2, cos, x1 * sin) (each product rounded once, then one "
+            "fma), written back to the pair's positions; rounded once to x's dtype; dims >= R copied unchanged",
+            _NAN_WORDS,
+        ]
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -358,6 +494,8 @@ def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
 
 
 register(MatmulSpec(), default=True)
+register(ExactMatmulSpec(slices=3))  # selectable, not default: docs/exact_matmul.md has the measurements
+register(ExactMatmulSpec(slices=4))
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)
@@ -367,3 +505,5 @@ register(AttentionSpec(p_precision="input"))
 register(AttentionSpec(kv_block=16, kv_split=64, p_precision="input"))
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
+register(ElementwiseSpec(), default=True)
+register(RotarySpec(), default=True)

@@ -7,12 +7,15 @@ from ..family import Family
 
 MODULES = {
     "matmul": "hal.conformance.families.matmul",
+    "matmul_exact": "hal.conformance.families.matmul_exact",
     "rms_norm": "hal.conformance.families.rms_norm",
     "softmax": "hal.conformance.families.softmax",
     "token_logprobs": "hal.conformance.families.token_logprobs",
     "attention": "hal.conformance.families.attention",
     "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
     "gdn_layer": "hal.conformance.families.gdn_layer",
+    "elementwise": "hal.conformance.families.elementwise",
+    "rotary": "hal.conformance.families.rotary",
 }
 
 

@@ -64,8 +64,9 @@ class SoftmaxFamily(Family):
 
 
 FAMILY = SoftmaxFamily(
-    # quick: n = 300 crosses the 256 tile and holds the masked / NaN / inf / huge rows
-    quick=("r3_n7.fp16", "special_r6_n300.bf16"),
+    # quick: n = 300 crosses the 256 tile and holds the masked / NaN / inf / huge rows; in float32, where a
+    # wrong summation order shows (bf16/fp16 outputs round most of it away: see the negative control)
+    quick=("r3_n7.fp16", "r5_n129.bf16", "special_r6_n300.fp32"),
     name="softmax", ops=("softmax", "log_softmax", "logsumexp"), levels=("L0", "L1", "L3", "L4", "A"),
     checks={"L1": rowwise_checks(_call, ("x",)), "L3": autograd_check(_call, ("x",))},
 )

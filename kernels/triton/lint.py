@@ -135,8 +135,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                 {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128, "NPU": npu}))
         cases.append(KernelCase(
             f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
-            {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "eps": "fp32",
-             "n_tiles": "i32", "n_work": "i32"},
+            {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "h_float": "fp32",
+             "eps": "fp32", "n_tiles": "i32", "n_work": "i32"},
             {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 16, "BH": 256, "REG": False, "NPU": npu}))
         for mode in ((softmax.SOFTMAX,) + ((softmax.LOG_SOFTMAX, softmax.LOGSUMEXP) if full else ())):
             cases.append(KernelCase(

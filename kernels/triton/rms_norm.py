@@ -42,7 +42,7 @@ def _square_chains(h, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, n_tiles, n_work,
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_tiles, n_work,
                      HAS_RES: tl.constexpr, T: tl.constexpr, OUT_DTYPE: tl.constexpr,
                      BR: tl.constexpr, NTB: tl.constexpr, BH: tl.constexpr, REG: tl.constexpr,
                      NPU: tl.constexpr):
@@ -67,7 +67,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, n_tiles, n_wo
                     h = _load_h(x_ptr, r_ptr, base[:, None] + col[None, :], ok, HAS_RES, OUT_DTYPE, NPU)
                     part = tl.where(ok, tl.fma(h, h, part), part)  # past the end: kept, not padded
             ss = common.add_columns_in_order(ss, part, tiles, tl.minimum(NTB, n_tiles - t0))
-        ms = sm.div(ss, H.to(tl.float32), NPU)
+        ms = sm.div(ss, h_float, NPU)  # H as a float32 argument: Triton turns an int argument equal to 1 into a constexpr
         inv = sm.div(1.0, sm.sqrt(ms + eps, NPU), NPU)
         cols = tl.arange(0, BH)
         for c0 in range(0, H, BH):
@@ -101,7 +101,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
         else:
             br, ntb, bh = 4, min(32, triton.next_power_of_2(n_tiles)), 256
         launch(_rms_norm_kernel, (triton.cdiv(rows, br),), x2, r2, weight.contiguous(), y, h, rows, hdim,
-               float(eps), n_tiles, HAS_RES=residual is not None, T=t, OUT_DTYPE=tl_dtype(x.dtype),
+               float(hdim), float(eps), n_tiles, HAS_RES=residual is not None, T=t, OUT_DTYPE=tl_dtype(x.dtype),
                BR=br, NTB=ntb, BH=bh, REG=reg, persistent=True)
     y = y.reshape(x.shape)
     return (y, h.reshape(x.shape)) if residual is not None else y
