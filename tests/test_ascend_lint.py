@@ -40,3 +40,16 @@ def test_negative_control_is_caught_by_every_rule():
     assert "tl.erf is outside the documented subset" in text
     assert "strict_math.round_to_fp16" in text  # followed into the helper
     assert "sqrt_rn" not in text  # the NPU=False side is not reached
+
+
+def test_npu_variant_compiles_with_the_triton_compiler():
+    # triton-ascend cannot be installed here; community Triton's compiler (sm_80 target, no GPU needed)
+    # at least proves the NPU=True source (int64 tests, substitutes, persistent loop) is valid Triton
+    from hal.kernels.triton import lint
+    wanted = {"rms_norm[fp16,residual]", "softmax[fp16,mode1]", "token_logprobs.finish"}
+    cases = [c for c in lint.strict_kernels(full=True, npu=True) if c.name in wanted]
+    assert {c.name for c in cases} == wanted
+    for case in cases:
+        assert case.constexprs["NPU"] is True
+        k = lint.compile_case(case, "sm80")
+        assert "scf.for" in k.asm["ttir"]  # the persistent loop is there
