@@ -32,7 +32,7 @@ step() {  # step NAME SECONDS OUTFILE CMD...
 }
 
 { npu-smi info || true
-  "$PY" -c "import sys, importlib.metadata as m, torch, torch_npu; print(sys.version); print('torch', torch.__version__, 'torch_npu', torch_npu.__version__); print({d: m.version(d) for d in ('triton-ascend', 'triton') if m.packages_distributions() and any(d == x.lower() for v in m.packages_distributions().values() for x in v)})"
+  "$PY" -c "import sys, torch, torch_npu; from importlib import metadata as m; print(sys.version); print('torch', torch.__version__, 'torch_npu', torch_npu.__version__); print('triton package owned by', m.packages_distributions().get('triton'))"
   "$PY" -m hal.cli info
 } > "$OUT/env.txt" 2>&1
 
