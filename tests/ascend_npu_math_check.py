@@ -1,6 +1,9 @@
 """The strict math on a real Ascend NPU against the reference bits (run by benchmarks/ascend_check.sh).
 
-    python tests/ascend_npu_math_check.py
+    python tests/ascend_npu_math_check.py [--device npu|cuda]
+
+(--device cuda runs the same comparison through community Triton on a GPU: the substitutes compiled
+by a real compiler, not the interpreter.)
 
 Runs tests/triton_math_check.py's kernel on NPU tensors, twice: NPU=True (what the ascend backend
 uses: fma/int64 division and sqrt, fp16 rounding without tensor shifts) and NPU=False (triton-ascend's
@@ -16,9 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hal.backends.ascend import enable_npu  # noqa: E402
-
-enable_npu()
+import argparse  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -27,6 +28,12 @@ from hal.kernels.reference import strict_math as ref  # noqa: E402
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="npu", choices=["npu", "cuda"])
+    dev = ap.parse_args().device
+    if dev == "npu":
+        from hal.backends.ascend import enable_npu
+        enable_npu()
     mc.BLOCK = 256  # int64 temporaries of the substitutes: small blocks for the unified buffer
     x = mc.inputs()
     g = torch.Generator().manual_seed(9)
@@ -43,7 +50,7 @@ def main() -> int:
         mc.NPU = npu
         for name, (a, b, w) in want.items():
             op = name.split("(")[0]
-            got = mc.run(op, a.to("npu"), None if b is None else b.to("npu")).cpu()
+            got = mc.run(op, a.to(dev), None if b is None else b.to(dev)).cpu()
             diff = int((got != w).sum())
             bad += diff if npu else 0
             print(f"NPU={npu} {name}: {got.numel()} inputs, {diff} differ", flush=True)
