@@ -26,56 +26,19 @@ import time
 
 import torch
 
-import hal
 from hal.integrations import transformers as lt
 from hal.integrations.hf_testing import KINDS, tiny_model
 
-
-def make_prompts(n: int, seed: int, vocab: int):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(3, 13, (n,), generator=g).tolist()
-    return [torch.randint(1, vocab, (L,), generator=g) for L in lens]
-
-
-def log_softmax(path: str, x):
-    return hal.log_softmax(x, -1) if path == "lockstep" else torch.log_softmax(x, -1)
-
-
-def sample(model, path, prompts, new_tokens, seed):
-    """Left-padded batched generate; returns responses [n, new] and the sampler's float32 log-probs."""
-    n, P = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(n, P, dtype=torch.long)
-    mask = torch.zeros(n, P, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, P - len(p):], mask[b, P - len(p):] = p, 1
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0)
-    resp = out.sequences[:, P:]
-    logits = torch.stack(out.logits, 1).float()  # raw logits of each step [n, new, V]
-    lp = log_softmax(path, logits).gather(-1, resp[..., None])[..., 0]
-    return resp, lp
+from .hf_rollout import make_prompts, packed_logprobs, sample
 
 
 def train_forward(model, path, prompts, responses):
-    """One packed forward with autograd: the log-probs of every response token; then a backward."""
-    seqs = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
-    ids = torch.cat(seqs)[None]
-    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
-    model.train()
-    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()[0]
-    starts = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-    rows = torch.cat([torch.arange(starts[b] + len(p) - 1, starts[b] + len(s) - 1)
-                      for b, (p, s) in enumerate(zip(prompts, seqs))])
-    tgt = torch.cat(list(responses))
-    lp = log_softmax(path, logits[rows]).gather(-1, tgt[:, None])[:, 0]
-    advantages = torch.linspace(-1.0, 1.0, lp.shape[0])
+    """The packed trainer forward with autograd, then a policy-gradient-shaped backward."""
+    lp = packed_logprobs(model, path, prompts, responses)
+    advantages = torch.linspace(-1.0, 1.0, lp.numel()).reshape(lp.shape)
     (-(advantages * lp).mean()).backward()
-    model.eval()
     grad_norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)))
-    return lp.detach().reshape(responses.shape), grad_norm
+    return lp.detach(), grad_norm
 
 
 def metrics(sampler, trainer):

@@ -120,6 +120,14 @@ class LlamaWeights:
     def parameters(self) -> list[torch.Tensor]:
         return [self.embed, self.norm, self.lm_head] + [v for L in self.layers for v in L.values()]
 
+    def to(self, device) -> "LlamaWeights":
+        """The same weights (same bits) on ``device``."""
+        def d(x):
+            return x.to(device)
+        return LlamaWeights(embed=d(self.embed), layers=[{k: d(v) for k, v in L.items()} for L in self.layers],
+                            norm=d(self.norm), lm_head=d(self.lm_head), cos=d(self.cos), sin=d(self.sin),
+                            eps=self.eps, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+
 
 # Elementwise ops (RoPE's multiply/add, SiLU * up) act on each element on its own, so an element's
 # result cannot depend on the batch it is in or on how its sequence was cut into calls: they are
@@ -193,7 +201,8 @@ class LockstepOps:
         g = torch.Generator().manual_seed(seed)
         # physical pages handed out in a shuffled order, as a long-running engine's free list would be
         return [hal.KVCache.paged(batch, capacity, n_kv, head_dim, page_size=page, dtype=dtype,
-                                  page_order=torch.randperm(n_pages, generator=g).tolist())
+                                  page_order=torch.randperm(n_pages, generator=g, device="cpu").tolist(),
+                                  device=torch.get_default_device())
                 for _ in range(n_layers)]
 
     @staticmethod
@@ -395,7 +404,9 @@ def sample(W: LlamaWeights, ops, requests: list[Request], temperature: float = 1
                 if greedy:
                     chosen.append(int(logits[j].argmax()))
                 else:
-                    u = torch.rand(logits.shape[-1], generator=gens[b], dtype=torch.float64).clamp_(1e-300, 1.0)
+                    # the draws come from the request's CPU generator on every device
+                    u = torch.rand(logits.shape[-1], generator=gens[b], dtype=torch.float64, device="cpu")
+                    u = u.clamp_(1e-300, 1.0).to(logits.device)
                     chosen.append(int((logits[j].double() / temperature - torch.log(-torch.log(u))).argmax()))
             chosen_t = torch.tensor(chosen, dtype=torch.long)
             lp = ops.token_logprobs(h_last, W.lm_head, chosen_t, temperature)
@@ -413,7 +424,8 @@ def make_requests(seed: int = 0, vocab: int = CONFIG["vocab_size"],
     out = []
     for plen, chunks, arrival, max_new in plan:
         assert sum(chunks) == plen
-        out.append(Request(prompt=torch.randint(0, vocab, (plen,), generator=g), chunks=list(chunks),
+        prompt = torch.randint(0, vocab, (plen,), generator=g, device="cpu").to(torch.get_default_device())
+        out.append(Request(prompt=prompt, chunks=list(chunks),
                            arrival=arrival, max_new=max_new))
     return out
 
@@ -477,6 +489,7 @@ def hf_logprobs(model, sequences, prompt_lens) -> list[torch.Tensor]:
     out = []
     with torch.no_grad():
         for s, p in zip(sequences, prompt_lens):
+            s = s.to(model.device)
             logits = model(s[None]).logits[0].float()
             lp = torch.log_softmax(logits, dim=-1)
             out.append(lp[p - 1:-1].gather(-1, s[p:, None]).squeeze(-1))
@@ -490,16 +503,18 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", "-v", action="store_true", help="print the engine's schedule")
+    ap.add_argument("--device", default="cpu", help="run the sampler and trainer on this device (e.g. cuda)")
     ap.add_argument("--per-op", action="store_true",
                     help="also run lockstep with one op family at a time replaced by stock torch's")
     args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
-    model = build_hf_model(args.seed)
-    W = LlamaWeights.from_hf(model, dtype)
+    model = build_hf_model(args.seed)  # built on the CPU from a seed: the same weights for every device
+    W = LlamaWeights.from_hf(model, dtype).to(args.device)
+    torch.set_default_device(args.device)  # the engine's and trainer's own tensors follow the weights
     print(f"tiny Llama: {CONFIG}  weights {args.dtype}, "
           f"{'greedy' if args.greedy else f'sampled T={args.temperature}'}, seed {args.seed}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads")
     results = []
     for ops in (LockstepOps, StockOps):
         t0 = time.perf_counter()
@@ -533,7 +548,7 @@ def main(argv=None) -> int:
 
     if dtype == torch.float32:
         ref = hf_logprobs(model, lock.sequences, lock.prompt_lens)
-        d = float((torch.cat(ref) - torch.cat(lock.trainer)).abs().max())
+        d = float((torch.cat(ref) - torch.cat(lock.trainer).cpu()).abs().max())
         print(f"\nhand-written lockstep forward vs HF LlamaForCausalLM log_softmax(model(ids).logits), fp32: "
               f"max |diff| = {d:.3e} over {sum(int(t.numel()) for t in ref)} tokens")
     else:

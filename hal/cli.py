@@ -153,6 +153,9 @@ def _rl_report(args) -> int:
         data = np.load(args.file, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read {args.file} as an .npz of arrays ({e})") from None
+    if not hasattr(data, "files"):  # a bare .npy array loads as an ndarray, not an archive of named arrays
+        raise InputError(f"{args.file} is a single array, not an .npz archive; save it with "
+                         "numpy.savez(path, trainer=..., sampler=...)")
     missing = [k for k in ("trainer", "sampler") if k not in data.files]
     if missing:
         raise InputError(f"{args.file} has no array named {', '.join(missing)} (found: {', '.join(data.files)}); "

@@ -27,6 +27,7 @@ log = logging.getLogger("lockstep")
 
 ENTRY_POINT_GROUP = "lockstep.backends"
 _BUILTIN = {
+    "cpu": "hal.backends.cpu:CpuBackend",
     "reference": "hal.backends.reference:ReferenceBackend",
     "stock": "hal.backends.stock:StockBackend",
     "triton": "hal.backends.triton:TritonBackend",

@@ -55,8 +55,10 @@ def _mm():
     return hal.matmul(torch.ones(2, 3), torch.ones(3, 2))
 
 
-def test_auto_selects_reference_on_cpu():
-    assert dispatch.select("matmul", hal.spec.DEFAULTS["matmul"], torch.float32, torch.device("cpu")).name == "reference"
+def test_auto_selects_cpu_backend_on_cpu_else_reference():
+    # the numba `cpu` backend when numba is installed (a default dependency), else the reference
+    expected = "reference" if hal.get_backend("cpu").unavailable_reason() else "cpu"
+    assert dispatch.select("matmul", hal.spec.DEFAULTS["matmul"], torch.float32, torch.device("cpu")).name == expected
 
 
 def test_stock_is_never_chosen_automatically():
@@ -116,12 +118,13 @@ def test_explicit_unavailable_backend_raises_with_reason(temp_backends):
 
 
 def test_auto_falls_back_and_logs_once(temp_backends, caplog):
-    temp_backends(Broken())  # higher priority than reference, but unavailable
+    temp_backends(Broken())  # higher priority than cpu and reference, but unavailable
+    nxt = "reference" if hal.get_backend("cpu").unavailable_reason() else "cpu"
     with caplog.at_level(logging.WARNING, logger="lockstep"):
         _mm()
         _mm()
     msgs = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
-    assert len(msgs) == 1 and "reference" in msgs[0] and "frobnicator" in msgs[0]
+    assert len(msgs) == 1 and f"backend {nxt!r}" in msgs[0] and "frobnicator" in msgs[0]
 
 
 def test_no_backend_for_device_lists_every_reason():

@@ -132,3 +132,7 @@ def test_cli_report_prints_metrics_for_saved_arrays(tmp_path, capsys):
     assert "tokens" in out and "60.0 %" in out and "ESS sequences" in out
     np.savez(path, trainer=P.numpy())
     assert main(["rl", "report", str(path)]) == 2
+    npy = tmp_path / "lp.npy"  # a single array, not an archive: a clear error, not a traceback
+    np.save(npy, P.numpy())
+    assert main(["rl", "report", str(npy)]) == 2
+    assert "not an .npz archive" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""The `cpu` backend: the strict specs compiled with numba, bit for bit the reference's output.
+
+Chosen automatically for CPU tensors (priority above `reference`); `reference` stays selectable by
+name and remains the source of the golden bits. Ops it does not implement (see ``ops()``) fall
+back to the reference through dispatch. Without numba it is unavailable and auto-selection falls
+back to the reference. float64 inputs run the float64 oracle, as on the reference.
+
+Threads: each call runs the numba kernels on ``torch.get_num_threads()`` threads (capped by numba's
+pool), so ``torch.set_num_threads`` governs both. Work is split over independent outputs only,
+so the thread count never changes a bit. Unless ``NUMBA_THREADING_LAYER`` says otherwise, numba's
+``workqueue`` layer is used: the OpenMP layer shares libgomp with torch and measured ~30 ms per
+call here (spinning workers of the two pools); workqueue is not safe for concurrent launches, so
+calls are serialised by a lock.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import threading
+
+import torch
+
+from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+from hal.kernels import oracle
+
+F64 = torch.float64
+
+#: conformance families whose every op this backend implements (so it claims every level there)
+_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention")
+
+
+def _kernel(module: str):
+    return importlib.import_module(f"hal.kernels.cpu.{module}")
+
+
+_lock = threading.Lock()
+
+
+def _strict(fn):
+    """Check the FP environment and set numba's thread count before a compiled call."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        import numba
+        from hal.kernels.cpu.host import check_fp_environment
+        if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+            numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
+        with _lock:
+            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+            check_fp_environment()
+            return fn(self, *args, **kwargs)
+    return wrapper
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    device_types = ("cpu",)
+    priority = 10
+    dtypes = FLOAT_DTYPES + (F64,)
+    description = "the strict specs compiled with numba: the reference bits, compiled (GDN ops fall back to the reference)"
+
+    def unavailable_reason(self):
+        if importlib.util.find_spec("numba") is None:
+            return "numba is not installed (pip install numba); the reference backend serves CPU tensors"
+        return None
+
+    def claimed_levels(self, family, spec):
+        return frozenset(LEVELS) if family in _FAMILIES else frozenset()
+
+    @_strict
+    def matmul(self, a, b, spec):
+        return oracle.matmul(a, b) if a.dtype == F64 else _kernel("matmul").matmul(a, b, spec)
+
+    @_strict
+    def linear(self, x, weight, bias, spec):
+        return oracle.linear(x, weight, bias) if x.dtype == F64 else _kernel("matmul").linear(x, weight, bias, spec)
+
+    @_strict
+    def rms_norm(self, x, weight, eps, residual, spec):
+        if x.dtype == F64:
+            return oracle.rms_norm(x, weight, eps, residual)
+        return _kernel("rms_norm").rms_norm(x, weight, eps, residual, spec)
+
+    @_strict
+    def softmax(self, x, spec):
+        return oracle.softmax(x) if x.dtype == F64 else _kernel("softmax").softmax(x, spec)
+
+    @_strict
+    def log_softmax(self, x, spec):
+        return oracle.log_softmax(x) if x.dtype == F64 else _kernel("softmax").log_softmax(x, spec)
+
+    @_strict
+    def logsumexp(self, x, spec):
+        return oracle.logsumexp(x) if x.dtype == F64 else _kernel("softmax").logsumexp(x, spec)
+
+    @_strict
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        if F64 in (hidden.dtype, weight.dtype):
+            return oracle.token_logprobs(hidden, weight, tokens, temperature)
+        return _kernel("softmax").token_logprobs(hidden, weight, tokens, temperature, spec)
+
+    @_strict
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+        if q.dtype == F64:
+            from hal.kernels.oracle import attention as _oa
+            return _oa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window)
+        return _kernel("attention").flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal,
+                                                           window, spec)
+
+    @_strict
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                num_splits, spec):
+        if q.dtype == F64:
+            from hal.kernels.oracle import attention as _oa
+            return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
+        return _kernel("attention").flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale,
+                                                            causal, window, num_splits, spec)

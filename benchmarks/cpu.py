@@ -1,0 +1,117 @@
+"""Benchmark rows for the `cpu` backend (numba) against stock torch on the same tensors.
+
+    python -m benchmarks.run --ops cpu --threads 1 2 --plot     # ratios at 1 and 2 threads + PNG
+    python -m benchmarks.cpu --first-call                        # first call vs steady state
+
+Shapes follow issue 9's table: linear decode (M=1, K=N=4096, fp32 and bf16) and 16x256x256 /
+128x1024x1024, rms_norm / softmax / log_softmax / token_logprobs at V=32k, attention decode
+against a 4k paged cache and a T=512 causal prefill (vs SDPA). The gated delta rule is not in the
+cpu backend yet (it falls back to the reference), so it has no row here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal.kv_cache import KVCache
+
+B = "cpu"
+
+
+def _r(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _linear_rows():
+    out = []
+    for m, k, n, dt in ((1, 4096, 4096, torch.float32), (1, 4096, 4096, torch.bfloat16),
+                        (16, 256, 256, torch.float32), (128, 1024, 1024, torch.float32)):
+        x, w = _r(m, k, dtype=dt), _r(n, k, seed=1, dtype=dt)
+        name = "fp32" if dt == torch.float32 else "bf16"
+        out.append(("linear", f"{m}x{k}x{n} {name}", lambda x=x, w=w: hal.linear(x, w, backend=B),
+                    lambda x=x, w=w: F.linear(x, w)))
+    return out
+
+
+def _foundation_rows(quick):
+    hn, hh = (16, 1024) if quick else (256, 4096)
+    sr, sv = (8, 4096) if quick else (32, 32768)
+    tn, th, tv = (8, 128, 4096) if quick else (32, 512, 32768)
+    x, w = _r(hn, hh), _r(hh, seed=2)
+    s = _r(sr, sv)
+    h, W, tok = _r(tn, th), _r(tv, th, seed=3), torch.arange(tn) * 13 % tv
+    return [
+        ("rms_norm", f"{hn}x{hh} fp32", lambda: hal.rms_norm(x, w, backend=B), lambda: F.rms_norm(x, (hh,), w, 1e-6)),
+        ("softmax", f"{sr}x{sv} fp32", lambda: hal.softmax(s, backend=B), lambda: torch.softmax(s, -1)),
+        ("log_softmax", f"{sr}x{sv} fp32", lambda: hal.log_softmax(s, backend=B), lambda: torch.log_softmax(s, -1)),
+        ("token_logprobs", f"N{tn} H{th} V{tv} fp32", lambda: hal.token_logprobs(h, W, tok, backend=B),
+         lambda: torch.log_softmax(F.linear(h, W), -1).gather(-1, tok[:, None])),
+    ]
+
+
+def _attention_rows(quick):
+    hq, hkv, d = 8, 2, 128
+    group = hq // hkv
+    t = 128 if quick else 512
+    q, k, v = _r(t, hq, d), _r(t, hkv, d, seed=1), _r(t, hkv, d, seed=2)
+    cu = torch.tensor([0, t], dtype=torch.int32)
+    qt, kt, vt = (x.repeat_interleave(hq // x.shape[1], 1).transpose(0, 1)[None] for x in (q, k, v))
+    prefill = (lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, t, t, causal=True, backend=B),
+               lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True))
+    bsz, ctx = (2, 512) if quick else (4, 4096)
+    cache = KVCache.paged(bsz, ctx, hkv, d, page_size=16)
+    cache.write(_r(bsz, ctx, hkv, d, seed=3), _r(bsz, ctx, hkv, d, seed=4))
+    qd = _r(bsz, 1, hq, d, seed=5)
+    kc = torch.stack([cache.keys(b) for b in range(bsz)]).repeat_interleave(group, 2).transpose(1, 2)
+    vc = torch.stack([cache.values(b) for b in range(bsz)]).repeat_interleave(group, 2).transpose(1, 2)
+    decode = (lambda: hal.flash_attn_with_kvcache(qd, cache.k, cache.v, cache_seqlens=cache.seqlens,
+                                                  block_table=cache.block_table, backend=B),
+              lambda: F.scaled_dot_product_attention(qd.transpose(1, 2), kc, vc))
+    return [("attention prefill", f"T{t} H{hq}/{hkv} D{d} causal", *prefill),
+            ("attention decode", f"B{bsz} ctx{ctx} paged16 H{hq}/{hkv} D{d}", *decode)]
+
+
+def rows(quick: bool):
+    return _linear_rows() + _foundation_rows(quick) + _attention_rows(quick)
+
+
+def _first_call_child():
+    """Run in a fresh process: the first call of each row (numba loads or compiles), then steady state."""
+    from benchmarks.run import median_time
+    torch.set_grad_enabled(False)
+    for op, shape, ours, _ in rows(quick=True):
+        t0 = time.perf_counter()
+        ours()
+        first = time.perf_counter() - t0
+        print(f"{op:<20} {shape:<32} first call {first * 1e3:9.1f} ms   steady {median_time(ours, 3) * 1e3:8.2f} ms",
+              flush=True)
+
+
+def first_call_report():
+    """First-call vs steady-state times in fresh processes: with an empty numba cache (JIT compile)
+    and with the cache that the first process left on disk (load only)."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, NUMBA_CACHE_DIR=d)
+        for label in ("empty numba cache (compiles)", "warm numba cache (loads from disk)"):
+            print(f"--- fresh process, {label}", flush=True)
+            subprocess.run([sys.executable, "-m", "benchmarks.cpu", "--child"], env=env, check=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--first-call", action="store_true")
+    p.add_argument("--child", action="store_true")
+    a = p.parse_args()
+    if a.child:
+        _first_call_child()
+    else:
+        first_call_report()

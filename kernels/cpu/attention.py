@@ -1,0 +1,175 @@
+"""Softmax attention under an AttentionSpec (strict), one (sequence, query row, head) per task.
+
+The arithmetic is kernels/reference/attention.py's, written per query row: keys in splits of
+``kv_split`` anchored at key 0, blocks of ``kv_block`` inside a split; per block the visible
+scores' max updates the running max m, p = exp(s - m), the block's l (sum) and acc (fma chain over
+keys, per head dim) start from +0.0 and are folded into the split's running l / acc with
+alpha = exp(m_prev - m); splits are merged in order. Blocks and splits with no visible key are
+skipped (so how many splits a call computes at once, ``num_splits``, never matters: the reference
+merges the same splits in the same order). Host-side layout (varlen <-> padded, paged gather,
+key visibility) is the shared code in hal/attention.py and hal/kv_cache.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from hal.attention import key_visibility, padded_to_varlen, query_positions, varlen_to_padded
+from hal.kv_cache import gather_kv
+
+from .host import F32, finish, raw
+from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
+
+P_FP32, P_BF16, P_FP16 = 0, 1, 2
+_P_MODE = {torch.bfloat16: P_BF16, torch.float16: P_FP16}
+
+
+@njit(inline="always", cache=True)
+def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
+    """sc[j - b0] = (q . k_j) * scale for keys b0..b1-1, kt [D, K] the head's keys transposed: per key
+    the canonical tiled chain over the head dim (tile partials added in order from +0.0). The keys
+    of a block are independent chains advanced together, so the loop over keys vectorises."""
+    d = qv.shape[0]
+    w = b1 - b0
+    for j in range(w):
+        sc[j] = ZERO
+    for c0 in range(0, d, dt):
+        for j in range(w):
+            tmp[j] = ZERO
+        for c in range(c0, min(c0 + dt, d)):
+            x = qv[c]
+            row = kt[c, b0:b1]
+            for j in range(w):
+                tmp[j] = fma(x, widen(row[j]), tmp[j])
+        for j in range(w):
+            sc[j] = sc[j] + tmp[j]
+    for j in range(w):
+        sc[j] = sc[j] * scale
+
+
+@njit(parallel=True, cache=True)
+def _attend(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+    bsz, nq, hq, d = q.shape
+    hkv = kt.shape[1]
+    group = hq // hkv
+    for task in prange(bsz * nq * hq):
+        b = task // (nq * hq)
+        i = (task // hq) % nq
+        h = task % hq
+        hk = h // group
+        vrow = vis[b, i]
+        last = -1
+        for j in range(vrow.shape[0] - 1, -1, -1):
+            if vrow[j]:
+                last = j
+                break
+        o = out[b, i, h]
+        if last < 0:  # no visible key: out 0, lse -inf
+            o[:] = ZERO
+            lse[b, i, h] = NEG_INF
+            continue
+        qv = np.empty(d, np.float32)
+        for c in range(d):
+            qv[c] = widen(q[b, i, h, c])
+        sc = np.empty(kb, np.float32)
+        tmp = np.empty(kb, np.float32)
+        kth = kt[b, hk]
+        acc_blk = np.empty(d, np.float32)
+        acc = np.empty(d, np.float32)
+        acc_tot = np.zeros(d, np.float32)
+        m_tot = NEG_INF
+        l_tot = ZERO
+        seen = False
+        for s0 in range(0, last + 1, ks):
+            s1 = min(s0 + ks, last + 1)
+            m_run = NEG_INF
+            l_run = ZERO
+            acc[:] = ZERO
+            split_seen = False
+            for b0 in range(s0, s1, kb):
+                b1 = min(b0 + kb, s1)
+                nonempty = False
+                for j in range(b0, b1):
+                    nonempty = nonempty or vrow[j]
+                m_blk = NEG_INF
+                if nonempty:
+                    _block_scores(qv, kth, b0, b1, dt, scale, sc, tmp)
+                    for j in range(b0, b1):
+                        if vrow[j]:
+                            m_blk = nanmax(m_blk, sc[j - b0])
+                m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
+                if nonempty:
+                    l_blk = ZERO
+                    acc_blk[:] = ZERO
+                    for j in range(b0, b1):
+                        if vrow[j]:
+                            p = exp(sc[j - b0] - m_new)
+                            l_blk = l_blk + p
+                            pv = p
+                            if p_mode == P_BF16:
+                                pv = round_bf16(p)
+                            elif p_mode == P_FP16:
+                                pv = round_f16(p)
+                            vr = v[b, j, hk]
+                            for c in range(d):
+                                acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
+                    alpha = exp(m_run - m_new)
+                    l_run = fma(l_run, alpha, l_blk)
+                    for c in range(d):
+                        acc[c] = fma(acc[c], alpha, acc_blk[c])
+                    split_seen = True
+                m_run = m_new
+            if split_seen:  # merge this split into the total, in split order
+                m_new = nanmax(m_tot, m_run)
+                a = exp(m_tot - m_new)
+                cc = exp(m_run - m_new)
+                l_tot = fma(l_tot, a, l_run * cc)
+                for c in range(d):
+                    acc_tot[c] = fma(acc_tot[c], a, acc[c] * cc)
+                m_tot = m_new
+                seen = True
+        if seen:
+            for c in range(d):
+                o[c] = canon(acc_tot[c] / l_tot)
+            lse[b, i, h] = canon(m_tot + log(l_tot))
+        else:
+            o[:] = ZERO
+            lse[b, i, h] = NEG_INF
+
+
+def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
+    """As the reference's attend_padded: q [b, Q, Hq, D], k, v [b, K, Hkv, D] -> out (q's dtype), lse f32."""
+    bsz, n_q, hq, d = q.shape
+    qpos, qvalid = query_positions(qlen, klen, n_q)
+    vis = key_visibility(qpos, qvalid, klen, k.shape[1], causal, window)
+    out = torch.empty((bsz, n_q, hq, d), dtype=F32)
+    lse = torch.empty((bsz, n_q, hq), dtype=F32)
+    p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
+    if out.numel():
+        # keys transposed per (sequence, kv head) to [D, K]: O(K*D), so a block's scores vectorise
+        _attend(raw(q), raw(k.permute(0, 2, 3, 1)), raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
+                spec.dot_tile, p_mode, out.numpy(), lse.numpy())
+    return finish(out, q.dtype), lse
+
+
+def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+    max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))
+    qp, qlen = varlen_to_padded(q, cu_q, max_q)
+    kp, klen = varlen_to_padded(k, cu_k, max_k)
+    vp, _ = varlen_to_padded(v, cu_k, max_k)
+    out, lse = attend_padded(qp, kp, vp, qlen, klen, scale, causal, window, spec)
+    return (padded_to_varlen(out, cu_q, q.shape[0]),
+            padded_to_varlen(lse, cu_q, q.shape[0], float("-inf")).transpose(0, 1).contiguous())
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):
+    # num_splits changes how a split-KV kernel schedules work, never the bits: the splits are
+    # merged in the spec's order either way, so this kernel ignores it.
+    bsz, sq = q.shape[:2]
+    max_k = int(seqlens_k.max()) if bsz else 0
+    kp = gather_kv(k_cache, seqlens_k, block_table, max_k)
+    vp = gather_kv(v_cache, seqlens_k, block_table, max_k)
+    qlen = torch.full((bsz,), sq, dtype=torch.int64)
+    out, lse = attend_padded(q, kp, vp, qlen, seqlens_k, scale, causal, window, spec)
+    return out, lse.transpose(1, 2).contiguous()

@@ -1,0 +1,142 @@
+"""softmax / log_softmax / logsumexp and token log-probs (strict): one row per task.
+
+Per row (SoftmaxSpec): M = row max (exact); a NaN or +inf anywhere poisons the row (M = NaN);
+a row of -inf only is empty (shift 0, fixed up at the output); S = canonical tiled sum of
+exp(x - M); outputs from (x - M), S and log S exactly as kernels/reference/softmax.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .host import F32, finish, raw
+from .matmul import dot_rows_kn
+from .reduce import tiled_sum
+from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+@njit(inline="always", cache=True)
+def _row_max(x):
+    """(max, poisoned) of row x: the max ignoring NaN (exact, order-free) in 8 independent lanes so
+    it vectorises; poisoned when a NaN or +inf is present."""
+    n = x.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = NEG_INF
+    nans = 0
+    n8 = n - n % 8
+    for i in range(0, n8, 8):
+        v0, v1, v2, v3 = widen(x[i]), widen(x[i + 1]), widen(x[i + 2]), widen(x[i + 3])
+        v4, v5, v6, v7 = widen(x[i + 4]), widen(x[i + 5]), widen(x[i + 6]), widen(x[i + 7])
+        m0 = v0 if v0 > m0 else m0
+        m1 = v1 if v1 > m1 else m1
+        m2 = v2 if v2 > m2 else m2
+        m3 = v3 if v3 > m3 else m3
+        m4 = v4 if v4 > m4 else m4
+        m5 = v5 if v5 > m5 else m5
+        m6 = v6 if v6 > m6 else m6
+        m7 = v7 if v7 > m7 else m7
+        nans += (v0 != v0) + (v1 != v1) + (v2 != v2) + (v3 != v3) + (v4 != v4) + (v5 != v5) + (v6 != v6) + (v7 != v7)
+    for i in range(n8, n):
+        v = widen(x[i])
+        m0 = v if v > m0 else m0
+        nans += v != v
+    m = m0
+    for mj in (m1, m2, m3, m4, m5, m6, m7):
+        m = mj if mj > m else m
+    return m, nans > 0 or m == POS_INF
+
+
+@njit(inline="always", cache=True)
+def _row_stats(x, t, e, part):
+    """(shift, S, empty) of row x; fills e with exp(x - shift)."""
+    n = x.shape[0]
+    m, poisoned = _row_max(x)
+    empty = (not poisoned) and m == NEG_INF
+    if poisoned:
+        m = NAN
+    elif empty:
+        m = ZERO
+    for i in range(n):
+        e[i] = exp(widen(x[i]) - m)
+    return m, tiled_sum(e, t, part), empty
+
+
+@njit(parallel=True, cache=True)
+def _softmax_rows(x, t, kind, out):
+    rows, n = x.shape
+    for r in prange(rows):
+        e = np.empty(n, np.float32)
+        part = np.empty(max(1, (n + t - 1) // t), np.float32)
+        xr = x[r]
+        m, s, empty = _row_stats(xr, t, e, part)
+        o = out[r]
+        if kind == LOGSUMEXP:
+            o[0] = NEG_INF if empty else canon(m + log(s))
+        elif kind == LOG_SOFTMAX:
+            ls = log(s)
+            for i in range(n):
+                o[i] = NEG_INF if empty else canon((widen(xr[i]) - m) - ls)
+        else:
+            for i in range(n):
+                o[i] = ZERO if empty else canon(e[i] / s)
+
+
+def _run(x, spec, kind):
+    n = x.shape[-1]
+    x2 = raw(x.reshape(math.prod(x.shape[:-1]), n))
+    out = torch.empty((x2.shape[0], 1 if kind == LOGSUMEXP else n), dtype=F32)
+    if x2.shape[0] and (n or kind == LOGSUMEXP):
+        _softmax_rows(x2, spec.tile, kind, out.numpy())
+    if kind == LOGSUMEXP:
+        return finish(out, x.dtype).reshape(x.shape[:-1])
+    return finish(out, x.dtype).reshape(x.shape)
+
+
+def softmax(x, spec):
+    return _run(x, spec, SOFTMAX)
+
+
+def log_softmax(x, spec):
+    return _run(x, spec, LOG_SOFTMAX)
+
+
+def logsumexp(x, spec):
+    return _run(x, spec, LOGSUMEXP)
+
+
+@njit(parallel=True, cache=True)
+def _logprob_rows(logits_t, col0, tokens, temp, scale, t, out):
+    """out[col0 + c] for the columns c of logits_t [V, C] (one token's logits per column)."""
+    v, cols = logits_t.shape
+    for c in prange(cols):
+        row = np.empty(v, np.float32)
+        e = np.empty(v, np.float32)
+        part = np.empty(max(1, (v + t - 1) // t), np.float32)
+        for i in range(v):
+            row[i] = logits_t[i, c] / temp if scale else logits_t[i, c]
+        m, s, empty = _row_stats(row, t, e, part)
+        out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
+
+
+_ROW_CHUNK = 64  # tokens per chunk: at most V x 64 float32 logits exist at a time
+
+
+def token_logprobs(hidden, weight, tokens, temperature, spec):
+    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
+    n = tokens.numel()
+    w = raw(weight)
+    # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
+    # of hidden[n] and W[v], computed without transposing the (large) LM head.
+    ht = raw(hidden.reshape(n, hidden.shape[-1]).t())
+    tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
+    out = torch.empty(n, dtype=F32)
+    temp = np.float32(temperature)
+    for c0 in range(0, n, _ROW_CHUNK):
+        c1 = min(n, c0 + _ROW_CHUNK)
+        lt = dot_rows_kn(w, np.ascontiguousarray(ht[:, c0:c1]), spec.hidden_tile)
+        _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+    return out.reshape(tokens.shape)

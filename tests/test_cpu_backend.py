@@ -1,0 +1,298 @@
+"""The `cpu` backend (numba) computes the reference backend's bits exactly.
+
+Every bit claim compares raw bits (first_divergence) against the reference, whose NaNs are made
+canonical first (the strict policy's one NaN per dtype; the cpu backend writes it at every output).
+Negative controls: a double-rounding `a*b + c` chain and a fastmath chain, compiled the same way,
+are caught by the same comparison.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import hal
+from hal.conformance.bits import first_divergence
+from hal.spec import MatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# LOCKSTEP_FULL=1 runs 200 examples per randomized test (minutes); CI runs 15.
+HYP = settings(max_examples=200 if os.environ.get("LOCKSTEP_FULL") else 15, deadline=None,
+               suppress_health_check=[HealthCheck.too_slow])
+
+
+def canon(t):
+    from hal.kernels.cpu.host import canonical_nan
+    return canonical_nan(t.clone()) if t.is_floating_point() else t
+
+
+def same(label, ref, got):
+    """Assert bit identity of a cpu result with the reference result (NaNs canonical)."""
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for i, (r, g) in enumerate(zip(refs, gots)):
+        div = first_divergence(f"{label}[{i}]", canon(r), g)
+        assert div is None, str(div)
+
+
+def both(fn, *args, **kw):
+    return fn(*args, backend="reference", **kw), fn(*args, backend="cpu", **kw)
+
+
+def randn(g, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+# ------------------------------------------------------------------ randomized bit identity
+
+@HYP
+@given(m=st.integers(1, 9), k=st.integers(0, 200), n=st.integers(1, 40), dt=st.sampled_from(DTYPES),
+       tile=st.sampled_from([1, 7, 64]), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_linear_matmul_bits(m, k, n, dt, tile, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = randn(g, m, k, dtype=dt), randn(g, n, k, dtype=dt)
+    b = randn(g, n, dtype=dt) if bias else None
+    spec = MatmulSpec(k_tile=tile)
+    same("linear", *both(hal.linear, x, w, b, spec=spec))
+    same("matmul", *both(hal.matmul, x.reshape(1, m, k), w.t(), spec=spec))
+
+
+@HYP
+@given(rows=st.integers(1, 6), h=st.integers(1, 700), dt=st.sampled_from(DTYPES), tile=st.sampled_from([16, 256]),
+       res=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_bits(rows, h, dt, tile, res, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = randn(g, rows, h, dtype=dt, scale=3.0), randn(g, h, dtype=dt)
+    r = randn(g, rows, h, dtype=dt) if res else None
+    same("rms_norm", *both(hal.rms_norm, x, w, 1e-6, residual=r, spec=RMSNormSpec(hidden_tile=tile)))
+
+
+def _special_rows(g, rows, n):
+    x = torch.randn(rows, n, generator=g) * 20
+    kind = torch.randint(0, 6, (rows,), generator=g)
+    for i in range(rows):
+        if kind[i] == 1:
+            x[i, torch.randint(0, n, (1,), generator=g)] = float("nan")
+        elif kind[i] == 2:
+            x[i, torch.randint(0, n, (1,), generator=g)] = float("inf")
+        elif kind[i] == 3:
+            x[i] = float("-inf")
+        elif kind[i] == 4:
+            x[i, ::2] = float("-inf")
+    return x
+
+
+@HYP
+@given(rows=st.integers(1, 6), n=st.integers(1, 900), dt=st.sampled_from(DTYPES), tile=st.sampled_from([5, 256]),
+       seed=st.integers(0, 2**16))
+def test_softmax_family_bits(rows, n, dt, tile, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = _special_rows(g, rows, n).to(dt)
+    spec = SoftmaxSpec(tile=tile)
+    for fn in (hal.softmax, hal.log_softmax, hal.logsumexp):
+        same(fn.__name__, *both(fn, x, spec=spec))
+
+
+@HYP
+@given(n=st.integers(1, 70), h=st.integers(1, 100), v=st.integers(1, 600), dt=st.sampled_from(DTYPES),
+       temp=st.sampled_from([1.0, 0.7]), ht=st.sampled_from([8, 64]), vt=st.sampled_from([32, 256]),
+       seed=st.integers(0, 2**16))
+def test_token_logprobs_bits(n, h, v, dt, temp, ht, vt, seed):
+    g = torch.Generator().manual_seed(seed)
+    hid, w = randn(g, n, h, dtype=dt), randn(g, v, h, dtype=dt)
+    tok = torch.randint(0, v, (n,), generator=g)
+    spec = TokenLogprobsSpec(hidden_tile=ht, vocab_tile=vt)
+    same("token_logprobs", *both(hal.token_logprobs, hid, w, tok, temperature=temp, spec=spec))
+
+
+# ------------------------------------------------------------------ invariances (by construction; shown)
+
+def test_linear_row_alone_equals_row_in_batch():
+    # one row runs the [N, K] scalar-chain kernel, a batch the [K, N] vector kernel: same bits
+    g = torch.Generator().manual_seed(1)
+    x, w = randn(g, 33, 300), randn(g, 70, 300)
+    batch = hal.linear(x, w, backend="cpu")
+    for i in (0, 5, 32):
+        div = first_divergence(f"row {i}", batch[i:i + 1], hal.linear(x[i:i + 1], w, backend="cpu"))
+        assert div is None, str(div)
+    # negative control: torch's own linear is not batch invariant here
+    stock = torch.nn.functional.linear
+    assert any(first_divergence("stock", stock(x, w)[i:i + 1], stock(x[i:i + 1], w)) is not None for i in range(33))
+
+
+def test_thread_count_does_not_change_bits():
+    g = torch.Generator().manual_seed(2)
+    x, w = randn(g, 64, 512), randn(g, 256, 512)
+    s = randn(g, 16, 3000)
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append((hal.linear(x, w, backend="cpu"), hal.log_softmax(s, backend="cpu")))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*outs):
+        assert first_divergence("threads", a, b) is None
+
+
+def test_auto_selection_prefers_cpu_and_reference_stays_selectable():
+    x = torch.randn(3, 4)
+    spec = hal.spec.DEFAULTS["softmax"]
+    assert hal.select("softmax", spec, x.dtype, x.device).name == "cpu"
+    with hal.use("reference"):
+        assert hal.select("softmax", spec, x.dtype, x.device).name == "reference"
+
+
+def test_without_numba_auto_selection_falls_back(monkeypatch):
+    cpu = hal.get_backend("cpu")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    assert "numba" in cpu.unavailable_reason()
+    x = torch.randn(3, 4)
+    spec = hal.spec.DEFAULTS["softmax"]
+    assert hal.select("softmax", spec, x.dtype, x.device).name == "reference"
+    with pytest.raises(hal.UnsupportedError, match="numba"):
+        hal.softmax(x, backend="cpu")
+
+
+def test_flush_to_zero_is_refused():
+    x = torch.randn(2, 8)
+    torch.set_flush_denormal(True)
+    try:
+        with pytest.raises(hal.UnsupportedError, match="flush"):
+            hal.softmax(x, backend="cpu")
+    finally:
+        torch.set_flush_denormal(False)
+    hal.softmax(x, backend="cpu")  # fine again
+
+
+def test_subnormals_are_kept():
+    tiny = torch.tensor([[2.0 ** -140, 3.0 * 2.0 ** -149, -(2.0 ** -130)]])
+    one = torch.ones(1, 1)
+    same("subnormal linear", *both(hal.linear, tiny.t().contiguous(), one))
+    assert bool((hal.linear(tiny.t().contiguous(), one, backend="cpu") != 0).all())
+
+
+def test_bf16_fp16_conversion_is_round_to_nearest_even():
+    """The host rounds float32 results with torch's .to(): check it against integer RNE on ties,
+    subnormals and random patterns (the reference rounds the same way, so this pins the rule)."""
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(0, 2**31 - 1, (200_000,), generator=g, dtype=torch.int64)
+    bits = torch.cat([bits, (torch.arange(0, 2**16) << 16) | 0x8000, torch.arange(0, 300)])  # bf16 ties
+    x = (bits & 0x7F7FFFFF).to(torch.int32).view(torch.float32)  # finite
+    b = x.numpy().view(np.uint32).astype(np.uint64)
+    rne = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    assert (x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16) == rne).all()
+    half = x[(x.abs() < 65504)]
+    exact = half.double().numpy().astype(np.float16)  # numpy's float64 -> float16 is RNE
+    assert (half.to(torch.float16).view(torch.int16).numpy() == exact.view(np.int16)).all()
+
+
+# ------------------------------------------------------------------ negative controls
+
+def _variant_dot(kind):
+    """The cpu linear kernel's per-output chain, compiled wrongly on purpose."""
+    from numba import njit
+    from hal.kernels.cpu.strict_math import ZERO
+
+    def chain(x, w, t, out):
+        for n in range(w.shape[0]):
+            total = ZERO
+            for k0 in range(0, x.shape[0], t):
+                acc = ZERO
+                for k in range(k0, min(k0 + t, x.shape[0])):
+                    acc = x[k] * w[n, k] + acc  # double rounding (or reassociated under fastmath)
+                total = total + acc
+            out[n] = total
+    return njit(fastmath=(kind == "fastmath"))(chain)
+
+
+@pytest.mark.parametrize("kind", ["double_rounding", "fastmath"])
+def test_negative_control_wrong_arithmetic_is_caught(kind):
+    g = torch.Generator().manual_seed(4)
+    x, w = randn(g, 1, 512), randn(g, 64, 512)
+    out = np.empty(64, np.float32)
+    _variant_dot(kind)(x[0].numpy(), w.numpy(), 64, out)
+    ref = hal.linear(x, w, backend="reference")[0]
+    assert first_divergence("variant", ref, torch.from_numpy(out)) is not None
+    assert first_divergence("cpu", ref, hal.linear(x, w, backend="cpu")[0]) is None
+
+
+# ------------------------------------------------------------------ attention
+
+from hal.spec import AttentionSpec  # noqa: E402
+
+
+@HYP
+@given(lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 90)), min_size=1, max_size=3),
+       heads=st.sampled_from([(1, 1), (4, 2), (3, 1)]), d=st.sampled_from([8, 40, 64]),
+       causal=st.booleans(), window=st.sampled_from([(-1, -1), (17, 0), (5, 3)]), dt=st.sampled_from(DTYPES),
+       tiles=st.sampled_from([(16, 32, 64, "fp32"), (64, 256, 64, "fp32"), (16, 64, 8, "input")]),
+       seed=st.integers(0, 2**16))
+def test_attention_varlen_bits(lens, heads, d, causal, window, dt, tiles, seed):
+    g = torch.Generator().manual_seed(seed)
+    lq = [min(a, b) for a, b in lens]  # queries are the last keys of their sequence
+    lk = [b for _, b in lens]
+    hq, hkv = heads
+    q, k, v = randn(g, sum(lq), hq, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt)
+    cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+    kb, ks, dtile, pp = tiles
+    spec = AttentionSpec(kv_block=kb, kv_split=ks, dot_tile=dtile, p_precision=pp)
+    ref, got = both(hal.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                    window_size=window, return_lse=True, spec=spec)
+    same("varlen", ref, got)
+
+
+@HYP
+@given(b=st.integers(1, 3), cached=st.integers(0, 150), sq=st.integers(1, 5), page=st.sampled_from([16, 48]),
+       splits=st.integers(0, 4), dt=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_attention_paged_kvcache_bits(b, cached, sq, page, splits, dt, seed):
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv, d = 4, 2, 32
+    pages_per_seq = -(-(cached + sq) // page)
+    n_pages = b * pages_per_seq
+    kc, vc = randn(g, n_pages, page, hkv, d, dtype=dt), randn(g, n_pages, page, hkv, d, dtype=dt)
+    table = torch.randperm(n_pages, generator=g).to(torch.int32).reshape(b, pages_per_seq)
+    q = randn(g, b, sq, hq, d, dtype=dt)
+    seqlens = torch.full((b,), cached + sq, dtype=torch.int32)
+    outs = [hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True,
+                                        num_splits=splits, return_lse=True, backend=name)
+            for name in ("reference", "cpu")]
+    same("paged", outs[0], outs[1])
+
+
+def test_attention_negative_controls_are_caught():
+    """The same comparison catches SDPA (stock) and a one-split variant of the merge arithmetic."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = randn(g, 40, 2, 32), randn(g, 600, 2, 32), randn(g, 600, 2, 32)
+    cu_q, cu_k = torch.tensor([0, 40], dtype=torch.int32), torch.tensor([0, 600], dtype=torch.int32)
+    args = (q, k, v, cu_q, cu_k, 40, 600)
+    ref = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference")
+    same("cpu", ref, hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="cpu"))
+    stock = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="stock")
+    assert first_divergence("stock", ref[0], stock[0]) is not None
+    # one split covering every key is a different (legal) spec: its bits must differ from the default's
+    one_split = AttentionSpec(kv_split=1024)
+    other = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, spec=one_split, backend="cpu")
+    assert first_divergence("split spec", ref[0], other[0]) is not None
+
+
+def test_concurrent_calls_from_python_threads():
+    """Calls from several Python threads at once (the backend serialises its numba launches)."""
+    from concurrent.futures import ThreadPoolExecutor
+    g = torch.Generator().manual_seed(6)
+    xs = [randn(g, 8, 256) for _ in range(8)]
+    w = randn(g, 64, 256)
+    serial = [hal.linear(x, w, backend="cpu") for x in xs]
+    with ThreadPoolExecutor(4) as ex:
+        threaded = list(ex.map(lambda x: hal.linear(x, w, backend="cpu"), xs))
+    for a, b in zip(serial, threaded):
+        assert first_divergence("threaded", a, b) is None
