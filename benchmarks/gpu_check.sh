@@ -5,8 +5,8 @@
 #
 # Writes to OUT_DIR: env.txt, lint.txt (PTX/TTIR lint with the GPU's own Triton), conformance.json /
 # conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
-# (lockstep triton vs stock torch, CUDA events, median), log.txt; with SEQ=1 also conformance_seq.* and
-# bench_seq.* (attention / GDN kernels, benchmarks/triton_attn_bench.py). Every step is time-boxed; a failing
+# (lockstep triton vs stock torch, CUDA events, median), log.txt, conformance_seq.* and bench_seq.* (attention /
+# GDN kernels, benchmarks/triton_attn_bench.py), exact.txt, rl_parity.txt (and jax.txt). Every step is time-boxed; a failing
 # step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
 # and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
 set -u
@@ -39,11 +39,19 @@ step lint 90 lint.txt "$PY" -m hal.kernels.triton.lint
 step conformance "${CONF_TIMEOUT:-240}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
   --device cuda --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
 step bench "${BENCH_TIMEOUT:-180}" bench.txt "$PY" -m benchmarks.triton_bench --csv "$OUT/bench.csv"
-# Sequence ops (attention, gated delta rule, GDN layer): opt-in (SEQ=1) so the default run stays within
-# its time box; quick case sets (each crosses every block / split / chunk boundary) and their benchmark.
-if [ "${SEQ:-0}" = 1 ]; then
+# Sequence ops (attention, gated delta rule, GDN layer): quick case sets (each crosses every block / split /
+# chunk boundary) and their benchmark. SEQ=0 skips them.
+if [ "${SEQ:-1}" = 1 ]; then
   step conformance-seq "${SEQ_CONF_TIMEOUT:-200}" conformance_seq.txt "$PY" -m hal.cli conformance run \
     --backend triton --device cuda --ops attention gated_delta_rule gdn_layer --quick --json "$OUT/conformance_seq.json"
   step bench-seq "${SEQ_BENCH_TIMEOUT:-150}" bench_seq.txt "$PY" -m benchmarks.triton_attn_bench --csv "$OUT/bench_seq.csv"
+fi
+# The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
+step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu
+# End to end: the RL sampler/trainer example on CUDA (lockstep ops are served by the triton backend).
+step rl-parity "${RL_TIMEOUT:-90}" rl_parity.txt "$PY" -m examples.rl_parity --device cuda
+# JAX (hal.jax) on XLA:GPU, when the jax benchmark module is present.
+if [ -f benchmarks/jax_bench.py ]; then
+  step jax "${JAX_TIMEOUT:-90}" jax.txt "$PY" -m benchmarks.jax_bench --gpu
 fi
 log "done"

@@ -70,6 +70,13 @@ def _conformance_run(args) -> int:
     from hal.conformance import report, runner
     from . import dispatch
     from .errors import BackendUnavailable
+    if args.device.split(":")[0] == "npu":  # torch knows the npu device type only once torch_npu is imported
+        from hal.backends.ascend import enable_npu
+        try:
+            enable_npu()
+        except BackendUnavailable as exc:
+            print(f"hal: --device npu: {exc}", file=sys.stderr)
+            return 2
     device = torch.device(args.device)
     if args.backend == "all":
         names = [n for n, b in dispatch.backends().items() if not b.unavailable_reason()]

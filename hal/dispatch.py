@@ -31,6 +31,7 @@ _BUILTIN = {
     "reference": "hal.backends.reference:ReferenceBackend",
     "stock": "hal.backends.stock:StockBackend",
     "triton": "hal.backends.triton:TritonBackend",
+    "ascend": "hal.backends.ascend:AscendBackend",
 }
 
 _lock = threading.Lock()

@@ -34,7 +34,7 @@ def test_registered_and_claims_its_families():
 def test_never_chosen_automatically_for_cpu_tensors(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     chosen = hal.select("matmul", DEFAULTS["matmul"], torch.float32, torch.device("cpu"))
-    assert chosen.name == "reference"
+    assert chosen.name != "triton"  # main now has a cpu backend: whichever backend it is, not triton
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -2,7 +2,10 @@
 
 Run by tests/test_triton_strict_math.py in a subprocess (Triton decides interpreter vs compiler when
 a kernel module is imported, so each mode gets its own process). Usage:
-    TRITON_INTERPRET=1 python tests/triton_math_check.py [--variant log_fused|tl_exp]
+    TRITON_INTERPRET=1 python tests/triton_math_check.py [--npu] [--variant log_fused|tl_exp|div_seed]
+
+--npu runs the Ascend variants (NPU=True: div/sqrt from the fma/int64 substitutes, fp16 rounding
+without tensor shifts, log through the substituted division) against the same reference bits.
 Prints one line per function and exits 1 on any differing bit pattern.
 """
 from __future__ import annotations
@@ -50,7 +53,13 @@ def _log_fused(x):
 
 
 @triton.jit
-def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+def _div_seed(a, b):
+    """Negative control: the division substitute's seed, truncated, without the exact int64 correction."""
+    return tl.math.div_rn(a, b).to(tl.int32, bitcast=True).to(tl.float32, bitcast=True) * (1.0 / b) * b
+
+
+@triton.jit
+def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, NPU: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=1.0)
@@ -58,19 +67,21 @@ def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     if OP == "exp":
         r = sm.canonical_nan(sm.exp(x))
     elif OP == "log":
-        r = sm.canonical_nan(sm.log(x))
+        r = sm.canonical_nan(sm.log(x, NPU))
     elif OP == "div":
-        r = sm.canonical_nan(sm.div(x, y))
+        r = sm.canonical_nan(sm.div(x, y, NPU))
     elif OP == "sqrt":
-        r = sm.canonical_nan(sm.sqrt(x))
+        r = sm.canonical_nan(sm.sqrt(x, NPU))
     elif OP == "fma":
         r = sm.canonical_nan(sm.fma(x, y, x))
     elif OP == "bf16":
         r = sm.round_to_bf16(x).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         r = r.to(tl.float32, bitcast=True)
     elif OP == "fp16":
-        r = sm.round_to_fp16(x).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        r = sm.round_out(x, tl.float16, NPU).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         r = r.to(tl.float32, bitcast=True)
+    elif OP == "div_seed":  # negative control
+        r = sm.canonical_nan(_div_seed(x, y))
     elif OP == "log_fused":  # negative control
         r = sm.canonical_nan(_log_fused(x))
     else:  # "tl_exp": negative control, Triton's own exp
@@ -78,11 +89,14 @@ def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, r, mask=mask)
 
 
+NPU = False
+BLOCK = 4096
+
+
 def run(op: str, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     y = x if y is None else y
     out = torch.empty_like(x)
-    block = 4096
-    launch(_unary, (triton.cdiv(x.numel(), block),), x, y, out, x.numel(), OP=op, BLOCK=block)
+    launch(_unary, (triton.cdiv(x.numel(), BLOCK),), x, y, out, x.numel(), OP=op, BLOCK=BLOCK, NPU=NPU)
     return out.view(torch.int32)
 
 
@@ -117,11 +131,26 @@ def inputs() -> torch.Tensor:
                       crafted_bits.view(torch.float32)])
 
 
+def div_cases(g) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quotients near and inside float32's subnormal range (ties included), near overflow, exact ones."""
+    k = torch.randint(1, 1 << 12, (1 << 13,), generator=g, dtype=torch.int32)
+    sub = (k.view(torch.float32))                                 # k * 2**-149
+    dx = torch.cat([sub, sub, torch.ldexp(torch.rand(1 << 13, generator=g) + 1, torch.randint(-30, 30, (1 << 13,), generator=g)),
+                    torch.tensor([3e38, -3e38, 1.0, 6.0, 1e-45, 3e-45])])
+    dy = torch.cat([torch.full_like(sub, 2.0), torch.full_like(sub, 4.0),
+                    torch.ldexp(torch.rand(1 << 13, generator=g) + 1, torch.randint(100, 127, (1 << 13,), generator=g)),
+                    torch.tensor([0.5, 0.25, 3.0, 3.0, 2.0, 2.0])])
+    return dx.float(), dy.float()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", choices=["log_fused", "tl_exp"], default=None,
+    ap.add_argument("--variant", choices=["log_fused", "tl_exp", "div_seed"], default=None,
                     help="negative control: run a deliberately wrong variant; it must differ")
+    ap.add_argument("--npu", action="store_true", help="the Ascend variants (NPU=True)")
     args = ap.parse_args()
+    global NPU
+    NPU = args.npu
     assert interpreting(), "run with TRITON_INTERPRET=1"
     problem = interpreter_problem()
     if problem:
@@ -132,6 +161,10 @@ def main() -> int:
     g = torch.Generator().manual_seed(9)
     y = (torch.randint(-2 ** 31, 2 ** 31 - 1, x.shape, generator=g, dtype=torch.int64).to(torch.int32)
          ).view(torch.float32)
+    if args.variant == "div_seed":
+        diff = int((run("div_seed", x, y) != canon32(x / y)).sum())
+        print(f"div_seed: {x.numel()} inputs, {diff} differ")
+        return 0 if diff else 1
     if args.variant is not None:
         fn, arg = (ref.log, pos) if args.variant == "log_fused" else (ref.exp, x)
         got = run(args.variant, arg)
@@ -139,6 +172,7 @@ def main() -> int:
         diff = int((got != want).sum())
         print(f"{args.variant}: {x.numel()} inputs, {diff} differ")
         return 0 if diff else 1  # a negative control passes when the check sees the difference
+    dx, dy = div_cases(g)
     checks = {
         "exp": (run("exp", x), canon32(ref.exp(x))),
         "log": (run("log", x), canon32(ref.log(x))),
@@ -146,7 +180,8 @@ def main() -> int:
         "div": (run("div", x, y), canon32(x / y)),
         # correctly rounded sqrt: float64 sqrt rounded to float32 (innocuous double rounding, 53 >= 2*24+2);
         # NOT torch.sqrt on float32, which on CPU is off by one ulp for ~0.6% of patterns (torch 2.13)
-        "sqrt": (run("sqrt", pos), canon32(torch.sqrt(pos.double()).float())),
+        "sqrt": (run("sqrt", x), canon32(torch.sqrt(x.double()).float())),
+        "div(subnormal results)": (run("div", dx, dy), canon32(dx / dy)),
         "fma": (run("fma", x, y), canon32(ref.fma_exact(x, y, x))),
         "bf16": (run("bf16", x), rne16_ref(x, torch.bfloat16)),
         "fp16": (run("fp16", x), rne16_ref(x, torch.float16)),
@@ -155,7 +190,7 @@ def main() -> int:
     for name, (got, want) in checks.items():
         diff = int((got != want).sum())
         bad += diff
-        print(f"{name}: {x.numel()} inputs, {diff} differ")
+        print(f"{name}: {got.numel()} inputs, {diff} differ")
         if diff:
             i = int((got != want).nonzero()[0])
             print(f"  first: input bits {int(x.view(torch.int32)[i]) & 0xFFFFFFFF:#010x} "

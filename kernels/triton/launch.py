@@ -52,10 +52,31 @@ def interpreter_problem() -> str | None:
     return None
 
 
-def launch(kernel, grid, *args, **kwargs) -> None:
-    """kernel[grid](*args, **kwargs) with fp fusion off; refuses a double-rounding interpreter."""
+def interpreter_layout() -> bool:
+    """The interpreter's layouts and block sizes (few large operations; REG 3-D register blocks), except for the Ascend
+    variant, which runs the GPU layout (small tiles that fit the unified buffer)."""
+    from . import ascend_launch
+    return interpreting() and not ascend_launch.npu_layout()
+
+
+def launch(kernel, grid, *args, persistent: bool = False, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs) with fp fusion off; refuses a double-rounding interpreter.
+
+    persistent: the kernel loops ``for w in range(program_id(0), n_work, num_programs(0))`` over
+    work items (a 2-D logical grid is flattened: w -> (w // n1, w % n1)) and takes ``NPU``; it gets
+    n_work / n1 / NPU here and runs on min(work, cores) programs for the Ascend variant, else on one
+    program per work item (the loop then runs once)."""
     if interpreting():
         problem = interpreter_problem()
         if problem is not None:
             raise RuntimeError(problem)
+    if persistent:
+        from . import ascend_launch
+        n_work = 1
+        for g in grid:
+            n_work *= g
+        if len(grid) == 2:
+            kwargs["n1"] = grid[1]
+        kwargs.update(n_work=n_work, NPU=ascend_launch.active())
+        grid = (ascend_launch.persistent_grid(n_work),)
     kernel[grid](*args, **kwargs, **STRICT_OPTIONS)

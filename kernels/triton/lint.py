@@ -112,57 +112,58 @@ def _ints(*names: str) -> dict:
     return {n: "i32" for n in names}
 
 
-def strict_kernels(full: bool = False) -> list[KernelCase]:
-    """The strict kernels with representative constexprs; full adds every dtype / mode variant."""
+def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
+    """The strict kernels with representative constexprs; full adds every dtype / mode variant; npu: the
+    Ascend variant (NPU=True: division / sqrt substitutes, fp16 rounding without tensor shifts)."""
     from . import matmul, rms_norm, softmax, token_logprobs as tlp
     cases = []
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         cases.append(KernelCase(
             f"matmul[{dt}]", matmul._matmul_kernel,
             {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
-             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
-            {"HAS_BIAS": True, "KT": 64, "OUT_DTYPE": tdt, "BM": 16, "BN": 64}))
+             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n", "n_work", "n1")},
+            {"HAS_BIAS": True, "KT": 64, "OUT_DTYPE": tdt, "BM": 16, "BN": 64, "NPU": npu}))
         cases.append(KernelCase(
             f"matmul.gemv_partials[{dt}]", matmul._gemv_partials_kernel,
             {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
-             **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n")},
-            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8}))
+             **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n", "n_work", "n1")},
+            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8, "NPU": npu}))
         if full:
             cases.append(KernelCase(
                 f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,
-                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"), **_ints("M", "N", "n_kt", "so_m", "so_n")},
-                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128}))
+                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"), **_ints("M", "N", "n_kt", "so_m", "so_n", "n_work")},
+                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128, "NPU": npu}))
         cases.append(KernelCase(
             f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
-            {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "h_float": "fp32", "eps": "fp32",
-             "n_tiles": "i32"},
-            {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 16, "BH": 256, "REG": False}))
+            {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "h_float": "fp32",
+             "eps": "fp32", "n_tiles": "i32", "n_work": "i32"},
+            {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 16, "BH": 256, "REG": False, "NPU": npu}))
         for mode in ((softmax.SOFTMAX,) + ((softmax.LOG_SOFTMAX, softmax.LOGSUMEXP) if full else ())):
             cases.append(KernelCase(
                 f"softmax[{dt},mode{mode}]", softmax._softmax_kernel,
-                {**_ptrs(dt, "x_ptr", "out_ptr"), **_ints("R", "n", "n_tiles")},
-                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 64, "BC": 512, "REG": False}))
+                {**_ptrs(dt, "x_ptr", "out_ptr"), **_ints("R", "n", "n_tiles", "n_work")},
+                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 64, "BC": 512, "REG": False, "NPU": npu}))
     dt = "bf16"
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
     cases.append(KernelCase(
         "token_logprobs.finish", tlp._finish_kernel,
         {**lm, "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
-         "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32"},
-        {"HAS_TEMP": True, "KT": 64, "BR": 16}))
+         "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32", "n_work": "i32"},
+        {"HAS_TEMP": True, "KT": 64, "BR": 16, "NPU": npu}))
     if full:
-        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16, "NTB": 1, "VT": 256}
+        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16, "NTB": 1, "VT": 256, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
             {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32", "n_chunks": "i32"}, blk))
+             "temp": "fp32", "n_chunks": "i32", "n_work": "i32", "n1": "i32"}, blk))
         cases.append(KernelCase(
             "token_logprobs.stats", tlp._stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
-             **_ints("R", "n_chunks")}, {"BR": 16, "BC": 64}))
+             **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
         cases.append(KernelCase(
             "token_logprobs.sum", tlp._sum_kernel,
             {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
-             "n_tiles": "i32"}, blk))
+             "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk))
     from . import seq_lint_cases  # attention and gated delta rule kernels
     cases += seq_lint_cases.cases(KernelCase, full)
     return cases

@@ -13,72 +13,76 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, strict_math as sm
-from .launch import interpreting, launch
+from . import ascend_launch, common, strict_math as sm
+from .launch import interpreter_layout, launch
 from .dtypes import tl_dtype
 
 
 @triton.jit
 def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
-                   sa_m, sa_k, sb_k, sb_n, so_m, so_n,
+                   sa_m, sa_k, sb_k, sb_n, so_m, so_n, n_work, n1,
                    HAS_BIAS: tl.constexpr, KT: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    row_ok = rows < M
-    col_ok = cols < N
-    acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
-    if HAS_BIAS:  # added once, after the K reduction
-        acc = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out = sm.round_out(acc, OUT_DTYPE)
-    ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
-    tl.store(ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
+                   BM: tl.constexpr, BN: tl.constexpr, NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item // n1) * BM + tl.arange(0, BM)
+        cols = (item % n1) * BN + tl.arange(0, BN)
+        row_ok = rows < M
+        col_ok = cols < N
+        acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
+        if HAS_BIAS:  # added once, after the K reduction
+            acc = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        out = sm.round_out(acc, OUT_DTYPE, NPU)
+        ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
+        tl.store(ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_k, sb_n,
-                          KT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr):
-    """Few rows (decode): the K tiles are independent chains, so they run in parallel too.
+def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_k, sb_n, n_work, n1,
+                          KT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr,
+                          NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        """Few rows (decode): the K tiles are independent chains, so they run in parallel too.
 
-    [BM, BN, NKT] partials: step j does element j of every K tile (fma chain from +0.0; a step past
-    K keeps the partial as it is), then each tile's partial goes to scratch [n_kt, M, N].
-    """
-    rows = tl.arange(0, BM)
-    row_ok = rows < M
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    col_ok = cols < N
-    tiles = tl.program_id(1) * NKT + tl.arange(0, NKT)
-    k0 = tiles.to(tl.int64) * KT
-    a_p = a_ptr + rows.to(tl.int64)[:, None] * sa_m + k0[None, :] * sa_k
-    b_p = b_ptr + cols.to(tl.int64)[:, None] * sb_n + k0[None, :] * sb_k
-    part = tl.zeros([BM, BN, NKT], dtype=tl.float32)
-    for j in range(0, tl.minimum(KT, K)):
-        kv = (k0 + j) < K
-        a = tl.load(a_p, mask=row_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
-        b = tl.load(b_p, mask=col_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
-        part = tl.where(kv[None, None, :], tl.fma(a[:, None, :], b[None, :, :], part), part)
-        a_p += sa_k
-        b_p += sb_k
-    offs = tiles.to(tl.int64)[None, None, :] * M * N + rows[:, None, None] * N + cols[None, :, None]
-    ok = row_ok[:, None, None] & col_ok[None, :, None] & (tiles < n_kt)[None, None, :]
-    tl.store(part_ptr + offs, part, mask=ok)
+        [BM, BN, NKT] partials: step j does element j of every K tile (fma chain from +0.0; a step past
+        K keeps the partial as it is), then each tile's partial goes to scratch [n_kt, M, N].
+        """
+        rows = tl.arange(0, BM)
+        row_ok = rows < M
+        cols = (item // n1) * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        tiles = (item % n1) * NKT + tl.arange(0, NKT)
+        k0 = tiles.to(tl.int64) * KT
+        a_p = a_ptr + rows.to(tl.int64)[:, None] * sa_m + k0[None, :] * sa_k
+        b_p = b_ptr + cols.to(tl.int64)[:, None] * sb_n + k0[None, :] * sb_k
+        part = tl.zeros([BM, BN, NKT], dtype=tl.float32)
+        for j in range(0, tl.minimum(KT, K)):
+            kv = (k0 + j) < K
+            a = tl.load(a_p, mask=row_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
+            b = tl.load(b_p, mask=col_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
+            part = tl.where(kv[None, None, :], tl.fma(a[:, None, :], b[None, :, :], part), part)
+            a_p += sa_k
+            b_p += sb_k
+        offs = tiles.to(tl.int64)[None, None, :] * M * N + rows[:, None, None] * N + cols[None, :, None]
+        ok = row_ok[:, None, None] & col_ok[None, :, None] & (tiles < n_kt)[None, None, :]
+        tl.store(part_ptr + offs, part, mask=ok)
 
 
 @triton.jit
-def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, HAS_BIAS: tl.constexpr,
-                         OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """K-tile partials added in tile order from +0.0, bias once, one rounding to the output dtype."""
-    rows = tl.arange(0, BM)
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    ok = (rows < M)[:, None] & (cols < N)[None, :]
-    p = part_ptr + rows[:, None] * N + cols[None, :]
-    total = tl.zeros([BM, BN], dtype=tl.float32)
-    for t in range(0, n_kt):
-        total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
-    if HAS_BIAS:
-        total = total + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
-    tl.store(ptrs, sm.round_out(total, OUT_DTYPE), mask=ok)
+def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_work, HAS_BIAS: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        """K-tile partials added in tile order from +0.0, bias once, one rounding to the output dtype."""
+        rows = tl.arange(0, BM)
+        cols = item * BN + tl.arange(0, BN)
+        ok = (rows < M)[:, None] & (cols < N)[None, :]
+        p = part_ptr + rows[:, None] * N + cols[None, :]
+        total = tl.zeros([BM, BN], dtype=tl.float32)
+        for t in range(0, n_kt):
+            total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
+        if HAS_BIAS:
+            total = total + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
+        tl.store(ptrs, sm.round_out(total, OUT_DTYPE, NPU), mask=ok)
 
 
 GEMV_MAX_ROWS = 16
@@ -89,22 +93,24 @@ def _gemv(a2, b_kn, bias, k_tile, out):
     n = b_kn.shape[1]
     n_kt = max(1, triton.cdiv(k, k_tile))
     bm = max(2, triton.next_power_of_2(m))
-    if interpreting():
+    if interpreter_layout():
         bn, nkt = max(2, triton.next_power_of_2(min(n, 256))), triton.next_power_of_2(n_kt)
     else:
         bn, nkt = 32, min(8, triton.next_power_of_2(n_kt))
     part = torch.empty((n_kt, m, n), dtype=torch.float32, device=a2.device)
     launch(_gemv_partials_kernel, (triton.cdiv(n, bn), triton.cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
-           a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt)
-    bn2 = max(2, triton.next_power_of_2(min(n, 1024 if interpreting() else 128)))
+           a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt, persistent=True)
+    bn2 = max(2, triton.next_power_of_2(min(n, 1024 if interpreter_layout() else 128)))
     launch(_gemv_combine_kernel, (triton.cdiv(n, bn2),), part, bias if bias is not None else part, out, m, n, n_kt,
-           out.stride(0), out.stride(1), HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn2)
+           out.stride(0), out.stride(1), HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn2, persistent=True)
     return out
 
 
 def _blocks(m: int, n: int) -> tuple[int, int]:
-    if interpreting():  # the interpreter pays per operation, not per element: few large programs
+    if interpreter_layout():  # the interpreter pays per operation, not per element: few large programs
         return max(16, triton.next_power_of_2(min(m, 128))), max(16, triton.next_power_of_2(min(n, 256)))
+    if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
+        return 32, 64
     bm = 16 if m <= 16 else 64
     return bm, 64 if m <= 16 else 128
 
@@ -122,7 +128,7 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     launch(_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
-           HAS_BIAS=bias is not None, KT=k_tile, OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn)
+           HAS_BIAS=bias is not None, KT=k_tile, OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, persistent=True)
     return out
 
 

@@ -15,16 +15,16 @@ import triton.language as tl
 
 from . import common, strict_math as sm
 from .dtypes import tl_dtype
-from .launch import interpreting, launch
+from .launch import launch, interpreter_layout
 
 
 @triton.jit
-def _load_h(x_ptr, r_ptr, offs, mask, HAS_RES: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def _load_h(x_ptr, r_ptr, offs, mask, HAS_RES: tl.constexpr, OUT_DTYPE: tl.constexpr, NPU: tl.constexpr):
     """h as float32: x, or x + r rounded once to x's dtype (the value an unfused add would give)."""
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = sm.round_out(x + r, OUT_DTYPE).to(tl.float32)
+        x = sm.round_out(x + r, OUT_DTYPE, NPU).to(tl.float32)
     return x
 
 
@@ -42,42 +42,44 @@ def _square_chains(h, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_tiles,
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_tiles, n_work,
                      HAS_RES: tl.constexpr, T: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                     BR: tl.constexpr, NTB: tl.constexpr, BH: tl.constexpr, REG: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    base = rows.to(tl.int64) * H
-    tiles = tl.arange(0, NTB)
-    ss = tl.zeros([BR], dtype=tl.float32)
-    for t0 in range(0, n_tiles, NTB):
-        start = (t0 + tiles) * T
-        if REG:  # interpreter layout: one [BR, NTB, T] block, the chain read back in order
-            col3 = start[:, None] + tl.arange(0, T)[None, :]
-            ok3 = row_ok[:, None, None] & (col3 < H)[None, :, :]
-            h = _load_h(x_ptr, r_ptr, base[:, None, None] + col3[None, :, :], ok3, HAS_RES, OUT_DTYPE)
-            part = _square_chains(h, H, T, BR, NTB)
-        else:  # GPU layout: step j loads element j of every tile
-            part = tl.zeros([BR, NTB], dtype=tl.float32)
-            for j in range(0, tl.minimum(T, H)):
-                col = start + j
-                ok = row_ok[:, None] & (col < H)[None, :]
-                h = _load_h(x_ptr, r_ptr, base[:, None] + col[None, :], ok, HAS_RES, OUT_DTYPE)
-                part = tl.where(ok, tl.fma(h, h, part), part)  # past the end: kept, not padded
-        ss = common.add_columns_in_order(ss, part, tiles, tl.minimum(NTB, n_tiles - t0))
-    ms = sm.div(ss, h_float)  # H as a float32 argument: Triton turns an int argument equal to 1 into a constexpr
-    inv = sm.div(1.0, sm.sqrt(ms + eps))
-    cols = tl.arange(0, BH)
-    for c0 in range(0, H, BH):
-        col = c0 + cols
-        ok = row_ok[:, None] & (col < H)[None, :]
-        offs = base[:, None] + col[None, :]
-        h = _load_h(x_ptr, r_ptr, offs, ok, HAS_RES, OUT_DTYPE)
-        w = tl.load(w_ptr + col, mask=col < H, other=0.0).to(tl.float32)
-        y = (h * inv[:, None]) * w[None, :]
-        tl.store(y_ptr + offs, sm.round_out(y, OUT_DTYPE), mask=ok)
-        if HAS_RES:
-            tl.store(h_ptr + offs, sm.round_out(h, OUT_DTYPE), mask=ok)
+                     BR: tl.constexpr, NTB: tl.constexpr, BH: tl.constexpr, REG: tl.constexpr,
+                     NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        base = rows.to(tl.int64) * H
+        tiles = tl.arange(0, NTB)
+        ss = tl.zeros([BR], dtype=tl.float32)
+        for t0 in range(0, n_tiles, NTB):
+            start = (t0 + tiles) * T
+            if REG:  # interpreter layout: one [BR, NTB, T] block, the chain read back in order
+                col3 = start[:, None] + tl.arange(0, T)[None, :]
+                ok3 = row_ok[:, None, None] & (col3 < H)[None, :, :]
+                h = _load_h(x_ptr, r_ptr, base[:, None, None] + col3[None, :, :], ok3, HAS_RES, OUT_DTYPE, NPU)
+                part = _square_chains(h, H, T, BR, NTB)
+            else:  # GPU layout: step j loads element j of every tile
+                part = tl.zeros([BR, NTB], dtype=tl.float32)
+                for j in range(0, tl.minimum(T, H)):
+                    col = start + j
+                    ok = row_ok[:, None] & (col < H)[None, :]
+                    h = _load_h(x_ptr, r_ptr, base[:, None] + col[None, :], ok, HAS_RES, OUT_DTYPE, NPU)
+                    part = tl.where(ok, tl.fma(h, h, part), part)  # past the end: kept, not padded
+            ss = common.add_columns_in_order(ss, part, tiles, tl.minimum(NTB, n_tiles - t0))
+        ms = sm.div(ss, h_float, NPU)  # H as a float32 argument: Triton turns an int argument equal to 1 into a constexpr
+        inv = sm.div(1.0, sm.sqrt(ms + eps, NPU), NPU)
+        cols = tl.arange(0, BH)
+        for c0 in range(0, H, BH):
+            col = c0 + cols
+            ok = row_ok[:, None] & (col < H)[None, :]
+            offs = base[:, None] + col[None, :]
+            h = _load_h(x_ptr, r_ptr, offs, ok, HAS_RES, OUT_DTYPE, NPU)
+            w = tl.load(w_ptr + col, mask=col < H, other=0.0).to(tl.float32)
+            y = (h * inv[:, None]) * w[None, :]
+            tl.store(y_ptr + offs, sm.round_out(y, OUT_DTYPE, NPU), mask=ok)
+            if HAS_RES:
+                tl.store(h_ptr + offs, sm.round_out(h, OUT_DTYPE, NPU), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, reg: bool | None = None):
@@ -93,13 +95,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
     t = spec.hidden_tile
     n_tiles = max(1, triton.cdiv(hdim, t))
     if rows and hdim:
-        reg = interpreting() if reg is None else reg
+        reg = interpreter_layout() if reg is None else reg
         if reg:
             br, ntb, bh = triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 1024
         else:
             br, ntb, bh = 4, min(32, triton.next_power_of_2(n_tiles)), 256
         launch(_rms_norm_kernel, (triton.cdiv(rows, br),), x2, r2, weight.contiguous(), y, h, rows, hdim,
                float(hdim), float(eps), n_tiles, HAS_RES=residual is not None, T=t, OUT_DTYPE=tl_dtype(x.dtype),
-               BR=br, NTB=ntb, BH=bh, REG=reg)
+               BR=br, NTB=ntb, BH=bh, REG=reg, persistent=True)
     y = y.reshape(x.shape)
     return (y, h.reshape(x.shape)) if residual is not None else y

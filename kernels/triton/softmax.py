@@ -17,7 +17,7 @@ import triton.language as tl
 
 from . import common, strict_math as sm
 from .dtypes import tl_dtype
-from .launch import interpreting, launch
+from .launch import launch, interpreter_layout
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -62,28 +62,29 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, MODE: tl.constexpr, T: tl.constexpr,
+def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T: tl.constexpr,
                     OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, BC: tl.constexpr,
-                    REG: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    base = rows.to(tl.int64) * n
-    m_safe, s, empty = row_stats(x_ptr, base, row_ok, n, n_tiles, T, BR, NTB, BC, REG)
-    if MODE == 2:
-        out = tl.where(empty, float("-inf"), m_safe + sm.log(s))
-        tl.store(out_ptr + rows, sm.round_out(out, OUT_DTYPE), mask=row_ok)
-    else:
-        log_s = sm.log(s)
-        cols = tl.arange(0, BC)
-        for c0 in range(0, n, BC):
-            ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
-            offs = base[:, None] + (c0 + cols)[None, :]
-            shifted = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - m_safe[:, None]
-            if MODE == 1:
-                out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
-            else:
-                out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None]))
-            tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE), mask=ok)
+                    REG: tl.constexpr, NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        base = rows.to(tl.int64) * n
+        m_safe, s, empty = row_stats(x_ptr, base, row_ok, n, n_tiles, T, BR, NTB, BC, REG)
+        if MODE == 2:
+            out = tl.where(empty, float("-inf"), m_safe + sm.log(s, NPU))
+            tl.store(out_ptr + rows, sm.round_out(out, OUT_DTYPE, NPU), mask=row_ok)
+        else:
+            log_s = sm.log(s, NPU)
+            cols = tl.arange(0, BC)
+            for c0 in range(0, n, BC):
+                ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+                offs = base[:, None] + (c0 + cols)[None, :]
+                shifted = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - m_safe[:, None]
+                if MODE == 1:
+                    out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
+                else:
+                    out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None], NPU))
+                tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
 
 
 def _blocks(rows: int, n_tiles: int, reg: bool):
@@ -100,10 +101,10 @@ def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Ten
     out = torch.empty((rows,) if mode == LOGSUMEXP else (rows, n), dtype=x.dtype, device=x.device)
     n_tiles = max(1, triton.cdiv(n, spec.tile))
     if rows:
-        reg = interpreting() if reg is None else reg
+        reg = interpreter_layout() if reg is None else reg
         br, ntb, bc = _blocks(rows, n_tiles, reg)
         launch(_softmax_kernel, (triton.cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
-               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, REG=reg)
+               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, REG=reg, persistent=True)
     return out.reshape(x.shape[:-1]) if mode == LOGSUMEXP else out.reshape(x.shape)
 
 

@@ -53,15 +53,111 @@ def fma(a, b, c):
 
 
 @triton.jit
-def div(a, b):
-    """float32 a / b, correctly rounded (never the approximate ``/``)."""
-    return tl.math.div_rn(a, b)
+def div(a, b, NPU: tl.constexpr = False):
+    """float32 a / b, correctly rounded (never the approximate ``/``); NPU: the fma/integer substitute."""
+    if NPU:
+        return div_exact(a, b)
+    else:
+        return tl.math.div_rn(a, b)
 
 
 @triton.jit
-def sqrt(x):
-    """float32 sqrt, correctly rounded."""
-    return tl.math.sqrt_rn(x)
+def sqrt(x, NPU: tl.constexpr = False):
+    """float32 sqrt, correctly rounded; NPU: the integer-checked substitute."""
+    if NPU:
+        return sqrt_exact(x)
+    else:
+        return tl.math.sqrt_rn(x)
+
+
+# ---- substitutes that need no correctly rounded hardware division / square root -------------------
+# Ascend's documentation lists div_rn / sqrt_rn, but nothing states how its vector unit rounds them;
+# these give the IEEE result from any seed within a few ulp, deciding the last bit with exact int64
+# arithmetic on the 24-bit significands (so they are bit-exact wherever int64 multiply is exact).
+
+
+@triton.jit
+def _split(x):
+    """|x| = m * 2**e for finite non-zero float32 x: m in [1, 2) as float32, e as int32 (subnormals too)."""
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tiny = bits < 0x00800000
+    a = bits.to(tl.float32, bitcast=True)
+    bits = tl.where(tiny, a * 8388608.0, a).to(tl.int32, bitcast=True)  # 2**23: subnormals scaled up exactly
+    e = ((bits >> 23) & 0xFF) - 127 - tl.where(tiny, 23, 0)
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    return m, e
+
+
+@triton.jit
+def _scale(k, t):
+    """k * 2**t for a float32 k that is an integer below 2**25 and int32 t in [-178, 246] (two exact steps,
+    so only a result outside float32's range rounds: to 0 never happens by construction, to inf does)."""
+    t1 = t >> 1
+    return (k * _pow2(t1)) * _pow2(t - t1)
+
+
+@triton.jit
+def _specials(x_bits_sign, r, zero, inf, nan):
+    r = tl.where(zero, 0.0, r)
+    r = tl.where(inf, float("inf"), r)
+    r = (r.to(tl.int32, bitcast=True) | x_bits_sign).to(tl.float32, bitcast=True)
+    return tl.where(nan, float("nan"), r)
+
+
+@triton.jit
+def div_exact(a, b):
+    """float32 a / b correctly rounded (ties to even, subnormal results, overflow, specials) from a seed
+    ``/`` plus exact int64 midpoint tests: Q = ma/mb in [1, 2) is rounded to K units of g = 2**(s-23)
+    (s > 0 only for subnormal results) by comparing 2*A*2**23 with (2K +- 1) * B * 2**s."""
+    a = tl.where(b == b, a, a)  # a literal or scalar operand becomes a float32 tensor of the common shape
+    b = tl.where(a == a, b, b)
+    ma, ea = _split(a)
+    mb, eb = _split(b)
+    swap = ma < mb
+    ma = tl.where(swap, ma * 2.0, ma)
+    e = ea - eb - swap.to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -180), 260)           # beyond: 0 or inf whatever the significands
+    s = tl.minimum(tl.maximum(-126 - e, 0), 25)
+    big_a = (ma * 8388608.0).to(tl.int64)               # exact integers: ma in [1, 4), mb in [1, 2)
+    big_b = (mb * 8388608.0).to(tl.int64)
+    g = _pow2(s).to(tl.int64)
+    n2 = big_a * 16777216
+    k = (tl.fma(ma, 1.0 / mb, 0.0) * _pow2(23 - s)).to(tl.int64)  # seed: a few ulp are enough
+    for _ in tl.static_range(3):
+        hi = (2 * k + 1) * big_b * g
+        lo = (2 * k - 1) * big_b * g
+        odd = (k & 1) == 1
+        up = (n2 > hi) | ((n2 == hi) & odd)
+        down = (n2 < lo) | ((n2 == lo) & odd)
+        k = k + up.to(tl.int64) - down.to(tl.int64)
+    r = _scale(k.to(tl.float32), e + s - 23)
+    abits = a.to(tl.int32, bitcast=True)
+    bbits = b.to(tl.int32, bitcast=True)
+    a_inf = (abits & 0x7FFFFFFF) == 0x7F800000
+    b_inf = (bbits & 0x7FFFFFFF) == 0x7F800000
+    nan = (a != a) | (b != b) | ((a == 0.0) & (b == 0.0)) | (a_inf & b_inf)
+    return _specials((abits ^ bbits) & -2147483648, r, (a == 0.0) | b_inf, a_inf | (b == 0.0), nan)
+
+
+@triton.jit
+def sqrt_exact(x):
+    """float32 sqrt correctly rounded from a seed ``tl.sqrt`` plus exact int64 tests: sqrt(m), m in
+    [1, 4), is K units of 2**-23 with (2K - 1)**2 <= 4 * m * 2**46 < (2K + 1)**2 (no ties exist)."""
+    m, e = _split(x)
+    odd = (e & 1) == 1
+    m = tl.where(odd, m * 2.0, m)
+    e = e - odd.to(tl.int32)
+    n = (m * 8388608.0).to(tl.int64) * 33554432        # 4 * m * 2**46, below 2**50
+    k = (tl.sqrt(m) * 8388608.0).to(tl.int64)
+    for _ in tl.static_range(3):
+        up = n > (2 * k + 1) * (2 * k + 1)
+        down = n < (2 * k - 1) * (2 * k - 1)
+        k = k + up.to(tl.int64) - down.to(tl.int64)
+    r = _scale(k.to(tl.float32), (e >> 1) - 23)
+    xbits = x.to(tl.int32, bitcast=True)
+    r = tl.where(x == float("inf"), x, r)
+    r = tl.where(x == 0.0, x, r)                       # keeps -0.0
+    return tl.where((x != x) | (x < 0.0), float("nan"), r)
 
 
 @triton.jit
@@ -100,7 +196,7 @@ def exp(x):
 
 
 @triton.jit
-def log(x):
+def log(x, NPU: tl.constexpr = False):
     """lsm1 log (reference ``log``): log(0) = -inf, log(x<0) = NaN, log(inf) = inf, log(NaN) = NaN."""
     tiny = x < MIN_NORMAL
     xs = tl.where(tiny, x * 8388608.0, x)  # 2**23: subnormals scaled up exactly
@@ -112,7 +208,7 @@ def log(x):
     e = e + big.to(tl.int32)
     m = mbits.to(tl.float32, bitcast=True)
     f = m - 1.0
-    s = tl.math.div_rn(f, f + 2.0)
+    s = div(f, f + 2.0, NPU)
     z = s * s
     r = tl.fma(LOG_C9 + tl.zeros_like(z), z, LOG_C7)
     r = tl.fma(r, z, LOG_C5)
@@ -178,11 +274,36 @@ def round_to_fp16(x):
 
 
 @triton.jit
-def round_out(x, OUT_DTYPE: tl.constexpr):
+def round_to_fp16_npu(x):
+    """round_to_fp16 without shifts by a tensor amount (triton-ascend supports shifts by scalars only):
+    a float16 subnormal is |x| * 2**24 rounded to an integer, done as exact float scaling, truncation
+    and a ties-to-even test on the exact remainder."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 16) & 0x8000
+    a = bits & 0x7FFFFFFF
+    h = a - 0x38000000
+    normal = (h + 0xFFF + ((h >> 13) & 1)) >> 13
+    y = a.to(tl.float32, bitcast=True) * 16777216.0       # 2**24, exact; below 2**10 where used
+    t = y.to(tl.int32)
+    rem = y - t.to(tl.float32)
+    sub = t + ((rem > 0.5) | ((rem == 0.5) & ((t & 1) == 1))).to(tl.int32)
+    r = tl.where(a >= 0x38800000, normal, sub)
+    r = tl.where(a < 0x33000001, 0, r)
+    r = tl.where(a >= 0x477FF000, 0x7C00, r)
+    r = sign | r
+    r = tl.where(a > 0x7F800000, NAN_FP16_BITS, r)
+    return r.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def round_out(x, OUT_DTYPE: tl.constexpr, NPU: tl.constexpr = False):
     """float32 result -> the output dtype (float32, bfloat16 or float16), canonical NaN."""
     if OUT_DTYPE == tl.bfloat16:
         return round_to_bf16(x)
     elif OUT_DTYPE == tl.float16:
-        return round_to_fp16(x)
+        if NPU:
+            return round_to_fp16_npu(x)
+        else:
+            return round_to_fp16(x)
     else:
         return canonical_nan(x)

@@ -20,12 +20,12 @@ import triton
 import triton.language as tl
 
 from . import common, strict_math as sm
-from .launch import interpreting, launch
+from .launch import interpreter_layout, launch
 
 
 @triton.jit
 def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP: tl.constexpr,
-            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr):
+            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr, NPU: tl.constexpr):
     """[BR, NTB, VT] float32 logits hidden[row] . W[v] (v = vidx [NTB, VT]) in the canonical order."""
     total = tl.zeros([BR, NTB, VT], dtype=tl.float32)
     a_p = h_ptr + rows.to(tl.int64) * sh
@@ -40,7 +40,7 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
             b_p += 1
         total = total + part
     if HAS_TEMP:
-        total = sm.div(total, temp)
+        total = sm.div(total, temp, NPU)
     return total
 
 
@@ -52,88 +52,95 @@ def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr):
 
 
 @triton.jit
-def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_chunks,
-                HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    c = tl.program_id(1)
-    tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT)
-    x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT)
-    ok = row_ok[:, None, None] & v_ok[None, :, :]
-    m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VT]), tl.reshape(ok, [BR, NTB * VT]))
-    out = rows.to(tl.int64) * n_chunks + c
-    tl.store(m_ptr + out, m, mask=row_ok)
-    tl.store(p_ptr + out, bad, mask=row_ok)
-    tl.store(z_ptr + out, pz, mask=row_ok)
+def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_chunks, n_work, n1,
+                HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
+                NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item // n1) * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        c = item % n1
+        tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, NPU)
+        ok = row_ok[:, None, None] & v_ok[None, :, :]
+        m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VT]), tl.reshape(ok, [BR, NTB * VT]))
+        out = rows.to(tl.int64) * n_chunks + c
+        tl.store(m_ptr + out, m, mask=row_ok)
+        tl.store(p_ptr + out, bad, mask=row_ok)
+        tl.store(z_ptr + out, pz, mask=row_ok)
 
 
 @triton.jit
-def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, BR: tl.constexpr, BC: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    cols = tl.arange(0, BC)
-    m = tl.full([BR], float("-inf"), tl.float32)
-    poisoned = tl.zeros([BR], dtype=tl.int32)
-    pos_zero = tl.zeros([BR], dtype=tl.int32)
-    for c0 in range(0, n_chunks, BC):
-        ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
-        offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
-        m = tl.maximum(m, tl.max(tl.load(m_ptr + offs, mask=ok, other=float("-inf")), axis=1))
-        poisoned = tl.maximum(poisoned, tl.max(tl.load(p_ptr + offs, mask=ok, other=0), axis=1))
-        pos_zero = tl.maximum(pos_zero, tl.max(tl.load(z_ptr + offs, mask=ok, other=0), axis=1))
-    m = common.finish_max(m, poisoned, pos_zero)
-    empty = m == float("-inf")
-    tl.store(shift_ptr + rows, tl.where(empty, 0.0, m), mask=row_ok)
-    tl.store(empty_ptr + rows, empty.to(tl.int32), mask=row_ok)
+def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work, BR: tl.constexpr,
+                  BC: tl.constexpr, NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        cols = tl.arange(0, BC)
+        m = tl.full([BR], float("-inf"), tl.float32)
+        poisoned = tl.zeros([BR], dtype=tl.int32)
+        pos_zero = tl.zeros([BR], dtype=tl.int32)
+        for c0 in range(0, n_chunks, BC):
+            ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
+            offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
+            m = tl.maximum(m, tl.max(tl.load(m_ptr + offs, mask=ok, other=float("-inf")), axis=1))
+            poisoned = tl.maximum(poisoned, tl.max(tl.load(p_ptr + offs, mask=ok, other=0), axis=1))
+            pos_zero = tl.maximum(pos_zero, tl.max(tl.load(z_ptr + offs, mask=ok, other=0), axis=1))
+        m = common.finish_max(m, poisoned, pos_zero)
+        empty = m == float("-inf")
+        tl.store(shift_ptr + rows, tl.where(empty, 0.0, m), mask=row_ok)
+        tl.store(empty_ptr + rows, empty.to(tl.int32), mask=row_ok)
 
 
 @triton.jit
-def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_tiles,
-                HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    tiles, vidx, v_ok = _vocab_block(tl.program_id(1), V, NTB, VT)
-    x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT)
-    shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
-    # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
-    e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
-    s = common.nonneg_sums_in_order(e, V, VT, BR, NTB)
-    out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
-    tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
+def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
+                HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
+                NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item // n1) * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        tiles, vidx, v_ok = _vocab_block(item % n1, V, NTB, VT)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, NPU)
+        shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
+        # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
+        e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
+        s = common.nonneg_sums_in_order(e, V, VT, BR, NTB)
+        out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
+        tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
 
 
 @triton.jit
 def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_ptr, R, H, sh, sw_v, temp,
-                   n_tiles, HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    s = tl.zeros([BR], dtype=tl.float32)
-    for t in range(0, n_tiles):
-        s = s + tl.load(part_ptr + rows.to(tl.int64) * n_tiles + t, mask=row_ok, other=0.0)
-    tok = tl.load(tok_ptr + rows, mask=row_ok, other=0)
-    # the token's logit: the same chain as _logits, for one vocab entry per row
-    total = tl.zeros([BR], dtype=tl.float32)
-    a_p = h_ptr + rows.to(tl.int64) * sh
-    b_p = w_ptr + tok.to(tl.int64) * sw_v
-    for k0 in range(0, H, KT):
-        part = tl.zeros([BR], dtype=tl.float32)
-        for _ in range(k0, tl.minimum(k0 + KT, H)):
-            a = tl.load(a_p, mask=row_ok, other=0.0).to(tl.float32)
-            b = tl.load(b_p, mask=row_ok, other=0.0).to(tl.float32)
-            part = tl.fma(a, b, part)
-            a_p += 1
-            b_p += 1
-        total = total + part
-    if HAS_TEMP:
-        total = sm.div(total, temp)
-    shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
-    empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
-    out = tl.where(empty, float("-inf"), (total - shift) - sm.log(s))
-    tl.store(out_ptr + rows, sm.canonical_nan(out), mask=row_ok)
+                   n_tiles, n_work, HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        s = tl.zeros([BR], dtype=tl.float32)
+        for t in range(0, n_tiles):
+            s = s + tl.load(part_ptr + rows.to(tl.int64) * n_tiles + t, mask=row_ok, other=0.0)
+        tok = tl.load(tok_ptr + rows, mask=row_ok, other=0)
+        # the token's logit: the same chain as _logits, for one vocab entry per row
+        total = tl.zeros([BR], dtype=tl.float32)
+        a_p = h_ptr + rows.to(tl.int64) * sh
+        b_p = w_ptr + tok.to(tl.int64) * sw_v
+        for k0 in range(0, H, KT):
+            part = tl.zeros([BR], dtype=tl.float32)
+            for _ in range(k0, tl.minimum(k0 + KT, H)):
+                a = tl.load(a_p, mask=row_ok, other=0.0).to(tl.float32)
+                b = tl.load(b_p, mask=row_ok, other=0.0).to(tl.float32)
+                part = tl.fma(a, b, part)
+                a_p += 1
+                b_p += 1
+            total = total + part
+        if HAS_TEMP:
+            total = sm.div(total, temp, NPU)
+        shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
+        empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
+        out = tl.where(empty, float("-inf"), (total - shift) - sm.log(s, NPU))
+        tl.store(out_ptr + rows, sm.canonical_nan(out), mask=row_ok)
 
 
 def _blocks(rows: int, n_tiles: int):
-    if interpreting():  # few, large programs: the interpreter pays per operation
+    if interpreter_layout():  # few, large programs: the interpreter pays per operation
         return triton.next_power_of_2(min(rows, 16)), triton.next_power_of_2(n_tiles)
     return (16 if rows > 8 else triton.next_power_of_2(rows)), 1
 
@@ -166,11 +173,11 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     grid2 = (triton.cdiv(rows, br), n_chunks)
     common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt)
     launch(_max_kernel, grid2, h2, w, m, bad, pz, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_chunks,
-           **common_args)
+           **common_args, persistent=True)
     launch(_stats_kernel, (triton.cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
-           BC=min(1024, triton.next_power_of_2(n_chunks)))
+           BC=min(1024, triton.next_power_of_2(n_chunks)), persistent=True)
     launch(_sum_kernel, grid2, h2, w, shift, parts, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_tiles,
-           **common_args)
+           **common_args, persistent=True)
     launch(_finish_kernel, (triton.cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
-           h2.stride(0), w.stride(0), temp, n_tiles, HAS_TEMP=has_temp, KT=kt, BR=br)
+           h2.stride(0), w.stride(0), temp, n_tiles, HAS_TEMP=has_temp, KT=kt, BR=br, persistent=True)
     return out.reshape(lead)

@@ -1,0 +1,190 @@
+"""The ascend backend: the strict Triton kernels (kernels/triton) on Ascend NPUs through triton-ascend.
+
+One kernel source: the Triton backend's kernels, launched as the Ascend variant
+(kernels/triton/ascend_launch.py: grid capped at the vector-core count with persistent loops over
+work items, GPU-layout tiles that fit the unified buffer, fma/int64 substitutes for division and
+square root, fp16 rounding without tensor shifts). docs/ascend.md lists what triton-ascend
+documents and what is verified where.
+
+Serves ``npu`` tensors (chosen automatically for them). Under ``TRITON_INTERPRET=1`` (community
+Triton >= 3.9) it also serves CPU tensors when named explicitly, so the Ascend variant of every
+kernel runs through the conformance suite on a machine without an NPU; it is never chosen
+automatically for CPU tensors.
+
+Importing this module imports neither torch_npu nor triton. ``unavailable_reason`` inspects
+packages, environment and device files first and imports torch_npu only when everything else is in
+place (an NPU device file exists), because importing torch_npu without CANN fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+from importlib import metadata
+
+import torch
+
+from hal.backend import LEVELS, Backend
+from hal.spec import STRICT
+
+MIN_INTERPRETER = (3, 9)          # community Triton's interpreter: single-rounding tl.fma
+DEVICE_GLOB = "/dev/davinci[0-9]*"  # one device file per NPU, created by the Ascend driver
+CANN_ENV = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")  # exported by CANN's set_env.sh
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = (text.split(".") + ["0"])[:2]
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
+
+
+def triton_owners() -> list[str]:
+    """Installed distributions that provide the top-level ``triton`` package (``triton`` is community
+    Triton, ``triton-ascend`` Huawei's; both install into the same ``triton`` directory)."""
+    owners = metadata.packages_distributions().get("triton", [])
+    return sorted({o.lower().replace("_", "-") for o in owners})
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def cann_home() -> str | None:
+    """The CANN toolkit directory named by set_env.sh's variables, if it exists."""
+    for var in CANN_ENV:
+        path = os.environ.get(var)
+        if path and os.path.isdir(path):
+            return path
+    return None
+
+
+def npu_device_files() -> list[str]:
+    return sorted(glob.glob(DEVICE_GLOB))
+
+
+def _interpreter_reason() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "TRITON_INTERPRET=1 needs community triton >= 3.9 (pip install 'lockstep[triton]')"
+    try:
+        version = _version(metadata.version("triton"))
+    except metadata.PackageNotFoundError:
+        version = (0, 0)
+    if version < MIN_INTERPRETER:
+        return (f"TRITON_INTERPRET=1 needs community triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
+                f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")
+    from hal.kernels.triton.launch import interpreter_problem
+    return interpreter_problem()
+
+
+def _npu_reason() -> str | None:
+    """Why the NPU path cannot run, checked without importing torch_npu until a device is present."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return ("torch_npu is not installed (it needs the CANN toolkit; see docs/ascend.md). To verify the "
+                "Ascend kernel variants without an NPU: TRITON_INTERPRET=1 with backend='ascend' on CPU tensors")
+    if cann_home() is None:
+        return ("CANN toolkit not found: neither ASCEND_TOOLKIT_HOME nor ASCEND_HOME_PATH names a directory "
+                "(source /usr/local/Ascend/ascend-toolkit/set_env.sh; without CANN, `import torch` itself fails "
+                "once torch_npu is installed unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)")
+    owners = triton_owners()
+    if "triton-ascend" not in owners:
+        if "triton" in owners:
+            return (f"community triton {_dist_version('triton')} owns the `triton` package; the NPU needs "
+                    "triton-ascend (pip uninstall -y triton && pip install triton-ascend)")
+        return "triton-ascend is not installed (pip install triton-ascend)"
+    if "triton" in owners:
+        return ("both community triton and triton-ascend are installed and share the `triton` directory, so "
+                "either may be the one imported: pip uninstall -y triton triton-ascend && pip install triton-ascend")
+    if not npu_device_files():
+        return f"no Ascend NPU device ({DEVICE_GLOB} absent)"
+    try:
+        import torch_npu  # noqa: F401  (registers the npu device type and torch.npu)
+    except Exception as exc:  # a broken CANN / driver install surfaces here
+        return f"import torch_npu failed: {type(exc).__name__}: {exc}"
+    if not torch.npu.is_available() or torch.npu.device_count() == 0:
+        return "torch_npu sees no NPU (torch.npu.is_available() is False)"
+    return None
+
+
+def enable_npu() -> None:
+    """Import torch_npu so that torch.device('npu') exists; raises with the precise reason if it cannot.
+    Called by `hal conformance run --device npu` and by benchmarks (never by ``import hal``)."""
+    why = _npu_reason()
+    if why:
+        from hal.errors import BackendUnavailable
+        raise BackendUnavailable(f"ascend: {why}")
+
+
+def _kernels():
+    from hal.kernels.triton import matmul, rms_norm, softmax, token_logprobs
+    return matmul, rms_norm, softmax, token_logprobs
+
+
+@contextlib.contextmanager
+def _on(t: torch.Tensor):
+    """Launch on the tensor's NPU as the Ascend variant of the kernels."""
+    from hal.kernels.triton import ascend_launch
+    with ascend_launch.variant(t.device.type):
+        if t.device.type == "npu":
+            with torch.npu.device(t.device):
+                yield
+        else:
+            yield
+
+
+class AscendBackend(Backend):
+    name = "ascend"
+    device_types = ("npu",)
+    priority = 10
+    description = ("strict specs as the Triton kernels' Ascend variant through triton-ascend (persistent grid "
+                   "<= vector cores, fma/int64 division and sqrt); NPU, or CPU through TRITON_INTERPRET=1")
+    #: conformance families whose Triton kernels exist (the same set as the triton backend's)
+    families = {"matmul", "rms_norm", "softmax", "token_logprobs"}
+
+    def unavailable_reason(self) -> str | None:
+        return _interpreter_reason() if _interpreting() else _npu_reason()
+
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
+            reasons = [r for r in reasons if "serves devices" not in r]
+        return reasons
+
+    def claimed_levels(self, family, spec):
+        if family in self.families and spec.policy == STRICT:
+            return frozenset(LEVELS)
+        return frozenset()
+
+    def matmul(self, a, b, spec):
+        with _on(a):
+            return _kernels()[0].matmul(a, b, spec)
+
+    def linear(self, x, weight, bias, spec):
+        with _on(x):
+            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        with _on(x):
+            return _kernels()[1].rms_norm(x, weight, eps, residual, spec)
+
+    def softmax(self, x, spec):
+        with _on(x):
+            return _kernels()[2].softmax(x, spec)
+
+    def log_softmax(self, x, spec):
+        with _on(x):
+            return _kernels()[2].log_softmax(x, spec)
+
+    def logsumexp(self, x, spec):
+        with _on(x):
+            return _kernels()[2].logsumexp(x, spec)
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        with _on(hidden):
+            return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The ascend backend on a real Ascend NPU (Atlas A2/A3), in one go. Nothing is installed: the machine
+# needs CANN (set_env.sh sourced), torch_npu and triton-ascend (NOT community triton) already.
+#
+#   bash benchmarks/ascend_check.sh OUT_DIR
+#
+# Writes to OUT_DIR: env.txt (versions, `hal info`), lint.txt (API subset of the Ascend variant),
+# math.txt (strict math on the NPU vs the reference bits), conformance.json / conformance.txt
+# (--backend ascend --device npu against the stored goldens), bench.csv / bench.txt (vs stock torch /
+# torch_npu ops), rl_parity.txt (examples.rl_parity --device npu), log.txt. Every step is time-boxed; a failing step is logged, the next one runs.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${1:-${OUT:-ascend-check-out}}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python}"
+FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs}"
+CONF_ARGS="${CONF_ARGS:-}"          # e.g. --quick
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+# determinism a user also needs (docs/ascend.md): deterministic aclnn kernels for the stock side and
+# any torch op around lockstep's, deterministic HCCL reductions for multi-device runs
+export HCCL_DETERMINISTIC="${HCCL_DETERMINISTIC:-true}"
+
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+step() {  # step NAME SECONDS OUTFILE CMD...
+  local name=$1 secs=$2 file=$3; shift 3
+  log "start $name (limit ${secs}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$secs" "$@" > "$OUT/$file" 2>&1
+  local rc=$?
+  log "end $name rc=$rc ($((SECONDS - t0))s)$([ $rc = 124 ] && echo ' TIMED OUT')"
+}
+
+{ npu-smi info || true
+  "$PY" -c "import sys, torch, torch_npu; from importlib import metadata as m; print(sys.version); print('torch', torch.__version__, 'torch_npu', torch_npu.__version__); print('triton package owned by', m.packages_distributions().get('triton'))"
+  "$PY" -m hal.cli info
+} > "$OUT/env.txt" 2>&1
+
+step lint 60 lint.txt "$PY" -m hal.kernels.triton.ascend_lint
+step math 300 math.txt "$PY" tests/ascend_npu_math_check.py
+# shellcheck disable=SC2086
+step conformance "${CONF_TIMEOUT:-900}" conformance.txt "$PY" -m hal.cli conformance run --backend ascend \
+  --device npu --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
+step bench "${BENCH_TIMEOUT:-600}" bench.txt "$PY" -m benchmarks.ascend_bench --csv "$OUT/bench.csv"
+# sampler vs trainer on the NPU (torch_npu imported first so that the npu device type exists); expected to
+# stop with hal.UnsupportedError while the ascend backend has no attention / GDN kernels (docs/ascend.md)
+step rl_parity 300 rl_parity.txt "$PY" -c "import runpy, sys, torch_npu; sys.argv = ['examples.rl_parity', '--device', 'npu']; runpy.run_module('examples.rl_parity', run_name='__main__')"
+log "done"

@@ -1,0 +1,242 @@
+"""The ascend backend without an NPU: registration, selection, lazy imports, every "unavailable"
+reason, and its kernel variant in the Triton interpreter against the reference bits.
+
+Interpreter runs (subprocesses, TRITON_INTERPRET=1):
+* the NPU substitutes (division, sqrt, fp16 rounding, log through the substituted division) over
+  the strict-math inputs, launched on the plain Triton path with NPU=True (tests/triton_math_check.py
+  --npu), with a negative control (the seed without the exact correction);
+* the Ascend variant with its NPU tiles (more work items than the 3 fake cores, so every program
+  loops), tests/ascend_variant_check.py, with a negative control (one work item left out);
+* the conformance quick set per family through `hal conformance run --backend ascend --device cpu`.
+
+CI runs the quick sets of rms_norm and softmax (the families using the division / sqrt / log
+substitutes); LOCKSTEP_FULL=1 adds matmul and token_logprobs (their Ascend variant is also covered
+by ascend_variant_check.py above). Full run of every conformance case (slow):
+    TRITON_INTERPRET=1 python -m hal.cli conformance run --backend ascend --device cpu \
+        --ops matmul rms_norm softmax token_logprobs
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import hal
+from hal.backends import ascend
+from hal.spec import DEFAULTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NPU = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only once torch_npu is imported
+
+
+def _triton_interpreter_ok():
+    try:
+        import triton
+    except ImportError:
+        return False
+    major, minor = (int("".join(c for c in p if c.isdigit()) or 0) for p in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 9)
+
+
+needs_interpreter = pytest.mark.skipif(not _triton_interpreter_ok(), reason="needs community triton >= 3.9")
+
+
+def _env(**extra):
+    return dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", PYTHONPATH=ROOT, **extra)
+
+
+# ---- registration, selection, lazy import ----------------------------------------------------------
+
+def test_importing_hal_and_the_backend_imports_neither_torch_npu_nor_triton():
+    code = ("import sys, hal, hal.backends.ascend; b = hal.get_backend('ascend'); why = b.unavailable_reason(); "
+            "b.ops(); hal.info() if hasattr(hal, 'info') else None; "
+            "print(sorted(m for m in ('torch_npu', 'triton') if m in sys.modules)); print(why)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr
+    mods, why = r.stdout.strip().split("\n")[:2]
+    assert mods == "[]", r.stdout
+    assert why  # this machine has no NPU: some reason is given
+
+
+def test_registered_claims_the_triton_families():
+    b = hal.get_backend("ascend")
+    assert b.device_types == ("npu",)
+    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs"):
+        assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
+    assert b.claimed_levels("attention", DEFAULTS["attention"]) == frozenset()
+    assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"}
+
+
+def test_chosen_for_npu_tensors_when_available(monkeypatch):
+    monkeypatch.setattr(ascend.AscendBackend, "unavailable_reason", lambda self: None)
+    for fam, op in (("matmul", "matmul"), ("softmax", "softmax"), ("token_logprobs", "token_logprobs")):
+        assert hal.select(op, DEFAULTS[fam], torch.bfloat16, NPU).name == "ascend"
+
+
+def test_npu_without_the_backend_says_why(monkeypatch):
+    monkeypatch.setattr(ascend.AscendBackend, "unavailable_reason", lambda self: "no Ascend NPU device (test)")
+    with pytest.raises(hal.UnsupportedError) as exc:
+        hal.select("matmul", DEFAULTS["matmul"], torch.float32, NPU)
+    assert "no Ascend NPU device (test)" in str(exc.value)
+
+
+def test_never_chosen_automatically_for_cpu_tensors(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(ascend.AscendBackend, "unavailable_reason", lambda self: None)
+    assert hal.select("softmax", DEFAULTS["softmax"], torch.float32, torch.device("cpu")).name != "ascend"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # outside the interpreter not even by name
+    with pytest.raises(hal.UnsupportedError, match="serves devices"):
+        hal.select("softmax", DEFAULTS["softmax"], torch.float32, torch.device("cpu"), backend="ascend")
+
+
+# ---- every unavailable reason ---------------------------------------------------------------------
+
+@pytest.fixture
+def npu_machine(monkeypatch, tmp_path):
+    """A simulated machine where everything is in place; each test removes one piece."""
+    real_find_spec = ascend.importlib.util.find_spec
+    state = types.SimpleNamespace(torch_npu=True)
+    monkeypatch.setattr(ascend.importlib.util, "find_spec",
+                        lambda name, *a: (object() if state.torch_npu else None) if name == "torch_npu"
+                        else real_find_spec(name, *a))
+    cann = tmp_path / "ascend-toolkit" / "latest"
+    cann.mkdir(parents=True)
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(cann))
+    monkeypatch.setattr(ascend, "triton_owners", lambda: ["triton-ascend"])
+    (tmp_path / "davinci0").write_text("")
+    monkeypatch.setattr(ascend, "DEVICE_GLOB", str(tmp_path / "davinci[0-9]*"))
+    fake = types.ModuleType("torch_npu")
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    state.npu = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1)
+    monkeypatch.setattr(torch, "npu", state.npu, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    state.tmp = tmp_path
+    return state
+
+
+def _reason():
+    return hal.get_backend("ascend").unavailable_reason()
+
+
+def test_all_in_place_is_available(npu_machine):
+    assert _reason() is None
+
+
+def test_reason_no_torch_npu(npu_machine):
+    npu_machine.torch_npu = False
+    assert "torch_npu is not installed" in _reason()
+
+
+def test_reason_no_cann(npu_machine, monkeypatch):
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME")
+    why = _reason()
+    assert "CANN toolkit not found" in why and "set_env.sh" in why and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in why
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(npu_machine.tmp / "missing"))
+    assert "CANN toolkit not found" in _reason()
+
+
+def test_reason_community_triton_shadows_triton_ascend(npu_machine, monkeypatch):
+    monkeypatch.setattr(ascend, "triton_owners", lambda: ["triton"])
+    assert "community triton" in _reason() and "pip install triton-ascend" in _reason()
+    monkeypatch.setattr(ascend, "triton_owners", lambda: ["triton", "triton-ascend"])
+    assert "both community triton and triton-ascend" in _reason()
+    monkeypatch.setattr(ascend, "triton_owners", lambda: [])
+    assert "triton-ascend is not installed" in _reason()
+
+
+def test_reason_no_device_and_torch_npu_not_imported(npu_machine, monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_npu")
+    monkeypatch.setattr(ascend, "DEVICE_GLOB", str(npu_machine.tmp / "nothing[0-9]*"))
+    assert "no Ascend NPU device" in _reason()
+    assert "torch_npu" not in sys.modules  # never imported without a device
+
+
+def test_reason_torch_npu_import_fails(npu_machine, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import raises ImportError
+    assert "import torch_npu failed" in _reason()
+
+
+def test_reason_torch_npu_sees_no_device(npu_machine):
+    npu_machine.npu.is_available = lambda: False
+    assert "torch_npu sees no NPU" in _reason()
+
+
+def test_reason_in_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    why = _reason()
+    assert why is None if _triton_interpreter_ok() else "triton" in why
+
+
+def test_triton_owner_detection_reads_distribution_metadata():
+    owners = ascend.triton_owners()
+    if _triton_interpreter_ok():
+        assert "triton" in owners  # this venv: community triton
+
+
+def test_cli_device_npu_fails_cleanly_without_an_npu(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "run", "--backend", "ascend", "--device",
+                        "npu", "--ops", "softmax", "--json", str(tmp_path / "r.json")],
+                       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert r.returncode == 2 and "--device npu: ascend:" in r.stderr, r.stderr
+
+
+# ---- the kernel variant in the interpreter ----------------------------------------------------------
+
+def test_persistent_grid_is_capped_only_in_the_variant():
+    from hal.kernels.triton import ascend_launch
+    assert ascend_launch.persistent_grid(100) == 100
+    with ascend_launch.variant("cpu"):
+        assert ascend_launch.persistent_grid(100) == ascend_launch.INTERPRETER_CORES
+        assert ascend_launch.persistent_grid(2) == 2
+    assert not ascend_launch.active()
+
+
+@needs_interpreter
+def test_npu_substitutes_match_reference_bits():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu"], cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = {ln.split(":")[0]: ln for ln in r.stdout.splitlines() if " inputs, " in ln}
+    for name in ("log", "log(|x|)", "div", "div(subnormal results)", "sqrt", "fp16"):
+        assert lines[name].endswith(" 0 differ"), lines[name]
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu", "--variant",
+                        "div_seed"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and int(r.stdout.split(" inputs, ")[1].split()[0]) > 0, r.stdout + r.stderr
+
+
+@needs_interpreter
+def test_variant_with_npu_tiles_and_persistent_loops_gives_reference_bits():
+    script = os.path.join(ROOT, "tests", "ascend_variant_check.py")
+    r = subprocess.run([sys.executable, script], cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("same bits"), r.stdout + r.stderr
+    neg = subprocess.run([sys.executable, script, "--short-work"], cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
+                         capture_output=True, text=True, timeout=900)
+    assert neg.returncode == 1 and "outputs differ" in neg.stdout, neg.stdout + neg.stderr
+
+
+QUICK_FAMILIES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs"] if os.environ.get("LOCKSTEP_FULL") == "1" else [])
+
+
+@needs_interpreter
+@pytest.mark.parametrize("family", QUICK_FAMILIES)
+def test_quick_conformance_in_interpreter(family, tmp_path):
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "run", "--backend", "ascend", "--device",
+                        "cpu", "--quick", "--quiet", "--ops", family, "--json", str(out)],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    records = json.loads(out.read_text())["records"]
+    from hal.conformance import families
+    by_level = {}
+    for rec in records:
+        assert rec["claimed"] and rec["status"] == "pass", rec
+        by_level[rec["level"]] = by_level.get(rec["level"], 0) + rec["cases"]
+    assert set(by_level) == set(families.get(family).levels) and all(n > 0 for n in by_level.values()), by_level
