@@ -1,0 +1,9 @@
+"""hal.jax: the strict specs as JAX functions on jax.Arrays (jit-able, same names as the torch ops).
+
+Importing ``hal`` never imports this package (it imports jax). See docs/jax.md.
+"""
+from .ops import linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
+from .strict_math import check_environment
+
+__all__ = ["matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
+           "check_environment"]
