@@ -29,6 +29,7 @@ ENTRY_POINT_GROUP = "lockstep.backends"
 _BUILTIN = {
     "reference": "hal.backends.reference:ReferenceBackend",
     "stock": "hal.backends.stock:StockBackend",
+    "jax": "hal.backends.jax:JaxBackend",
 }
 
 _lock = threading.Lock()

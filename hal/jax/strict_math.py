@@ -321,3 +321,52 @@ def tiled_sum(x, t: int):
     xt, nt = _tiles(x, t)
     acc = _chain(add, xt, _valid(n, t, nt), (*x.shape[:-1], nt))
     return _combine_tiles(acc)
+
+
+# ------------------------------------------------------------------ start-up probe
+
+
+def _numpy_fma(a, b, c):
+    """The same round-to-odd fma in numpy (IEEE float64, no flush-to-zero): an independent check."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    bv = s - p
+    err = (p - (s - bv)) + (c - bv)
+    bits = s.view(np.int64)
+    to_odd = (err != 0) & np.isfinite(s) & ((bits & 1) == 0)
+    step = np.where((err > 0) == (s > 0), 1, -1)
+    return np.where(to_odd, bits + step, bits).view(np.float64).astype(np.float32)
+
+
+def self_test() -> str | None:
+    """Run a few decisive fma cases (double rounding, subnormal result and inputs, -0.0 + +0.0) jitted
+    and compare with :func:`_numpy_fma`; None when they agree, else what went wrong."""
+    t = 2.0 ** -24
+    cases = np.array([
+        [1 + t * 2, 1 - t, -1.0],             # exact result needs the round-to-odd step
+        [1 + 2 * t, 1 + 2 * t, 2.0 ** -60],   # near a float32 midpoint
+        [2.0 ** -70, 2.0 ** -70, 2.0 ** -149],  # subnormal result
+        [3 * 2.0 ** -149, 0.5, 0.0],           # subnormal input, midpoint in the subnormal range
+        [-0.0, 1.0, 0.0],                      # -0 + +0 = +0 (XLA folds x + 0.0)
+        [-1.0, 0.0, -0.0],                     # -0 + -0 = -0
+    ], np.float64).astype(np.float32)
+    want = _numpy_fma(cases[:, 0], cases[:, 1], cases[:, 2]).view(np.uint32)
+
+    def f(a, b, c):
+        # the constant-zero chain start, as every tiled reduction has it: must give +0.0 for -0.0 * 1
+        return narrow(fma(widen(a), widen(b), widen(c))), narrow(fma(widen(a), widen(b), zeros(a.shape)))
+    try:
+        with x64():
+            got, got0 = jax.jit(f)(*(jnp.asarray(cases[:, i]) for i in range(3)))
+        got, got0 = np.asarray(got).view(np.uint32), np.asarray(got0).view(np.uint32)
+    except Exception as e:
+        return f"self-test failed to run: {type(e).__name__}: {e}"
+    if got0[4] != 0:
+        return f"self-test: -0.0 * 1 + (+0.0) gave bits {got0[4]:#010x}, expected +0.0 (XLA folded x + 0.0)"
+    bad = np.nonzero(got != want)[0]
+    if bad.size:
+        i = int(bad[0])
+        return (f"self-test: fma{tuple(float(v) for v in cases[i])} gave bits {got[i]:#010x}, expected "
+                f"{want[i]:#010x} (XLA flags or the CPU change float64 arithmetic here)")
+    return None

@@ -1,0 +1,127 @@
+"""The jax backend: hal's torch-facing ops computed by hal.jax (JAX/XLA) on the same bits.
+
+Tensors cross by their raw bits (torch -> numpy view -> jax array, and back), never by a float
+conversion: XLA:CPU's converts flush subnormals. It serves CPU tensors (and CUDA tensors when jax
+has a GPU), is never chosen automatically ahead of ``reference`` (lower priority), and is meant to
+be named: ``backend="jax"``, ``hal.use("jax")``, ``hal conformance run --backend jax``.
+Ops hal.jax does not implement are not listed, so a named call to them raises UnsupportedError
+with the reason instead of computing anything else.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+
+_INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+           torch.int64: torch.int64, torch.int32: torch.int32}
+_JAX_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_TORCH_OF = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _probe() -> str | None:
+    """Why hal.jax cannot compute the strict bits here (None when it can)."""
+    if importlib.util.find_spec("jax") is None:
+        return "jax is not installed (pip install 'lockstep[jax]')"
+    try:
+        from hal.jax import strict_math as sm
+    except Exception as e:  # a broken jax install
+        return f"importing jax failed: {type(e).__name__}: {e}"
+    why = sm.check_environment()
+    if why:
+        return why
+    return sm.self_test()
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    priority = -10  # below reference (0) and every native backend: never auto-picked for them
+    dtypes = FLOAT_DTYPES
+    description = ("hal.jax on XLA: strict float32 emulated in float64 (exact fma, integer subnormal "
+                   "handling); same bits as reference")
+
+    def __init__(self):
+        self._why: str | None = None
+        self._checked = False
+
+    device_types = ("cpu", "cuda")  # cuda only where jax itself has a GPU (supports() says so)
+
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if not reasons and device.type == "cuda":
+            import jax
+            if not any(d.platform == "gpu" for d in jax.devices()):
+                reasons.append(f"{self.name}: jax has no GPU here (jax devices: {jax.devices()})")
+        return reasons
+
+    def unavailable_reason(self):
+        if not self._checked:
+            self._why = _probe()
+            self._checked = True
+        return self._why
+
+    def claimed_levels(self, family, spec):
+        return frozenset(LEVELS) if callable(getattr(self, _FAMILY_OP.get(family, ""), None)) else frozenset()
+
+    # ---- conversion (bits only)
+
+    @staticmethod
+    def _j(t: torch.Tensor):
+        import jax.numpy as jnp
+        from jax import lax
+        ints = t.detach().contiguous().cpu().view(_INT_OF[t.dtype]).numpy()
+        if t.dtype in _JAX_NAME:
+            return lax.bitcast_convert_type(jnp.asarray(ints), getattr(jnp, _JAX_NAME[t.dtype]))
+        return jnp.asarray(ints.astype(np.int32))
+
+    @staticmethod
+    def _t(a, device) -> torch.Tensor:
+        import jax.numpy as jnp
+        from jax import lax
+        name = jnp.dtype(a.dtype).name
+        dt = _TORCH_OF[name]
+        ints = np.asarray(lax.bitcast_convert_type(a, jnp.int32 if dt == torch.float32 else jnp.int16))
+        return torch.from_numpy(ints.copy()).view(dt).to(device)
+
+    def _hj(self):
+        import hal.jax
+        return hal.jax
+
+    # ---- ops
+
+    def matmul(self, a, b, spec):
+        return self._t(self._hj().matmul(self._j(a), self._j(b), spec=spec), a.device)
+
+    def linear(self, x, weight, bias, spec):
+        hj = self._hj()
+        out = hj.linear(self._j(x), self._j(weight), None if bias is None else self._j(bias), spec=spec)
+        return self._t(out, x.device)
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        out = self._hj().rms_norm(self._j(x), self._j(weight), eps,
+                                  None if residual is None else self._j(residual), spec=spec)
+        if residual is None:
+            return self._t(out, x.device)
+        return self._t(out[0], x.device), self._t(out[1], x.device)
+
+    def softmax(self, x, spec):
+        return self._t(self._hj().softmax(self._j(x), spec=spec), x.device)
+
+    def log_softmax(self, x, spec):
+        return self._t(self._hj().log_softmax(self._j(x), spec=spec), x.device)
+
+    def logsumexp(self, x, spec):
+        return self._t(self._hj().logsumexp(self._j(x), spec=spec), x.device)
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        out = self._hj().token_logprobs(self._j(hidden), self._j(weight), self._j(tokens), temperature, spec=spec)
+        return self._t(out, hidden.device)
+
+
+# conformance family -> one op of it (a family is claimed when the backend implements its ops)
+_FAMILY_OP = {"matmul": "matmul", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
+              "attention": "flash_attn_varlen_func", "gated_delta_rule": "chunk_gated_delta_rule",
+              "gdn_layer": "gdn_gating"}
