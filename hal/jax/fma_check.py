@@ -26,15 +26,22 @@ def crafted() -> np.ndarray:
     rows = []
     ulp = 2.0 ** -23
     m = np.arange(1, 64, dtype=np.float64)
-    # 1. double rounding: a*b has bits far below float32's ulp, c moves the sum onto / next to a
-    #    float32 midpoint at many scales (p >> c and p << c).
-    a = 1 + m[:, None] * ulp
-    b = 1 + m[None, :] * ulp * 3
-    p = (a * b).reshape(-1)
-    for k in list(range(-80, -20)) + list(range(20, 40)):
+    # 1. double rounding: p = a*b = 2**s * (1 - u*u * 2**-46) with c's half ulp = 2**s, so that
+    #    p + c = (c + half ulp) - tiny: float64 rounds it onto the float32 midpoint (ties-to-even then
+    #    goes up for an odd c), the exact sum is below it (rounds to c).
+    u = np.arange(1, 41, dtype=np.float64)
+    for s in (-40, -3, 0, 7, 30):
+        for mc in (1, 3, 5, 0x7FFFFF, 0x2AAAAB):
+            c = (1 + mc * ulp) * 2.0 ** (s + 24)
+            for sa, sc in ((1, 1), (-1, -1), (1, -1), (-1, 1)):
+                rows.append(np.stack([sa * (1 + u * ulp) * 2.0 ** s, 1 - u * ulp,
+                                      np.full(u.size, sc * c)], 1))
+    # 1b. products with bits far below float32's ulp against c at many scales
+    a = np.broadcast_to((1 + m[:16, None] * ulp), (16, 16)).reshape(-1)
+    b = np.broadcast_to((1 + m[None, :16] * ulp * 3), (16, 16)).reshape(-1)
+    for k in list(range(-60, -20, 3)) + list(range(20, 40, 3)):
         for sign in (1.0, -1.0):
-            rows.append(np.stack([np.broadcast_to(a, (63, 63)).reshape(-1), np.broadcast_to(b, (63, 63)).reshape(-1),
-                                  np.full(p.size, sign * 2.0 ** k)], 1))
+            rows.append(np.stack([a, b, np.full(a.size, sign * 2.0 ** k)], 1))
     # 2. exact midpoints: c = -(float32 value) + half ulp patterns
     for h in (0.5, 1.5, -0.5, -1.5):
         rows.append(np.stack([np.ones(m.size), 1 + m * ulp, np.full(m.size, h * ulp)], 1))
