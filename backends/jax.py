@@ -90,35 +90,62 @@ class JaxBackend(Backend):
         import hal.jax
         return hal.jax
 
-    # ---- ops
+    # ---- ops. Rows (and matmul columns) are independent in every spec, so the backend pads them to
+    # a power of two: fewer distinct shapes, fewer XLA compilations, the same bits for every row.
 
     def matmul(self, a, b, spec):
-        return self._t(self._hj().matmul(self._j(a), self._j(b), spec=spec), a.device)
+        rows = a.reshape(-1, a.shape[-1])
+        out = self._hj().matmul(self._j(_pad(rows, 0)), self._j(_pad(b, 1)), spec=spec)
+        out = self._t(out, a.device)[: rows.shape[0], : b.shape[1]]
+        return out.reshape(*a.shape[:-1], b.shape[1])
 
     def linear(self, x, weight, bias, spec):
-        hj = self._hj()
-        out = hj.linear(self._j(x), self._j(weight), None if bias is None else self._j(bias), spec=spec)
-        return self._t(out, x.device)
+        rows = x.reshape(-1, x.shape[-1])
+        jb = None if bias is None else self._j(_pad(bias, 0))
+        out = self._hj().linear(self._j(_pad(rows, 0)), self._j(_pad(weight, 0)), jb, spec=spec)
+        out = self._t(out, x.device)[: rows.shape[0], : weight.shape[0]]
+        return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def rms_norm(self, x, weight, eps, residual, spec):
-        out = self._hj().rms_norm(self._j(x), self._j(weight), eps,
-                                  None if residual is None else self._j(residual), spec=spec)
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        jr = None if residual is None else self._j(_pad(residual.reshape(-1, x.shape[-1]), 0))
+        out = self._hj().rms_norm(self._j(_pad(rows, 0)), self._j(weight), eps, jr, spec=spec)
         if residual is None:
-            return self._t(out, x.device)
-        return self._t(out[0], x.device), self._t(out[1], x.device)
+            return self._t(out, x.device)[:n].reshape(x.shape)
+        return tuple(self._t(o, x.device)[:n].reshape(x.shape) for o in out)
+
+    def _softmax_family(self, kind, x, spec):
+        rows = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+        out = getattr(self._hj(), kind)(self._j(_pad(rows, 0)), spec=spec)
+        out = self._t(out, x.device)[: rows.shape[0]]
+        return out.reshape(x.shape[:-1] if kind == "logsumexp" else x.shape)
 
     def softmax(self, x, spec):
-        return self._t(self._hj().softmax(self._j(x), spec=spec), x.device)
+        return self._softmax_family("softmax", x, spec)
 
     def log_softmax(self, x, spec):
-        return self._t(self._hj().log_softmax(self._j(x), spec=spec), x.device)
+        return self._softmax_family("log_softmax", x, spec)
 
     def logsumexp(self, x, spec):
-        return self._t(self._hj().logsumexp(self._j(x), spec=spec), x.device)
+        return self._softmax_family("logsumexp", x, spec)
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        out = self._hj().token_logprobs(self._j(hidden), self._j(weight), self._j(tokens), temperature, spec=spec)
-        return self._t(out, hidden.device)
+        n = hidden.shape[0]
+        out = self._hj().token_logprobs(self._j(_pad(hidden, 0)), self._j(weight), self._j(_pad(tokens, 0)),
+                                        temperature, spec=spec)
+        return self._t(out, hidden.device)[:n]
+
+
+def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""
+    n = t.shape[dim]
+    target = 1 << max(0, (n - 1).bit_length())
+    if target == n:
+        return t
+    shape = list(t.shape)
+    shape[dim] = target - n
+    return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim)
 
 
 # conformance family -> one op of it (a family is claimed when the backend implements its ops)
