@@ -136,6 +136,22 @@ class JaxBackend(Backend):
                                         temperature, spec=spec)
         return self._t(out, hidden.device)[:n]
 
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+        max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))  # the real longest
+        out, lse = self._hj().flash_attn_varlen_func(
+            self._j(q), self._j(k), self._j(v), self._j(cu_q), self._j(cu_k), max_q, max_k, scale, causal,
+            tuple(window), return_lse=True, spec=spec)
+        return self._t(out, q.device), self._t(lse, q.device)
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                num_splits, spec):
+        max_k = int(seqlens_k.max()) if q.shape[0] else 0
+        out, lse = self._hj().flash_attn_with_kvcache(
+            self._j(q), self._j(k_cache), self._j(v_cache), self._j(seqlens_k),
+            None if block_table is None else self._j(block_table), scale, causal, tuple(window), num_splits,
+            return_lse=True, max_seqlen_k=max_k, spec=spec)
+        return self._t(out, q.device), self._t(lse, q.device)
+
 
 def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""

@@ -7,3 +7,6 @@ from .strict_math import check_environment
 
 __all__ = ["matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
            "check_environment"]
+from .attention import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
+
+__all__ += ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
