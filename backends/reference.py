@@ -86,3 +86,35 @@ class ReferenceBackend(Backend):
         if x.dtype == F64:
             return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+
+    # elementwise and rotary: float64 runs the oracle (gradcheck)
+    def sigmoid(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.sigmoid(x) if x.dtype == F64 else ew.sigmoid(x, spec)
+
+    def silu(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.silu(x) if x.dtype == F64 else ew.silu(x, spec)
+
+    def softplus(self, x, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.softplus(x) if x.dtype == F64 else ew.softplus(x, spec)
+
+    def silu_mul(self, a, b, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        return ora.silu_mul(a, b) if a.dtype == F64 else ew.silu_mul(a, b, spec)
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        from hal.kernels.reference import elementwise as ew
+        return ew.rotary_cos_sin(positions, rotary_dim, base, inv_freq, spec)
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        from hal.kernels.oracle import elementwise as ora
+        from hal.kernels.reference import elementwise as ew
+        if x.dtype == F64:
+            return ora.apply_rotary(x, cos, sin, interleaved)
+        return ew.apply_rotary(x, cos, sin, interleaved, spec)

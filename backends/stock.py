@@ -150,3 +150,37 @@ class StockBackend(Backend):
             y = F.conv1d(rows.t().unsqueeze(0), w, b, groups=rows.shape[-1])[0].t()
             return F.silu(y) if activation == "silu" else y
         return conv_windows(x, conv_state, weight.shape[1], cu_seqlens, one)
+
+    # What an eager model does: torch's activations, and HF's rotary (float32 tables from
+    # inv_freq = 1 / base ** (arange(0, R, 2) / R), torch.cos / torch.sin, rotate_half in x's dtype).
+    def sigmoid(self, x, spec):
+        return torch.sigmoid(x)
+
+    def silu(self, x, spec):
+        return F.silu(x)
+
+    def softplus(self, x, spec):
+        return F.softplus(x)
+
+    def silu_mul(self, a, b, spec):
+        return F.silu(a) * b
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        if inv_freq is None:
+            inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions.device)
+                                       .float() / rotary_dim))
+        freqs = positions.float().unsqueeze(-1) * inv_freq.to(positions.device)
+        return freqs.cos(), freqs.sin()
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        half = cos.shape[-1]
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        rot = x[..., :2 * half]
+        if interleaved:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], -1).flatten(-2)
+        else:
+            c2, s2 = torch.cat([c, c], -1), torch.cat([s, s], -1)
+            rotated = torch.cat([-rot[..., half:], rot[..., :half]], -1)  # HF rotate_half
+            out = rot * c2 + rotated * s2
+        return torch.cat([out, x[..., 2 * half:]], -1)

@@ -25,6 +25,7 @@ from .attention import flash_attn_varlen_func, flash_attn_with_kvcache
 from .kv_cache import KVCache
 from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
                                gdn_causal_conv1d, gdn_gating)
+from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus
 
 __version__ = "0.1.0"
 
@@ -34,4 +35,5 @@ __all__ = [
     "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
     "flash_attn_varlen_func", "flash_attn_with_kvcache", "KVCache",
     "GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_causal_conv1d", "gdn_gating",
+    "sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary",
 ]

@@ -15,6 +15,12 @@ OPS: dict[str, str] = {
     "fused_recurrent_gated_delta_rule": "gated_delta_rule",
     "gdn_gating": "gated_delta_rule",
     "gdn_causal_conv1d": "gated_delta_rule",
+    "sigmoid": "elementwise",
+    "silu": "elementwise",
+    "softplus": "elementwise",
+    "silu_mul": "elementwise",
+    "rotary_cos_sin": "rotary",
+    "apply_rotary": "rotary",
 }
 
 

@@ -33,7 +33,7 @@ STRICT = "strict"
 FAST = "fast"
 POLICIES = (STRICT, FAST)
 
-#: Version tag of lockstep's own exp/log (kernels/reference/strict_math.py). Part of every id of a
+#: Version tag of lockstep's own exp/log/sin/cos (kernels/reference/strict_math.py). Part of every id of a
 #: spec that uses them: a new polynomial means new bits and so a new id.
 MATH_VERSION = "lsm1"
 
@@ -273,8 +273,9 @@ class GatedDeltaRuleSpec(OpSpec):
             "companion ops (same under both variants): gdn_gating: g = -(exp(A_log) * softplus(a + dt_bias)), "
             "softplus(x) = fma(log(w), e / (w - 1), max(x, 0)) with e = exp(-|x|), w = 1 + e (= max(x, 0) + e "
             "when w == 1), beta = 1 / (1 + exp(-b)), float32 out; gdn_causal_conv1d: y_t = silu(acc), acc = "
-            "fma chain from bias (or +0.0) over taps oldest first, silu(z) = z / (1 + exp(-z)), rounded once to "
-            "x's dtype; its state is the previous K-1 inputs, unrounded",
+            "fma chain from bias (or +0.0) over taps oldest first, silu(z) = z / (1 + exp(-z)) (silu(-inf) = -0.0; "
+            "softplus, sigmoid and silu are the elementwise spec's), rounded once to x's dtype; its state is the "
+            "previous K-1 inputs, unrounded",
         ]
 
     def _describe_core(self, dot):
@@ -310,6 +311,79 @@ class GatedDeltaRuleSpec(OpSpec):
             "have the bits of the full chunk's rows",
         ]
 
+
+
+_NAN_WORDS = ("NaN: every NaN of an output is the canonical pattern (float32 0x7FC00000, bfloat16 0x7FC0, "
+              "float16 0x7E00), whatever NaN the arithmetic produced")
+
+
+@dataclass(frozen=True)
+class ElementwiseSpec(OpSpec):
+    """sigmoid, silu, softplus and silu_mul (SwiGLU): each value alone, in float32, with lsm1 exp/log.
+
+    Written out in ``kernels/reference/elementwise.py``; ``docs/elementwise.md``.
+    """
+
+    family: ClassVar[str] = "elementwise"
+    version: int = 2
+
+    def _id_parts(self):
+        return [MATH_VERSION]
+
+    def describe(self):
+        return [
+            _policy_words(self.policy),
+            "per element, independent of every other element and of its position: input widened exactly to "
+            "float32, computed in float32, rounded once to the input dtype (silu_mul: a's dtype; a and b share it)",
+            "sigmoid(x) = 1 / (1 + exp(-x)): negation exact, + and / correctly rounded, exp = lsm1 exp "
+            "(so sigmoid(-inf) = 0, sigmoid(+inf) = 1)",
+            "silu(x) = x / (1 + exp(-x)) (one correctly rounded division, not x * sigmoid(x)); silu(-inf) = -0.0",
+            "softplus(x) = fma(log(w), e / (w - 1), m) with e = exp(-|x|), w = 1 + e, m = x if x > 0 else +0.0; "
+            "when w == 1: m + e (log = lsm1 log; no threshold: softplus(x) is x + exp(-x) rounded for large x)",
+            "silu_mul(a, b) = silu(a) * b: the float32 silu(a) above (unrounded) times float32 b, one rounding "
+            "to float32, then once to the output dtype",
+            "exp's argument is clamped to [-110, 100] inside lsm1 exp (exact 0 / inf beyond), so +-88, +-100, "
+            "+-1e30 follow IEEE: e.g. sigmoid(-100) = 1 / inf = 0, silu(-88) is a normal float32, no flush to zero",
+            _NAN_WORDS,
+        ]
+
+
+@dataclass(frozen=True)
+class RotarySpec(OpSpec):
+    """Rotary position embedding: cos/sin tables from integer positions, and the rotation of x.
+
+    Written out in ``kernels/reference/elementwise.py`` and ``strict_math.sincos``; ``docs/elementwise.md``.
+    """
+
+    family: ClassVar[str] = "rotary"
+    version: int = 2
+
+    def _id_parts(self):
+        return [MATH_VERSION]
+
+    def describe(self):
+        return [
+            _policy_words(self.policy),
+            "rotary_cos_sin(positions, R, base, inv_freq): positions int32/int64 with |pos| < 2**24 (so "
+            "float32(pos) is exact; int32 and int64 give the same bits); output float32 [..., R/2]",
+            "inv_freq_i (i < R/2), unless inv_freq (float32 [R/2]) is given: lb = log(float32(base)) (lsm1 log); "
+            "e_i = float32(2i) / float32(R) (correctly rounded); inv_freq_i = exp(-(e_i * lb)) (product rounded "
+            "once, negation exact, lsm1 exp)",
+            "angle = float32(pos) * inv_freq_i, one rounding; |angle| must stay below 2**24",
+            "cos/sin = lsm1 sincos: k0 = floor(fma(a, 2/pi, 0.5)), r0 = a - k0*pi/2, k = k0 + floor(fma(r0, 2/pi, 0.5)), "
+            "r = a - k*pi/2 where a - k*pi/2 = fma(-k, C3, fma(-k, C2, fma(-k, C1, a))), pi/2 = C1 + C2 + C3 "
+            "(float32 0x3FC90FDB, 0xB33BBD2E, 0xA6F72CED; 2/pi = 0x3F22F983)",
+            "z = r*r; sin r = fma(r*z, P(z), r), P = Horner by fma of -1/3!, 1/5!, -1/7!, 1/9!, -1/11! (float32); "
+            "cos r = fma(z, Q(z), 1), Q = -1/2!, 1/4!, ..., 1/12!; quadrant q = k - 4*floor(k/4): "
+            "q = 0: (sin, cos) = (s, c); 1: (c, -s); 2: (-s, -c); 3: (-c, s); sin(+-0) = +-0; "
+            "NaN, +-inf and |a| >= 2**24 give NaN",
+            "apply_rotary(x, cos, sin, interleaved): R = 2 * cos.shape[-1] <= D; pairs (x1, x2) = (x[i], x[i + R/2]) "
+            "(half-split, GPT-NeoX / HF Llama rotate_half) or (x[2i], x[2i+1]) (interleaved, GPT-J), i < R/2; "
+            "x, cos, sin widened exactly to float32",
+            "out1 = fma(x1, cos, -(x2 * sin)), out2 = fma(x2, cos, x1 * sin) (each product rounded once, then one "
+            "fma), written back to the pair's positions; rounded once to x's dtype; dims >= R copied unchanged",
+            _NAN_WORDS,
+        ]
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -361,3 +435,5 @@ register(AttentionSpec(p_precision="input"))
 register(AttentionSpec(kv_block=16, kv_split=64, p_precision="input"))
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
+register(ElementwiseSpec(), default=True)
+register(RotarySpec(), default=True)

@@ -13,6 +13,8 @@ MODULES = {
     "attention": "hal.conformance.families.attention",
     "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
     "gdn_layer": "hal.conformance.families.gdn_layer",
+    "elementwise": "hal.conformance.families.elementwise",
+    "rotary": "hal.conformance.families.rotary",
 }
 
 

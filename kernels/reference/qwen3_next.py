@@ -4,12 +4,10 @@ Both are computed per token in float32 with a fixed order, so decode, chunked pr
 training give the same bits by construction; the conv's decode state holds the previous K-1
 *inputs* unrounded (in the input dtype), so nothing is rounded at a call boundary.
 
-* gating: g = -(exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b) = 1 / (1 + exp(-b)),
-  float32 out. softplus(x) = max(x, 0) + log1p(exp(-|x|)) where, with e = exp(-|x|) and w = 1 + e,
-  log1p(e) = e if w == 1 else log(w) * (e / (w - 1)) (Goldberg's correction: accurate near 0); the
-  sum is fma(log(w), e / (w - 1), max(x, 0)).
+* gating: g = -(exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b), float32 out; softplus and
+  sigmoid are the elementwise spec's float32 functions (``elementwise.py``: one definition).
 * conv1d (kernel K, depthwise): y_t = act(bias + sum_i w_i x_(t-K+1+i)) as a sequential fma chain
-  from bias (or +0.0) over taps i = 0..K-1 (oldest input first); SiLU(z) = z / (1 + exp(-z));
+  from bias (or +0.0) over taps i = 0..K-1 (oldest input first); SiLU as in ``elementwise.py``;
   rounded once to x's dtype.
 """
 from __future__ import annotations
@@ -17,25 +15,8 @@ from __future__ import annotations
 import torch
 
 from .gated_delta_rule import from_padded, to_padded
-from .strict_math import F32, exp, fma, log
-
-
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """max(x, 0) + log1p(exp(-|x|)); the product inside log1p feeds the sum, so it is the fma."""
-    m = torch.clamp_min(x, 0.0)
-    e = exp(-x.abs())
-    w = 1.0 + e
-    tiny = w == 1.0
-    safe = torch.where(tiny, torch.ones_like(w), w)
-    return torch.where(tiny, m + e, fma(log(safe), e / (safe - 1.0), m))
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + exp(-x))
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return x / (1.0 + exp(-x))
+from .elementwise import sigmoid_f32 as sigmoid, silu_f32 as silu, softplus_f32 as softplus
+from .strict_math import F32, exp, fma
 
 
 def gdn_gating(A_log, a, dt_bias, b):

@@ -147,3 +147,98 @@ def log(x: torch.Tensor) -> torch.Tensor:
     y = torch.where(x < 0, float("nan"), y)
     y = torch.where(torch.isinf(x) & (x > 0), float("inf"), y)
     return torch.where(torch.isnan(x), x, y)
+
+
+# ---------------------------------------------------------------- canonical NaN
+
+#: The one NaN bit pattern of each dtype in every strict output (the quiet NaN with no payload).
+CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+             torch.float64: torch.int64}
+_CANONICAL_NAN_BITS64 = 0x7FF8000000000000
+
+
+def canonical_nan(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with every NaN replaced by its dtype's canonical pattern (set on the bits, not by value:
+    hardware and libraries disagree on which NaN an operation returns)."""
+    if t.dtype not in _INT_VIEW:
+        return t
+    bits = CANONICAL_NAN_BITS.get(t.dtype, _CANONICAL_NAN_BITS64)  # all positive in their signed int type
+    nan = torch.tensor(bits, dtype=_INT_VIEW[t.dtype], device=t.device).view(t.dtype)
+    return torch.where(t != t, nan, t)
+
+
+# ---------------------------------------------------------------- sin / cos (lsm1)
+
+# x = k*(pi/2) + r: k0 = floor(fma(x, 2/pi, 0.5)) is the nearest integer only up to the product's rounding
+# (off by one for large x), so r0 = x - k0*pi/2 is computed and k = k0 + floor(fma(r0, 2/pi, 0.5)), then
+# r = x - k*pi/2 again: |r| <= pi/4 (+ a few ulp). x - k*pi/2 is three fma with pi/2 = C1 + C2 + C3 (float32
+# each; together pi/2 to ~2**-76); the first is exact (x - k*C1 is a multiple of 2**-23 below 1 in magnitude).
+SINCOS_LIMIT = 16777216.0              # 2**24: the domain of sin/cos is |x| < 2**24
+_TWO_OVER_PI = 0.6366197466850281      # float32 0x3F22F983
+_PIO2_1 = 1.5707963705062866          # float32 0x3FC90FDB
+_PIO2_2 = -4.371138828673793e-08      # float32 0xB33BBD2E
+_PIO2_3 = -1.7151245100058819e-15     # float32 0xA6F72CED
+# Taylor coefficients in z = r*r, float32 (rounded from the exact rationals), highest power first:
+# sin r = r + r*z*(-1/3! + z/5! - z^2/7! + z^3/9! - z^4/11!), cos r = 1 + z*(-1/2! + z/4! - ... + z^5/12!).
+# Truncation at |r| <= pi/4 is below 2**-35 relative: the float32 roundings decide the error.
+_SIN_POLY = [-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0]
+_COS_POLY = [1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0, -0.5]
+
+
+def _horner(z: torch.Tensor, coeffs) -> torch.Tensor:
+    p = _f32(coeffs[0]).expand_as(z)
+    for c in coeffs[1:]:
+        p = fma(p, z, _f32(c).expand_as(z))
+    return p
+
+
+def _nearest_quarter_turns(x: torch.Tensor) -> torch.Tensor:
+    return torch.floor(fma(x, _f32(_TWO_OVER_PI).expand_as(x), _f32(0.5).expand_as(x)))
+
+
+def _reduce(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    nk = -k
+    r = fma(nk, _f32(_PIO2_1).expand_as(k), x)
+    r = fma(nk, _f32(_PIO2_2).expand_as(k), r)
+    return fma(nk, _f32(_PIO2_3).expand_as(k), r)
+
+
+def sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """lockstep's float32 (sin x, cos x) (lsm1) for |x| < 2**24; NaN, ±inf and |x| >= 2**24 give NaN
+    (beyond 2**24 a float32 angle has no fraction bits and pi/2 reduction by three constants is meaningless);
+    sin(±0) = ±0.
+
+    Range reduction by pi/2 (Cody-Waite, three constants, fma; k corrected once), the quadrant q = k mod 4 taken by exact
+    float32 operations on the integer-valued k (k - 4*floor(k/4): no integer overflow for any x),
+    Taylor polynomials in r*r by Horner with fma: sin r = fma(r*z, P(z), r), cos r = fma(z, Q(z), 1).
+    q = 0: (s, c); 1: (c, -s); 2: (-s, -c); 3: (-c, s). Not correctly rounded; error measured by
+    ``python -m benchmarks.ulp --fn sin`` / ``--fn cos``.
+    """
+    assert x.dtype == F32
+    finite = x.abs() < SINCOS_LIMIT  # False for NaN and ±inf too
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    k = _nearest_quarter_turns(xf)
+    r = _reduce(xf, k)
+    k = k + _nearest_quarter_turns(r)  # the product x * 2/pi may be off by > 1/2 for large x: one correction
+    r = _reduce(xf, k)
+    z = r * r
+    s = fma(r * z, _horner(z, _SIN_POLY), r)
+    c = fma(z, _horner(z, _COS_POLY), _f32(1.0).expand_as(z))
+    q = k - 4.0 * torch.floor(k * 0.25)  # exact: k mod 4 in {0, 1, 2, 3}
+    swap = (q == 1.0) | (q == 3.0)
+    sin = torch.where(swap, c, s)
+    cos = torch.where(swap, s, c)
+    sin = torch.where((q == 2.0) | (q == 3.0), -sin, sin)
+    cos = torch.where((q == 1.0) | (q == 2.0), -cos, cos)
+    sin = torch.where(x == 0, x, sin)  # keeps the sign of zero
+    nan = torch.full_like(x, float("nan"))
+    return torch.where(finite, sin, nan), torch.where(finite, cos, nan)
+
+
+def sin(x: torch.Tensor) -> torch.Tensor:
+    return sincos(x)[0]
+
+
+def cos(x: torch.Tensor) -> torch.Tensor:
+    return sincos(x)[1]
