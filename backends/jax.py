@@ -152,6 +152,29 @@ class JaxBackend(Backend):
             return_lse=True, max_seqlen_k=max_k, spec=spec)
         return self._t(out, q.device), self._t(lse, q.device)
 
+    # elementwise: every value is computed alone, so the flattened, padded tensor gives the same bits
+    def sigmoid(self, x, spec):
+        return self._t(self._hj().sigmoid(self._j(_pad(x.reshape(-1), 0)), spec=spec), x.device)[: x.numel()].reshape(x.shape)
+
+    def silu(self, x, spec):
+        return self._t(self._hj().silu(self._j(_pad(x.reshape(-1), 0)), spec=spec), x.device)[: x.numel()].reshape(x.shape)
+
+    def softplus(self, x, spec):
+        return self._t(self._hj().softplus(self._j(_pad(x.reshape(-1), 0)), spec=spec), x.device)[: x.numel()].reshape(x.shape)
+
+    def silu_mul(self, a, b, spec):
+        out = self._hj().silu_mul(self._j(_pad(a.reshape(-1), 0)), self._j(_pad(b.reshape(-1), 0)), spec=spec)
+        return self._t(out, a.device)[: a.numel()].reshape(a.shape)
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        c, s = self._hj().rotary_cos_sin(self._j(positions), rotary_dim, base,
+                                         None if inv_freq is None else self._j(inv_freq.float()), spec=spec)
+        return self._t(c, positions.device), self._t(s, positions.device)
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        out = self._hj().apply_rotary(self._j(x), self._j(cos), self._j(sin), interleaved, spec=spec)
+        return self._t(out, x.device)
+
 
 def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""
@@ -165,6 +188,6 @@ def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 # conformance family -> one op of it (a family is claimed when the backend implements its ops)
-_FAMILY_OP = {"matmul": "matmul", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
+_FAMILY_OP = {"elementwise": "sigmoid", "rotary": "apply_rotary", "matmul": "matmul", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
               "attention": "flash_attn_varlen_func", "gated_delta_rule": "chunk_gated_delta_rule",
               "gdn_layer": "gdn_gating"}

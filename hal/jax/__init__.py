@@ -10,3 +10,6 @@ __all__ = ["matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp"
 from .attention import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 
 __all__ += ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
+from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus  # noqa: E402
+
+__all__ += ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary"]

@@ -272,6 +272,50 @@ def log(x):
     return jnp.where(jnp.isnan(x), x, y)
 
 
+_SINCOS_LIMIT = 16777216.0
+_TWO_OVER_PI = 0.6366197466850281
+_PIO2 = (1.5707963705062866, -4.371138828673793e-08, -1.7151245100058819e-15)
+_SIN_POLY = [-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0]
+_COS_POLY = [1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0, -0.5]
+
+
+def _horner(z, coeffs):
+    p = const(coeffs[0], z)
+    for c in coeffs[1:]:
+        p = fma(p, z, const(c, z))
+    return p
+
+
+def _quarter_turns(x):
+    return jnp.floor(fma(x, const(_TWO_OVER_PI, x), const(0.5, x)))
+
+
+def _reduce(x, k):
+    r = x
+    for c in _PIO2:
+        r = fma(-k, const(c, k), r)
+    return r
+
+
+def sincos(x):
+    """lockstep's float32 (sin x, cos x) (lsm1) on F, ported from the reference; |x| >= 2**24, inf, NaN -> NaN."""
+    finite = jnp.abs(x) < _SINCOS_LIMIT
+    xf = jnp.where(finite, x, 0.0)
+    k = _quarter_turns(xf)
+    k = add(k, _quarter_turns(_reduce(xf, k)))  # integer-valued, exact
+    r = _reduce(xf, k)
+    z = mul(r, r)
+    s = fma(mul(r, z), _horner(z, _SIN_POLY), r)
+    c = fma(z, _horner(z, _COS_POLY), const(1.0, z))
+    q = k - 4.0 * jnp.floor(k * 0.25)  # exact
+    swap = (q == 1.0) | (q == 3.0)
+    sin, cos = jnp.where(swap, c, s), jnp.where(swap, s, c)
+    sin = jnp.where((q == 2.0) | (q == 3.0), -sin, sin)
+    cos = jnp.where((q == 1.0) | (q == 2.0), -cos, cos)
+    sin = jnp.where(x == 0, x, sin)
+    return jnp.where(finite, sin, jnp.nan), jnp.where(finite, cos, jnp.nan)
+
+
 # ------------------------------------------------------------------ the canonical tiled reduction
 
 
