@@ -175,6 +175,16 @@ class JaxBackend(Backend):
         out = self._hj().apply_rotary(self._j(x), self._j(cos), self._j(sin), interleaved, spec=spec)
         return self._t(out, x.device)
 
+    def gdn_gating(self, A_log, a, dt_bias, b, spec):
+        g, beta = self._hj().gdn_gating(self._j(A_log), self._j(a), self._j(dt_bias), self._j(b), spec=spec)
+        return self._t(g, a.device), self._t(beta, a.device)
+
+    def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
+        y, state = self._hj().gdn_causal_conv1d(
+            self._j(x), self._j(weight), None if bias is None else self._j(bias),
+            None if conv_state is None else self._j(conv_state.to(x.dtype)), activation, cu_seqlens, spec=spec)
+        return self._t(y, x.device), self._t(state, x.device)
+
 
 def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""
