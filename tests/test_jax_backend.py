@@ -118,16 +118,48 @@ def test_unimplemented_op_is_unsupported_not_wrong():
 # ---------------------------------------------------------------- conformance
 
 
-def _conformance(family: str, dtypes):
-    records = runner.run(["jax"], [family], dtypes=dtypes)
-    assert records
+# CI: a few decisive cases per family through the runner's own per-case checks (every level the
+# family has); LOCKSTEP_FULL=1: every case of every family hal.jax implements, every dtype.
+QUICK_CASES = {
+    "matmul": ["m6_k70_n9_subnormal_negzero.fp32", "m6_k70_n9_subnormal_negzero.bf16", "m7_k129_n33.fp16"],
+    "rms_norm": ["n7_h129_res.bf16"],
+    "softmax": ["r5_n129.bf16"],
+    "token_logprobs": ["n5_h96_v515_t0.7.bf16"],
+    "elementwise": ["silu_mul_n7_w129.bf16", "softplus_n7_w129.fp32"],
+    "rotary": ["apply_interleaved_t17_h2_d80_r32.bf16"],
+    "gdn_layer": ["b2_t9_d8_k4_hv2.bf16"],
+}
+FULL_FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention"]
+
+
+def _run_cases(family_name: str, wanted):
+    from hal.conformance import families
+    fam = families.get(family_name)
+    cases = [c for c in fam.cases() if wanted is None or c.id in wanted]
+    if wanted is not None:
+        assert sorted(c.id for c in cases) == sorted(wanted), [c.id for c in fam.cases()]
+    backend = hal.get_backend("jax")
+    problems = []
+    for case in cases:
+        outcomes = {lvl: runner._Outcome() for lvl in fam.levels}
+        runner.run_case(fam, backend, case, torch.device("cpu"), fam.levels, outcomes)
+        for lvl, o in outcomes.items():
+            if o.unsupported or o.failures or o.cases != 1:
+                problems.append(f"{case.id} {lvl}: {o.unsupported or [str(d) for _, d in o.failures]}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("family", sorted(QUICK_CASES))
+def test_conformance_quick(family):
+    _run_cases(family, QUICK_CASES[family])
+
+
+@pytest.mark.skipif(not FULL, reason="every case: LOCKSTEP_FULL=1 (slow: ~minutes per family)")
+@pytest.mark.parametrize("family", FULL_FAMILIES)
+def test_conformance_full(family):
+    records = runner.run(["jax"], [family])
     bad = [r for r in records if r.status != "pass"]
-    assert not bad, "\n".join(f"{r.op} {r.dtype} {r.level}: {r.status}: {r.detail}" for r in bad)
-
-
-@pytest.mark.parametrize("family", ["matmul", "rms_norm", "softmax", "token_logprobs"])
-def test_conformance(family):
-    _conformance(family, None if FULL else ["bf16"])
+    assert records and not bad, "\n".join(f"{r.op} {r.dtype} {r.level}: {r.status}: {r.detail}" for r in bad)
 
 
 def test_flushing_variant_is_caught_by_matmul_goldens(monkeypatch):
