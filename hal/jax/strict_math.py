@@ -68,7 +68,7 @@ def check_environment() -> str | None:
     """None when strict arithmetic can run here, else why not."""
     if jax.default_backend() == "tpu":
         return ("the default jax backend is TPU: no IEEE float64 and float32 subnormals flushed, so the "
-                "strict bits cannot be emulated there; run hal.jax on the host CPU (jax.default_device)")
+                "strict bits cannot be emulated there; run hal.jax in a CPU process (JAX_PLATFORMS=cpu)")
     flag = fast_math_flag()
     if flag:
         return (f"XLA_FLAGS contains {flag}: XLA may then reassociate float arithmetic, which breaks "
