@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+from hal.ops_registry import OPS
 from hal.kernels import oracle
-from hal.kernels.reference import matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.kernels.reference import exact_matmul as _xm, matmul as _mm, rms_norm as _rn, softmax as _sm
+from hal.spec import EXACT, STRICT
 
 F64 = torch.float64
 
@@ -19,16 +21,22 @@ class ReferenceBackend(Backend):
     device_types = ("cpu",)
     priority = 0
     dtypes = FLOAT_DTYPES + (F64,)
-    description = "readable definition of every strict spec (torch elementwise ops, no BLAS); golden bits"
+    policies = (STRICT, EXACT)
+    description = ("readable definition of every strict spec (torch elementwise ops, no BLAS) and of the "
+                   "exact matmul policy (int64 matmuls); golden bits")
 
     def claimed_levels(self, family, spec):
         return frozenset(LEVELS)
 
     def matmul(self, a, b, spec):
-        return oracle.matmul(a, b) if a.dtype == F64 else _mm.matmul(a, b, spec)
+        if a.dtype == F64:
+            return oracle.matmul(a, b)
+        return (_xm if spec.policy == EXACT else _mm).matmul(a, b, spec)
 
     def linear(self, x, weight, bias, spec):
-        return oracle.linear(x, weight, bias) if x.dtype == F64 else _mm.linear(x, weight, bias, spec)
+        if x.dtype == F64:
+            return oracle.linear(x, weight, bias)
+        return (_xm if spec.policy == EXACT else _mm).linear(x, weight, bias, spec)
 
     def rms_norm(self, x, weight, eps, residual, spec):
         if x.dtype == F64:
@@ -118,3 +126,28 @@ class ReferenceBackend(Backend):
         if x.dtype == F64:
             return ora.apply_rotary(x, cos, sin, interleaved)
         return ew.apply_rotary(x, cos, sin, interleaved, spec)
+
+def _canonical_outputs(method):
+    """Wrap an op so every float output (tensors, tuples, state parts) leaves with the canonical NaN."""
+    import functools
+
+    from hal.kernels.reference.strict_math import canonical_nan
+
+    def canon(x):
+        if isinstance(x, torch.Tensor):
+            return canonical_nan(x)
+        if isinstance(x, tuple):
+            items = [canon(i) for i in x]
+            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+        return x
+
+    @functools.wraps(method)
+    def op(self, *args, **kwargs):
+        return canon(method(self, *args, **kwargs))
+    return op
+
+
+# The strict policy's last step, in one place: whatever an op returns carries one NaN pattern per dtype.
+for _op in OPS:
+    if callable(getattr(ReferenceBackend, _op, None)):
+        setattr(ReferenceBackend, _op, _canonical_outputs(getattr(ReferenceBackend, _op)))

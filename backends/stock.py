@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.backend import Backend
-from hal.spec import FAST, STRICT
+from hal.spec import EXACT, FAST, STRICT
 
 
 class StockBackend(Backend):
@@ -19,7 +19,7 @@ class StockBackend(Backend):
     device_types = ("cpu", "cuda", "npu", "xpu", "mps")
     priority = -100
     auto = False
-    policies = (STRICT, FAST)
+    policies = (STRICT, FAST, EXACT)
     description = "torch's own ops (negative control; claims no level)"
 
     def matmul(self, a, b, spec):

@@ -78,3 +78,19 @@ def first_divergence(label: str, expected: torch.Tensor, got: torch.Tensor) -> D
     gv = got.detach().reshape(-1)[flat].item()
     return Divergence(label, index, f"0x{eb & mask:0{width}x}", f"0x{gb & mask:0{width}x}", repr(ev), repr(gv),
                       ulp, int(diff.sum()), diff.numel())
+
+
+def assert_same_bits(expected: torch.Tensor, got: torch.Tensor, label: str = "tensor") -> None:
+    """Raise AssertionError naming the first divergence unless the raw bits (and dtype, shape) match.
+
+    For tests that claim bitwise equality: unlike ``torch.equal`` it tells -0.0 from +0.0 and
+    compares NaN payloads.
+    """
+    d = first_divergence(label, expected, got)
+    if d is not None:
+        raise AssertionError(str(d))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when dtype, shape and every raw bit pattern match (-0.0 != +0.0; NaN payloads count)."""
+    return first_divergence("", a, b) is None

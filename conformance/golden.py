@@ -88,8 +88,14 @@ def _manifest(family: str, root: Path) -> dict:
     return _manifests[key]
 
 
-def load(family: str, case: Case, inputs: dict, root: Path | None = None) -> dict[str, torch.Tensor]:
-    """The golden outputs of a case, verified against the manifest."""
+def load(family: str, case: Case, inputs: dict, root: Path | None = None,
+         outputs=None) -> dict[str, torch.Tensor]:
+    """The golden outputs of a case, verified against the manifest.
+
+    ``outputs``: the output names the family produces for this case (the runner passes the names
+    of the run's outputs). The manifest must list exactly those: a manifest that lost an output
+    (or lists one the family does not make) is an error, so L4 can never pass by comparing nothing.
+    """
     root = root or ROOT
     fix = _FIX.format(family=family)
     entry = _manifest(family, root)["entries"].get(_case_key(case))
@@ -99,8 +105,19 @@ def load(family: str, case: Case, inputs: dict, root: Path | None = None) -> dic
     if entry.get("inputs_sha256") != inputs_sha256(inputs):
         raise GoldenError(f"golden for {where} is stale: its inputs hash differs from the regenerated inputs "
                           f"(the case or the input generator changed); {fix}")
+    listed = entry.get("outputs")
+    if not isinstance(listed, dict):
+        raise GoldenError(f"golden manifest entry for {where} has no outputs table; {fix}")
+    if outputs is not None:
+        missing = sorted(set(outputs) - set(listed))
+        extra = sorted(set(listed) - set(outputs))
+        if missing or extra:
+            raise GoldenError(f"golden manifest entry for {where} does not match the family's outputs "
+                              f"{sorted(outputs)}: " + "; ".join(
+                                  ([f"missing output(s) {missing}"] if missing else []) +
+                                  ([f"unknown output(s) {extra}"] if extra else [])) + f"; {fix}")
     out = {}
-    for name, meta in entry["outputs"].items():
+    for name, meta in listed.items():
         path = root / family / meta["file"]
         if not path.exists():
             raise GoldenError(f"golden file {path} for {where} is missing; {fix}")

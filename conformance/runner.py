@@ -40,6 +40,8 @@ class Record:
     claimed: bool
     cases: int = 0
     failed_cases: list[str] = field(default_factory=list)
+    comparisons: int = 0
+    elements: int = 0  # tensor elements compared (bits, or against the oracle for A)
 
     def to_dict(self):
         return asdict(self)
@@ -51,6 +53,7 @@ class _Outcome:
     def __init__(self):
         self.cases = 0
         self.checks = 0
+        self.elements = 0
         self.failures: list[tuple[str, Divergence]] = []
         self.unsupported: list[str] = []
         self.worst_budget_use: float | None = None  # A only: max error / budget over passing cases
@@ -66,6 +69,7 @@ def _to_device(inputs: dict, device: torch.device) -> dict:
 def _compare_all(out: _Outcome, case: Case, pairs):
     for label, expected, got in pairs:
         out.checks += 1
+        out.elements += expected.numel()
         div = first_divergence(label, expected, got)
         if div is not None:
             out.fail(case.id, div)
@@ -92,6 +96,7 @@ def _accuracy(family: Family, case: Case, inputs: dict, base: dict, out: _Outcom
         got = base[name].detach().cpu().double()
         ex = ex.detach().cpu().double()
         out.checks += 1
+        out.elements += ex.numel()
         fin = torch.isfinite(ex)
         nonfinite_ok = torch.where(torch.isnan(ex), torch.isnan(got), got == ex)
         bad = ~torch.where(fin, torch.isfinite(got), nonfinite_ok)
@@ -143,8 +148,9 @@ def run_case(family: Family, backend: Backend, case: Case, device: torch.device,
                     got = fn()
                     _compare_all(o, case, ((f"{label}:{k}", base[k], got[k]) for k in base))
             elif lvl == "L4":
-                gold = golden.load(family.name, case, family.make_inputs(case), golden_root)
-                _compare_all(o, case, ((f"golden:{k}", gold[k], base[k].detach().cpu()) for k in gold))
+                # The family's outputs (not the manifest) say what must be compared.
+                gold = golden.load(family.name, case, family.make_inputs(case), golden_root, outputs=list(base))
+                _compare_all(o, case, ((f"golden:{k}", gold[k], base[k].detach().cpu()) for k in base))
             elif lvl == "A":
                 _accuracy(family, case, inputs, base, o)
             else:
@@ -187,17 +193,29 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
 def _record(bname, fname, dname, spec_id, lvl, o: _Outcome, claimed: bool) -> Record:
     if o.unsupported:
         return Record(bname, fname, dname, spec_id, lvl, "unsupported", "; ".join(o.unsupported), None, claimed)
+    if not o.failures and o.cases and not o.checks:  # a level that compared nothing proves nothing
+        o.fail("(all)", Divergence(lvl, None, None, None, None, None, None, 0, 0,
+                                   note=f"{o.cases} cases ran but nothing was compared"))
+    counts = dict(comparisons=o.checks, elements=o.elements)
     if o.failures:
         case_id, div = o.failures[0]
         fd = div.to_dict()
         fd["case"] = case_id
         failed = sorted({c for c, _ in o.failures})
         detail = f"{len(failed)}/{o.cases} cases fail; first: case {case_id}: {div}"
-        return Record(bname, fname, dname, spec_id, lvl, "fail", detail, fd, claimed, o.cases, failed)
-    detail = f"{o.cases} cases, {o.checks} comparisons"
+        return Record(bname, fname, dname, spec_id, lvl, "fail", detail, fd, claimed, o.cases, failed, **counts)
+    detail = f"{o.cases} cases, {o.checks} comparisons, {_count(o.elements)} elements"
     if lvl == "A" and o.worst_budget_use is not None:
         detail += f"; worst error {o.worst_budget_use:.2f} of budget"
-    return Record(bname, fname, dname, spec_id, lvl, "pass", detail, None, claimed, o.cases)
+    return Record(bname, fname, dname, spec_id, lvl, "pass", detail, None, claimed, o.cases, **counts)
+
+
+def _count(n: int) -> str:
+    """1234 -> '1234', 1_234_567 -> '1.2M' (a reader wants the order of magnitude)."""
+    for at, div, unit in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
+        if n >= at:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
 
 
 def exit_status(records: list[Record]) -> int:

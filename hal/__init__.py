@@ -16,7 +16,7 @@ _here = _os.path.dirname(__file__)
 if not _os.path.isdir(_os.path.join(_here, "kernels")) and \
         _os.path.isfile(_os.path.join(_here, _os.pardir, "kernels", "__init__.py")):
     __path__.append(_os.path.normpath(_os.path.join(_here, _os.pardir)))
-from . import spec
+from . import rl, spec
 from .backend import LEVELS, Backend
 from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
 from .errors import (BackendUnavailable, GoldenError, HalError, InputError, SpecError, UnsupportedError)
@@ -26,14 +26,15 @@ from .kv_cache import KVCache
 from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
                                gdn_causal_conv1d, gdn_gating)
 from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus
+from .aten_mode import aten_mode
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
+    "rl", "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
     "HalError", "InputError", "SpecError", "BackendUnavailable", "UnsupportedError", "GoldenError",
     "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
     "flash_attn_varlen_func", "flash_attn_with_kvcache", "KVCache",
     "GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_causal_conv1d", "gdn_gating",
-    "sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary",
+    "sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary", "aten_mode",
 ]

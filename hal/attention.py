@@ -94,18 +94,22 @@ def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float
 def _window(window_size) -> tuple[int, int]:
     try:
         left, right = window_size
-        left, right = int(left), int(right)
     except (TypeError, ValueError):
         raise InputError(f"window_size must be a pair (left, right) of ints, -1 = unbounded; got {window_size!r}") from None
-    if left < -1 or right < -1:
-        raise InputError(f"window_size entries must be >= -1 (-1 = unbounded), got {window_size!r}")
+    left = chk.index_scalar("window_size[0] (left)", left, minimum=-1)
+    right = chk.index_scalar("window_size[1] (right)", right, minimum=-1)
     return left, right
 
 
 def _scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    return chk.positive_finite("softmax_scale", softmax_scale)
+    return chk.scalar("softmax_scale", softmax_scale, positive=True)
+
+
+def _head_dim(head_dim: int) -> None:
+    if head_dim < 1:
+        raise InputError(f"head_dim (q.shape[-1]) must be >= 1, got {head_dim}")
 
 
 def _heads(q_heads: int, kv_heads: int) -> None:
@@ -229,6 +233,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     dtype = chk.same_dtype(q=chk.floating("q", q), k=chk.floating("k", k), v=chk.floating("v", v))
     _kv_pair("k", k, "v", v)
     _heads(q.shape[1], k.shape[1])
+    _head_dim(q.shape[2])
     chk.dim_eq("flash_attn_varlen_func: k head dim vs q head dim", k.shape[2], q.shape[2], "q, k, v must share head_dim")
     _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
                  alibi_slopes=(alibi_slopes, lambda x: x is None))
@@ -279,6 +284,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Every argument is checked before the cache is touched. Returns ``out [batch, Sq, Hq, D]`` and,
     with ``return_lse``, ``lse [batch, Hq, Sq]`` float32. No backward pass (inference op).
     """
+    call = plan_kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                             window_size, num_splits, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, softcap=softcap,
+                             alibi_slopes=alibi_slopes, spec=spec, backend=backend)
+    out, lse = call()
+    return (out, lse) if (return_lse or return_softmax_lse) else out
+
+
+def plan_kvcache_call(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                      softmax_scale=None, causal=True, window_size=(-1, -1), num_splits=0, *, rotary_cos=None,
+                      rotary_sin=None, cache_batch_idx=None, cache_leftpad=None, softcap=0.0, alibi_slopes=None,
+                      spec=None, backend=None):
+    """Check every argument of :func:`flash_attn_with_kvcache` and choose spec and backend, touching nothing.
+
+    Returns a function of no arguments that appends k, v and runs the op, returning ``(out, lse)``.
+    :class:`~hal.kv_cache.KVCache` plans a call against the block table it is about to have, so a
+    call that would fail changes neither its pages nor its tensors.
+    """
     chk.tensor("q", q, ndim=4), chk.tensor("k_cache", k_cache, ndim=4), chk.tensor("v_cache", v_cache, ndim=4)
     _kv_pair("k_cache", k_cache, "v_cache", v_cache)
     named = dict(q=q, k_cache=k_cache, v_cache=v_cache)
@@ -298,6 +321,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     bsz, sq, hq, hd = q.shape
     hkv = k_cache.shape[2]
     _heads(hq, hkv)
+    _head_dim(hd)
     chk.dim_eq("flash_attn_with_kvcache: k_cache head dim vs q head dim", k_cache.shape[3], hd)
     if k is not None:
         if k.shape[0] != bsz or k.shape[2] != hkv or k.shape[3] != hd:
@@ -343,30 +367,68 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     window = _window(window_size)
     scale = _scale(softmax_scale, hd)
     s, impl = _prepare("flash_attn_with_kvcache", spec, backend, dtype, **tensors)
-    # Everything is valid and a backend is chosen: only now touch the cache.
-    if k is not None:
-        append_kv(k_cache, v_cache, k, v, seqlens, block_table)
-    seqlens_k = (seqlens.to(torch.int64) + n_new).to(q.device)
-    out, lse = impl.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+
+    def run():
+        # Everything is valid and a backend is chosen: only now touch the cache.
+        if k is not None:
+            append_kv(k_cache, v_cache, k, v, seqlens, block_table)
+        seqlens_k = (seqlens.to(torch.int64) + n_new).to(q.device)
+        return impl.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                             num_splits, s)
-    return (out, lse) if (return_lse or return_softmax_lse) else out
+    return run
 
 
 def _check_pages(block_table, after, before, n_new, k_cache) -> None:
-    """Pages a call reads must exist; slots it writes must be distinct across the batch."""
+    """The pages a call uses must exist and be distinct within a sequence, and no sequence may append
+    into a cache slot that another sequence of the call reads (its output would depend on the order)."""
     table = block_table.detach().cpu().to(torch.int64)
     page = int(k_cache.shape[1])
     num_pages = int(k_cache.shape[0])
-    used = torch.arange(table.shape[1]).reshape(1, -1) < ((after + page - 1) // page).reshape(-1, 1)
+    n_used = (after + page - 1) // page
+    used = torch.arange(table.shape[1]).reshape(1, -1) < n_used.reshape(-1, 1)
     bad = used & ((table < 0) | (table >= num_pages))
     if bool(bad.any()):
         b, i = (int(x) for x in bad.nonzero()[0])
         raise InputError(f"block_table[{b}, {i}] = {int(table[b, i])} is out of range: the cache has {num_pages} pages "
                          f"(valid ids 0..{num_pages - 1}) and sequence {b} uses its first "
                          f"{int((after[b] + page - 1) // page)} entries")
-    if n_new and table.shape[0] > 1:
-        pages, slots = token_slots(before, n_new, k_cache, table)
-        flat = (pages * page + slots).reshape(-1)
-        if torch.unique(flat).numel() != flat.numel():
-            raise InputError("two sequences would append into the same cache slot (their block_table rows share "
-                             "a page that is being written); give each sequence its own page for new tokens")
+    # A page listed twice in one row aliases two positions of that sequence onto one slot.
+    cols = torch.arange(table.shape[1]).reshape(1, -1).expand_as(table)
+    keyed = torch.where(used, table, -2 - cols)  # unused entries get distinct negative keys
+    srt, order = keyed.sort(dim=1)
+    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if bool(dup.any()):
+        b, j = (int(x) for x in dup.nonzero()[0])
+        i0, i1 = sorted((int(order[b, j]), int(order[b, j + 1])))
+        raise InputError(f"block_table[{b}, {i0}] and block_table[{b}, {i1}] are both page {int(srt[b, j])}: a "
+                         f"sequence's pages must be distinct (sequence {b} uses its first {int(n_used[b])} entries)")
+    if not n_new:
+        return
+    # Slots written (sequence b, positions before[b] ..) vs slots read (sequence b, positions 0 .. after[b]).
+    bsz = table.shape[0]
+    wp, ws = token_slots(before, n_new, k_cache, table)
+    written = (wp * page + ws).reshape(-1)
+    writer = torch.arange(bsz).reshape(-1, 1).expand(bsz, n_new).reshape(-1)
+    wsorted, worder = written.sort()
+    same = wsorted[1:] == wsorted[:-1]
+    if bool(same.any()):
+        j = int(same.nonzero()[0, 0])
+        a, b = sorted((int(writer[worder[j]]), int(writer[worder[j + 1]])))
+        raise InputError(f"sequences {a} and {b} would append into the same cache slot (page "
+                         f"{int(wsorted[j]) // page}, slot {int(wsorted[j]) % page}); give each sequence its own "
+                         "page for new tokens")
+    max_len = int(after.max())
+    pos = torch.arange(max_len).reshape(1, -1)
+    live = pos < after.reshape(-1, 1)
+    rp = table.gather(1, torch.where(live, pos // page, 0).clamp_max(table.shape[1] - 1))
+    read = torch.where(live, rp * page + pos % page, -1)
+    at = torch.searchsorted(wsorted, read).clamp_max(written.numel() - 1)
+    owner = writer[worder[at]]
+    reader = torch.arange(bsz).reshape(-1, 1).expand_as(read)
+    clash = live & (wsorted[at] == read) & (owner != reader)
+    if bool(clash.any()):
+        b, j = (int(x) for x in clash.nonzero()[0])
+        a = int(owner[b, j])
+        raise InputError(f"sequence {a} appends into a cache slot that sequence {b} reads (page {int(rp[b, j])}, "
+                         f"slot {j % page}, position {j} of sequence {b}): a shared page must not be written in the "
+                         "same call; give the writer its own copy of the page (KVCache does copy-on-write)")

@@ -4,6 +4,7 @@
     hal spec list | hal spec show ID           specs, in words
     hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--json F] [--junit F]
     hal conformance generate [--ops ...]       write golden files from the reference backend
+    hal rl report LOGPROBS.npz [--json F]      sampler/trainer mismatch metrics of saved log-probs
 """
 from __future__ import annotations
 
@@ -130,6 +131,35 @@ def _conformance_generate(args) -> int:
     return 0
 
 
+def _rl_report(args) -> int:
+    """Metrics for arrays saved from any engine: npz with ``trainer`` and ``sampler`` log-probs ([B, T] or
+    packed [N]) and optionally ``mask`` and ``cu_seqlens``."""
+    import json
+
+    import numpy as np
+
+    from . import rl
+    from .errors import InputError
+    try:
+        data = np.load(args.file, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {args.file} as an .npz of arrays ({e})") from None
+    if not hasattr(data, "files"):  # a bare .npy array loads as an ndarray, not an archive of named arrays
+        raise InputError(f"{args.file} is a single array, not an .npz archive; save it with "
+                         "numpy.savez(path, trainer=..., sampler=...)")
+    missing = [k for k in ("trainer", "sampler") if k not in data.files]
+    if missing:
+        raise InputError(f"{args.file} has no array named {', '.join(missing)} (found: {', '.join(data.files)}); "
+                         "save trainer= and sampler= log-probs, optionally mask= and cu_seqlens=")
+    get = lambda k: torch.from_numpy(data[k]) if k in data.files else None  # noqa: E731
+    m = rl.mismatch_metrics(get("trainer"), get("sampler"), mask=get("mask"), cu_seqlens=get("cu_seqlens"))
+    print(m.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(m.to_dict(), f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hal", description="lockstep: bitwise-identical ops; backends, specs, conformance")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -151,12 +181,19 @@ def main(argv=None) -> int:
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     gen = csub.add_parser("generate")
     gen.add_argument("--ops", nargs="*")
+    rp = sub.add_parser("rl", help="RL mismatch toolkit")
+    rsub = rp.add_subparsers(dest="rl_cmd", required=True)
+    rep = rsub.add_parser("report", help="mismatch metrics of sampler/trainer log-probs saved in an .npz")
+    rep.add_argument("file")
+    rep.add_argument("--json", help="also write the metrics as JSON here")
     args = p.parse_args(argv)
     try:
         if args.cmd == "info":
             return _info(args)
         if args.cmd == "spec":
             return _spec(args)
+        if args.cmd == "rl":
+            return _rl_report(args)
         if args.conf_cmd == "run":
             return _conformance_run(args)
         return _conformance_generate(args)

@@ -79,10 +79,24 @@ class GatedDeltaRuleState:
 
     def select(self, index) -> "GatedDeltaRuleState":
         """The states of some sequences (``index``: int, slice, list or index tensor), in that order."""
+        n = self.batch_size
+        if isinstance(index, bool):
+            raise InputError(f"state.select: index must be an int, slice, list or index tensor, got {index!r}")
         if isinstance(index, int):
             index = [index]
         if isinstance(index, list):
             index = torch.tensor(index, dtype=torch.long)
+        if isinstance(index, torch.Tensor):
+            if index.dtype not in (torch.int32, torch.int64) or index.dim() > 1:
+                raise InputError(f"state.select: index must be a 1-D int tensor, got {index.dtype} "
+                                 f"{tuple(index.shape)}")
+            bad = index.reshape(-1)[(index.reshape(-1) < -n) | (index.reshape(-1) >= n)]
+            if bad.numel():
+                raise InputError(f"state.select: index {int(bad[0])} out of range for a state of {n} sequences")
+            index = index.reshape(-1).to(torch.long)
+        elif not isinstance(index, slice):
+            raise InputError(f"state.select: index must be an int, slice, list or index tensor, got "
+                             f"{type(index).__name__}")
         return self._map(lambda x: x[index])
 
     def clone(self) -> "GatedDeltaRuleState":
@@ -157,6 +171,9 @@ def _check_inputs(q, k, v, g, beta):
     if tuple(v.shape[:2]) != (B, T):
         raise InputError(f"v shape {tuple(v.shape)} must be [B, T, HV, d_v] with B, T = {B}, {T} as in q")
     HV = v.shape[2]
+    if H < 1 or HV < 1:
+        raise InputError(f"head counts must be >= 1: q/k heads H = {H} (q.shape[2]), value heads HV = {HV} "
+                         "(v.shape[2])")
     if HV % H:
         raise InputError(f"value heads HV = {HV} must be a multiple of q/k heads H = {H} (GVA: value head j reads "
                          f"q/k head j // (HV/H))")
@@ -278,7 +295,7 @@ def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise InputError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
     dk = layout[2]
-    scale = dk ** -0.5 if scale is None else val.positive_finite("scale", scale)
+    scale = dk ** -0.5 if scale is None else val.scalar("scale", scale, positive=True)
     scale = float(torch.tensor(scale, dtype=F32))  # the spec's scale is a float32 number
     s = specs.resolve(OPS[op], spec)
     device = dispatch.common_device(dict(q=q, k=k, v=v, g=g, beta=beta))
@@ -286,8 +303,9 @@ def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     impl = dispatch.select(op, s, dtype, device, backend)
     as_state = output_final_state == "state" or (output_final_state is True and
                                                  isinstance(initial_state, GatedDeltaRuleState))
-    if q.shape[1] == 0:  # nothing to do: the state is unchanged
+    if q.shape[1] == 0:  # nothing to do: the state is unchanged (a copy: the caller's tensors stay theirs)
         o = v.new_zeros(v.shape)
+        parts = type(parts)(*(None if x is None else x.clone() for x in parts))
         final = GatedDeltaRuleState(s.id, layout, parts) if as_state else \
             (parts.final if parts.final is not None else parts.S) if output_final_state else None
         return o, final
@@ -426,7 +444,7 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
     tensors = dict(x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
     s, impl = _prepare("gdn_causal_conv1d", spec, backend, x.dtype, **tensors)
     if x.shape[1] == 0:
-        st = conv_state if conv_state is not None else x.new_zeros((n, K - 1, D))
+        st = conv_state.clone() if conv_state is not None else x.new_zeros((n, K - 1, D))
         return x.new_zeros(x.shape), st
 
     def fwd():

@@ -129,43 +129,18 @@ class KVCache:
     def page_size(self) -> int | None:
         return int(self.k.shape[1]) if self.paged_layout else None
 
-    # -- pages
+    # -- pages: every change is planned first (pure), checked, then committed in one step
 
-    def _ensure(self, row: int, n_tokens: int) -> None:
-        if n_tokens > self.capacity:
-            raise InputError(f"KVCache: sequence {row} needs {n_tokens} tokens, capacity is {self.capacity}; "
-                             "make a larger cache")
-        if not self.paged_layout:
-            return
-        need = -(-n_tokens // self.page_size)
-        pages = self._pages[row]
-        if need - len(pages) > len(self._free):
-            raise InputError(f"KVCache: out of pages ({len(self._free)} free, sequence {row} needs "
-                             f"{need - len(pages)} more); free finished sequences or make more pages")
-        # A shared last page would be written by the next append: give this sequence its own copy.
-        cur = int(self.seqlens[row])
-        if cur % self.page_size and n_tokens > cur and self._refs[pages[cur // self.page_size]] > 1:
-            self._copy_page(row, cur // self.page_size)
-        while len(pages) < need:
-            p = self._free.pop()
-            self._refs[p] = 1
-            pages.append(p)
-            self.block_table[row, len(pages) - 1] = p
-
-    def _copy_page(self, row: int, index: int) -> None:
-        old = self._pages[row][index]
-        if not self._free:
-            raise InputError("KVCache: out of pages (copy-on-write of a shared page)")
-        new = self._free.pop()
-        self.k[new] = self.k[old]
-        self.v[new] = self.v[old]
-        self._refs[old] -= 1
-        self._refs[new] = 1
-        self._pages[row][index] = new
-        self.block_table[row, index] = new
+    def _plan(self, rows: list[int], n: int) -> "_PagePlan":
+        """The pages ``rows`` need to append ``n`` tokens each; raises before anything changes."""
+        plan = _PagePlan(self, rows)
+        for r in rows:
+            plan.grow(r, int(self.seqlens[r]) + n)
+        return plan
 
     def free(self, row: int) -> None:
         """Forget sequence ``row`` (its pages return to the free list when no one shares them)."""
+        row = self._row("row", row)
         if self.paged_layout:
             for p in self._pages[row]:
                 self._refs[p] -= 1
@@ -181,7 +156,13 @@ class KVCache:
         Paged: dst's table points at src's pages (shared, reference-counted; a partial last page is
         copied when dst appends). Contiguous: the tokens are copied. Either way dst sees the same
         key/value bits at the same absolute positions, so its outputs equal a full recompute.
+        ``src`` and ``dst`` must differ (to shorten a sequence, free it and write it again).
         """
+        src, dst = self._row("src", src), self._row("dst", dst)
+        if src == dst:
+            raise InputError(f"KVCache.share_prefix: src and dst are both sequence {src}; sharing a sequence's "
+                             "prefix with itself is not defined (free it and write it again to shorten it)")
+        n_tokens = _count("n_tokens", n_tokens)
         if not 0 <= n_tokens <= int(self.seqlens[src]):
             raise InputError(f"KVCache.share_prefix: n_tokens must be in [0, {int(self.seqlens[src])}] "
                              f"(tokens cached for sequence {src}), got {n_tokens}")
@@ -199,6 +180,11 @@ class KVCache:
 
     # -- tokens
 
+    def _row(self, name: str, row) -> int:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.batch:
+            raise InputError(f"KVCache: {name} must be a sequence index in [0, {self.batch}), got {row!r}")
+        return row
+
     def _rows(self, rows) -> list[int]:
         rows = list(range(self.batch)) if rows is None else [int(r) for r in rows]
         if len(set(rows)) != len(rows) or any(not 0 <= r < self.batch for r in rows):
@@ -206,20 +192,30 @@ class KVCache:
         return rows
 
     def write(self, k: torch.Tensor, v: torch.Tensor, rows=None) -> None:
-        """Append ``k, v [len(rows), n, Hkv, D]`` without computing attention (an exact copy)."""
+        """Append ``k, v [len(rows), n, Hkv, D]`` without computing attention (an exact copy).
+
+        Every argument and the pages of every row are checked first: a failing call changes nothing.
+        """
         rows = self._rows(rows)
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"KVCache.write: {name} must be a torch.Tensor, got {type(t).__name__}")
         if k.shape != v.shape or k.dim() != 4 or k.shape[0] != len(rows) or k.shape[2:] != self.k.shape[2:]:
             raise InputError(f"KVCache.write: k and v must be [{len(rows)}, n, {self.k.shape[2]}, {self.k.shape[3]}], "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
-        if k.dtype != self.k.dtype:
-            raise InputError(f"KVCache.write: dtype {k.dtype} != cache dtype {self.k.dtype}")
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != self.k.dtype:
+                raise InputError(f"KVCache.write: {name} has dtype {t.dtype}, the cache holds {self.k.dtype}")
+            if t.device != self.k.device:
+                raise InputError(f"KVCache.write: {name} is on {t.device}, the cache on {self.k.device}")
         n = int(k.shape[1])
-        for r in rows:
-            self._ensure(r, int(self.seqlens[r]) + n)
+        plan = self._plan(rows, n)
         idx = torch.tensor(rows, dtype=torch.long, device=self.k.device)
         start = self.seqlens[idx]
         if self.paged_layout:
-            append_kv(self.k, self.v, k, v, start, self.block_table[idx])
+            table = plan.table[idx]
+            plan.commit()
+            append_kv(self.k, self.v, k, v, start, table)
         else:
             kc, vc = self.k[idx], self.v[idx]
             append_kv(kc, vc, k, v, start, None)
@@ -231,28 +227,33 @@ class KVCache:
         """``hal.flash_attn_with_kvcache`` for sequences ``rows`` (default all), appending k/v.
 
         ``q [len(rows), Sq, Hq, D]``; keyword arguments go to the op (causal, window_size,
-        num_splits, softmax_scale, return_lse, spec, backend). seqlens advance only on success.
+        num_splits, softmax_scale, return_lse, spec, backend). The call is checked in full (against
+        the pages it is about to get) before any page is allocated or copied: a failing call changes
+        nothing, and seqlens advance only on success.
         """
-        from .attention import flash_attn_with_kvcache
+        from .attention import plan_kvcache_call
 
         rows = self._rows(rows)
+        if k is not None and not (isinstance(k, torch.Tensor) and k.dim() == 4 and k.shape[0] == len(rows)):
+            raise InputError(f"KVCache.attend: k must be a [{len(rows)}, n, Hkv, D] tensor, got "
+                             f"{tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__}")
         n = 0 if k is None else int(k.shape[1])
-        if k is not None and k.dim() == 4 and k.shape[0] == len(rows):
-            for r in rows:
-                self._ensure(r, int(self.seqlens[r]) + n)
+        want_lse = bool(kwargs.pop("return_lse", False)) | bool(kwargs.pop("return_softmax_lse", False))
+        plan = self._plan(rows, n)
         idx = torch.tensor(rows, dtype=torch.long, device=self.k.device)
         seqlens = self.seqlens[idx]
+        kc, vc, table = self.k, self.v, None
         if self.paged_layout:
-            res = flash_attn_with_kvcache(q, self.k, self.v, k, v, cache_seqlens=seqlens,
-                                          block_table=self.block_table[idx], **kwargs)
-        elif rows == list(range(self.batch)):
-            res = flash_attn_with_kvcache(q, self.k, self.v, k, v, cache_seqlens=seqlens, **kwargs)
-        else:  # a subset of a contiguous cache: work on a copy of those rows, then put it back
+            table = plan.table[idx]
+        elif rows != list(range(self.batch)):  # a subset of a contiguous cache: work on a copy of those rows
             kc, vc = self.k[idx], self.v[idx]
-            res = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, **kwargs)
+        run = plan_kvcache_call(q, kc, vc, k, v, seqlens, table, **kwargs)
+        plan.commit()
+        out, lse = run()
+        if kc is not self.k:
             self.k[idx], self.v[idx] = kc, vc
         self.seqlens[idx] += n
-        return res
+        return (out, lse) if want_lse else out
 
     def _tokens(self, cache: torch.Tensor, row: int) -> torch.Tensor:
         n = int(self.seqlens[row])
@@ -266,3 +267,74 @@ class KVCache:
 
     def values(self, row: int) -> torch.Tensor:
         return self._tokens(self.v, row)
+
+
+def _count(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise InputError(f"KVCache: {name} must be an int, got {n!r}")
+    return n
+
+
+class _PagePlan:
+    """Page allocation and copy-on-write for one call, worked out on copies of the cache's books.
+
+    Nothing of the cache changes until :meth:`commit`, which cannot fail: so a call whose pages or
+    arguments are wrong leaves the block table, free list, reference counts and tensors as they were.
+    """
+
+    def __init__(self, cache: KVCache, rows: list[int]):
+        self.cache = cache
+        self.paged = cache.paged_layout
+        if self.paged:
+            self.free = list(cache._free)
+            self.refs = list(cache._refs)
+            self.pages = {r: list(cache._pages[r]) for r in rows}
+            self.table = cache.block_table.clone()
+            self.copies: list[tuple[int, int]] = []  # (old page, new page)
+
+    def _take(self, why: str) -> int:
+        if not self.free:
+            raise InputError(f"KVCache: out of pages ({why}); free finished sequences or make more pages")
+        return self.free.pop()
+
+    def grow(self, row: int, n_tokens: int) -> None:
+        c = self.cache
+        if n_tokens > c.capacity:
+            raise InputError(f"KVCache: sequence {row} needs {n_tokens} tokens, capacity is {c.capacity}; "
+                             "make a larger cache")
+        if not self.paged:
+            return
+        page = c.page_size
+        need = -(-n_tokens // page)
+        pages = self.pages[row]
+        cur = int(c.seqlens[row])
+        # A shared partial last page would be written by this append: give this sequence its own copy.
+        if cur % page and n_tokens > cur and self.refs[pages[cur // page]] > 1:
+            i, old = cur // page, pages[cur // page]
+            new = self._take(f"copy-on-write of page {old}, shared by sequence {row}")
+            self.copies.append((old, new))
+            self.refs[old] -= 1
+            self.refs[new] = 1
+            pages[i] = new
+            self.table[row, i] = new
+        if need - len(pages) > len(self.free):
+            raise InputError(f"KVCache: out of pages ({len(self.free)} free after the sequences before it, "
+                             f"sequence {row} needs {need - len(pages)} more); free finished sequences or make "
+                             "more pages")
+        while len(pages) < need:
+            p = self.free.pop()
+            self.refs[p] = 1
+            pages.append(p)
+            self.table[row, len(pages) - 1] = p
+
+    def commit(self) -> None:
+        if not self.paged:
+            return
+        c = self.cache
+        for old, new in self.copies:
+            c.k[new] = c.k[old]
+            c.v[new] = c.v[old]
+        c.block_table.copy_(self.table)
+        c._free, c._refs = self.free, self.refs
+        for r, pages in self.pages.items():
+            c._pages[r] = pages

@@ -2,7 +2,7 @@
 
 Forward bits come from the backend (the spec's canonical computation). Backward passes are
 ordinary torch float32/float64 math: correct and deterministic, but not part of any spec
-(DESIGN.md principle 6: the bits that decide on-policy-ness are the forward log-probs).
+(docs/design.md, principle 6: the bits that decide on-policy-ness are the forward log-probs).
 """
 from __future__ import annotations
 
@@ -131,9 +131,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=1)
     v.floating("x", x), v.floating("weight", weight)
     v.dim_eq("rms_norm: weight.shape[0] vs x.shape[-1] (hidden size)", weight.shape[0], x.shape[-1])
-    eps = float(eps)
-    if not eps >= 0:
-        raise v.InputError(f"eps must be >= 0, got {eps}")
+    eps = v.scalar("eps", eps)
     if residual is not None:
         v.tensor("residual", residual)
         v.same_dtype(x=x, residual=v.floating("residual", residual))
@@ -176,6 +174,7 @@ def _softmax_family(kind: str, x: torch.Tensor, dim: int, spec, backend):
     v.tensor("x", x, ndim_min=1)
     v.floating("x", x)
     d = v.normalize_dim(dim, x.dim())
+    v.nonempty_axis("x", x, d, kind)
     s, impl = _prepare(kind, spec, backend, x.dtype, x=x)
     last = d == x.dim() - 1
     xt = x if last else x.movedim(d, -1)  # rows are independent, so moving the axis changes no bits
@@ -235,7 +234,7 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, tokens: t
     rounded below float32. This is the number a sampler records and a trainer recomputes.
     """
     v.tensor("hidden", hidden, ndim_min=1), v.tensor("lm_head_weight", lm_head_weight, ndim=2)
-    v.floating("hidden", hidden), v.floating("lm_head_weight", lm_head_weight)
+    dtype = v.same_dtype(hidden=v.floating("hidden", hidden), lm_head_weight=v.floating("lm_head_weight", lm_head_weight))
     v.tensor("tokens", tokens)
     v.integer("tokens", tokens)
     v.dim_eq("token_logprobs: lm_head_weight.shape[1] vs hidden.shape[-1] (hidden size)",
@@ -243,11 +242,11 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, tokens: t
     if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
         raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}")
     vocab = lm_head_weight.shape[0]
+    v.nonempty_axis("lm_head_weight", lm_head_weight, 0, "a log-softmax over the vocabulary")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise v.InputError(f"tokens must be in [0, {vocab}) (the LM head's vocab size); got values in "
                            f"[{int(tokens.min())}, {int(tokens.max())}]")
-    temperature = v.positive_finite("temperature", temperature)
-    dtype = torch.float64 if torch.float64 in (hidden.dtype, lm_head_weight.dtype) else hidden.dtype
+    temperature = v.scalar("temperature", temperature, positive=True, reciprocal=True)
     s, impl = _prepare("token_logprobs", spec, backend, dtype, hidden=hidden, lm_head_weight=lm_head_weight,
                        tokens=tokens)
     if _needs_grad(hidden, lm_head_weight):

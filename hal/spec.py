@@ -5,7 +5,7 @@ size along every reduction axis, the order partial results are combined in, the 
 output dtypes, and where rounding happens. Two calls with equal specs and equal inputs must give
 equal bits on every backend that supports the spec (the L4 promise of the `strict` policy).
 
-Every spec has a stable, human-readable id derived from its fields, e.g. ``matmul.strict.k64.v1``.
+Every spec has a stable, human-readable id derived from its fields, e.g. ``matmul.strict.k64.v2``.
 Whatever changes the bits changes the id; golden files and reports carry the id.
 
 The arithmetic shared by every strict spec (see ``kernels/reference/strict_math.py``):
@@ -19,7 +19,10 @@ The arithmetic shared by every strict spec (see ``kernels/reference/strict_math.
   (the accumulator is kept as it is, an exact identity even for -0.0 and NaN);
 * ``exp`` and ``log`` are lockstep's own (``lsm1``: range reduction + polynomial written with fma,
   division and square root only); division and square root are correctly rounded IEEE operations;
-* results are rounded once, to the output dtype, round-to-nearest-even; no flush to zero.
+* results are rounded once, to the output dtype, round-to-nearest-even; no flush to zero;
+* every NaN result is the canonical quiet NaN of its dtype (float32 0x7FC00000, bfloat16 0x7FC0,
+  float16 0x7E00): NaN payloads differ between vendors and even between torch's vector and scalar
+  paths, so a spec that let them through could not give the same bits everywhere.
 """
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ from .errors import SpecError
 
 STRICT = "strict"
 FAST = "fast"
-POLICIES = (STRICT, FAST)
+#: Integer-exact accumulation (matmul family only): any order, split or tiling gives the same bits.
+EXACT = "exact"
+POLICIES = (STRICT, FAST, EXACT)
 
 #: Version tag of lockstep's own exp/log/sin/cos (kernels/reference/strict_math.py). Part of every id of a
 #: spec that uses them: a new polynomial means new bits and so a new id.
@@ -43,12 +48,19 @@ class OpSpec:
     """Base of all specs. Subclasses add the fields that decide their bits."""
 
     family: ClassVar[str] = ""
+    #: Policies this spec class can describe (exact needs its own fields: ExactMatmulSpec).
+    policies: ClassVar[tuple[str, ...]] = (STRICT, FAST)
     policy: str = STRICT
-    version: int = 1
+    #: 2: the canonical NaN became part of the strict policy (every v1 spec's bits could differ on NaN).
+    version: int = 2
 
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise SpecError(f"{type(self).__name__}: policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in self.policies:
+            hint = " (use ExactMatmulSpec(slices=...))" if self.policy == EXACT else ""
+            raise SpecError(f"{type(self).__name__}: policy {self.policy!r} not available for this spec; "
+                            f"one of {self.policies}{hint}")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.metadata.get("tile") and (not isinstance(v, int) or v <= 0):
@@ -85,7 +97,9 @@ def _reduction_words(axis: str, t: int) -> str:
 def _policy_words(policy: str) -> str:
     if policy == STRICT:
         return ("policy strict: IEEE float32 fma, +, -, /, sqrt only, each rounded to nearest even; "
-                f"lockstep's own exp/log ({MATH_VERSION}); no flush-to-zero; same bits on every backend (L4)")
+                f"lockstep's own exp/log ({MATH_VERSION}); no flush-to-zero; every NaN output is the canonical quiet NaN "
+                "of its dtype (float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00), whatever NaN produced it; "
+                "same bits on every backend (L4)")
     return ("policy fast: vendor matrix units and vendor math allowed inside a backend; tiling and "
             "combine order still fixed (L0-L3 within one backend and device type)")
 
@@ -107,6 +121,60 @@ class MatmulSpec(OpSpec):
             _reduction_words("K", self.k_tile),
             "linear: bias (float32) added once after the K reduction",
             "output rounded once to the input dtype",
+        ]
+
+
+EXACT_MAX_SLICES = 4  # the two-limb accumulator of kernels/exact/core.py holds s <= 4
+
+
+@dataclass(frozen=True)
+class ExactMatmulSpec(OpSpec):
+    """matmul / linear with integer-exact accumulation of ``slices`` signed 7-bit slices per value.
+
+    The result is the correctly rounded dot product of the sliced inputs, whatever the order of
+    the K reduction: any tiling, split-K, thread count or tensor-parallel degree gives the same bits.
+    Written out in ``kernels/exact/core.py``; measurements and the choice of s in docs/exact_matmul.md.
+    """
+
+    family: ClassVar[str] = "matmul"
+    policies: ClassVar[tuple[str, ...]] = (EXACT,)
+    policy: str = EXACT
+    version: int = 2  # born with the canonical-NaN convention of the v2 strict specs
+    slices: int = 3
+
+    def _validate(self):
+        if not isinstance(self.slices, int) or not 1 <= self.slices <= EXACT_MAX_SLICES:
+            raise SpecError(f"ExactMatmulSpec.slices must be an int in [1, {EXACT_MAX_SLICES}], got {self.slices!r}")
+
+    def _id_parts(self):
+        return [f"s{self.slices}"]
+
+    def describe(self):
+        s = self.slices
+        top = 2 * (7 * s - 1)
+        return [
+            "policy exact: the K reduction is an exact integer sum (any order, tiling, split-K, thread count "
+            "or tensor-parallel degree gives the same bits); one correct rounding at the end",
+            "scales: every row of A (linear: of x) and every output channel of B (matmul: column of b; linear: "
+            "row of weight) gets E = max over its K values of floor(log2|v|), over finite non-zero v (E = 0 "
+            "when there is none); one power of two per row, over the whole K axis",
+            f"slicing: T = trunc(v * 2**({7 * s - 1} - E)) (towards zero, exact), |T| < 2**{7 * s}; T is cut into "
+            f"{s} base-128 digits of |T|, most significant first, each with v's sign: "
+            f"v' = sum_t V_t * 2**(E - 6 - 7t), V_t in [-127, 127] (int8); NaN and +-inf slice as 0",
+            "products: P_tu[m, n] = sum_k A_t[m, k] * B_u[k, n] for all t, u in [0, s) (int8 x int8, summed "
+            "exactly: int32 for K <= 131072 per piece, pieces added in int64)",
+            f"combine: S = sum_tu P_tu * 2**(7 * ({2 * s - 2} - t - u)), exact (two int64 limbs: S = H * 2**28 + R); "
+            f"K <= 2**24",
+            f"rounding: S * 2**(Ea[m] + Eb[n] - {top}) rounded once to nearest even in the output dtype "
+            "(matmul/linear: the input dtype), with overflow to +-inf and gradual underflow (no flush to zero); "
+            "an exact zero is +0.0",
+            "non-finite inputs: an output whose row of A or column of B holds NaN or +-inf takes the IEEE value of "
+            "sum_k a*b: NaN if any product is NaN (a NaN input, inf * 0) or +inf and -inf products meet, else "
+            "that infinity",
+            "linear bias: the dot is rounded once to float32 (as above), bias (widened to float32) is added "
+            "with one float32 addition, the sum is rounded to the output dtype",
+            "every NaN output is the canonical NaN of its dtype (float32 0x7FC00000, bfloat16 0x7FC0, "
+            "float16 0x7E00)",
         ]
 
 
@@ -426,6 +494,8 @@ def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
 
 
 register(MatmulSpec(), default=True)
+register(ExactMatmulSpec(slices=3))  # selectable, not default: docs/exact_matmul.md has the measurements
+register(ExactMatmulSpec(slices=4))
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)

@@ -3,6 +3,8 @@ it needs. Checks run before any backend is touched, so a bad call changes nothin
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 
 import torch
 
@@ -32,7 +34,7 @@ def floating(name: str, t: torch.Tensor) -> torch.Tensor:
 def integer(name: str, t: torch.Tensor) -> torch.Tensor:
     if t.dtype not in (torch.int64, torch.int32):
         raise InputError(f"{name} must be an int64 or int32 tensor, got {t.dtype}")
-    return t
+    return real_device(name, t)  # integer arguments (tokens, offsets, tables) are read before dispatch
 
 
 def same_dtype(**tensors: torch.Tensor) -> torch.dtype:
@@ -48,14 +50,69 @@ def dim_eq(what: str, got: int, want: int, fix: str = "") -> None:
         raise InputError(f"{what}: {got} != {want}" + (f"; {fix}" if fix else ""))
 
 
-def positive_finite(name: str, v) -> float:
+_F32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
+
+
+def scalar(name: str, value, *, positive: bool = False, reciprocal: bool = False) -> float:
+    """A real-number argument, checked as the float32 number the kernels use (they round it to float32).
+
+    Rejects bool and str (not numbers), non-finite values and values that overflow float32;
+    ``positive``: the float32 value must be > 0 (else >= 0); ``reciprocal``: the op divides by it,
+    so it must be a normal float32 (its reciprocal is then finite). Returns ``float(value)``.
+    """
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and (value.dtype.is_floating_point or
+                                                                 value.dtype in (torch.int32, torch.int64)):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
     try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number, got {v!r}") from None
-    if not (math.isfinite(f) and f > 0):
-        raise InputError(f"{name} must be a finite number > 0, got {v!r}")
+        f = float(value)
+    except OverflowError:
+        raise InputError(f"{name} = {value!r} does not fit a float") from None
+    f32 = float(torch.tensor(f, dtype=torch.float32))
+    if not math.isfinite(f32):
+        raise InputError(f"{name} must be finite as the float32 number the op uses, got {value!r} "
+                         f"(float32: {f32})")
+    if f32 < 0 or (positive and f32 == 0):
+        raise InputError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}"
+                         + (f" (float32: {f32})" if f32 != f else ""))
+    if reciprocal and f32 < _F32_TINY:
+        raise InputError(f"{name} = {value!r} is {f32!r} in float32, below the smallest normal float32 "
+                         f"({_F32_TINY!r}): dividing by it overflows; use a larger {name}")
     return f
+
+
+def index_scalar(name: str, value, *, minimum: int | None = None) -> int:
+    """An integer argument: an int (or integer tensor of 0 dims), never a bool or a float to truncate."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype in (torch.int32, torch.int64):
+        value = value.item()
+    if isinstance(value, bool):
+        raise InputError(f"{name} must be an int, got bool {value!r}")
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise InputError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and i < minimum:
+        raise InputError(f"{name} must be >= {minimum}, got {i}")
+    return i
+
+
+def positive_finite(name: str, v) -> float:
+    """A finite number > 0 (see :func:`scalar`)."""
+    return scalar(name, v, positive=True)
+
+
+def nonempty_axis(name: str, t: torch.Tensor, dim: int, what: str) -> None:
+    if t.shape[dim] == 0:
+        raise InputError(f"{name} has an empty axis {dim} (shape {tuple(t.shape)}): {what} over no elements is "
+                         "undefined; pass at least one element")
+
+
+def real_device(name: str, t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "meta":
+        raise InputError(f"{name} is on the meta device (no data), but its values are read to check the "
+                         "call; pass a real tensor")
+    return t
 
 
 def normalize_dim(dim: int, ndim: int) -> int:

@@ -16,9 +16,9 @@ def test_info_lists_backends_and_availability():
 
 
 def test_spec_show_prints_words_and_unknown_id_fails():
-    out = hal("spec", "show", "matmul.strict.k64.v1", check=True).stdout
+    out = hal("spec", "show", "matmul.strict.k64.v2", check=True).stdout
     assert "tiles of 64" in out and "fma" in out
-    bad = hal("spec", "show", "matmul.strict.k65.v1")
+    bad = hal("spec", "show", "matmul.strict.k65.v2")
     assert bad.returncode == 2 and "unknown spec id" in bad.stderr
 
 

@@ -2,7 +2,9 @@
 
 lockstep's sampler and trainer must record the same log-prob bits for every sampled token; the
 same engine with stock torch ops must not (the negative control); and the hand-written forward
-must be the HF model's (its log-probs within 1e-4 of log_softmax(model(input_ids).logits)).
+must be the HF model's: its log-probs within 2e-6 of log_softmax(model(input_ids).logits), the
+figure the README states (measured: 1.43e-6 for seeds 0 and 2, 9.5e-7 for seed 1, 31 tokens each,
+lockstep and stock, sampler and trainer; about 3 float32 ulps of log-probs near -4).
 """
 import pathlib
 import sys
@@ -17,6 +19,8 @@ if str(ROOT) not in sys.path:  # `examples` is not an installed package; run fro
     sys.path.insert(0, str(ROOT))
 
 from examples import rl_parity as ex  # noqa: E402
+
+HF_AGREEMENT = 2e-6  # README: "matches the HF model's own logits within 2e-6"
 
 
 def _bits(ts):
@@ -59,7 +63,7 @@ def test_handwritten_forward_matches_hf_model(model, fp32_runs):
     for run in (lock, stock):
         ref = ex.hf_logprobs(model, run.sequences, run.prompt_lens)
         for got in (run.trainer, run.sampler):
-            assert float((torch.cat(ref) - torch.cat(got)).abs().max()) <= 1e-4
+            assert float((torch.cat(ref) - torch.cat(got)).abs().max()) <= HF_AGREEMENT
 
 
 def test_lockstep_bf16_greedy_also_bitwise_equal(model):

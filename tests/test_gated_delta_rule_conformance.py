@@ -73,7 +73,7 @@ def test_stock_split_divergence_is_at_the_non_aligned_points():
 
 
 class _RoundsStateAtCallEnd(ReferenceBackend):
-    """A plausible bug: the carried state is stored in bf16 between calls (DESIGN principle 4)."""
+    """A plausible bug: the carried state is stored in bf16 between calls (docs/design.md, principle 4)."""
     name = "rounds-state"
 
     def chunk_gated_delta_rule(self, *args):

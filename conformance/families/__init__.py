@@ -7,6 +7,7 @@ from ..family import Family
 
 MODULES = {
     "matmul": "hal.conformance.families.matmul",
+    "matmul_exact": "hal.conformance.families.matmul_exact",
     "rms_norm": "hal.conformance.families.rms_norm",
     "softmax": "hal.conformance.families.softmax",
     "token_logprobs": "hal.conformance.families.token_logprobs",

@@ -38,6 +38,10 @@ CONFIGS = [
     ("mqa_h3kv1_d40_window37", SMALL, (140, 25, 70, 20), 3, 1, 40, True, (37, -1), 0.2),
     ("gqa_h4kv2_d72_noncausal", SMALL, (100, 13, 40, 22), 4, 2, 72, False, (-1, -1), None),
     ("gqa_h2kv1_d64_prounded", P_ROUNDED, (110, 17, 50, 15), 2, 1, 64, True, (-1, -1), None),
+    # NaN in a row's own visible inputs: a query of seq 0 (row 30) and key 20 of seq 0 (so every later
+    # query of seq 0, and of seq 2 which shares that prefix, sees it); outputs must be the canonical NaN
+    # whichever path (prefill, chunk, decode, split-KV) computes them
+    ("nan_gqa_h2kv1_d32", SMALL, (90, 12, 40, 10), 2, 1, 32, True, (-1, -1), None),
 ]
 
 
@@ -351,6 +355,9 @@ class AttentionFamily(Family):
         seqs = []
         for s, n in ((0, l0), (1, l1), (2, suf)):
             seqs.append([mk(f"q{s}", n, hq, 1.5), mk(f"k{s}", n, hkv, 1.0), mk(f"v{s}", n, hkv, 1.0)])
+        if case.name.startswith("nan_"):
+            seqs[0][0][30, 1, 5] = float("nan")
+            seqs[0][1][20, 0, 7] = float("nan")
         seqs[2] = [torch.cat([a[:pre], b]) for a, b in zip(seqs[0], seqs[2])]  # seq 2 = seq 0's prefix + suffix
         cu = torch.tensor([0, l0, l0 + l1, l0 + l1 + pre + suf], dtype=torch.int32)
         return {"q": torch.cat([s[0] for s in seqs]), "k": torch.cat([s[1] for s in seqs]),

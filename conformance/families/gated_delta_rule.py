@@ -41,6 +41,9 @@ CONFIGS = [
     ("gva_h1v2_d64", (100, 11, 70), 1, 2, 64, 64, True, None, None, False),
     ("mha_h1_d128", (100, 9, 50), 1, 1, 128, 128, True, None, None, False),
     ("gva_h2v4_d64_nol2_init", (80, 10, 66), 2, 4, 64, 32, False, 0.2, 0.5, False),
+    # NaN in a row's own inputs: seq 0's v at token 70 (one value head), seq 1's q at token 4, seq 2's
+    # initial state (one head); every NaN output must be the canonical pattern on every path
+    ("nan_gva_h1v2_d16", (90, 9, 30), 1, 2, 16, 16, True, None, 0.5, False),
 ]
 
 
@@ -306,6 +309,11 @@ class GatedDeltaRuleFamily(Family):
         }
         if p["init"]:
             x["s0"] = gen.randn(case.key("s0"), (3, hv, dk, dv), torch.float32, scale=p["init"])
+        if case.name.startswith("nan_"):
+            cu = x["cu"].tolist()
+            x["v"][0, cu[0] + 70, 1, 3] = float("nan")
+            x["q"][0, cu[1] + 4, 0, 0] = float("nan")
+            x["s0"][2, 0, 1, 2] = float("nan")
         return x
 
     def run(self, backend, case, inputs):
@@ -332,7 +340,7 @@ BUDGET_ULPS = 64
 
 def _magnitudes(case, inputs, output, exact):
     """Per sequence and head, max |value| over its tokens (o) or its state (final), broadcast back."""
-    a = exact.abs()
+    a = exact.abs().nan_to_num(0.0, 0.0, 0.0)  # NaN/inf outputs are checked for their class, not a budget
     if output == "final":
         return a.amax(dim=(-2, -1), keepdim=True)
     cu = inputs["cu"].tolist()

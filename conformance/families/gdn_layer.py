@@ -15,7 +15,8 @@ from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
 
 # (batch, tokens, conv channels, taps, value heads, bias)
-SHAPES = [(3, 70, 24, 4, 4, True), (2, 9, 8, 4, 2, False)]
+SHAPES = [(3, 70, 24, 4, 4, True), (2, 9, 8, 4, 2, False), (2, 12, 8, 4, 2, True)]
+NAN_SHAPE = (2, 12, 8, 4, 2, True)  # NaN in x, a and b of sequence 1: outputs must be the canonical NaN
 EPS32 = 2.0 ** -24
 
 
@@ -95,6 +96,10 @@ class GDNLayerFamily(Family):
              "b": gen.randn(case.key("b"), (p["b"], p["t"], p["hv"]), dt, scale=3.0)}
         if p["bias"]:
             x["bias"] = gen.randn(case.key("bias"), (p["d"],), dt)
+        if (p["b"], p["t"], p["d"], p["k"], p["hv"], p["bias"]) == NAN_SHAPE:
+            x["x"][1, 5, 2] = float("nan")
+            x["a"][1, 7, 0] = float("nan")
+            x["b"][1, 2, 1] = float("nan")
         return x
 
     def run(self, backend, case, inputs):

@@ -10,7 +10,8 @@ from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
 
 # (M, K, N): awkward sizes on purpose -- 1 row (decode), K not a multiple of the tile, K = 4097.
-SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6)]
+SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6), (6, 70, 9)]
+NAN_SHAPE = (6, 70, 9)  # rows/columns holding NaN and inf: outputs must be the canonical NaN
 # (M, K, N) of the case whose inputs hold the values that flushing or folding backends get wrong
 # (see _special): subnormals, -0.0, rows whose products are all -0.0.
 SPECIAL_SHAPE = (6, 70, 9)
@@ -71,7 +72,15 @@ class MatmulFamily(Family):
         x = {"a": gen.randn(case.key("a"), (m, k), case.dtype),
              "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
              "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
-        return _special(x, case.dtype) if case.p.get("special") else x
+        if case.p.get("special"):
+            return _special(x, case.dtype)
+        if (m, k, n) == NAN_SHAPE:
+            x["a"][1, 3] = float("nan")       # row 1: NaN
+            x["a"][2, 65] = float("inf")      # row 2: +-inf, in the short last K tile
+            x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
+            x["b"][0, 4] = 0.0
+            x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+        return x
 
     def run(self, backend, case, inputs):
         return _call(backend, case, inputs)

@@ -7,7 +7,8 @@ from hal.spec import DEFAULTS
 from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
 
-SHAPES = [(1, 7), (7, 129), (3, 4097), (16, 256)]
+SHAPES = [(1, 7), (7, 129), (3, 4097), (16, 256), (4, 300)]
+NAN_SHAPE = (4, 300)  # row 1 holds a NaN, row 2 an inf: outputs must be the canonical NaN
 EPS32 = 2.0 ** -24
 EPS = 1e-6
 
@@ -31,6 +32,9 @@ class RMSNormFamily(Family):
              "weight": gen.randn(case.key("w"), (h,), case.dtype)}
         if case.p["residual"]:
             x["residual"] = gen.randn(case.key("r"), (n, h), case.dtype)
+        if (n, h) == NAN_SHAPE:
+            x["x"][1, 260] = float("nan")
+            x["x"][2, 3] = float("inf")
         return x
 
     def run(self, backend, case, inputs):

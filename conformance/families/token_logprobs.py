@@ -10,7 +10,8 @@ from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, extreme_rows, rowwise_checks
 
 # (tokens N, hidden H, vocab V, temperature)
-SHAPES = [(1, 64, 1000, 1.0), (7, 129, 4097, 1.0), (5, 96, 515, 0.7)]
+SHAPES = [(1, 64, 1000, 1.0), (7, 129, 4097, 1.0), (5, 96, 515, 0.7), (4, 70, 300, 1.0)]
+NAN_SHAPE = (4, 70, 300)  # hidden row 1 holds a NaN, row 2 an inf; vocab row 7 a NaN (every token's logits)
 EPS32 = 2.0 ** -24
 
 
@@ -33,9 +34,13 @@ class TokenLogprobsFamily(Family):
 
     def make_inputs(self, case):
         n, h, v = case.p["n"], case.p["h"], case.p["v"]
-        return {"hidden": gen.randn(case.key("hidden"), (n, h), case.dtype),
-                "weight": gen.randn(case.key("w"), (v, h), case.dtype, scale=4 * h ** -0.5),
-                "tokens": gen.randint(case.key("tokens"), (n,), v)}
+        x = {"hidden": gen.randn(case.key("hidden"), (n, h), case.dtype),
+             "weight": gen.randn(case.key("w"), (v, h), case.dtype, scale=4 * h ** -0.5),
+             "tokens": gen.randint(case.key("tokens"), (n,), v)}
+        if (n, h, v) == NAN_SHAPE:
+            x["hidden"][1, 69] = float("nan")
+            x["hidden"][2, 5] = float("inf")
+        return x
 
     def run(self, backend, case, inputs):
         return _call(backend, case, inputs)

@@ -2,5 +2,5 @@
 
 No BLAS and no library reduction appears here: every reduction is a loop in the spec's order.
 The loops run over the reduction axis only; rows, columns, heads and batch are vectorised,
-which is free (principle 2 of DESIGN.md: only reduction-axis tiling changes bits).
+which is free (docs/design.md, principle 2: only reduction-axis tiling changes bits).
 """

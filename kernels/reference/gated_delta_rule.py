@@ -28,7 +28,7 @@ import torch
 
 from hal.spec import GatedDeltaRuleSpec
 from .reduce import tiled_dot
-from .strict_math import F32, F64, exp, fma_wide
+from .strict_math import F32, F64, exp, fma_wide, sqrt
 
 EPS_L2 = 1e-6
 
@@ -43,7 +43,7 @@ def dot(a: torch.Tensor, b: torch.Tensor, t: int) -> torch.Tensor:
 def l2norm(x: torch.Tensor, t: int) -> torch.Tensor:
     """x / sqrt(sum x^2 + 1e-6) along the last dim, float32, sum in the canonical order."""
     ss = dot(x.unsqueeze(-1), x.unsqueeze(-1), t)  # [..., 1]
-    return x / torch.sqrt(ss + torch.tensor(EPS_L2, dtype=F32))
+    return x / sqrt(ss + torch.tensor(EPS_L2, dtype=F32))
 
 
 def expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:

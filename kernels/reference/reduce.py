@@ -1,6 +1,6 @@
 """The canonical tiled reduction, written out.
 
-A reduction of n elements with tile T (DESIGN.md principles 1-3):
+A reduction of n elements with tile T (docs/design.md, principles 1-3):
 
 * tiles of T consecutive elements, anchored at index 0 of the axis;
 * inside a tile a sequential chain from +0.0 in increasing index (``acc = fma(a, b, acc)`` for a

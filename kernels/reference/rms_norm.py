@@ -5,7 +5,7 @@ import torch
 
 from hal.spec import RMSNormSpec
 from .reduce import tiled_dot
-from .strict_math import F32
+from .strict_math import F32, sqrt
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
@@ -20,6 +20,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     h32 = h.to(F32)
     ss = tiled_dot(h32, h32, spec.hidden_tile)
     ms = ss / float(h.shape[-1])
-    inv = 1.0 / torch.sqrt(ms + torch.tensor(eps, dtype=F32))
+    inv = 1.0 / sqrt(ms + torch.tensor(eps, dtype=F32))
     y = ((h32 * inv.unsqueeze(-1)) * weight.to(F32)).to(x.dtype)
     return (y, h) if residual is not None else y

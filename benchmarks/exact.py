@@ -1,0 +1,135 @@
+"""Speed of the exact matmul policy.
+
+    python -m benchmarks.exact            # CPU: torch._int_mm path vs F.linear and the strict k64 reference
+    python -m benchmarks.exact --gpu      # CUDA: Triton int8 kernel vs cuBLAS bf16 (4096^3, M = 1..16)
+
+Medians of repeated calls, same process, same inputs; ratios are what to compare. The weight's
+slices are computed once (as a serving engine would, per weight) unless a row says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal.kernels.exact import core
+from hal.kernels.exact import cpu as exact_cpu
+from hal.spec import ExactMatmulSpec, MatmulSpec
+
+
+def median_time(fn, repeats=5, min_seconds=0.3, sync=lambda: None):
+    fn()
+    sync()
+    times, start = [], time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 200):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cpu_rows(k=4096, n=4096, strict_n=64):
+    """Yields (shape, path, seconds, ratio vs F.linear fp32)."""
+    g = torch.Generator().manual_seed(0)
+    for m in (1, 128):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        w = (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
+        xf, wf = x.float(), w.float()
+        t_lin = median_time(lambda: F.linear(xf, wf))
+        yield (f"{m}x{k}x{n}", "F.linear fp32 (bf16 values)", t_lin, 1.0)
+        t_lin16 = median_time(lambda: F.linear(x, w))
+        yield (f"{m}x{k}x{n}", "F.linear bf16", t_lin16, t_lin16 / t_lin)
+        for s in (3, 4):
+            spec = ExactMatmulSpec(slices=s)
+            wd = core.slice_rows(w, s)
+            t = median_time(lambda: exact_cpu.linear(x, w, None, spec, wd))
+            yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm", t, t / t_lin)
+            t = median_time(lambda: exact_cpu.linear(x, w, None, spec), repeats=3)
+            yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm, weight sliced per call", t, t / t_lin)
+        # the readable references are slow: time them on N = strict_n and scale to N linearly
+        ws, scale = w[:strict_n], n / strict_n
+        t_ref = median_time(lambda: hal.linear(x, ws, spec=ExactMatmulSpec(slices=3), backend="reference"), 1, 0) * scale
+        yield (f"{m}x{k}x{n}", f"exact s3 reference (int64 matmuls; N={strict_n} x{scale:g})", t_ref, t_ref / t_lin)
+        t_strict = median_time(lambda: hal.linear(x, ws, spec=MatmulSpec(), backend="reference"), 1, 0) * scale
+        yield (f"{m}x{k}x{n}", f"strict k64 reference (N={strict_n} x{scale:g})", t_strict, t_strict / t_lin)
+
+
+def gpu_rows(s_values=(3, 4)):
+    """CUDA rows: cuBLAS bf16 vs the exact Triton kernel (best of a few tile configs), plus a bit check.
+
+    Not yet run on a GPU (no device in the session that wrote it): expect to adjust tile configs."""
+    from hal.kernels.exact import triton_matmul as tx
+    from hal.kernels.reference import exact_matmul as ref
+    from hal.conformance.bits import first_divergence
+    dev = torch.device("cuda")
+    sync = torch.cuda.synchronize
+    out = []
+    # bits: the GPU kernel (any config) gives the CPU reference's bits
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4096, generator=g).bfloat16()
+    x[:, :6] *= 1000
+    w = (torch.randn(256, 4096, generator=g) * 4096 ** -0.5).bfloat16()
+    for s in s_values:
+        spec = ExactMatmulSpec(slices=s)
+        want = ref.linear(x, w, None, spec)
+        for block, split in (((64, 64, 64), 1), ((16, 128, 128), 7), ((128, 64, 32), 3)):
+            got = tx.exact_linear_triton(x.to(dev), w.to(dev), None, spec, block, split).cpu()
+            d = first_divergence(f"s{s} {block} split {split}", want, got)
+            out.append(("bits 64x4096x256 bf16", f"exact s{s} triton {block} split {split} vs CPU reference",
+                        0.0, "identical" if d is None else str(d)))
+    configs = {"big": [((128, 128, 64), 1, 8, 3), ((128, 128, 128), 1, 8, 3), ((128, 256, 64), 1, 8, 3),
+                       ((64, 128, 128), 1, 4, 3)],
+               "decode": [((16, 64, 128), 4, 4, 3), ((16, 128, 128), 2, 4, 3), ((16, 64, 256), 8, 4, 3),
+                          ((16, 32, 128), 1, 2, 3)]}
+    for m, k, n in [(4096, 4096, 4096)] + [(mm, 4096, 4096) for mm in (1, 2, 4, 8, 16)]:
+        x = torch.randn(m, k, device=dev).bfloat16()
+        w = (torch.randn(n, k, device=dev) * k ** -0.5).bfloat16()
+        shape = f"{m}x{k}x{n}"
+        t_cublas = median_time(lambda: F.linear(x, w), sync=sync)
+        out.append((shape, "cuBLAS bf16 F.linear", t_cublas, 1.0))
+        for s in s_values:
+            spec = ExactMatmulSpec(slices=s)
+            wd = core.slice_rows(w, s)
+            da = core.slice_rows(x, s).digits
+            best = None
+            for block, split, warps, stages in configs["big" if m > 16 else "decode"]:
+                try:
+                    def kern():
+                        tx.limbs(da, wd.digits, block, split, num_warps=warps, num_stages=stages)
+                    t = median_time(kern, sync=sync)
+                except Exception as e:  # a config that does not compile / fit here
+                    out.append((shape, f"exact s{s} triton {block} split {split}", float("nan"), f"failed: {e}"[:120]))
+                    continue
+                if best is None or t < best[0]:
+                    best = (t, block, split, warps, stages)
+            t, block, split, warps, stages = best
+            out.append((shape, f"exact s{s} triton kernel only {block} split {split} w{warps}", t, t / t_cublas))
+            t_all = median_time(lambda: tx.exact_linear_triton(x, w, None, spec, block, split, wd,
+                                                               num_warps=warps, num_stages=stages), sync=sync)
+            out.append((shape, f"exact s{s} triton end to end (slice x, kernel, round)", t_all, t_all / t_cublas))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for every path (0: torch's default)")
+    args = ap.parse_args(argv)
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = gpu_rows() if args.gpu else cpu_rows()
+    print(f"| shape | path | ms | vs {'cuBLAS bf16' if args.gpu else 'F.linear fp32'} |")
+    print("|---|---|---|---|")
+    for shape, path, t, ratio in rows:
+        r = f"{ratio:.2f}x" if isinstance(ratio, float) else ratio
+        print(f"| {shape} | {path} | {t * 1e3:.3f} | {r} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Make an unmodified Hugging Face transformers model compute lockstep's bits.
+
+    from hal.integrations import transformers as lt
+    lt.register()                                     # attention + mask function "lockstep"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="lockstep")
+    with lt.patch(model):                             # or p = lt.apply(model); ...; p.revert()
+        out = model.generate(...)                     # sampler
+        loss.backward()                               # trainer
+    report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
+    lt.audit(model, input_ids)                        # what still computes outside hal
+
+Supported model code: Llama, Qwen3, Qwen3-Next (gated attention, Gated DeltaNet, MoE) -- the full test
+set -- and Qwen2, Mistral (no sliding window) -- checked with verify -- of the transformers versions
+in ``SUPPORTED``. transformers is imported only
+when one of these functions is called, never at ``import hal``. See docs/integrations.md.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+import hal
+from ..errors import InputError, UnsupportedError
+from . import hf_modules as M
+from .hf_attention import NAME, attention_forward, mask_function
+
+__all__ = ["register", "patch", "apply", "Patch", "token_logprobs", "verify", "audit", "check_version",
+           "SUPPORTED", "NAME"]
+
+# The transformers releases whose model code the per-instance forwards below mirror (tested: 5.24.0).
+SUPPORTED = ((5, 24), (5, 25))  # [low, high)
+_ENV_ANY = "LOCKSTEP_HF_ANY_VERSION"
+
+
+def check_version(allow_untested: bool = False) -> str:
+    """The installed transformers version; raises UnsupportedError outside ``SUPPORTED``.
+
+    The adapters re-implement HF forwards; another release may change them (new kwargs, different
+    op order) and silently compute other bits. ``allow_untested=True`` (or the environment variable
+    LOCKSTEP_HF_ANY_VERSION=1) skips the check at the caller's risk.
+    """
+    import transformers
+    v = transformers.__version__
+    parts = tuple(int(x) for x in v.split(".")[:2] if x.isdigit())
+    lo, hi = SUPPORTED
+    if not (lo <= parts < hi) and not (allow_untested or os.environ.get(_ENV_ANY) == "1"):
+        raise UnsupportedError(f"transformers {v} is not supported by lockstep's integration (tested: "
+                               f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}); its model code may differ from the forwards "
+                               f"lockstep mirrors. Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).")
+    return v
+
+
+def register(allow_untested: bool = False) -> None:
+    """Register attention function and mask function ``"lockstep"`` with transformers (idempotent)."""
+    check_version(allow_untested)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, mask_function)
+
+
+# ---------------------------------------------------------------- which forward each module class gets
+
+_NORM_W = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
+_NORM_ONE_PLUS = {"Qwen3NextRMSNorm"}
+_NORM_GATED = {"Qwen3NextRMSNormGated"}
+_ATTENTION = {"LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention", "Qwen3NextAttention"}
+_MLP = {"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "Qwen3NextMLP"}
+_ROTARY = {"LlamaRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding", "MistralRotaryEmbedding",
+           "Qwen3NextRotaryEmbedding"}
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed at init (dynamic ones change with length)
+_GDN = {"Qwen3NextGatedDeltaNet"}
+_MOE = {"Qwen3NextSparseMoeBlock"}
+_ROUTER = {"Qwen3NextTopKRouter"}
+_EXPERTS = {"Qwen3NextExperts"}
+_DECODER_WITH_GDN = {"Qwen3NextDecoderLayer"}
+# Modules whose forward is exact as it stands (gathers, residual adds) or never runs once the
+# parent is patched (the GDN's conv1d holds weights; activation modules inside patched MLPs).
+_EXACT = {"Embedding", "ModuleList", "Dropout", "Identity", "SiLUActivation", "SiLU"}
+_MLP_ACTS = {"silu", "swish"}
+
+
+def _kind(mod) -> str | None:
+    name = type(mod).__name__
+    if isinstance(mod, torch.nn.Linear):
+        return "linear"
+    for kind, names in (("norm", _NORM_W), ("norm1p", _NORM_ONE_PLUS), ("norm_gated", _NORM_GATED),
+                        ("attention", _ATTENTION), ("mlp", _MLP), ("rotary", _ROTARY), ("gdn", _GDN),
+                        ("moe", _MOE), ("router", _ROUTER), ("experts", _EXPERTS)):
+        if name in names:
+            return kind
+    return None
+
+
+_FORWARDS = {"linear": M.linear, "norm": M.rms_norm, "norm1p": M.rms_norm_one_plus,
+             "norm_gated": M.rms_norm_gated, "attention": M.attention, "mlp": M.mlp, "rotary": M.rotary,
+             "gdn": M.gated_delta_net, "moe": M.sparse_moe_block, "router": M.router, "experts": M.experts}
+
+_MISSING = object()
+
+
+class Patch:
+    """Handle of an applied patch: ``revert()`` puts every module's forward back as it was.
+
+    Also a context manager (``with lt.patch(model): ...``). ``patched`` lists (module name, kind).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.patched: list[tuple[str, str]] = []
+        self._undo: list[tuple[torch.nn.Module, str, object]] = []
+        self._hooks = []
+        self.active = False
+
+    def _set_attr(self, mod, attr, value):
+        self._undo.append((mod, attr, mod.__dict__.get(attr, _MISSING)))
+        mod.__dict__[attr] = value
+
+    def _set_forward(self, mod, fn, kind, name):
+        def forward(*args, **kwargs):
+            return fn(mod, *args, **kwargs)
+        forward.__lockstep__ = kind
+        self._set_attr(mod, "forward", forward)
+        self.patched.append((name, kind))
+
+    def revert(self) -> None:
+        for mod, attr, old in reversed(self._undo):
+            if old is _MISSING:
+                mod.__dict__.pop(attr, None)
+            else:
+                mod.__dict__[attr] = old
+        for h in self._hooks:
+            h.remove()
+        for _, mod in self.model.named_modules():
+            mod.__dict__.pop("_lockstep_position_ids", None)
+        self._undo, self._hooks, self.active = [], [], False
+        self.model.__dict__.pop("_lockstep_patch", None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.revert()
+        return False
+
+
+def _validate(model, unknown: str):
+    """Everything that can refuse, checked before any module is touched."""
+    if unknown not in ("raise", "ignore"):
+        raise InputError(f"unknown must be 'raise' or 'ignore', got {unknown!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if model.__dict__.get("_lockstep_patch") is not None:
+        raise InputError("this model is already patched by lockstep; revert() the first patch before applying again")
+    cfg = getattr(model, "config", None)
+    problems = []
+    if cfg is not None:
+        layer_types = getattr(cfg, "layer_types", None) or []
+        if any(t in ("sliding_attention", "chunked_attention") for t in layer_types) or \
+                getattr(cfg, "use_sliding_window", False):
+            problems.append("sliding-window / chunked attention layers (caches that evict keys)")
+        act = getattr(cfg, "hidden_act", "silu")
+        if act not in _MLP_ACTS:
+            problems.append(f"hidden_act={act!r} (only silu MLPs are mirrored)")
+    unknown_mods = []
+    for name, mod in model.named_modules():
+        kind = _kind(mod)
+        if kind == "rotary":
+            rt = getattr(mod, "rope_type", "default")
+            if rt not in _STATIC_ROPE:
+                problems.append(f"{name}: rope_type {rt!r} (its inv_freq changes with the sequence length)")
+        if kind is None and type(mod).__name__ not in _EXACT:
+            own = [n for n, _ in mod.named_parameters(recurse=False)]
+            if own and not _inside_handled(model, name):
+                unknown_mods.append(f"{name} ({type(mod).__name__})")
+            elif ("Norm" in type(mod).__name__) and not _inside_handled(model, name):
+                unknown_mods.append(f"{name} ({type(mod).__name__})")
+    if problems:
+        raise UnsupportedError("lockstep cannot patch this model: " + "; ".join(problems), problems)
+    if unknown_mods and unknown == "raise":
+        raise UnsupportedError("modules of unknown classes would keep computing stock bits: "
+                               + ", ".join(unknown_mods[:8]) + (" ..." if len(unknown_mods) > 8 else "")
+                               + ". Pass unknown='ignore' to patch the rest anyway (lt.audit lists what is left).",
+                               unknown_mods)
+
+
+def _inside_handled(model, name: str) -> bool:
+    """True when a parent of module ``name`` gets a whole-module forward (its children never run)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        parent = model.get_submodule(".".join(parts[:i]))
+        if _kind(parent) in ("gdn", "experts"):
+            return True
+    return False
+
+
+def apply(model, *, unknown: str = "raise", allow_untested: bool = False) -> Patch:
+    """Patch ``model`` in place (per-instance forwards); returns a :class:`Patch` with ``revert()``.
+
+    Refuses (before touching anything) models with sliding-window attention, dynamic RoPE, non-SiLU
+    MLPs, and modules of classes it does not know (norms included) unless ``unknown='ignore'``.
+    Beam search is refused at ``generate`` time (its cache reordering would not move lockstep's
+    Gated DeltaNet states).
+    """
+    check_version(allow_untested)
+    _validate(model, unknown)
+    p = Patch(model)
+    for name, mod in model.named_modules():
+        kind = _kind(mod)
+        if kind is not None:
+            p._set_forward(mod, _FORWARDS[kind], kind, name)
+        if type(mod).__name__ in _DECODER_WITH_GDN:
+            p._hooks.append(mod.register_forward_pre_hook(M.decoder_position_hook, with_kwargs=True))
+    if hasattr(model, "generate"):
+        p._set_attr(model, "generate", _guarded_generate(model, model.generate))
+    p.active = True
+    model.__dict__["_lockstep_patch"] = p
+    return p
+
+
+def patch(model, **kwargs) -> Patch:
+    """Context-manager form of :func:`apply`: ``with lt.patch(model): ...`` reverts on exit."""
+    return apply(model, **kwargs)
+
+
+def _guarded_generate(model, generate):
+    def wrapped(*args, **kwargs):
+        gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        beams = kwargs.get("num_beams", getattr(gc, "num_beams", 1) if gc is not None else 1)
+        if beams is not None and int(beams) > 1:
+            raise UnsupportedError(f"beam search (num_beams={beams}) is not supported on a lockstep-patched model: "
+                                   "HF reorders its cache between beams but not lockstep's Gated DeltaNet states, "
+                                   "and beams are not a sampler's on-policy path. Use sampling or greedy decoding.")
+        return generate(*args, **kwargs)
+    return wrapped
+
+
+# ---------------------------------------------------------------- log-probs
+
+
+def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """float32 ``log p(tokens | hidden)`` with the model's LM head (hal.token_logprobs).
+
+    ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
+    ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens.
+    """
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise InputError("model has no output embedding (LM head) with a weight")
+    if getattr(head, "bias", None) is not None:
+        raise UnsupportedError("LM heads with a bias are not supported by hal.token_logprobs")
+    return hal.token_logprobs(hidden, head.weight, tokens, temperature)
+
+
+from .hf_verify import audit, verify  # noqa: E402  (verify uses the names above)

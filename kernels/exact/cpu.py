@@ -1,0 +1,50 @@
+"""Exact slice products with ``torch._int_mm`` (int8 x int8 -> int32, exact; VNNI/AMX on x86).
+
+Backend-neutral host code: the reference's bits (``hal.kernels.exact.core`` does everything but the
+products), any device where ``torch._int_mm`` runs. All s x s products are one GEMM: the s digit
+matrices of A stacked along M times those of W stacked along N. K is cut into pieces of at most
+131,072 so that no int32 sum can overflow; the pieces are added in int64 (exact, any order).
+"""
+from __future__ import annotations
+
+import torch
+
+from .core import INT32_SAFE_K, exact_linear
+
+
+def _operand(t: torch.Tensor) -> torch.Tensor:
+    """A matrix ``torch._int_mm`` reads correctly. A column-major B ([sN, K] row-major, transposed)
+    is its fast layout and needs no copy (an int8 transpose copy costs more than the product). A
+    dimension of size 1 may carry any stride, and ``_int_mm`` on CPU then reads the wrong elements
+    (seen at K = 1), so such a matrix is copied to canonical row-major strides."""
+    if 1 in t.shape:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return t
+
+
+def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
+    s, m, k = da.shape
+    n = dw.shape[1]
+    if 0 in (m, n, k):
+        return torch.zeros((s, s, m, n), dtype=torch.int64, device=da.device)
+    a = da.reshape(s * m, k)
+    wt = dw.reshape(s * n, k).T  # [K, s*N], column-major
+    p = None
+    for k0 in range(0, k, INT32_SAFE_K):
+        a_k, w_k = a[:, k0:k0 + INT32_SAFE_K], wt[k0:k0 + INT32_SAFE_K]
+        if k > INT32_SAFE_K:
+            a_k, w_k = a_k.contiguous(), w_k.T.contiguous().T
+        part = torch._int_mm(_operand(a_k), _operand(w_k)).to(torch.int64)
+        p = part if p is None else p + part
+    return p.reshape(s, m, s, n).permute(0, 2, 1, 3)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec, weight_sliced=None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T + bias under an ExactMatmulSpec (``weight_sliced``: core.slice_rows(weight, s))."""
+    x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
+    out = exact_linear(x2, weight, bias, spec.slices, products_int_mm, weight_sliced)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
+    return linear(a, b.transpose(0, 1), None, spec)
