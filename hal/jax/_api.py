@@ -32,9 +32,6 @@ def strict_op(stock=None, static=()):
             with sm.x64():
                 return jitted(*arrays, **kw)
 
-        if stock is None:
-            return functools.wraps(impl)(forward)
-
         @functools.wraps(impl)
         def op(*arrays, **kw):
             @jax.custom_vjp
@@ -45,6 +42,9 @@ def strict_op(stock=None, static=()):
                 return forward(*xs, **kw), xs
 
             def bwd(xs, g):
+                if stock is None:  # never a silent zero gradient through the bit operations
+                    raise NotImplementedError(f"hal.jax.{impl.__name__.lstrip('_')}: no gradient in hal.jax "
+                                              "(forward only); differentiate a stock formula instead")
                 _, vjp = jax.vjp(lambda *ys: stock(*ys, **kw), *xs)
                 return vjp(g)
 
