@@ -32,6 +32,7 @@ _BUILTIN = {
     "stock": "hal.backends.stock:StockBackend",
     "triton": "hal.backends.triton:TritonBackend",
     "ascend": "hal.backends.ascend:AscendBackend",
+    "jax": "hal.backends.jax:JaxBackend",
 }
 
 _lock = threading.Lock()

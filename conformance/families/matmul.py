@@ -12,6 +12,9 @@ from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_che
 # (M, K, N): awkward sizes on purpose -- 1 row (decode), K not a multiple of the tile, K = 4097.
 SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6), (6, 70, 9)]
 NAN_SHAPE = (6, 70, 9)  # rows/columns holding NaN and inf: outputs must be the canonical NaN
+# (M, K, N) of the case whose inputs hold the values that flushing or folding backends get wrong
+# (see _special): subnormals, -0.0, rows whose products are all -0.0.
+SPECIAL_SHAPE = (6, 70, 9)
 EPS32 = 2.0 ** -24
 
 
@@ -32,16 +35,45 @@ def _column_subset(backend, case, inputs, base):
         yield f"columns-{cols.tolist()}:{k}", base[k][:, cols], got[k]
 
 
+def _special(x: dict, dtype: torch.dtype) -> dict:
+    """Rows and columns that a backend flushing subnormals or folding ``acc + 0.0`` gets wrong.
+
+    row 0: all -0.0 (every product -0.0: the +0.0 chain start makes the sum +0.0);
+    row 1: subnormals of the dtype (products and sums subnormal in float32 for fp32/bf16);
+    row 2: half -0.0, half subnormal; column 0 of b: subnormals; bias[0] = -0.0, bias[1] subnormal;
+    row 3: -0.0 where b's column 1 is positive and +0.0 elsewhere (mixed-sign zero products).
+    """
+    a, b, bias = x["a"].clone(), x["b"].clone(), x["bias"].clone()
+    k = a.shape[1]
+    tiny = torch.finfo(dtype).tiny
+    steps = (torch.arange(k, dtype=torch.float32) % 7 + 1) * 0.125  # 1/8 .. 7/8 of the smallest normal
+    sub = (tiny * steps * torch.where(torch.arange(k) % 3 == 0, -1.0, 1.0)).to(dtype)
+    a[0] = -0.0
+    a[1] = sub
+    a[2] = torch.where(torch.arange(k) % 2 == 0, torch.tensor(-0.0), sub.float()).to(dtype)
+    a[3] = torch.where(b[:, 1] > 0, -0.0, 0.0).to(dtype)
+    b[:, 0] = (sub.float().abs() * 4).to(dtype)
+    bias[0] = -0.0
+    bias[1] = (tiny * 0.25)
+    return {"a": a, "b": b, "bias": bias}
+
+
 class MatmulFamily(Family):
     def cases(self):
-        return [Case("matmul", f"m{m}_k{k}_n{n}", dt, DEFAULTS["matmul"], (("m", m), ("k", k), ("n", n)))
-                for m, k, n in SHAPES for dt in DTYPES]
+        cases = [Case("matmul", f"m{m}_k{k}_n{n}", dt, DEFAULTS["matmul"], (("m", m), ("k", k), ("n", n)))
+                 for m, k, n in SHAPES for dt in DTYPES]
+        m, k, n = SPECIAL_SHAPE
+        cases += [Case("matmul", f"m{m}_k{k}_n{n}_subnormal_negzero", dt, DEFAULTS["matmul"],
+                       (("m", m), ("k", k), ("n", n), ("special", True))) for dt in DTYPES]
+        return cases
 
     def make_inputs(self, case):
         m, k, n = case.p["m"], case.p["k"], case.p["n"]
         x = {"a": gen.randn(case.key("a"), (m, k), case.dtype),
              "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
              "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
+        if case.p.get("special"):
+            return _special(x, case.dtype)
         if (m, k, n) == NAN_SHAPE:
             x["a"][1, 3] = float("nan")       # row 1: NaN
             x["a"][2, 65] = float("inf")      # row 2: +-inf, in the short last K tile

@@ -1,0 +1,194 @@
+"""Attention under an AttentionSpec on jax.Arrays: kernels/reference/attention.py on strict_math.
+
+The reference skips work that cannot change bits (query tiles, keys no query sees, empty splits);
+here every key up to the padded length runs through the same selects, which is exact: an
+invisible key, an empty block and an empty split are skipped by ``where``, never multiplied by 0.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from hal import spec as specs
+
+from . import strict_math as sm
+from ._api import strict_op
+
+_NEG_INF = -jnp.inf
+
+
+def key_visibility(qlen, klen, n_q: int, n_k: int, causal: bool, window):
+    """bool [b, n_q, n_k], as hal.attention.query_positions + key_visibility (bottom-right aligned)."""
+    i = jnp.arange(n_q)[None, :]
+    qpos = klen[:, None] - qlen[:, None] + i
+    qvalid = i < qlen[:, None]
+    j = jnp.arange(n_k)[None, None, :]
+    p = qpos[..., None]
+    vis = qvalid[..., None] & (j < klen[:, None, None])
+    if causal:
+        vis = vis & (j <= p)
+    left, right = window
+    if left >= 0:
+        vis = vis & (j >= p - left)
+    if right >= 0 and not causal:
+        vis = vis & (j <= p + right)
+    return vis
+
+
+def _scan(body, init, xs):
+    return lax.scan(lambda c, x: (body(c, x), None), init, xs)[0]
+
+
+def _attend(q, k, v, vis, scale: float, spec, fmt: str):
+    """q [b, Q, Hq, D], k, v [b, K, Hq, D] (F, kv heads already expanded), vis [b, Q, K] ->
+    (out F [b, Q, Hq, D], lse F [b, Q, Hq])."""
+    b, nq, hq, d = q.shape
+    ks, kb = spec.kv_split, spec.kv_block
+    n_keys = k.shape[1]
+    ns, nb = max(1, -(-n_keys // ks)), ks // kb
+    pad = ns * ks - n_keys
+    s = sm.tiled_dot(q[:, :, :, None, :], jnp.transpose(k, (0, 2, 1, 3))[:, None], spec.dot_tile)
+    s = sm.mul(s, sm.const(scale))                                     # [b, Q, Hq, K]
+    s = jnp.pad(s, [(0, 0)] * 3 + [(0, pad)]).reshape(b, nq, hq, ns, nb, kb)
+    vis = jnp.pad(vis, [(0, 0), (0, 0), (0, pad)]).reshape(b, nq, 1, ns, nb, kb)
+    vb = jnp.pad(jnp.transpose(v, (0, 2, 1, 3)), [(0, 0), (0, 0), (0, pad), (0, 0)])
+    vb = vb.reshape(b, 1, hq, ns, nb, kb, d)
+
+    m_blk = jnp.max(jnp.where(vis, s, _NEG_INF), -1)                  # exact
+    m_run = lax.cummax(m_blk, axis=m_blk.ndim - 1)
+    nonempty_blk = jnp.any(vis, -1)
+    p = sm.exp(sm.sub(s, m_run[..., None]))
+    pv = sm.to_format(p, fmt) if spec.p_precision == "input" else p
+
+    # block partials: a chain over the kb keys of every block at once
+    def key_step(carry, j):
+        l_blk, acc_blk = carry
+        vj, pj, pvj, vbj = j
+        l_blk = jnp.where(vj, sm.add(l_blk, pj), l_blk)
+        acc_blk = jnp.where(vj[..., None], sm.fma(pvj[..., None], vbj, acc_blk), acc_blk)
+        return l_blk, acc_blk
+    shape = jnp.broadcast_shapes(m_blk.shape, vis.shape[:-1])
+    l_blk, acc_blk = _scan(key_step, (sm.zeros(shape), sm.zeros((*shape, d))),
+                           (jnp.moveaxis(jnp.broadcast_to(vis, (*shape, kb)), -1, 0), jnp.moveaxis(p, -1, 0),
+                            jnp.moveaxis(pv, -1, 0), jnp.moveaxis(vb, -2, 0)))
+
+    # running update over the blocks of each split, in block order (empty blocks skipped)
+    m_prev = jnp.concatenate([jnp.full_like(m_run[..., :1], _NEG_INF), m_run[..., :-1]], -1)
+    alpha = sm.exp(sm.sub(m_prev, m_run))
+
+    def blk_step(carry, t):
+        l, acc = carry
+        ne, a, lb, ab = t
+        l = jnp.where(ne, sm.fma(l, a, lb), l)
+        acc = jnp.where(ne[..., None], sm.fma(acc, a[..., None], ab), acc)
+        return l, acc
+    ne_b = jnp.broadcast_to(nonempty_blk, shape)
+    l, acc = _scan(blk_step, (sm.zeros(shape[:-1]), sm.zeros((*shape[:-1], d))),
+                   (jnp.moveaxis(ne_b, -1, 0), jnp.moveaxis(alpha, -1, 0), jnp.moveaxis(l_blk, -1, 0),
+                    jnp.moveaxis(acc_blk, -2, 0)))
+    m_split, ne_split = m_run[..., -1], jnp.any(ne_b, -1)            # [b, Q, Hq, ns]
+
+    # splits merged in split order (empty splits skipped)
+    def split_step(carry, t):
+        m_tot, l_tot, acc_tot, seen = carry
+        m_i, l_i, acc_i, ne_i = t
+        m_new = jnp.maximum(m_tot, m_i)
+        a, c = sm.exp(sm.sub(m_tot, m_new)), sm.exp(sm.sub(m_i, m_new))
+        l_new = sm.fma(l_tot, a, sm.mul(l_i, c))
+        acc_new = sm.fma(acc_tot, a[..., None], sm.mul(acc_i, c[..., None]))
+        return (jnp.where(ne_i, m_new, m_tot), jnp.where(ne_i, l_new, l_tot),
+                jnp.where(ne_i[..., None], acc_new, acc_tot), seen | ne_i)
+    base = m_split.shape[:-1]
+    init = (jnp.full(base, _NEG_INF), sm.zeros(base), sm.zeros((*base, d)), jnp.zeros(base, bool))
+    m, l, acc, seen = _scan(split_step, init, (jnp.moveaxis(m_split, -1, 0), jnp.moveaxis(l, -1, 0),
+                                               jnp.moveaxis(acc, -2, 0), jnp.moveaxis(ne_split, -1, 0)))
+    out = jnp.where(seen[..., None], sm.div(acc, l[..., None]), 0.0)
+    lse = jnp.where(seen, sm.add(m, sm.log(l)), _NEG_INF)
+    return out, lse
+
+
+def _expand_heads(x, hq: int):
+    return jnp.repeat(x, hq // x.shape[2], axis=2)
+
+
+@strict_op(static=("n_q", "n_k", "scale", "causal", "window", "spec"))
+def _attend_padded(q, k, v, qlen, klen, n_q=0, n_k=0, scale=1.0, causal=False, window=(-1, -1), spec=None):
+    fmt = jnp.dtype(q.dtype).name
+    vis = key_visibility(qlen.astype(jnp.int64), klen.astype(jnp.int64), n_q, n_k, causal, window)
+    hq = q.shape[2]
+    out, lse = _attend(sm.widen(q), _expand_heads(sm.widen(k), hq), _expand_heads(sm.widen(v), hq), vis,
+                       scale, spec, fmt)
+    return sm.narrow(out, fmt), sm.narrow(lse, "float32")
+
+
+def _scale(softmax_scale, d: int) -> float:
+    return float(softmax_scale) if softmax_scale is not None else d ** -0.5
+
+
+def _to_padded(x, cu, max_len: int):
+    lens = cu[1:] - cu[:-1]
+    i = jnp.arange(max_len)[None, :]
+    idx = jnp.clip(jnp.where(i < lens[:, None], cu[:-1, None] + i, 0), 0, max(0, x.shape[0] - 1))
+    return x[idx], lens
+
+
+def _to_packed(xp, cu, total: int, fill):
+    t = jnp.arange(total)
+    bidx = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, xp.shape[0] - 1)
+    i = t - cu[bidx]
+    inside = (t < cu[-1]) & (i < xp.shape[1])
+    got = xp[bidx, jnp.clip(i, 0, xp.shape[1] - 1)]
+    return jnp.where(inside.reshape(-1, *([1] * (got.ndim - 1))), got, jnp.asarray(fill, xp.dtype))
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                           softmax_scale=None, causal: bool = False, window_size=(-1, -1), return_lse: bool = False,
+                           *, spec=None):
+    """Packed q [Tq, Hq, D], k, v [Tk, Hkv, D] with int32 cu_seqlens -> out [Tq, Hq, D] (and lse [Hq, Tq]).
+    ``max_seqlen_q`` / ``max_seqlen_k`` must be Python ints (they fix shapes under jit)."""
+    s = specs.resolve("attention", spec)
+    cq, ck = jnp.asarray(cu_seqlens_q, jnp.int32), jnp.asarray(cu_seqlens_k, jnp.int32)
+    qp, qlen = _to_padded(q, cq, int(max_seqlen_q))
+    kp, klen = _to_padded(k, ck, int(max_seqlen_k))
+    vp, _ = _to_padded(v, ck, int(max_seqlen_k))
+    out, lse = _attend_padded(qp, kp, vp, qlen, klen, n_q=int(max_seqlen_q), n_k=int(max_seqlen_k),
+                              scale=_scale(softmax_scale, q.shape[-1]), causal=bool(causal),
+                              window=tuple(int(w) for w in window_size), spec=s)
+    out = _to_packed(out, cq, q.shape[0], 0.0)
+    if not return_lse:
+        return out
+    return out, _to_packed(lse, cq, q.shape[0], -jnp.inf).T
+
+
+def gather_kv(cache, seqlens, block_table, max_len: int):
+    """The first ``max_len`` tokens of every sequence, [batch, max_len, Hkv, D] (paged or contiguous)."""
+    if block_table is None:
+        return cache[: seqlens.shape[0], :max_len]
+    page = cache.shape[1]
+    j = jnp.arange(max_len)
+    pages = block_table[:, jnp.clip(j // page, 0, block_table.shape[1] - 1)]
+    valid = j[None, :] < seqlens[:, None]
+    pages = jnp.clip(jnp.where(valid, pages, 0), 0, cache.shape[0] - 1)  # unused entries may be -1
+    return cache[pages, jnp.broadcast_to(j % page, pages.shape)]
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
+                            causal: bool = True, window_size=(-1, -1), num_splits: int = 0,
+                            return_lse: bool = False, *, max_seqlen_k: int | None = None, spec=None):
+    """q [B, Sq, Hq, D] against a cache already holding its keys: contiguous [B, cap, Hkv, D] or paged
+    [pages, page_size, Hkv, D] with ``block_table`` [B, max_pages]. ``cache_seqlens`` [B] keys per
+    sequence (the queries are the last Sq of them). Appending new keys is the caller's functional
+    update (``cache.at[...].set``). ``num_splits`` never changes the bits (accepted, unused).
+    ``max_seqlen_k``: a static bound on cache_seqlens (default: the cache's capacity)."""
+    s = specs.resolve("attention", spec)
+    seq = jnp.asarray(cache_seqlens, jnp.int32)
+    bsz, sq = q.shape[:2]
+    cap = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    n_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cap)
+    kp = gather_kv(k_cache, seq, block_table, n_k)
+    vp = gather_kv(v_cache, seq, block_table, n_k)
+    out, lse = _attend_padded(q, kp, vp, jnp.full((bsz,), sq, jnp.int32), seq, n_q=sq, n_k=n_k,
+                              scale=_scale(softmax_scale, q.shape[-1]), causal=bool(causal),
+                              window=tuple(int(w) for w in window_size), spec=s)
+    return (out, jnp.transpose(lse, (0, 2, 1))) if return_lse else out

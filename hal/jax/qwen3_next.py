@@ -1,0 +1,61 @@
+"""Qwen3-Next Gated DeltaNet layer pieces on jax.Arrays: gdn_gating and the causal conv1d
+(kernels/reference/qwen3_next.py). The gated delta rule itself is not implemented in hal.jax."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from hal import spec as specs
+
+from . import strict_math as sm
+from ._api import strict_op
+from .elementwise import sigmoid_f, silu_f, softplus_f
+from .ops import _fmt
+
+
+@strict_op(static=("spec",))
+def _gating(A_log, a, dt_bias, b, spec=None):
+    A = sm.exp(sm.widen(A_log))
+    g = -sm.mul(A, softplus_f(sm.add(sm.widen(a), sm.widen(dt_bias))))
+    return sm.narrow(g), sm.narrow(sigmoid_f(sm.widen(b)))
+
+
+def gdn_gating(A_log, a, dt_bias, b, *, spec=None):
+    """A_log, dt_bias [HV]; a, b [..., HV] -> (g, beta) float32 [..., HV]."""
+    return _gating(A_log, a, dt_bias, b, spec=specs.resolve("gated_delta_rule", spec))
+
+
+@strict_op(static=("activation", "cu", "spec"))
+def _conv(x, weight, bias, conv_state, activation="silu", cu=None, spec=None):
+    fmt = _fmt(x)
+    kw = weight.shape[1]
+    if cu is None:
+        xp, lengths = x, np.full((x.shape[0],), x.shape[1])
+    else:  # packed [1, total, D] -> [N, Lmax, D], zeros after each end (static cu_seqlens)
+        n = len(cu) - 1
+        lengths = np.array([cu[i + 1] - cu[i] for i in range(n)])
+        lmax = int(lengths.max())
+        t = np.arange(lmax)[None, :]
+        idx = np.where(t < lengths[:, None], np.array(cu[:-1])[:, None] + t, 0)
+        xp = jnp.where(jnp.asarray(t < lengths[:, None])[..., None], x[0][idx], jnp.zeros((), x.dtype))
+    n, lmax, d = xp.shape
+    prev = jnp.zeros((n, kw - 1, d), x.dtype) if conv_state is None else conv_state
+    rows = jnp.concatenate([prev, xp], 1)                      # bits only, no arithmetic
+    r, w = sm.widen(rows), sm.widen(weight)
+    acc = sm.zeros((n, lmax, d)) if bias is None else jnp.broadcast_to(sm.widen(bias), (n, lmax, d))
+    for i in range(kw):                                        # oldest tap first
+        acc = sm.fma(jnp.broadcast_to(w[:, i], (n, lmax, d)), r[:, i: i + lmax], acc)
+    y = sm.narrow(silu_f(acc) if activation == "silu" else acc, fmt)
+    state_idx = lengths[:, None] + np.arange(kw - 1)[None, :]
+    state = rows[np.arange(n)[:, None], state_idx]
+    if cu is not None:
+        y = jnp.concatenate([y[i, : cu[i + 1] - cu[i]] for i in range(n)])[None]
+    return y, state
+
+
+def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", cu_seqlens=None, *, spec=None):
+    """x [B, T, D] (or packed [1, total, D] with cu_seqlens, a list of ints); weight [D, K]; bias [D];
+    conv_state [N, K-1, D] in x's dtype -> (y like x, new conv_state: the last K-1 inputs)."""
+    cu = None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens)
+    return _conv(x, weight, bias, conv_state, activation=activation, cu=cu,
+                 spec=specs.resolve("gated_delta_rule", spec))
