@@ -122,8 +122,11 @@ def gdn_rows(device, smoke):
     def ours_prefill():
         tri.gated_delta_rule(q, k, v, g, beta, d ** -0.5, zero, None, True, chunked, True)
 
+    # transformers' functions take q and k already repeated to the value heads (as Qwen3-Next does)
+    qx, kx = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+
     def stock_prefill():
-        torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        torch_chunk_gated_delta_rule(qx, kx, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
     # per token and head: w, state update, o (3 d x d fma) + chunk extras (KK, QK, substitution), ~5 d^2
     yield f"gdn chunked prefill T{T}", f"B{B} H{H}/{HV} d{d} bf16", ours_prefill, stock_prefill, 2 * 5 * B * T * HV * d * d
 
@@ -138,8 +141,10 @@ def gdn_rows(device, smoke):
     def ours_decode():
         tri.gated_delta_rule(*x1, g1, b1, d ** -0.5, st, None, True, serial, True)
 
+    x1x = [x1[0].repeat_interleave(HV // H, dim=2), x1[1].repeat_interleave(HV // H, dim=2), x1[2]]
+
     def stock_decode():
-        torch_recurrent_gated_delta_rule(*x1, g=g1, beta=b1, initial_state=S, output_final_state=True,
+        torch_recurrent_gated_delta_rule(*x1x, g=g1, beta=b1, initial_state=S, output_final_state=True,
                                          use_qk_l2norm_in_kernel=True)
     yield "gdn decode serial", f"B{nb} H{H}/{HV} d{d} bf16", ours_decode, stock_decode, 2 * 3 * nb * HV * d * d
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import hal
 
 #: modules that contribute rows: this one, and e.g. "benchmarks.triton_attn_bench" (attention / GDN)
-PROVIDERS = ["benchmarks.triton_bench", "benchmarks.triton_attn_bench"]
+PROVIDERS = ["benchmarks.triton_bench"]  # attention / GDN rows: benchmarks.triton_attn_bench (its own step)
 
 
 @dataclass

@@ -98,12 +98,12 @@ def half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag))) * fi.eps / 2
 
 
-def extreme_rows(n: int, width_shape, dtype: torch.dtype) -> torch.Tensor:
+def extreme_rows(n: int, width_shape, dtype: torch.dtype, device=None) -> torch.Tensor:
     """n rows of hostile values (max, -max, +inf, -inf, NaN, tiny) for neighbour/padding checks."""
     fi = torch.finfo(dtype)
     vals = [fi.max, -fi.max, float("inf"), float("-inf"), float("nan"), fi.tiny]
-    rows = [torch.full(tuple(width_shape), vals[i % len(vals)], dtype=dtype) for i in range(n)]
-    return torch.stack(rows) if rows else torch.empty((0, *width_shape), dtype=dtype)
+    rows = [torch.full(tuple(width_shape), vals[i % len(vals)], dtype=dtype, device=device) for i in range(n)]
+    return torch.stack(rows) if rows else torch.empty((0, *width_shape), dtype=dtype, device=device)
 
 
 def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tuple[str, ...],
@@ -118,7 +118,7 @@ def rowwise_checks(call: Callable[[Backend, Case, dict], dict], row_inputs: tupl
     def mk_hostile(name, n, x):
         if hostile is not None:
             return hostile(name, n, x)
-        return extreme_rows(n, x.shape[1:], x.dtype)
+        return extreme_rows(n, x.shape[1:], x.dtype, x.device)
 
     def present(inputs):
         return [n for n in row_inputs if inputs.get(n) is not None]

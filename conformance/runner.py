@@ -91,7 +91,8 @@ def _with_threads(n: int, fn):
 
 
 def _accuracy(family: Family, case: Case, inputs: dict, base: dict, out: _Outcome):
-    exact = family.oracle(case, _to_device(inputs, torch.device("cpu")))
+    inputs = _to_device(inputs, torch.device("cpu"))  # the oracle and the budget are float64 CPU math
+    exact = family.oracle(case, inputs)
     for name, ex in exact.items():
         got = base[name].detach().cpu().double()
         ex = ex.detach().cpu().double()

@@ -40,6 +40,9 @@ import hal
 
 # ---------------------------------------------------------------------------------------- model
 
+#: Where the engine and the trainer run (``--device``); weights are built on the CPU and moved there.
+DEVICE = torch.device("cpu")
+
 CONFIG = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256)
 
@@ -201,8 +204,8 @@ class LockstepOps:
         g = torch.Generator().manual_seed(seed)
         # physical pages handed out in a shuffled order, as a long-running engine's free list would be
         return [hal.KVCache.paged(batch, capacity, n_kv, head_dim, page_size=page, dtype=dtype,
-                                  page_order=torch.randperm(n_pages, generator=g, device="cpu").tolist(),
-                                  device=torch.get_default_device())
+                                  page_order=torch.randperm(n_pages, generator=g).tolist(),
+                                  device=DEVICE)
                 for _ in range(n_layers)]
 
     @staticmethod
@@ -222,9 +225,9 @@ class StockCache:
     """A contiguous KV cache [batch, capacity, Hkv, D] with per-sequence lengths (stock path)."""
 
     def __init__(self, batch, capacity, n_kv, head_dim, dtype):
-        self.k = torch.zeros(batch, capacity, n_kv, head_dim, dtype=dtype)
+        self.k = torch.zeros(batch, capacity, n_kv, head_dim, dtype=dtype, device=DEVICE)
         self.v = torch.zeros_like(self.k)
-        self.seqlens = torch.zeros(batch, dtype=torch.int64)
+        self.seqlens = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
 
 
 class StockOps:
@@ -265,17 +268,17 @@ class StockOps:
         """Append k, v for ``rows``, then SDPA of q [g, n, Hq, D] against each row's cached keys."""
         n = q.shape[1]
         group = q.shape[2] // k.shape[2]
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=DEVICE)
         before = cache.seqlens[idx]
-        pos = before[:, None] + torch.arange(n)[None, :]
+        pos = before[:, None] + torch.arange(n, device=DEVICE)[None, :]
         cache.k[idx[:, None], pos] = k
         cache.v[idx[:, None], pos] = v
         after = before + n
         kmax = int(after.max())
         keys = cache.k[idx, :kmax].repeat_interleave(group, dim=2).transpose(1, 2)  # [g, Hq, kmax, D]
         vals = cache.v[idx, :kmax].repeat_interleave(group, dim=2).transpose(1, 2)
-        j = torch.arange(kmax)[None, None, :]
-        qpos = (before[:, None] + torch.arange(n)[None, :])[:, :, None]
+        j = torch.arange(kmax, device=DEVICE)[None, None, :]
+        qpos = (before[:, None] + torch.arange(n, device=DEVICE)[None, :])[:, :, None]
         mask = (j <= qpos) & (j < after[:, None, None])  # [g, n, kmax]: causal, bottom-right
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None])
         cache.seqlens[idx] = after
@@ -301,13 +304,13 @@ def trainer_logprobs(W: LlamaWeights, ops, sequences: list[torch.Tensor], prompt
     Autograd stays on (pass ``W.trainable()`` weights to get gradients), as in a trainer.
     """
     lens = [int(s.shape[0]) for s in sequences]
-    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu = torch.tensor([0] + lens, dtype=torch.int32, device=DEVICE).cumsum(0, dtype=torch.int32)
     tokens = torch.cat(sequences)
-    positions = torch.cat([torch.arange(n) for n in lens])
+    positions = torch.cat([torch.arange(n, device=DEVICE) for n in lens])
     hid = forward_hidden(W, ops, tokens, positions,
                          lambda i, q, k, v: ops.attn_packed(q, k, v, cu, max(lens)))
     # the hidden state at position t predicts token t + 1: keep the rows that predict response tokens
-    rows = torch.cat([torch.arange(int(cu[b]) + p - 1, int(cu[b]) + n - 1)
+    rows = torch.cat([torch.arange(int(cu[b]) + p - 1, int(cu[b]) + n - 1, device=DEVICE)
                       for b, (p, n) in enumerate(zip(prompt_lens, lens))])
     targets = torch.cat([s[p:] for s, p in zip(sequences, prompt_lens)])
     lp = ops.token_logprobs(hid[rows], W.lm_head, targets, temperature)
@@ -359,12 +362,12 @@ def sample(W: LlamaWeights, ops, requests: list[Request], temperature: float = 1
                     n = r.chunks[r.chunk_i]
                     items.append((b, r.prompt[r.fed:r.fed + n], r.fed, r.chunk_i == len(r.chunks) - 1, False))
                 else:
-                    items.append((b, torch.tensor([r.generated[-1]]), r.fed, True, True))
+                    items.append((b, torch.tensor([r.generated[-1]], device=DEVICE), r.fed, True, True))
             step += 1
             if not items:
                 continue
             tokens = torch.cat([it[1] for it in items])
-            positions = torch.cat([torch.arange(it[2], it[2] + it[1].shape[0]) for it in items])
+            positions = torch.cat([torch.arange(it[2], it[2] + it[1].shape[0], device=DEVICE) for it in items])
             offsets = [0]
             for it in items:
                 offsets.append(offsets[-1] + int(it[1].shape[0]))
@@ -405,10 +408,10 @@ def sample(W: LlamaWeights, ops, requests: list[Request], temperature: float = 1
                     chosen.append(int(logits[j].argmax()))
                 else:
                     # the draws come from the request's CPU generator on every device
-                    u = torch.rand(logits.shape[-1], generator=gens[b], dtype=torch.float64, device="cpu")
+                    u = torch.rand(logits.shape[-1], generator=gens[b], dtype=torch.float64)
                     u = u.clamp_(1e-300, 1.0).to(logits.device)
                     chosen.append(int((logits[j].double() / temperature - torch.log(-torch.log(u))).argmax()))
-            chosen_t = torch.tensor(chosen, dtype=torch.long)
+            chosen_t = torch.tensor(chosen, dtype=torch.long, device=DEVICE)
             lp = ops.token_logprobs(h_last, W.lm_head, chosen_t, temperature)
             for j, i in enumerate(emit):
                 r = requests[items[i][0]]
@@ -424,7 +427,7 @@ def make_requests(seed: int = 0, vocab: int = CONFIG["vocab_size"],
     out = []
     for plen, chunks, arrival, max_new in plan:
         assert sum(chunks) == plen
-        prompt = torch.randint(0, vocab, (plen,), generator=g, device="cpu").to(torch.get_default_device())
+        prompt = torch.randint(0, vocab, (plen,), generator=g).to(DEVICE)
         out.append(Request(prompt=prompt, chunks=list(chunks),
                            arrival=arrival, max_new=max_new))
     return out
@@ -462,7 +465,7 @@ class PairResult:
 
 def run_pair(W: LlamaWeights, ops, temperature=1.0, greedy=False, seed=0, backward=True, log=None) -> PairResult:
     reqs = sample(W, ops, make_requests(seed), temperature=temperature, greedy=greedy, seed=seed, log=log)
-    seqs = [torch.cat([r.prompt, torch.tensor(r.generated, dtype=torch.long)]) for r in reqs]
+    seqs = [torch.cat([r.prompt, torch.tensor(r.generated, dtype=torch.long, device=DEVICE)]) for r in reqs]
     plens = [int(r.prompt.shape[0]) for r in reqs]
     Wt = W.trainable()
     with torch.enable_grad():
@@ -510,8 +513,9 @@ def main(argv=None) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
     model = build_hf_model(args.seed)  # built on the CPU from a seed: the same weights for every device
-    W = LlamaWeights.from_hf(model, dtype).to(args.device)
-    torch.set_default_device(args.device)  # the engine's and trainer's own tensors follow the weights
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    W = LlamaWeights.from_hf(model, dtype).to(DEVICE)
     print(f"tiny Llama: {CONFIG}  weights {args.dtype}, "
           f"{'greedy' if args.greedy else f'sampled T={args.temperature}'}, seed {args.seed}, "
           f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads")

@@ -90,7 +90,7 @@ def _varlen(backend, case, parts):
     k = torch.cat([p[1] for p in parts])
     v = torch.cat([p[2] for p in parts])
     out, lse = hal.flash_attn_varlen_func(
-        q, k, v, torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32),
+        q, k, v, torch.tensor(cq, dtype=torch.int32, device=q.device), torch.tensor(ck, dtype=torch.int32, device=q.device),
         max(b - a for a, b in zip(cq, cq[1:])), max(b - a for a, b in zip(ck, ck[1:])),
         return_lse=True, spec=case.spec, backend=backend, **_opts(case))
     lse = lse.transpose(0, 1)
@@ -108,10 +108,10 @@ def _perm(case, label, n):
     return torch.argsort(gen.rand(case.key("pages", label), (n,), torch.float64), stable=True).tolist()
 
 
-def _paged(case, label, batch, cap, page):
+def _paged(case, label, batch, cap, page, device):
     hkv, d = case.p["hkv"], case.p["d"]
     n_pages = batch * -(-cap // page) + 2
-    return KVCache.paged(batch, cap, hkv, d, page, case.dtype, num_pages=n_pages,
+    return KVCache.paged(batch, cap, hkv, d, page, case.dtype, device=device, num_pages=n_pages,
                          page_order=_perm(case, label, n_pages))
 
 
@@ -169,7 +169,7 @@ def _hostile(case, label, n, like):
     fi = torch.finfo(case.dtype)
     vals = torch.tensor([float("nan"), float("inf"), -fi.max, fi.max, float("-inf")], dtype=torch.float32)
     idx = gen.randint(case.key("hostile", label), (n, *like.shape[1:]), len(vals))
-    return vals[idx].to(case.dtype)
+    return vals[idx].to(case.dtype).to(like.device)
 
 
 def _padding(backend, case, inputs, base):
@@ -190,7 +190,8 @@ def _padding(backend, case, inputs, base):
     v = torch.cat([p[2] for p in parts] + [_hostile(case, "pad-v", 3, inputs["v"])])
     lq = max(b - a for a, b in zip(cq, cq[1:]))
     lk = max(b - a for a, b in zip(ck, ck[1:]))
-    out, lse = hal.flash_attn_varlen_func(q, k, v, torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32),
+    cq_t, ck_t = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in (cq, ck))
+    out, lse = hal.flash_attn_varlen_func(q, k, v, cq_t, ck_t,
                                           lq, lk, return_lse=True, spec=case.spec, backend=backend, **_opts(case))
     lse = lse.transpose(0, 1)
     for s in range(3):
@@ -218,7 +219,7 @@ def _chunked_kvcache(backend, case, inputs, base):
     q, k, v = _seq(inputs, 0)
     named, rand = _split_points(case, q.shape[0])
     cuts = sorted(set(named) | set(rand))
-    cache = _paged(case, "chunked", 1, q.shape[0], 7)
+    cache = _paged(case, "chunked", 1, q.shape[0], 7, q.device)
     got = _kv_prefill_chunks(backend, case, cache, 0, q, k, v, cuts)
     yield from _pairs(f"kvcache-cuts-{cuts}", _base_rows(base, inputs, 0), got)
 
@@ -231,7 +232,7 @@ def _decode(backend, case, inputs, base):
     ks = case.spec.kv_split if n0 > case.spec.kv_split + 8 else case.spec.kv_block
     start0 = ks - 6
     n_dec0 = 14
-    cache = _paged(case, "decode", 2, max(n0, n1), 5)
+    cache = _paged(case, "decode", 2, max(n0, n1), 5, q0.device)
     causal = case.p["causal"]
     if causal:
         cache.write(k0[None, :start0], v0[None, :start0], rows=[0])
@@ -273,8 +274,8 @@ def _paged_vs_contiguous(backend, case, inputs, base):
     """seq 2 prefilled in one call into a contiguous cache and into paged caches (page 1, 7, 64, shuffled)."""
     q, k, v = _seq(inputs, 2)
     n = q.shape[0]
-    layouts = [("contiguous", KVCache.contiguous(1, n + 3, case.p["hkv"], case.p["d"], case.dtype))]
-    layouts += [(f"paged-{p}", _paged(case, f"pv{p}", 1, n, p)) for p in (1, 7, 64)]
+    layouts = [("contiguous", KVCache.contiguous(1, n + 3, case.p["hkv"], case.p["d"], case.dtype, q.device))]
+    layouts += [(f"paged-{p}", _paged(case, f"pv{p}", 1, n, p, q.device)) for p in (1, 7, 64)]
     for label, cache in layouts:
         yield from _pairs(label, _base_rows(base, inputs, 2), _kv_prefill_chunks(backend, case, cache, 0, q, k, v, []))
 
@@ -285,7 +286,8 @@ def _num_splits(backend, case, inputs, base):
     take = 3
     causal = case.p["causal"]
     for ns in range(1, 9):
-        cache = KVCache.contiguous(2, max(s[0].shape[0] for s in seqs), case.p["hkv"], case.p["d"], case.dtype)
+        cache = KVCache.contiguous(2, max(s[0].shape[0] for s in seqs), case.p["hkv"], case.p["d"], case.dtype,
+                                   seqs[0][0].device)
         for i, (q, k, v) in enumerate(seqs):
             n = q.shape[0]
             upto = n - take if causal else n
@@ -307,7 +309,7 @@ def _prefix_reuse(backend, case, inputs, base):
     prefills only its own suffix."""
     (q0, k0, v0), (q2, k2, v2) = _seq(inputs, 0), _seq(inputs, 2)
     pre = case.p["lens"][2]
-    cache = _paged(case, "prefix", 2, max(q0.shape[0], q2.shape[0]), 7)
+    cache = _paged(case, "prefix", 2, max(q0.shape[0], q2.shape[0]), 7, q0.device)
     cache.write(k0[None], v0[None], rows=[0])
     cache.share_prefix(0, 1, pre)
     if case.p["causal"]:

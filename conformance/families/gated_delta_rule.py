@@ -77,7 +77,8 @@ def _init(inputs, seqs):
 def _call(backend, case, op, parts, init=None, packed=True, out="state"):
     """One call over ``parts`` (list of token dicts); packed with cu_seqlens, or batched (equal lengths)."""
     cat = (lambda k: torch.cat([p[k] for p in parts], 1)) if packed else (lambda k: torch.cat([p[k] for p in parts], 0))
-    cu = torch.tensor(_cu([p["q"].shape[1] for p in parts]), dtype=torch.int64) if packed else None
+    cu = torch.tensor(_cu([p["q"].shape[1] for p in parts]), dtype=torch.int64, device=parts[0]["q"].device) \
+        if packed else None
     fn = getattr(hal, op)
     return fn(cat("q"), cat("k"), cat("v"), cat("g"), cat("beta"), scale=case.p["scale"], initial_state=init,
               output_final_state=out, cu_seqlens=cu, use_qk_l2norm_in_kernel=case.p["l2"], spec=case.spec,
@@ -104,7 +105,7 @@ def _expect(label, base, inputs, s, o_rows, final=None):
 def _hostile_like(case, label, x):
     fi = torch.finfo(x.dtype)
     vals = torch.tensor([float("nan"), float("inf"), -fi.max, fi.max, float("-inf"), 0.0], dtype=torch.float32)
-    return vals[gen.randint(case.key("hostile", label), tuple(x.shape), len(vals))].to(x.dtype)
+    return vals[gen.randint(case.key("hostile", label), tuple(x.shape), len(vals))].to(x.dtype).to(x.device)
 
 
 def _split_points(case, n):

@@ -72,7 +72,7 @@ def _gates_per_token(backend, case, inputs, base):
 def _packed(backend, case, inputs, base):
     """Packed varlen (cu_seqlens) vs batched."""
     bsz, t = inputs["x"].shape[:2]
-    cu = torch.arange(0, (bsz + 1) * t, t)
+    cu = torch.arange(0, (bsz + 1) * t, t, device=inputs["x"].device)
     y, state = hal.gdn_causal_conv1d(inputs["x"].reshape(1, bsz * t, -1), inputs["weight"], inputs.get("bias"),
                                      cu_seqlens=cu, spec=case.spec, backend=backend)
     yield "packed:y", base["y"], y.reshape(base["y"].shape)

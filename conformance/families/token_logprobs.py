@@ -22,8 +22,8 @@ def _call(backend, case, x):
 
 def _hostile(name, n, x):
     if name == "tokens":  # neighbours' token ids only need to be valid
-        return torch.full((n,), int(x.max()), dtype=x.dtype)
-    return extreme_rows(n, x.shape[1:], x.dtype)
+        return torch.full((n,), int(x.max()), dtype=x.dtype, device=x.device)
+    return extreme_rows(n, x.shape[1:], x.dtype, x.device)
 
 
 class TokenLogprobsFamily(Family):

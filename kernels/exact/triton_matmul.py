@@ -45,7 +45,7 @@ def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
                             mask=(rm[:, None] < M) & km[None, :], other=0)
                 w = tl.load(w_ptr + u * sw_s + rk[:, None] * sw_k + rn[None, :] * sw_n,
                             mask=km[:, None] & (rn[None, :] < N), other=0)
-                acc = tl.dot(a, w, acc)
+                acc = tl.dot(a, w, acc, out_dtype=tl.int32)  # int8 x int8 -> int32 (Triton < 3.9 defaults to fp32)
             shift = DIGIT * (2 * S - 2 - t - u)
             if shift >= LIMB:
                 hi += acc.to(tl.int64) * (1 << (shift - LIMB))

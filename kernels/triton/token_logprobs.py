@@ -76,15 +76,20 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
         rows = item * BR + tl.arange(0, BR)
         row_ok = rows < R
         cols = tl.arange(0, BC)
-        m = tl.full([BR], float("-inf"), tl.float32)
-        poisoned = tl.zeros([BR], dtype=tl.int32)
-        pos_zero = tl.zeros([BR], dtype=tl.int32)
+        # elementwise maxima across the loop, one reduction after it: max is exact in any order, and a
+        # reduction inside the loop trips Triton 3.6's OptimizeThreadLocality pass (assertion) at large V
+        m2 = tl.full([BR, BC], float("-inf"), tl.float32)
+        p2 = tl.zeros([BR, BC], dtype=tl.int32)
+        z2 = tl.zeros([BR, BC], dtype=tl.int32)
         for c0 in range(0, n_chunks, BC):
             ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
             offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
-            m = tl.maximum(m, tl.max(tl.load(m_ptr + offs, mask=ok, other=float("-inf")), axis=1))
-            poisoned = tl.maximum(poisoned, tl.max(tl.load(p_ptr + offs, mask=ok, other=0), axis=1))
-            pos_zero = tl.maximum(pos_zero, tl.max(tl.load(z_ptr + offs, mask=ok, other=0), axis=1))
+            m2 = tl.maximum(m2, tl.load(m_ptr + offs, mask=ok, other=float("-inf")))
+            p2 = tl.maximum(p2, tl.load(p_ptr + offs, mask=ok, other=0))
+            z2 = tl.maximum(z2, tl.load(z_ptr + offs, mask=ok, other=0))
+        m = tl.max(m2, axis=1)
+        poisoned = tl.max(p2, axis=1)
+        pos_zero = tl.max(z2, axis=1)
         m = common.finish_max(m, poisoned, pos_zero)
         empty = m == float("-inf")
         tl.store(shift_ptr + rows, tl.where(empty, 0.0, m), mask=row_ok)
