@@ -44,7 +44,11 @@ def interpreter_problem() -> str | None:
                 f"installed: triton {triton.__version__}")
     a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
     out = torch.empty(1, dtype=torch.float32)
-    _fma_probe[(1,)](a, out, **STRICT_OPTIONS)
+    try:
+        _fma_probe[(1,)](a, out, **STRICT_OPTIONS)
+    except RuntimeError as e:  # e.g. TRITON_INTERPRET set after this process created its Triton kernels
+        return (f"the Triton interpreter could not run a probe kernel ({e}); set TRITON_INTERPRET=1 before "
+                "triton is imported")
     want = 2.0 ** -11 + 2.0 ** -24
     if float(out[0]) != want:
         return (f"the Triton interpreter's tl.fma rounds twice ((1+2**-12)**2 - 1 gave {float(out[0])!r}, "
