@@ -25,16 +25,13 @@ from importlib import metadata
 
 import torch
 
-from hal.backend import LEVELS, Backend
-from hal.spec import STRICT
+from hal.backend import Backend
+
+from .triton import FoundationOps, _interpreting
 
 MIN_INTERPRETER = (3, 9)          # community Triton's interpreter: single-rounding tl.fma
 DEVICE_GLOB = "/dev/davinci[0-9]*"  # one device file per NPU, created by the Ascend driver
 CANN_ENV = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")  # exported by CANN's set_env.sh
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -121,11 +118,6 @@ def enable_npu() -> None:
         raise BackendUnavailable(f"ascend: {why}")
 
 
-def _kernels():
-    from hal.kernels.triton import matmul, rms_norm, softmax, token_logprobs
-    return matmul, rms_norm, softmax, token_logprobs
-
-
 @contextlib.contextmanager
 def _on(t: torch.Tensor):
     """Launch on the tensor's NPU as the Ascend variant of the kernels."""
@@ -138,53 +130,15 @@ def _on(t: torch.Tensor):
             yield
 
 
-class AscendBackend(Backend):
+class AscendBackend(FoundationOps, Backend):
     name = "ascend"
     device_types = ("npu",)
     priority = 10
     description = ("strict specs as the Triton kernels' Ascend variant through triton-ascend (persistent grid "
                    "<= vector cores, fma/int64 division and sqrt); NPU, or CPU through TRITON_INTERPRET=1")
     #: conformance families whose Triton kernels exist (the same set as the triton backend's)
-    families = {"matmul", "rms_norm", "softmax", "token_logprobs"}
+    families = FoundationOps.families
+    launch_on = staticmethod(_on)
 
     def unavailable_reason(self) -> str | None:
         return _interpreter_reason() if _interpreting() else _npu_reason()
-
-    def supports(self, op, spec, dtype, device):
-        reasons = super().supports(op, spec, dtype, device)
-        if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
-            reasons = [r for r in reasons if "serves devices" not in r]
-        return reasons
-
-    def claimed_levels(self, family, spec):
-        if family in self.families and spec.policy == STRICT:
-            return frozenset(LEVELS)
-        return frozenset()
-
-    def matmul(self, a, b, spec):
-        with _on(a):
-            return _kernels()[0].matmul(a, b, spec)
-
-    def linear(self, x, weight, bias, spec):
-        with _on(x):
-            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
-
-    def rms_norm(self, x, weight, eps, residual, spec):
-        with _on(x):
-            return _kernels()[1].rms_norm(x, weight, eps, residual, spec)
-
-    def softmax(self, x, spec):
-        with _on(x):
-            return _kernels()[2].softmax(x, spec)
-
-    def log_softmax(self, x, spec):
-        with _on(x):
-            return _kernels()[2].log_softmax(x, spec)
-
-    def logsumexp(self, x, spec):
-        with _on(x):
-            return _kernels()[2].logsumexp(x, spec)
-
-    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        with _on(hidden):
-            return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)

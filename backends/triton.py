@@ -50,7 +50,54 @@ def _on(t: torch.Tensor):
         yield
 
 
-class TritonBackend(SequenceOps, Backend):
+class FoundationOps:
+    """The foundation ops (matmul/linear, rms_norm, softmax family, token_logprobs) as the strict Triton
+    kernels, shared by the triton and ascend backends: each says where kernels launch (``launch_on``)
+    and which conformance ``families`` it claims."""
+
+    families: set = {"matmul", "rms_norm", "softmax", "token_logprobs"}
+
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
+            reasons = [r for r in reasons if "serves devices" not in r]
+        return reasons
+
+    def claimed_levels(self, family, spec):
+        if family in self.families and spec.policy == STRICT:
+            return frozenset(LEVELS)
+        return frozenset()
+
+    def matmul(self, a, b, spec):
+        with self.launch_on(a):
+            return _kernels()[0].matmul(a, b, spec)
+
+    def linear(self, x, weight, bias, spec):
+        with self.launch_on(x):
+            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        with self.launch_on(x):
+            return _kernels()[1].rms_norm(x, weight, eps, residual, spec)
+
+    def softmax(self, x, spec):
+        with self.launch_on(x):
+            return _kernels()[2].softmax(x, spec)
+
+    def log_softmax(self, x, spec):
+        with self.launch_on(x):
+            return _kernels()[2].log_softmax(x, spec)
+
+    def logsumexp(self, x, spec):
+        with self.launch_on(x):
+            return _kernels()[2].logsumexp(x, spec)
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        with self.launch_on(hidden):
+            return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)
+
+
+class TritonBackend(SequenceOps, FoundationOps, Backend):
     name = "triton"
     device_types = ("cuda",)
     priority = 10
@@ -58,7 +105,8 @@ class TritonBackend(SequenceOps, Backend):
                    "through TRITON_INTERPRET=1 for verification")
     #: conformance families whose ops this backend implements under the strict policy (the attention /
     #: GDN kernels add theirs here).
-    families = {"matmul", "rms_norm", "softmax", "token_logprobs"} | _SEQ_FAMILIES
+    families = FoundationOps.families | _SEQ_FAMILIES
+    launch_on = staticmethod(_on)
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("triton") is None:
@@ -79,42 +127,3 @@ class TritonBackend(SequenceOps, Backend):
             return ("no CUDA device (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 to run the "
                     "kernels on CPU in the Triton interpreter (verification only, slow)")
         return None
-
-    def supports(self, op, spec, dtype, device):
-        reasons = super().supports(op, spec, dtype, device)
-        if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
-            reasons = [r for r in reasons if "serves devices" not in r]
-        return reasons
-
-    def claimed_levels(self, family, spec):
-        if family in self.families and spec.policy == STRICT:
-            return frozenset(LEVELS)
-        return frozenset()
-
-    def matmul(self, a, b, spec):
-        with _on(a):
-            return _kernels()[0].matmul(a, b, spec)
-
-    def linear(self, x, weight, bias, spec):
-        with _on(x):
-            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
-
-    def rms_norm(self, x, weight, eps, residual, spec):
-        with _on(x):
-            return _kernels()[1].rms_norm(x, weight, eps, residual, spec)
-
-    def softmax(self, x, spec):
-        with _on(x):
-            return _kernels()[2].softmax(x, spec)
-
-    def log_softmax(self, x, spec):
-        with _on(x):
-            return _kernels()[2].log_softmax(x, spec)
-
-    def logsumexp(self, x, spec):
-        with _on(x):
-            return _kernels()[2].logsumexp(x, spec)
-
-    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        with _on(hidden):
-            return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)

@@ -2,26 +2,13 @@
 
 :class:`SequenceOps` is a mixin of backend methods with the signatures of backends/reference.py;
 ``backends/triton.py``'s ``TritonBackend`` inherits it (and adds :data:`FAMILIES` to the conformance
-families it claims). The kernels are imported on first use, so importing this module imports no
+families it claims); the backend's ``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
 triton. float64 inputs are not served (the reference runs the float64 oracle for gradcheck).
 """
 from __future__ import annotations
 
-import contextlib
-
-import torch
-
 #: conformance families these methods implement under the strict policy
 FAMILIES = {"attention", "gated_delta_rule", "gdn_layer"}
-
-
-@contextlib.contextmanager
-def _on(t: torch.Tensor):
-    if t.device.type == "cuda":
-        with torch.cuda.device(t.device):
-            yield
-    else:
-        yield
 
 
 def _attn():
@@ -36,27 +23,27 @@ def _gdn():
 
 class SequenceOps:
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-        with _on(q):
+        with self.launch_on(q):
             return _attn().flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec)
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                 num_splits, spec):
-        with _on(q):
+        with self.launch_on(q):
             return _attn().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal,
                                                    window, num_splits, spec)
 
     # both op names compute the one spec's bits (the spec, not the op, picks serial or chunked)
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
-        with _on(v):
+        with self.launch_on(v):
             return _gdn().gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
 
     def fused_recurrent_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         return self.chunk_gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        with _on(a):
+        with self.launch_on(a):
             return _gdn().gdn_gating(A_log, a, dt_bias, b)
 
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        with _on(x):
+        with self.launch_on(x):
             return _gdn().causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
