@@ -381,10 +381,6 @@ class GatedDeltaRuleSpec(OpSpec):
 
 
 
-_NAN_WORDS = ("NaN: every NaN of an output is the canonical pattern (float32 0x7FC00000, bfloat16 0x7FC0, "
-              "float16 0x7E00), whatever NaN the arithmetic produced")
-
-
 @dataclass(frozen=True)
 class ElementwiseSpec(OpSpec):
     """sigmoid, silu, softplus and silu_mul (SwiGLU): each value alone, in float32, with lsm1 exp/log.
@@ -393,7 +389,6 @@ class ElementwiseSpec(OpSpec):
     """
 
     family: ClassVar[str] = "elementwise"
-    version: int = 2
 
     def _id_parts(self):
         return [MATH_VERSION]
@@ -412,7 +407,6 @@ class ElementwiseSpec(OpSpec):
             "to float32, then once to the output dtype",
             "exp's argument is clamped to [-110, 100] inside lsm1 exp (exact 0 / inf beyond), so +-88, +-100, "
             "+-1e30 follow IEEE: e.g. sigmoid(-100) = 1 / inf = 0, silu(-88) is a normal float32, no flush to zero",
-            _NAN_WORDS,
         ]
 
 
@@ -424,7 +418,6 @@ class RotarySpec(OpSpec):
     """
 
     family: ClassVar[str] = "rotary"
-    version: int = 2
 
     def _id_parts(self):
         return [MATH_VERSION]
@@ -450,7 +443,6 @@ class RotarySpec(OpSpec):
             "x, cos, sin widened exactly to float32",
             "out1 = fma(x1, cos, -(x2 * sin)), out2 = fma(x2, cos, x1 * sin) (each product rounded once, then one "
             "fma), written back to the pair's positions; rounded once to x's dtype; dims >= R copied unchanged",
-            _NAN_WORDS,
         ]
 
 
