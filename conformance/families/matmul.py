@@ -58,6 +58,15 @@ def _special(x: dict, dtype: torch.dtype) -> dict:
     return {"a": a, "b": b, "bias": bias}
 
 
+def place_nonfinite(x: dict) -> None:
+    """NaN and inf in rows and columns of a [6, 70] a and [70, 9] b (in place): every output NaN is canonical."""
+    x["a"][1, 3] = float("nan")       # row 1: NaN
+    x["a"][2, 65] = float("inf")      # row 2: +-inf, in the short last K tile
+    x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
+    x["b"][0, 4] = 0.0
+    x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+
+
 class MatmulFamily(Family):
     def cases(self):
         cases = [Case("matmul", f"m{m}_k{k}_n{n}", dt, DEFAULTS["matmul"], (("m", m), ("k", k), ("n", n)))
@@ -75,11 +84,7 @@ class MatmulFamily(Family):
         if case.p.get("special"):
             return _special(x, case.dtype)
         if (m, k, n) == NAN_SHAPE:
-            x["a"][1, 3] = float("nan")       # row 1: NaN
-            x["a"][2, 65] = float("inf")      # row 2: +-inf, in the short last K tile
-            x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
-            x["b"][0, 4] = 0.0
-            x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+            place_nonfinite(x)
         return x
 
     def run(self, backend, case, inputs):

@@ -14,7 +14,7 @@ from hal.spec import ExactMatmulSpec
 
 from .. import inputs as gen
 from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
-from .matmul import _call, _column_subset
+from .matmul import _call, _column_subset, place_nonfinite
 
 SPECS = (ExactMatmulSpec(slices=3), ExactMatmulSpec(slices=4))
 # (name, M, K, N, outlier channels): decode row, odd K, K past one int32-safe tile of 64, massive activations
@@ -38,11 +38,7 @@ class MatmulExactFamily(Family):
              "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
              "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
         if case.name.endswith("nonfinite"):   # the matmul family's NaN/Inf placement
-            x["a"][1, 3] = float("nan")       # row 1: NaN
-            x["a"][2, 65] = float("inf")      # row 2: +-inf
-            x["a"][3, 0] = float("inf")       # row 3: inf * 0 = NaN in column 4
-            x["b"][0, 4] = 0.0
-            x["b"][7, 6] = float("nan")       # column 6: NaN in every row
+            place_nonfinite(x)
         return x
 
     def run(self, backend, case, inputs):
