@@ -28,7 +28,7 @@ from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fuse
 from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus
 from .aten_mode import aten_mode
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "rl", "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
