@@ -20,7 +20,7 @@ import torch
 
 from . import validate as chk
 from .errors import InputError
-from .kv_cache import append_kv, capacity as cache_capacity, token_slots
+from .kv_cache import append_kv, capacity as cache_capacity, gather_kv, token_slots
 from .ops import _prepare
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
@@ -86,6 +86,31 @@ def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float
     dest = (cu[:-1].reshape(-1, 1) + i)[valid]
     out[dest] = xp[valid]
     return out
+
+
+def varlen_via_padded(attend_padded, q, k, v, cu_q, cu_k, *args, **kwargs):
+    """A varlen attention from a padded one: packed q [Tq, Hq, D], k, v [Tk, Hkv, D] are padded to the real
+    longest sequence (max_seqlen_* may be generous bounds), ``attend_padded(qp, kp, vp, qlen, klen, *args)``
+    runs, and the rows go back packed: (out [Tq, Hq, D], lse [Hq, Tq]). Exact copies only."""
+    max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))
+    qp, qlen = varlen_to_padded(q, cu_q, max_q)
+    kp, klen = varlen_to_padded(k, cu_k, max_k)
+    vp, _ = varlen_to_padded(v, cu_k, max_k)
+    out, lse = attend_padded(qp, kp, vp, qlen, klen, *args, **kwargs)
+    return (padded_to_varlen(out, cu_q, q.shape[0]),
+            padded_to_varlen(lse, cu_q, q.shape[0], float("-inf")).transpose(0, 1).contiguous())
+
+
+def kvcache_via_padded(attend_padded, q, k_cache, v_cache, seqlens_k, block_table, *args, **kwargs):
+    """q [B, Sq, Hq, D] against a contiguous or paged cache through a padded attention: the cached keys are
+    gathered (an exact copy), the queries are the last Sq positions -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
+    bsz, sq = q.shape[:2]
+    max_k = int(seqlens_k.max()) if bsz else 0
+    kp = gather_kv(k_cache, seqlens_k, block_table, max_k)
+    vp = gather_kv(v_cache, seqlens_k, block_table, max_k)
+    qlen = torch.full((bsz,), sq, dtype=torch.int64)
+    out, lse = attend_padded(q, kp, vp, qlen, seqlens_k, *args, **kwargs)
+    return out, lse.transpose(1, 2).contiguous()
 
 
 # ------------------------------------------------------------------ validation

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hal.attention import key_visibility, padded_to_varlen, query_positions, varlen_to_padded
-from hal.kv_cache import gather_kv
+from hal.attention import key_visibility, kvcache_via_padded, query_positions, varlen_via_padded
 
 from .host import F32, finish, raw
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
@@ -154,22 +153,11 @@ def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
 
 
 def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-    max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))
-    qp, qlen = varlen_to_padded(q, cu_q, max_q)
-    kp, klen = varlen_to_padded(k, cu_k, max_k)
-    vp, _ = varlen_to_padded(v, cu_k, max_k)
-    out, lse = attend_padded(qp, kp, vp, qlen, klen, scale, causal, window, spec)
-    return (padded_to_varlen(out, cu_q, q.shape[0]),
-            padded_to_varlen(lse, cu_q, q.shape[0], float("-inf")).transpose(0, 1).contiguous())
+    return varlen_via_padded(attend_padded, q, k, v, cu_q, cu_k, scale, causal, window, spec)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):
     # num_splits changes how a split-KV kernel schedules work, never the bits: the splits are
     # merged in the spec's order either way, so this kernel ignores it.
-    bsz, sq = q.shape[:2]
-    max_k = int(seqlens_k.max()) if bsz else 0
-    kp = gather_kv(k_cache, seqlens_k, block_table, max_k)
-    vp = gather_kv(v_cache, seqlens_k, block_table, max_k)
-    qlen = torch.full((bsz,), sq, dtype=torch.int64)
-    out, lse = attend_padded(q, kp, vp, qlen, seqlens_k, scale, causal, window, spec)
-    return out, lse.transpose(1, 2).contiguous()
+    return kvcache_via_padded(attend_padded, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                              spec)
