@@ -97,7 +97,43 @@ class FoundationOps:
             return _kernels()[3].token_logprobs(hidden, weight, tokens, temperature, spec)
 
 
-class TritonBackend(SequenceOps, FoundationOps, Backend):
+def _elementwise():
+    from hal.kernels.triton import elementwise
+    return elementwise
+
+
+class ElementwiseOps:
+    """sigmoid / silu / softplus / silu_mul and rotary as the strict Triton kernels (kernels/triton/elementwise.py);
+    a mixin like FoundationOps (the backend names ``launch_on``)."""
+
+    families: set = {"elementwise", "rotary"}
+
+    def sigmoid(self, x, spec):
+        with self.launch_on(x):
+            return _elementwise().sigmoid(x, spec)
+
+    def silu(self, x, spec):
+        with self.launch_on(x):
+            return _elementwise().silu(x, spec)
+
+    def softplus(self, x, spec):
+        with self.launch_on(x):
+            return _elementwise().softplus(x, spec)
+
+    def silu_mul(self, a, b, spec):
+        with self.launch_on(a):
+            return _elementwise().silu_mul(a, b, spec)
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        with self.launch_on(positions):
+            return _elementwise().rotary_cos_sin(positions, rotary_dim, base, inv_freq, spec)
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        with self.launch_on(x):
+            return _elementwise().apply_rotary(x, cos, sin, interleaved, spec)
+
+
+class TritonBackend(ElementwiseOps, SequenceOps, FoundationOps, Backend):
     name = "triton"
     device_types = ("cuda",)
     priority = 10
@@ -105,7 +141,7 @@ class TritonBackend(SequenceOps, FoundationOps, Backend):
                    "through TRITON_INTERPRET=1 for verification")
     #: conformance families whose ops this backend implements under the strict policy (the attention /
     #: GDN kernels add theirs here).
-    families = FoundationOps.families | _SEQ_FAMILIES
+    families = FoundationOps.families | _SEQ_FAMILIES | ElementwiseOps.families
     launch_on = staticmethod(_on)
 
     def unavailable_reason(self) -> str | None:

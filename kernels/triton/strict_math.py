@@ -224,6 +224,85 @@ def log(x, NPU: tl.constexpr = False):
     return tl.where(x != x, x, y)
 
 
+# ---- lsm1 sin / cos (reference ``sincos``: same constants, same steps, floor_small for floor) ------------
+
+SINCOS_LIMIT = tl.constexpr(16777216.0)          # 2**24: the domain is |x| < 2**24
+TWO_OVER_PI = tl.constexpr(0.6366197466850281)   # 0x3F22F983
+PIO2_1 = tl.constexpr(1.5707963705062866)        # 0x3FC90FDB  pi/2 = PIO2_1 + PIO2_2 + PIO2_3
+PIO2_2 = tl.constexpr(-4.371138828673793e-08)    # 0xB33BBD2E
+PIO2_3 = tl.constexpr(-1.7151245100058819e-15)   # 0xA6F72CED
+SIN_C11 = tl.constexpr(-2.5052107943679403e-08)  # 0xB2D7322B  -1/11!
+SIN_C9 = tl.constexpr(2.7557318844628753e-06)    # 0x3638EF1D   1/9!
+SIN_C7 = tl.constexpr(-0.00019841270113829523)   # 0xB9500D01  -1/7!
+SIN_C5 = tl.constexpr(0.008333333767950535)      # 0x3C088889   1/5!
+SIN_C3 = tl.constexpr(-0.1666666716337204)       # 0xBE2AAAAB  -1/3!
+COS_C12 = tl.constexpr(2.0876755879584152e-09)   # 0x310F76C7   1/12!
+COS_C10 = tl.constexpr(-2.755731998149713e-07)   # 0xB493F27E  -1/10!
+COS_C8 = tl.constexpr(2.4801587642286904e-05)    # 0x37D00D01   1/8!
+COS_C6 = tl.constexpr(-0.0013888889225199819)    # 0xBAB60B61  -1/6!
+COS_C4 = tl.constexpr(0.0416666679084301)        # 0x3D2AAAAB   1/4!
+
+
+@triton.jit
+def _quarter_turns(x):
+    """floor(fma(x, 2/pi, 0.5)): the nearest multiple of pi/2, up to the product's rounding."""
+    return floor_small(tl.fma(x, TWO_OVER_PI, 0.5))
+
+
+@triton.jit
+def _reduce_pio2(x, k):
+    """x - k*pi/2 as three fma with pi/2 = PIO2_1 + PIO2_2 + PIO2_3."""
+    nk = -k
+    r = tl.fma(nk, PIO2_1, x)
+    r = tl.fma(nk, PIO2_2, r)
+    return tl.fma(nk, PIO2_3, r)
+
+
+@triton.jit
+def sincos(x):
+    """lsm1 (sin x, cos x) for float32 |x| < 2**24 (reference ``sincos``); NaN, +-inf and |x| >= 2**24 give
+    NaN; sin(+-0) = +-0. k is corrected once (x * 2/pi can be off by more than 1/2 for large x); the
+    quadrant q = k - 4*floor(k/4) is exact float32 arithmetic on the integer-valued k."""
+    finite = tl.abs(x) < SINCOS_LIMIT  # False for NaN and +-inf too
+    xf = tl.where(finite, x, 0.0)
+    k = _quarter_turns(xf)
+    r = _reduce_pio2(xf, k)
+    k = k + _quarter_turns(r)
+    r = _reduce_pio2(xf, k)
+    z = r * r
+    p = tl.fma(SIN_C11 + tl.zeros_like(z), z, SIN_C9)
+    p = tl.fma(p, z, SIN_C7)
+    p = tl.fma(p, z, SIN_C5)
+    p = tl.fma(p, z, SIN_C3)
+    s = tl.fma(r * z, p, r)
+    q = tl.fma(COS_C12 + tl.zeros_like(z), z, COS_C10)
+    q = tl.fma(q, z, COS_C8)
+    q = tl.fma(q, z, COS_C6)
+    q = tl.fma(q, z, COS_C4)
+    q = tl.fma(q, z, -0.5)
+    c = tl.fma(z, q, 1.0)
+    quad = k - 4.0 * floor_small(k * 0.25)  # k mod 4 in {0, 1, 2, 3}
+    swap = (quad == 1.0) | (quad == 3.0)
+    sin = tl.where(swap, c, s)
+    cos = tl.where(swap, s, c)
+    sin = tl.where((quad == 2.0) | (quad == 3.0), -sin, sin)
+    cos = tl.where((quad == 1.0) | (quad == 2.0), -cos, cos)
+    sin = tl.where(x == 0.0, x, sin)  # keeps the sign of zero
+    nan = float("nan")
+    return tl.where(finite, sin, nan), tl.where(finite, cos, nan)
+
+
+@triton.jit
+def widen(x):
+    """float32, bfloat16 or float16 x as float32, exactly. bfloat16 by its bits: the interpreter's
+    bfloat16 -> float32 cast mangles subnormals (0x0016 became 0x00300000 in Triton 3.9); the shift is
+    exact everywhere."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
 @triton.jit
 def canonical_nan(x):
     """float32 x with every NaN replaced by 0x7FC00000 (kept as float32)."""
