@@ -26,10 +26,10 @@ def test_importing_hal_does_not_import_triton():
 def test_registered_and_claims_its_families():
     b = hal.get_backend("triton")
     assert b.device_types == ("cuda",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule"):
+    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule", "elementwise",
+                "rotary"):
         assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
     assert b.claimed_levels("gdn_layer", DEFAULTS["gated_delta_rule"]) == frozenset(hal.LEVELS)
-    assert b.claimed_levels("elementwise", DEFAULTS["elementwise"]) == frozenset()  # no Triton kernels yet
 
 
 def test_never_chosen_automatically_for_cpu_tensors(monkeypatch):

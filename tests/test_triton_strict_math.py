@@ -38,11 +38,11 @@ def test_strict_math_matches_reference_bits():
     r = _run()
     assert r.returncode == 0, r.stdout + r.stderr
     lines = {ln.split(":")[0]: ln for ln in r.stdout.splitlines() if " inputs, " in ln}
-    for name in ("exp", "log", "log(|x|)", "div", "sqrt", "fma", "bf16", "fp16"):
+    for name in ("exp", "log", "log(|x|)", "div", "sqrt", "fma", "sin", "cos", "widen(bf16)", "bf16", "fp16"):
         assert lines[name].endswith(" 0 differ"), lines[name]
 
 
-@pytest.mark.parametrize("variant", ["log_fused", "tl_exp"])
+@pytest.mark.parametrize("variant", ["log_fused", "tl_exp", "tl_sin"])
 def test_negative_controls_are_caught(variant):
     # log with the contraction fp fusion makes, and Triton's own exp: the same comparison must see them
     r = _run("--variant", variant)

@@ -80,6 +80,14 @@ def _unary(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, NPU:
     elif OP == "fp16":
         r = sm.round_out(x, tl.float16, NPU).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         r = r.to(tl.float32, bitcast=True)
+    elif OP == "sin":
+        r = sm.canonical_nan(sm.sincos(x)[0])
+    elif OP == "cos":
+        r = sm.canonical_nan(sm.sincos(x)[1])
+    elif OP == "widen":  # bfloat16 -> float32 by the bits (the interpreter's cast mangles subnormals)
+        r = sm.canonical_nan(sm.widen(sm.round_to_bf16(x)))
+    elif OP == "tl_sin":  # negative control: Triton's own sin
+        r = sm.canonical_nan(tl.sin(x))
     elif OP == "div_seed":  # negative control
         r = sm.canonical_nan(_div_seed(x, y))
     elif OP == "log_fused":  # negative control
@@ -143,9 +151,19 @@ def div_cases(g) -> tuple[torch.Tensor, torch.Tensor]:
     return dx.float(), dy.float()
 
 
+def angles(g) -> torch.Tensor:
+    """sin/cos arguments over the whole domain |x| < 2**24: uniform, log-uniform, near multiples of pi/2."""
+    uni = (torch.rand(1 << 13, generator=g, dtype=torch.float64) * 2 - 1) * 2.0 ** 24
+    logu = torch.exp2(torch.rand(1 << 13, generator=g, dtype=torch.float64) * 48 - 24) * torch.sign(torch.randn(1 << 13, generator=g))
+    k = torch.randint(-2 ** 22, 2 ** 22, (1 << 12,), generator=g).double()
+    near = k * (torch.pi / 2)
+    edge = torch.tensor([2.0 ** 24, -2.0 ** 24, 2.0 ** 24 - 1, 2.0 ** 21 + 0.5, 1e-40, -1e-40], dtype=torch.float64)
+    return torch.cat([uni, logu, near, edge]).float()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", choices=["log_fused", "tl_exp", "div_seed"], default=None,
+    ap.add_argument("--variant", choices=["log_fused", "tl_exp", "div_seed", "tl_sin"], default=None,
                     help="negative control: run a deliberately wrong variant; it must differ")
     ap.add_argument("--npu", action="store_true", help="the Ascend variants (NPU=True)")
     args = ap.parse_args()
@@ -166,13 +184,14 @@ def main() -> int:
         print(f"div_seed: {x.numel()} inputs, {diff} differ")
         return 0 if diff else 1
     if args.variant is not None:
-        fn, arg = (ref.log, pos) if args.variant == "log_fused" else (ref.exp, x)
+        fn, arg = {"log_fused": (ref.log, pos), "tl_exp": (ref.exp, x), "tl_sin": (ref.sin, angles(g))}[args.variant]
         got = run(args.variant, arg)
         want = torch.where(arg > 0, canon32(fn(arg)), 0) if args.variant == "log_fused" else canon32(fn(arg))
         diff = int((got != want).sum())
-        print(f"{args.variant}: {x.numel()} inputs, {diff} differ")
+        print(f"{args.variant}: {arg.numel()} inputs, {diff} differ")
         return 0 if diff else 1  # a negative control passes when the check sees the difference
     dx, dy = div_cases(g)
+    ang = torch.cat([x, angles(g)])
     checks = {
         "exp": (run("exp", x), canon32(ref.exp(x))),
         "log": (run("log", x), canon32(ref.log(x))),
@@ -183,6 +202,9 @@ def main() -> int:
         "sqrt": (run("sqrt", x), canon32(torch.sqrt(x.double()).float())),
         "div(subnormal results)": (run("div", dx, dy), canon32(dx / dy)),
         "fma": (run("fma", x, y), canon32(ref.fma_exact(x, y, x))),
+        "sin": (run("sin", ang), canon32(ref.sin(ang))),
+        "cos": (run("cos", ang), canon32(ref.cos(ang))),
+        "widen(bf16)": (run("widen", x), canon32(x.to(torch.bfloat16).float())),
         "bf16": (run("bf16", x), rne16_ref(x, torch.bfloat16)),
         "fp16": (run("fp16", x), rne16_ref(x, torch.float16)),
     }

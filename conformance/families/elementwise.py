@@ -148,4 +148,7 @@ FAMILY = ElementwiseFamily(
         "L1": [("rows", _rowwise), ("alone", _alone), ("filled", _filled), ("layouts", _layouts)],
         "L3": autograd_check(_call, ("x", "a", "b")),
     },
+    # quick: each op and dtype once; w = 4099 crosses the Triton kernels' 1024-element blocks into a short tail
+    quick=("sigmoid_n7_w129.fp32", "silu_n1_w4099.bf16", "softplus_n1_w4099.fp32", "softplus_n7_w129.fp16",
+           "silu_mul_n7_w129.bf16", "silu_mul_n1_w4099.fp16"),
 )

@@ -210,4 +210,8 @@ FAMILY = RotaryFamily(
                ("rows", _rows), ("per-token", _per_token), ("layouts", _layouts)],
         "L3": autograd_check(_call, ("x", "cos", "sin", "inv_freq")),
     },
+    # quick: positions up to 2**24 - 1, a caller's inv_freq, partial rotary (pass-through dims) in both pair
+    # layouts, each dtype
+    quick=("table_large_r128.fp32", "table_invfreq_r96.fp32", "apply_half_t17_h2_d80_r32.bf16",
+           "apply_interleaved_t17_h2_d80_r32.fp16", "apply_half_t9_h3_d128_r128_largepos.fp32"),
 )

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
 from hal.kernels.reference.strict_math import canonical_nan
-from . import strict_math as sm
+from . import elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
 from .launch import launch
 
 F32 = torch.float32
@@ -303,26 +303,15 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
 
 
 @triton.jit
-def _softplus(x):
-    """max(x, 0) + log1p(exp(-|x|)), the reference's steps (Goldberg's log1p correction as one fma)."""
-    m = tl.where(x < 0.0, 0.0, x)
-    e = sm.exp(-tl.abs(x))
-    w = 1.0 + e
-    tiny = w == 1.0
-    safe = tl.where(tiny, 1.0, w)
-    return tl.where(tiny, m + e, tl.fma(sm.log(safe), sm.div(e, safe - 1.0), m))
-
-
-@triton.jit
 def _gating_kernel(A_LOG, A, DT_BIAS, B, G_OUT, BETA_OUT, n, HV: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     hd = i % HV
     a_log = tl.load(A_LOG + hd, mask=ok, other=0.0).to(tl.float32)
     x = tl.load(A + i, mask=ok, other=0.0).to(tl.float32) + tl.load(DT_BIAS + hd, mask=ok, other=0.0).to(tl.float32)
-    g = -(sm.exp(a_log) * _softplus(x))
+    g = -(sm.exp(a_log) * ew.softplus_f32(x))
     b = tl.load(B + i, mask=ok, other=0.0).to(tl.float32)
-    beta = sm.div(1.0, 1.0 + sm.exp(-b))
+    beta = ew.sigmoid_f32(b)
     tl.store(G_OUT + i, sm.canonical_nan(g), mask=ok)
     tl.store(BETA_OUT + i, sm.canonical_nan(beta), mask=ok)
 
@@ -361,7 +350,7 @@ def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, D: tl.constexpr, KW: tl.constex
         x = tl.load(ROWS + (base + t + i)[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
         acc = tl.fma(w[None, :], x, acc)
     if SILU:
-        acc = sm.div(acc, 1.0 + sm.exp(-acc))
+        acc = ew.silu_f32(acc)  # silu(-inf) = -0.0, the reference's limit
     tl.store(Y + (n.to(tl.int64) * lmax + t)[:, None] * D + d[None, :], sm.round_out(acc, OUT), mask=mask)
 
 

@@ -164,6 +164,24 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             "token_logprobs.sum", tlp._sum_kernel,
             {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
              "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk))
+    from . import elementwise as ew  # elementwise ops and rotary
+    for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
+        for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):
+            cases.append(KernelCase(
+                f"elementwise[{dt},op{op},silu_mul={op == ew.SILU}]", ew._unary_kernel,
+                {**_ptrs(dt, "X", "B", "Y"), **_ints("n", "n_work")},
+                {"OP": op, "HAS_B": op == ew.SILU, "OUT": tdt, "BLOCK": ew.BLOCK, "NPU": npu}))
+        cases.append(KernelCase(
+            f"rotary.apply[{dt}]", ew._rotary_kernel,
+            {**_ptrs(dt, "X", "Y"), **_ptrs("fp32", "C", "S"),
+             **_ints("n_rows", "D", "half", "d1", "d2", "d3", "c0", "c1", "c2", "c3", "c4", "s0", "s1", "s2", "s3",
+                     "s4", "n_work")},
+            {"INTERLEAVED": False, "OUT": tdt, "BR": 16, "BH": 64, "NPU": npu}))
+    for has_f in ((False,) + ((True,) if full else ())):
+        cases.append(KernelCase(
+            f"rotary.cos_sin[inv_freq={has_f}]", ew._cos_sin_kernel,
+            {"P": "*i64", **_ptrs("fp32", "F", "COS", "SIN"), **_ints("n", "half"), "r_float": "fp32",
+             "base32": "fp32", "n_work": "i32"}, {"HAS_F": has_f, "BP": 16, "BH": 64, "NPU": npu}))
     from . import seq_lint_cases  # attention and gated delta rule kernels
     cases += seq_lint_cases.cases(KernelCase, full)
     return cases
