@@ -18,6 +18,7 @@ place (an NPU device file exists), because importing torch_npu without CANN fail
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import importlib.util
 import os
@@ -27,7 +28,7 @@ import torch
 
 from hal.backend import Backend
 
-from .triton import FoundationOps, _interpreting
+from .triton import FoundationOps, _interpreting, installed_triton
 
 MIN_INTERPRETER = (3, 9)          # community Triton's interpreter: single-rounding tl.fma
 DEVICE_GLOB = "/dev/davinci[0-9]*"  # one device file per NPU, created by the Ascend driver
@@ -39,6 +40,7 @@ def _version(text: str) -> tuple[int, int]:
     return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
 
 
+@functools.lru_cache(maxsize=None)
 def triton_owners() -> list[str]:
     """Installed distributions that provide the top-level ``triton`` package (``triton`` is community
     Triton, ``triton-ascend`` Huawei's; both install into the same ``triton`` directory)."""
@@ -67,12 +69,9 @@ def npu_device_files() -> list[str]:
 
 
 def _interpreter_reason() -> str | None:
-    if importlib.util.find_spec("triton") is None:
+    version = installed_triton()  # asked once per process (dispatch asks on every call)
+    if version is None:
         return "TRITON_INTERPRET=1 needs community triton >= 3.9 (pip install 'lockstep[triton]')"
-    try:
-        version = _version(metadata.version("triton"))
-    except metadata.PackageNotFoundError:
-        version = (0, 0)
     if version < MIN_INTERPRETER:
         return (f"TRITON_INTERPRET=1 needs community triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
                 f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")

@@ -281,7 +281,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     bd = triton.next_power_of_2(d)
     n_tiles = -(-max_q // bm)
     paged = block_table is not None
-    dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
+    dummy = qlen  # an int32 tensor never read where it stands in (no allocation per call)
     bt = block_table if paged else dummy
     krow = dummy if paged else k_row0
     stride_kp = k.stride(0) if paged else 0
@@ -303,7 +303,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         wn = torch.zeros((bh, n_rows, n_splits), dtype=torch.int32, device=q.device)
         wa = torch.empty((bh, n_rows, n_splits, bd), dtype=F32, device=q.device)
     else:
-        wm = wl = wa = torch.empty(1, dtype=F32, device=q.device)
+        wm = wl = wa = lse  # never read without ONE_SPLIT
         wn = dummy
     grid = (n_tiles, n_seq * hq, n_splits if one_split else 1)
     launch(_attn_kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
@@ -318,21 +318,30 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
 
 
 def _i32(x, device):
-    return torch.as_tensor(x, dtype=torch.int32).to(device)
+    return torch.as_tensor(x, device=device).to(torch.int32)
+
+
+def _starts(n: int, step: int, device) -> torch.Tensor:
+    """int32 [0, step, 2 step, ...] (n values), made on the device: no host tensor, no copy."""
+    return torch.arange(0, n * step, step, dtype=torch.int32, device=device) if step else \
+        torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-    """Packed q [Tq, Hq, D], k, v [Tk, Hkv, D] -> out [Tq, Hq, D], lse [Hq, Tq] (the reference's contract)."""
+    """Packed q [Tq, Hq, D], k, v [Tk, Hkv, D] -> out [Tq, Hq, D], lse [Hq, Tq] (the reference's contract).
+
+    The per-sequence rows and lengths stay on the device (no host copy, no sync): max_q / max_k are the
+    caller's bounds (hal checks them >= the longest sequence); larger bounds only add programs that exit
+    at once (the row tiles and key splits sit on fixed grids, so the bits do not depend on them)."""
     dev = q.device
-    cq = cu_q.to(torch.int64).cpu()
-    ck = cu_k.to(torch.int64).cpu()
+    cq, ck = _i32(cu_q, dev), _i32(cu_k, dev)
     qlen, klen = cq[1:] - cq[:-1], ck[1:] - ck[:-1]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=F32, device=dev)
-    out = attend(q, k, v, q_row0=_i32(cq[:-1], dev), qlen=_i32(qlen, dev), klen=_i32(klen, dev),
-                 k_row0=_i32(ck[:-1], dev), block_table=None, page=1, lse=lse, lse_row0=_i32(cq[:-1], dev),
-                 lse_hstride=q.shape[0], scale=scale, causal=causal, window=window, spec=spec, num_splits=0,
-                 max_q=int(qlen.max()) if qlen.numel() else 0, max_k=int(klen.max()) if klen.numel() else 0)
+    n = qlen.shape[0]
+    out = attend(q, k, v, q_row0=cq[:-1], qlen=qlen, klen=klen, k_row0=ck[:-1], block_table=None, page=1, lse=lse,
+                 lse_row0=cq[:-1], lse_hstride=q.shape[0], scale=scale, causal=causal, window=window, spec=spec,
+                 num_splits=0, max_q=int(max_q) if n else 0, max_k=int(max_k) if n else 0)
     return out, lse
 
 
@@ -340,19 +349,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, 
     """q [B, Sq, Hq, D] against a contiguous or paged cache -> out [B, Sq, Hq, D], lse [B, Hq, Sq]."""
     dev = q.device
     bsz, sq, hq, d = q.shape
-    lens = seqlens_k.to(torch.int64).cpu()
+    lens = _i32(seqlens_k, dev)
     qf = q.contiguous().reshape(bsz * sq, hq, d)
     lse = torch.full((bsz, hq, sq), float("-inf"), dtype=F32, device=dev)
     if block_table is None:  # contiguous: sequence b's keys are rows b * capacity + j
         cap = k_cache.shape[1]
         kk = k_cache.contiguous().reshape(-1, *k_cache.shape[2:])
         vv = v_cache.contiguous().reshape(-1, *v_cache.shape[2:])
-        paged = dict(k_row0=_i32(torch.arange(bsz) * cap, dev), block_table=None, page=1)
+        paged = dict(k_row0=_starts(bsz, cap, dev), block_table=None, page=1)
     else:
         kk, vv = k_cache, v_cache
         paged = dict(k_row0=None, block_table=block_table.to(torch.int32).contiguous(), page=int(k_cache.shape[1]))
-    out = attend(qf, kk, vv, q_row0=_i32(torch.arange(bsz) * sq, dev), qlen=_i32(torch.full((bsz,), sq), dev),
-                 klen=_i32(lens, dev), **paged, lse=lse, lse_row0=_i32(torch.arange(bsz) * hq * sq, dev),
+    # one device -> host read (the longest cache sizes the key splits); every other index is made on the device
+    out = attend(qf, kk, vv, q_row0=_starts(bsz, sq, dev), qlen=torch.full((bsz,), sq, dtype=torch.int32, device=dev),
+                 klen=lens, **paged, lse=lse, lse_row0=_starts(bsz, hq * sq, dev),
                  lse_hstride=sq, scale=scale, causal=causal, window=window, spec=spec,
                  num_splits=num_splits, max_q=sq, max_k=int(lens.max()) if bsz else 0)
     return out.reshape(bsz, sq, hq, d), lse
