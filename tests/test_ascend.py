@@ -67,7 +67,7 @@ def test_importing_hal_and_the_backend_imports_neither_torch_npu_nor_triton():
 def test_registered_claims_the_triton_families():
     b = hal.get_backend("ascend")
     assert b.device_types == ("npu",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs"):
+    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary"):
         assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
     assert b.claimed_levels("attention", DEFAULTS["attention"]) == frozenset()
     assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"}

@@ -52,9 +52,9 @@ class Problem:
 
 
 def _modules():
-    from . import common, matmul, rms_norm, softmax, strict_math, token_logprobs
+    from . import common, elementwise, matmul, rms_norm, softmax, strict_math, token_logprobs
     return {"common": common, "sm": strict_math, "strict_math": strict_math, "matmul": matmul,
-            "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs}
+            "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs, "elementwise": elementwise}
 
 
 def _source_ast(fn) -> ast.FunctionDef:
@@ -135,8 +135,8 @@ def lint_function(fn, module=None, seen=None) -> list[Problem]:
 
 def ascend_kernels() -> list:
     """Every kernel the ascend backend launches (all persistent)."""
-    from . import matmul, rms_norm, softmax, token_logprobs as tlp
-    return [matmul._matmul_kernel, matmul._gemv_partials_kernel, matmul._gemv_combine_kernel,
+    from . import elementwise as ew, matmul, rms_norm, softmax, token_logprobs as tlp
+    return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel, matmul._gemv_combine_kernel,
             rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel, tlp._stats_kernel,
             tlp._sum_kernel, tlp._finish_kernel]
 

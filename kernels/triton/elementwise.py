@@ -47,7 +47,7 @@ def softplus_f32(x, NPU: tl.constexpr = False):
     """m + log1p(e), e = exp(-|x|), m = x if x > 0 else +0.0: fma(log(w), e / (w - 1), m) with w = 1 + e
     (Goldberg's log1p), or m + e when w == 1."""
     m = tl.where(x > 0.0, x, 0.0)
-    e = sm.exp(-tl.abs(x))
+    e = sm.exp(-sm.absf(x))
     w = 1.0 + e
     tiny = w == 1.0
     safe = tl.where(tiny, 1.0, w)

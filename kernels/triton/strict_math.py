@@ -263,7 +263,7 @@ def sincos(x):
     """lsm1 (sin x, cos x) for float32 |x| < 2**24 (reference ``sincos``); NaN, +-inf and |x| >= 2**24 give
     NaN; sin(+-0) = +-0. k is corrected once (x * 2/pi can be off by more than 1/2 for large x); the
     quadrant q = k - 4*floor(k/4) is exact float32 arithmetic on the integer-valued k."""
-    finite = tl.abs(x) < SINCOS_LIMIT  # False for NaN and +-inf too
+    finite = (x < SINCOS_LIMIT) & (x > -SINCOS_LIMIT)  # |x| < 2**24; False for NaN and +-inf too
     xf = tl.where(finite, x, 0.0)
     k = _quarter_turns(xf)
     r = _reduce_pio2(xf, k)
@@ -290,6 +290,12 @@ def sincos(x):
     sin = tl.where(x == 0.0, x, sin)  # keeps the sign of zero
     nan = float("nan")
     return tl.where(finite, sin, nan), tl.where(finite, cos, nan)
+
+
+@triton.jit
+def absf(x):
+    """float32 |x| by clearing the sign bit (exact; tl.abs is outside triton-ascend's documented subset)."""
+    return (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.float32, bitcast=True)
 
 
 @triton.jit
