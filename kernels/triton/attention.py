@@ -184,7 +184,7 @@ def _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M: tl.constexpr):
     return lo, hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_ws_rows"])  # counts that change per call: no recompiles
 def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
                  stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
@@ -230,7 +230,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
             _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_ws_rows"])  # counts that change per call: no recompiles
 def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits,
                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,

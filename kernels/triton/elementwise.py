@@ -57,7 +57,7 @@ def softplus_f32(x, NPU: tl.constexpr = False):
 # ---------------------------------------------------------------- sigmoid / silu / softplus / silu_mul
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_work"])  # counts that change per call: no recompiles
 def _unary_kernel(X, B, Y, n, n_work, OP: tl.constexpr, HAS_B: tl.constexpr, OUT: tl.constexpr,
                   BLOCK: tl.constexpr, NPU: tl.constexpr):
     """Y = OP(X) (times B for silu_mul: the float32 silu times b, one rounding) over n contiguous elements."""
@@ -106,7 +106,7 @@ def silu_mul(a, b, spec=None):
 # ---------------------------------------------------------------- rotary tables
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_work"])  # counts that change per call: no recompiles
 def _cos_sin_kernel(P, F, COS, SIN, n, half, r_float, base32, n_work, HAS_F: tl.constexpr,
                     BP: tl.constexpr, BH: tl.constexpr, NPU: tl.constexpr):
     """cos/sin [n, half] float32 of angle = float32(pos) * inv_freq_i; inv_freq_i = exp(-((2i / R) * log(base)))
@@ -152,7 +152,7 @@ def rotary_cos_sin(positions, rotary_dim: int, base: float, inv_freq_, spec=None
 # ---------------------------------------------------------------- apply_rotary
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "n_work"])  # counts that change per call: no recompiles
 def _rotary_kernel(X, C, S, Y, n_rows, D, half, d1, d2, d3,
                    c0, c1, c2, c3, c4, s0, s1, s2, s3, s4, n_work,
                    INTERLEAVED: tl.constexpr, OUT: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,

@@ -92,7 +92,7 @@ def _prepare(x, scale, l2: bool, dt: int):
 # ------------------------------------------------------------------ serial
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lmax"])  # counts that change per call: no recompiles
 def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                    DV: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr):
     """QS, KN [N, Lmax, H, DK]; V, O [N, Lmax, HV, DV]; G, B [N, Lmax, HV]; S [N, HV, DK, DV] (in place)."""
@@ -133,7 +133,7 @@ def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.con
 # ------------------------------------------------------------------ chunked
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "lmax"])  # counts that change per call: no recompiles
 def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                     BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr):
@@ -330,7 +330,7 @@ def gdn_gating(A_log, a, dt_bias, b):
     return g, beta
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lmax", "n_rows"])  # counts that change per call: no recompiles
 def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, D: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """ROWS [N, K-1+L, D] (state then inputs); y[n, t] = act(fma chain from bias over taps oldest first)."""

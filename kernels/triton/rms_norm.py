@@ -41,7 +41,7 @@ def _square_chains(h, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr):
     return part
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "n_work"])  # counts that change per call: no recompiles
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_tiles, n_work,
                      HAS_RES: tl.constexpr, T: tl.constexpr, OUT_DTYPE: tl.constexpr,
                      BR: tl.constexpr, NTB: tl.constexpr, BH: tl.constexpr, REG: tl.constexpr,

@@ -61,7 +61,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
     return m_safe, s, empty
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "n_work"])  # counts that change per call: no recompiles
 def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T: tl.constexpr,
                     OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, BC: tl.constexpr,
                     REG: tl.constexpr, NPU: tl.constexpr):

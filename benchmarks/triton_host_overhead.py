@@ -1,0 +1,168 @@
+"""Per-call host overhead of the triton backend on small shapes (issue 8), for a GPU run.
+
+    python -m benchmarks.triton_host_overhead --csv host.csv            # CUDA (about a minute)
+    TRITON_INTERPRET=1 python -m benchmarks.triton_host_overhead --device cpu --quick   # smoke test only
+
+For each small-shape call (decode GEMV, rms_norm, softmax, silu_mul, rotary, decode / varlen attention)
+it reports, as medians over the repeats after warm-up:
+
+* ``wall_us``: host wall time of one call, synchronised before and after (what a Python loop pays);
+* ``host_us``: host time until the call returns, without the final sync (dispatch, validation,
+  allocations, launches: the part that CUDA graphs or a leaner host path remove);
+* ``gpu_us``: CUDA-event time of the same call (the kernels; includes launch gaps between them);
+* ``graph_us``: per-replay wall time of the call captured in a CUDA graph (no host work, "-" when the
+  call cannot be captured, e.g. it reads a value back to the host);
+* ``stock_wall_us``: the stock torch call's wall time, for scale.
+
+A call whose ``host_us`` is far above ``gpu_us`` is host-bound. On CPU (interpreter) only wall time
+means anything; the other columns are "-".
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import hal
+
+
+def _t(shape, dtype, device, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+
+def cases(device: str, quick: bool) -> list[tuple[str, Callable, Callable]]:
+    bf = torch.bfloat16
+    tri, sto = dict(backend="triton"), dict(backend="stock")
+    h, v, hq, hkv, d = (64, 64, 2, 1, 32) if quick else (4096, 4096, 32, 8, 128)
+    x1 = _t((1, h), bf, device, 1)
+    w = _t((v, h), bf, device, 2, 0.02)
+    nw = _t((h,), bf, device, 3)
+    logits = _t((4, 512 if quick else 32000), bf, device, 4)
+    gate, up = _t((4, h), bf, device, 5), _t((4, h), bf, device, 6)
+    pos = torch.arange(4, device=device)
+    q1 = _t((4, 8, hq, d), bf, device, 7)
+    cos, sin = hal.rotary_cos_sin(pos, d, backend="triton")
+    cos4, sin4 = cos[None, :, None, :].expand(4, 4, 1, d // 2), sin[None, :, None, :].expand(4, 4, 1, d // 2)
+    q1 = q1[:, :4]
+    cap = 64 if quick else 4096
+    kc, vc = _t((4, cap, hkv, d), bf, device, 8), _t((4, cap, hkv, d), bf, device, 9)
+    lens = torch.full((4,), cap // 2, dtype=torch.int32, device=device)
+    qd = _t((4, 1, hq, d), bf, device, 10)
+    cu = torch.tensor([0, 5, 9, 17], dtype=torch.int32, device=device)
+    qv, kv = _t((17, hq, d), bf, device, 11), _t((17, hkv, d), bf, device, 12)
+    return [
+        ("linear decode GEMV", lambda: hal.linear(x1, w, **tri), lambda: F.linear(x1, w)),
+        ("rms_norm 1 row", lambda: hal.rms_norm(x1, nw, 1e-6, **tri), lambda: hal.rms_norm(x1, nw, 1e-6, **sto)),
+        ("softmax 4 rows", lambda: hal.softmax(logits, **tri), lambda: torch.softmax(logits, -1)),
+        ("silu_mul 4 rows", lambda: hal.silu_mul(gate, up, **tri), lambda: F.silu(gate) * up),
+        ("rotary_cos_sin 4 positions", lambda: hal.rotary_cos_sin(pos, d, **tri), lambda: None),
+        ("apply_rotary 4x4 tokens", lambda: hal.apply_rotary(q1, cos4, sin4, **tri), lambda: None),
+        ("attention decode kvcache", lambda: hal.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, **tri),
+         lambda: None),
+        ("attention varlen 3 seqs", lambda: hal.flash_attn_varlen_func(qv, kv, kv, cu, cu, 8, 8, causal=True, **tri),
+         lambda: None),
+    ]
+
+
+def _median(fn, reps: int) -> float:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out) * 1e6
+
+
+def measure(name, ours, stock, cuda: bool, reps: int) -> dict:
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(3):  # compile and warm caches
+        ours()
+    sync()
+    row = {"op": name}
+
+    def wall():
+        sync()
+        t0 = time.perf_counter()
+        ours()
+        sync()
+        return time.perf_counter() - t0
+    row["wall_us"] = f"{statistics.median(wall() for _ in range(reps)) * 1e6:.1f}"
+    if cuda:
+        sync()
+        row["host_us"] = f"{_median(ours, reps):.1f}"  # no sync inside: host-side time only
+        sync()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            ours()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        row["gpu_us"] = f"{statistics.median(times):.1f}"
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                ours()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                ours()
+            graph.replay()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                graph.replay()
+            sync()
+            row["graph_us"] = f"{(time.perf_counter() - t0) / reps * 1e6:.1f}"
+        except Exception as e:  # e.g. a host read-back inside the call
+            row["graph_us"] = f"- ({type(e).__name__})"
+    else:
+        row.update(host_us="-", gpu_us="-", graph_us="-")
+    row["stock_wall_us"] = "-"
+    if stock() is not None:
+        def stock_wall():
+            sync()
+            t0 = time.perf_counter()
+            stock()
+            sync()
+            return time.perf_counter() - t0
+        row["stock_wall_us"] = f"{statistics.median(stock_wall() for _ in range(reps)) * 1e6:.1f}"
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.triton_host_overhead", description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, few repeats (interpreter smoke test)")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--csv", default=None)
+    args = p.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    reps = args.reps or (3 if args.quick or not cuda else 200)
+    rows = []
+    for name, ours, stock in cases(args.device, args.quick or not cuda):
+        try:
+            rows.append(measure(name, ours, stock, cuda, reps))
+        except Exception as e:  # report and go on
+            rows.append({"op": name, "wall_us": f"error: {type(e).__name__}: {e}"})
+        print("  ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    if args.csv:
+        keys = ["op", "wall_us", "host_us", "gpu_us", "graph_us", "stock_wall_us"]
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=keys, restval="")
+            wr.writeheader()
+            wr.writerows(rows)
+    return 1 if any(str(r.get("wall_us", "")).startswith("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
