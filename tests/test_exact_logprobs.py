@@ -117,3 +117,13 @@ def test_conformance_quick_reference_passes_and_stock_is_caught():
             assert not failed and all(o.cases == 1 for o in out.values()), failed
         else:
             assert {"L2", "L4"} <= failed, failed
+
+
+def test_cpu_backend_serves_exact_linear_with_reference_bits():
+    """The cpu backend now implements the exact policy (torch._int_mm) and is auto-selected for it."""
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(3, 4, 70, generator=g).half(), torch.randn(9, 70, generator=g).half(), torch.randn(9).half()
+    spec = ExactMatmulSpec(slices=3)
+    assert hal.select("linear", spec, torch.float16, torch.device("cpu")).name == "cpu"
+    assert_bits("cpu linear", hal.linear(x, w, b, spec=spec, backend="reference"), hal.linear(x, w, b, spec=spec, backend="cpu"))
+    assert_bits("cpu matmul", hal.matmul(x, w.T, spec=spec, backend="reference"), hal.matmul(x, w.T, spec=spec, backend="cpu"))
