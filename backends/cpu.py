@@ -23,15 +23,20 @@ import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.kernels import oracle
+from hal.spec import EXACT, STRICT
 
 F64 = torch.float64
 
 #: conformance families whose every op this backend implements (so it claims every level there)
-_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention")
+_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "matmul_exact", "token_logprobs_exact")
 
 
 def _kernel(module: str):
     return importlib.import_module(f"hal.kernels.cpu.{module}")
+
+
+def _exact():
+    return importlib.import_module("hal.kernels.exact.cpu")  # torch._int_mm slice products (no numba)
 
 
 _lock = threading.Lock()
@@ -57,6 +62,7 @@ class CpuBackend(Backend):
     device_types = ("cpu",)
     priority = 10
     dtypes = FLOAT_DTYPES + (F64,)
+    policies = (STRICT, EXACT)  # exact: matmul / linear and token_logprobs' logits by torch._int_mm
     description = "the strict specs compiled with numba: the reference bits, compiled (GDN ops fall back to the reference)"
 
     def unavailable_reason(self):
@@ -69,11 +75,15 @@ class CpuBackend(Backend):
 
     @_strict
     def matmul(self, a, b, spec):
-        return oracle.matmul(a, b) if a.dtype == F64 else _kernel("matmul").matmul(a, b, spec)
+        if a.dtype == F64:
+            return oracle.matmul(a, b)
+        return (_exact() if spec.policy == EXACT else _kernel("matmul")).matmul(a, b, spec)
 
     @_strict
     def linear(self, x, weight, bias, spec):
-        return oracle.linear(x, weight, bias) if x.dtype == F64 else _kernel("matmul").linear(x, weight, bias, spec)
+        if x.dtype == F64:
+            return oracle.linear(x, weight, bias)
+        return (_exact() if spec.policy == EXACT else _kernel("matmul")).linear(x, weight, bias, spec)
 
     @_strict
     def rms_norm(self, x, weight, eps, residual, spec):
@@ -97,7 +107,8 @@ class CpuBackend(Backend):
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
         if F64 in (hidden.dtype, weight.dtype):
             return oracle.token_logprobs(hidden, weight, tokens, temperature)
-        return _kernel("softmax").token_logprobs(hidden, weight, tokens, temperature, spec)
+        return _kernel("exact_logprobs" if spec.matmul else "softmax").token_logprobs(hidden, weight, tokens,
+                                                                                     temperature, spec)
 
     @_strict
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):

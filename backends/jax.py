@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
+from hal.spec import EXACT, STRICT
 
 _INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
            torch.int64: torch.int64, torch.int32: torch.int32}
@@ -40,6 +41,7 @@ class JaxBackend(Backend):
     name = "jax"
     priority = -10  # below reference (0) and every native backend: never auto-picked for them
     dtypes = FLOAT_DTYPES
+    policies = (STRICT, EXACT)  # exact: matmul / linear and token_logprobs' logits (hal/jax/exact.py)
     description = ("hal.jax on XLA: strict float32 emulated in float64 (exact fma, integer subnormal "
                    "handling); same bits as reference")
 
@@ -198,6 +200,7 @@ def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 # conformance family -> one op of it (a family is claimed when the backend implements its ops)
-_FAMILY_OP = {"elementwise": "sigmoid", "rotary": "apply_rotary", "matmul": "matmul", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
+_FAMILY_OP = {"elementwise": "sigmoid", "rotary": "apply_rotary", "matmul": "matmul", "matmul_exact": "matmul",
+              "token_logprobs_exact": "token_logprobs", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
               "attention": "flash_attn_varlen_func", "gated_delta_rule": "chunk_gated_delta_rule",
               "gdn_layer": "gdn_gating"}

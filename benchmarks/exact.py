@@ -2,6 +2,7 @@
 
     python -m benchmarks.exact            # CPU: torch._int_mm path vs F.linear and the strict k64 reference
     python -m benchmarks.exact --gpu      # CUDA: Triton int8 kernel vs cuBLAS bf16 (4096^3, M = 1..16)
+    python -m benchmarks.exact --logprobs # CPU: token_logprobs with exact logits vs the strict chain vs stock
 
 Medians of repeated calls, same process, same inputs; ratios are what to compare. The weight's
 slices are computed once (as a serving engine would, per weight) unless a row says otherwise.
@@ -57,6 +58,26 @@ def cpu_rows(k=4096, n=4096, strict_n=64):
         yield (f"{m}x{k}x{n}", f"exact s3 reference (int64 matmuls; N={strict_n} x{scale:g})", t_ref, t_ref / t_lin)
         t_strict = median_time(lambda: hal.linear(x, ws, spec=MatmulSpec(), backend="reference"), 1, 0) * scale
         yield (f"{m}x{k}x{n}", f"strict k64 reference (N={strict_n} x{scale:g})", t_strict, t_strict / t_lin)
+
+
+def logprob_rows(n=64, h=1024, v=8192):
+    """token_logprobs on CPU (bf16 inputs): stock torch, the cpu backend's strict k64 chain (numba), the
+    cpu backend's exact s4 logits (torch._int_mm; the weight is sliced inside every call)."""
+    from hal.spec import TokenLogprobsSpec
+    g = torch.Generator().manual_seed(0)
+    hid = torch.randn(n, h, generator=g).bfloat16()
+    w = (torch.randn(v, h, generator=g) * 4 * h ** -0.5).bfloat16()
+    tok = torch.randint(0, v, (n,), generator=g)
+    shape = f"N={n} H={h} V={v}"
+    t_stock = median_time(lambda: hal.token_logprobs(hid, w, tok, backend="stock"), 3)
+    yield (shape, "token_logprobs stock (F.linear fp32 + log_softmax)", t_stock, 1.0)
+    t = median_time(lambda: hal.token_logprobs(hid, w, tok, backend="cpu"), 3)
+    yield (shape, "token_logprobs strict h64 (cpu backend)", t, t / t_stock)
+    exact = TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4))
+    t = median_time(lambda: hal.token_logprobs(hid, w, tok, spec=exact, backend="cpu"), 3)
+    yield (shape, "token_logprobs exact s4 (cpu backend, weight sliced per call)", t, t / t_stock)
+    t = median_time(lambda: core.slice_rows(w, 4), 3)
+    yield (shape, "  of which: slicing the weight (s4)", t, t / t_stock)
 
 
 def gpu_rows(s_values=(3, 4)):
@@ -118,13 +139,15 @@ def gpu_rows(s_values=(3, 4)):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--logprobs", action="store_true", help="token_logprobs rows (CPU) instead of linear")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for every path (0: torch's default)")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = gpu_rows() if args.gpu else cpu_rows()
-    print(f"| shape | path | ms | vs {'cuBLAS bf16' if args.gpu else 'F.linear fp32'} |")
+    rows = gpu_rows() if args.gpu else logprob_rows() if args.logprobs else cpu_rows()
+    base = "cuBLAS bf16" if args.gpu else "stock" if args.logprobs else "F.linear fp32"
+    print(f"| shape | path | ms | vs {base} |")
     print("|---|---|---|---|")
     for shape, path, t, ratio in rows:
         r = f"{ratio:.2f}x" if isinstance(ratio, float) else ratio

@@ -49,9 +49,10 @@ class Backend:
         if dtype not in self.dtypes:
             reasons.append(f"{self.name}: dtype {dtype} not supported (supported: "
                            f"{', '.join(str(d) for d in self.dtypes)})")
-        if spec.policy not in self.policies:
-            reasons.append(f"{self.name}: implements policies {list(self.policies)}, not {spec.policy!r} "
-                           f"(spec {spec.id})")
+        missing = sorted(spec.policies_used() - set(self.policies))
+        if missing:  # e.g. a token_logprobs spec whose logits use the exact matmul
+            reasons.append(f"{self.name}: implements policies {list(self.policies)}, not "
+                           f"{', '.join(map(repr, missing))} (spec {spec.id})")
         return reasons
 
     def claimed_levels(self, family: str, spec: OpSpec) -> frozenset[str]:

@@ -73,6 +73,10 @@ class OpSpec:
     def _id_parts(self) -> list[str]:
         raise NotImplementedError
 
+    def policies_used(self) -> frozenset[str]:
+        """Every policy this spec's computation needs (a backend must implement all of them)."""
+        return frozenset((self.policy,))
+
     @property
     def id(self) -> str:
         return ".".join([self.family, self.policy, *self._id_parts(), f"v{self.version}"])
@@ -225,19 +229,46 @@ class SoftmaxSpec(OpSpec):
 
 @dataclass(frozen=True)
 class TokenLogprobsSpec(OpSpec):
-    """log p(token) from hidden states and an LM head: fp32 logits, vocab-tiled log-softmax."""
+    """log p(token) from hidden states and an LM head: fp32 logits, vocab-tiled log-softmax.
+
+    ``matmul`` chooses the logits' dot: None (default) is the strict fma chain tiled by
+    ``hidden_tile``; an :class:`ExactMatmulSpec` makes it the exact policy's order-free dot, rounded
+    once to float32 (``hidden_tile`` then does not apply and must keep its default). The id names it:
+    ``token_logprobs.strict.exact-s4.v256.lsm1.v2``.
+    """
 
     family: ClassVar[str] = "token_logprobs"
     hidden_tile: int = tile(64)
     vocab_tile: int = tile(256)
+    matmul: "ExactMatmulSpec | None" = None
+
+    def _validate(self):
+        if self.matmul is None:
+            return
+        if not isinstance(self.matmul, ExactMatmulSpec):
+            raise SpecError(f"TokenLogprobsSpec.matmul must be None (the strict chain) or an ExactMatmulSpec, "
+                            f"got {self.matmul!r}")
+        if self.hidden_tile != 64:
+            raise SpecError("TokenLogprobsSpec: hidden_tile does not apply with an exact matmul (the exact dot "
+                            "has no order); leave it at its default")
+
+    def policies_used(self):
+        return super().policies_used() | (self.matmul.policies_used() if self.matmul else frozenset())
 
     def _id_parts(self):
-        return [f"h{self.hidden_tile}", f"v{self.vocab_tile}", MATH_VERSION]
+        dot = f"h{self.hidden_tile}" if self.matmul is None else f"exact-s{self.matmul.slices}"
+        return [dot, f"v{self.vocab_tile}", MATH_VERSION]
 
     def describe(self):
+        if self.matmul is None:
+            dot = "logits[n, v] = hidden[n] . W[v] in float32: " + _reduction_words("hidden", self.hidden_tile)
+        else:
+            dot = (f"logits[n, v] = hidden[n] . W[v] under {self.matmul.id} (rows of hidden and of W sliced, "
+                   "exact integer sum in any order), rounded once to float32: `hal spec show "
+                   f"{self.matmul.id}` gives the arithmetic; a NaN/inf input follows its IEEE rule")
         return [
             _policy_words(self.policy),
-            "logits[n, v] = hidden[n] . W[v] in float32: " + _reduction_words("hidden", self.hidden_tile),
+            dot,
             "temperature: logits / T (correctly rounded division; skipped bit-exactly when T == 1)",
             f"log-softmax over the vocab as the softmax spec with tile {self.vocab_tile}",
             "output: float32 (x_token - M) - log(S), never rounded to a lower precision",
@@ -491,6 +522,7 @@ register(ExactMatmulSpec(slices=4))
 register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)
+register(TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4)))  # order-free logits (docs/exact_matmul.md)
 register(AttentionSpec(), default=True)
 register(AttentionSpec(kv_block=16, kv_split=64))  # small tiles: many blocks/splits at short lengths
 register(AttentionSpec(p_precision="input"))

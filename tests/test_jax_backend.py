@@ -125,11 +125,13 @@ QUICK_CASES = {
     "rms_norm": ["n7_h129_res.bf16"],
     "softmax": ["r5_n129.bf16"],
     "token_logprobs": ["n5_h96_v515_t0.7.bf16"],
+    "token_logprobs_exact": ["n4_h70_v300_t1.0.bf16"],  # exact matmul: tests/test_exact_jax.py
     "elementwise": ["silu_mul_n7_w129.bf16", "softplus_n7_w129.fp32"],
     "rotary": ["apply_interleaved_t17_h2_d80_r32.bf16"],
     "gdn_layer": ["b2_t9_d8_k4_hv2.bf16"],
 }
-FULL_FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention"]
+FULL_FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention",
+                 "matmul_exact", "token_logprobs_exact"]
 
 
 def _run_cases(family_name: str, wanted):

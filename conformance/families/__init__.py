@@ -11,6 +11,7 @@ MODULES = {
     "rms_norm": "hal.conformance.families.rms_norm",
     "softmax": "hal.conformance.families.softmax",
     "token_logprobs": "hal.conformance.families.token_logprobs",
+    "token_logprobs_exact": "hal.conformance.families.token_logprobs_exact",
     "attention": "hal.conformance.families.attention",
     "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
     "gdn_layer": "hal.conformance.families.gdn_layer",

@@ -84,6 +84,8 @@ def _k_zero_padded(backend, case, inputs, base):
 
 
 FAMILY = MatmulExactFamily(
+    # quick (slow backends: jax compiles per shape, the Triton interpreter): decode row, NaN/Inf, K past 4096
+    quick=("m1_k7_n5.fp32", "m6_k70_n9_nonfinite.bf16", "m3_k4097_n6.fp16"),
     name="matmul_exact", ops=("matmul", "linear"), levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={
         "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],

@@ -12,7 +12,9 @@ from jax import lax
 
 from hal import spec as specs
 
-from . import strict_math as sm
+from hal.kernels.exact import core
+
+from . import exact, strict_math as sm
 from ._api import strict_op
 
 F32 = jnp.float32
@@ -44,9 +46,13 @@ def _matmul(a, b, spec=None):
 
 
 def matmul(a, b, *, spec=None):
-    """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in a's dtype (spec: MatmulSpec)."""
+    """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in a's dtype (spec: MatmulSpec or ExactMatmulSpec)."""
     _fmt(a), _fmt(b)
-    return _matmul(a, b, spec=_spec("matmul", spec))
+    s = _spec("matmul", spec)
+    if s.policy == specs.EXACT:
+        core.check_k("a", a.shape[-1])
+        return _exact_matmul(a, b, spec=s)
+    return _matmul(a, b, spec=s)
 
 
 def _stock_linear(x, w, spec=None):
@@ -78,10 +84,39 @@ def linear(x, weight, bias=None, *, spec=None):
     """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` in x's dtype; bias added once in float32."""
     _fmt(x), _fmt(weight)
     s = _spec("matmul", spec)
+    if s.policy == specs.EXACT:
+        core.check_k("x", x.shape[-1])
+        if bias is None:
+            return _exact_linear(x, weight, spec=s)
+        _fmt(bias)
+        return _exact_linear_bias(x, weight, bias, spec=s)
     if bias is None:
         return _linear(x, weight, spec=s)
     _fmt(bias)
     return _linear_bias(x, weight, bias, spec=s)
+
+
+# exact policy (hal/jax/exact.py): rows flattened to one [M, K] matrix; gradients as the strict ops'
+
+
+def _exact_2d(x, w, bias, spec):
+    out = exact.linear(x.reshape(-1, x.shape[-1]), w, bias, spec.slices, _fmt(x))
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+@strict_op(stock=_stock_matmul, static=("spec",))
+def _exact_matmul(a, b, spec=None):
+    return _exact_2d(a, b.T, None, spec)
+
+
+@strict_op(stock=_stock_linear, static=("spec",))
+def _exact_linear(x, w, spec=None):
+    return _exact_2d(x, w, None, spec)
+
+
+@strict_op(stock=_stock_linear_bias, static=("spec",))
+def _exact_linear_bias(x, w, bias, spec=None):
+    return _exact_2d(x, w, bias, spec)
 
 
 # ------------------------------------------------------------------ rms_norm
@@ -193,7 +228,10 @@ def _stock_tlp(hidden, weight, tokens, temperature=1.0, spec=None):
 
 @strict_op(stock=_stock_tlp, static=("temperature", "spec"))
 def _token_logprobs(hidden, weight, tokens, temperature=1.0, spec=None):
-    logits = sm.tiled_dot(sm.widen(hidden)[..., None, :], sm.widen(weight), spec.hidden_tile)
+    if spec.matmul is not None:  # the exact policy's order-free dot, rounded once to float32
+        logits = exact.logits(hidden, weight, spec.matmul.slices)
+    else:
+        logits = sm.tiled_dot(sm.widen(hidden)[..., None, :], sm.widen(weight), spec.hidden_tile)
     if temperature != 1.0:
         logits = sm.div(logits, sm.const(temperature))
     _, s, shifted, empty = _row_stats(logits, spec.vocab_tile)
@@ -205,5 +243,7 @@ def _token_logprobs(hidden, weight, tokens, temperature=1.0, spec=None):
 def token_logprobs(hidden, weight, tokens, temperature: float = 1.0, *, spec=None):
     """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N] int."""
     _fmt(hidden), _fmt(weight)
-    return _token_logprobs(hidden, weight, tokens, temperature=float(temperature),
-                           spec=_spec("token_logprobs", spec))
+    s = _spec("token_logprobs", spec)
+    if s.matmul is not None:
+        core.check_k("hidden", hidden.shape[-1])
+    return _token_logprobs(hidden, weight, tokens, temperature=float(temperature), spec=s)

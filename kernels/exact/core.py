@@ -230,11 +230,13 @@ def finish(v: torch.Tensor, flags, bias: torch.Tensor | None, out_dtype: torch.d
 
 
 def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s: int,
-                 products: Products, w_sliced: Sliced | None = None) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype.
+                 products: Products, w_sliced: Sliced | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype
+    (``out_dtype``: another output dtype, e.g. float32 logits of bf16 inputs in token_logprobs).
 
     ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
     [s, s, M, N]; it is the only part a backend replaces.
     """
     v, finite = dot_f64_odd(x, w, s, products, w_sliced)
-    return finish(v, None if finite else special_flags(x, w), bias, x.dtype)
+    return finish(v, None if finite else special_flags(x, w), bias, out_dtype or x.dtype)

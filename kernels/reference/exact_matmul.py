@@ -18,10 +18,11 @@ def products_int64(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([a64[t] @ w64[u].T for u in range(s)]) for t in range(s)])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] in x's dtype."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] in x's dtype (or ``out_dtype``)."""
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
-    out = exact_linear(x2, weight, bias, spec.slices, products_int64)
+    out = exact_linear(x2, weight, bias, spec.slices, products_int64, out_dtype=out_dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

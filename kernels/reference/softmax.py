@@ -46,8 +46,15 @@ def softmax(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
 
 
 def lm_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, spec: TokenLogprobsSpec):
-    """float32 logits [N, V] = hidden [N, H] . weight [V, H], divided by the temperature."""
-    logits = tiled_dot(hidden.to(F32).unsqueeze(-2), weight.to(F32), spec.hidden_tile)
+    """float32 logits [N, V] = hidden [N, H] . weight [V, H], divided by the temperature.
+
+    The dot is the strict tiled fma chain, or (``spec.matmul``) the exact policy's order-free dot
+    rounded once to float32."""
+    if spec.matmul is not None:
+        from . import exact_matmul
+        logits = exact_matmul.linear(hidden, weight, None, spec.matmul, out_dtype=F32)
+    else:
+        logits = tiled_dot(hidden.to(F32).unsqueeze(-2), weight.to(F32), spec.hidden_tile)
     if temperature != 1.0:
         logits = logits / torch.tensor(temperature, dtype=F32)
     return logits
