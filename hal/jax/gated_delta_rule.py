@@ -161,31 +161,48 @@ def _state_at(S0, kk, U, f, gamma, last):
     return acc
 
 
+class _Grid:
+    """The rows since the last chunk boundary, per sequence: its ``opened`` open rows, then its
+    new rows, then absent rows (zeros), on R rows. Gathers only: no arithmetic."""
+
+    def __init__(self, opened, lengths, C: int, R: int, lmax: int):
+        self.n, self.C, self.R, self.lmax = opened.shape[0], C, R, lmax
+        self.opened, self.total = opened, opened + lengths
+        r = jnp.arange(R)[None, :]
+        o, t = opened[:, None], self.total[:, None]
+        self.idx = jnp.where(r < o, r, jnp.where(r < t, C + r - o, C + lmax))
+        self.nidx = jnp.arange(self.n)[:, None]
+
+    def rows(self, open_rows, new_rows):
+        """[N, C, ...] open rows (None: zeros) and [N, L, ...] new rows -> [N, R, ...]."""
+        z = jnp.zeros((self.n, self.C + 1, *new_rows.shape[2:]), new_rows.dtype)
+        src = jnp.concatenate([z[:, :self.C] if open_rows is None else open_rows, new_rows, z[:, :1]], 1)
+        return src[self.nidx, self.idx]
+
+    def new(self, x):
+        """[N, R, ...] -> the new rows' entries [N, L, ...]."""
+        return x[self.nidx, jnp.clip(jnp.arange(self.lmax)[None, :] + self.opened[:, None], 0, self.R - 1)]
+
+    def still_open(self, x):
+        """[N, R, ...] -> the rows after the last boundary [N, C, ...], zeros after them."""
+        left = self.total % self.C
+        got = x[self.nidx, jnp.clip((self.total - left)[:, None] + jnp.arange(self.C)[None, :], 0, self.R - 1)]
+        keep = jnp.arange(self.C)[None, :] < left[:, None]
+        return jnp.where(keep.reshape(*keep.shape, *([1] * (got.ndim - 2))), got, jnp.zeros((), got.dtype))
+
+
 def _chunked(qs, k_rows, v, g, b, state, lengths, hv: int, spec, fresh: bool):
     """qs [N, L, HV, dk] (new rows); k_rows [N, L, H, dk]; v [N, L, HV, dv]; g, b [N, L, HV] (F);
     ``state``: (position, S, open_k, open_v, open_g, open_beta) with F values."""
     C, t = spec.chunk, spec.dk_tile
     n, lmax = v.shape[:2]
     position, S, open_k, open_v, open_g, open_beta = state
-    opened = jnp.zeros_like(position) if fresh else position % C     # rows since the last boundary
-    total = opened + lengths
     n_chunks = max(1, math.ceil((lmax + (0 if fresh else C - 1)) / C))
-    R = n_chunks * C
-    r = jnp.arange(R)[None, :]
-    # row r of the grid: an open row, a new row, or absent (the zero row after both)
-    idx = jnp.where(r < opened[:, None], r, jnp.where(r < total[:, None], C + r - opened[:, None], C + lmax))
-    nidx = jnp.arange(n)[:, None]
-
-    def rows(open_rows, new_rows):
-        tail = new_rows.shape[2:]
-        if open_rows is None:
-            open_rows = jnp.zeros((n, C, *tail), new_rows.dtype)
-        src = jnp.concatenate([open_rows, new_rows, jnp.zeros((n, 1, *tail), new_rows.dtype)], 1)
-        return src[nidx, idx]
-
-    K_rows, V_rows, G_rows, B_rows = (rows(o, x) for o, x in ((open_k, k_rows), (open_v, v), (open_g, g),
-                                                                 (open_beta, b)))
-    Q_rows = rows(None, qs)  # q of old rows is never needed: their outputs were given by earlier calls
+    grid = _Grid(jnp.zeros_like(position) if fresh else position % C, lengths, C, n_chunks * C, lmax)
+    total = grid.total
+    K_rows, V_rows, G_rows, B_rows = (grid.rows(o, x) for o, x in ((open_k, k_rows), (open_v, v), (open_g, g),
+                                                                      (open_beta, b)))
+    Q_rows = grid.rows(None, qs)  # q of old rows is never needed: their outputs were given by earlier calls
 
     def chunks(x):  # [N, R, heads, ...] -> [n_chunks, N, heads, C, ...]
         return jnp.moveaxis(jnp.moveaxis(x.reshape(n, n_chunks, C, *x.shape[2:]), 1, 0), 2, 3)
@@ -200,17 +217,8 @@ def _chunked(qs, k_rows, v, g, b, state, lengths, hv: int, spec, fresh: bool):
         return (S, final), o_c
     xs = (jnp.arange(n_chunks), *map(chunks, (Q_rows, _expand_heads(K_rows, hv), V_rows, G_rows, B_rows)))
     (S, final), o = lax.scan(step, (S, S), xs)
-    o = jnp.moveaxis(jnp.moveaxis(o, 3, 2), 0, 1).reshape(n, R, hv, -1)
-    o = o[nidx, jnp.clip(jnp.arange(lmax)[None, :] + opened[:, None], 0, R - 1)]   # the new rows only
-    # the rows after the last boundary become the open chunk (zeros after them)
-    left = total % C
-    ridx = jnp.clip((total - left)[:, None] + jnp.arange(C)[None, :], 0, R - 1)
-    keep = jnp.arange(C)[None, :] < left[:, None]
-
-    def carry_rows(x):
-        got = x[nidx, ridx]
-        return jnp.where(keep.reshape(n, C, *([1] * (got.ndim - 2))), got, 0.0)
-    return o, (S, carry_rows(K_rows), carry_rows(V_rows), carry_rows(G_rows), carry_rows(B_rows), final)
+    o = grid.new(jnp.moveaxis(jnp.moveaxis(o, 3, 2), 0, 1).reshape(n, grid.R, hv, -1))
+    return o, (S, *map(grid.still_open, (K_rows, V_rows, G_rows, B_rows)), final)
 
 
 # ---------------------------------------------------------------- the jitted core (padded layout)
@@ -235,8 +243,41 @@ def _strict_padded(q, k, v, g, beta, lengths, position, S, open_k, open_v, open_
     return (sm.narrow(o, _fmt(v)), *(None if x is None else sm.narrow(x) for x in rest))
 
 
+def _stock_padded(q, k, v, g, beta, lengths, position, S, open_k, open_v, open_g, open_beta,
+                  scale=1.0, l2=False, spec=None, fresh=True):
+    """The same outputs by the plain float32 token-by-token recurrence (for jax.grad, not bits):
+    the open rows are replayed from the boundary state, then the new rows follow."""
+    out_dtype = v.dtype
+    q, k, v, g, beta = (x.astype(F32) for x in (q, k, v, g, beta))
+    if l2:
+        q, k = (x / jnp.sqrt(jnp.sum(x * x, -1, keepdims=True) + EPS_L2) for x in (q, k))
+    hv, C, L = v.shape[2], spec.chunk, v.shape[1]
+    chunked = spec.variant == "chunked"
+    opened = position % C if chunked and not fresh else jnp.zeros_like(position)
+    grid = _Grid(opened, lengths, C, L + (C if chunked and not fresh else 0), L)
+    Q, K, V, Gl, Bt = (grid.rows(o, x) for o, x in ((None, q * scale), (open_k, k), (open_v, v), (open_g, g),
+                                                    (open_beta, beta)))
+
+    def step(carry, x):
+        S, Sb = carry
+        r, q_r, k_r, v_r, g_r, b_r = x
+        Sn = S * jnp.exp(g_r)[..., None, None]
+        u = b_r[..., None] * (v_r - jnp.einsum("nhkv,nhk->nhv", Sn, k_r))
+        Sn = Sn + k_r[..., :, None] * u[..., None, :]
+        live = (r < grid.total)[:, None, None, None]
+        S = jnp.where(live, Sn, S)
+        Sb = jnp.where(live & ((r + 1) % C == 0), S, Sb)  # the state at each completed chunk boundary
+        return (S, Sb), jnp.einsum("nhkv,nhk->nhv", Sn, q_r)
+    xs = (jnp.arange(grid.R), *map(_steps, (_expand_heads(Q, hv), _expand_heads(K, hv), V, Gl, Bt)))
+    (final, Sb), o = lax.scan(step, (S, S), xs)
+    o = grid.new(_steps(o)).astype(out_dtype)
+    if not chunked:
+        return o, final, None, None, None, None, final
+    return (o, Sb, *map(grid.still_open, (K, V, Gl, Bt)), final)
+
+
 _STATIC = ("scale", "l2", "spec", "fresh")
-_gdn_padded = strict_op(static=_STATIC)(_strict_padded)
+_gdn_padded = strict_op(stock=_stock_padded, static=_STATIC)(_strict_padded)
 
 
 def gated_delta_rule_padded(q, k, v, g, beta, lengths, state: GDNState, *, scale: float, l2: bool, spec,
