@@ -218,6 +218,8 @@ class JaxBackend(Backend):
             st = GDNState(j(start.to(torch.int32)), j(state.S), *(j(x) for x in opens), None)
             for t0 in range(0, lmax, tb):
                 lens = (lengths[rows] - t0).clamp(0, tb)
+                if not bool((lens > 0).any()):  # this group's sequences are done
+                    break
                 blk = [j(_pad_to(x[:, t0:t0 + tb], 1, tb)) for x in xs]
                 ob, st = gated_delta_rule_padded(*blk, j(lens.to(torch.int32)), st, scale=float(scale), l2=bool(l2),
                                                  spec=spec, fresh=False)
