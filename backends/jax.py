@@ -217,8 +217,8 @@ class JaxBackend(Backend):
             j = lambda t: None if t is None else self._j(_pad_to(t[rows], 0, nb))  # noqa: E731
             st = GDNState(j(start.to(torch.int32)), j(state.S), *(j(x) for x in opens), None)
             for t0 in range(0, lmax, tb):
-                lens = (lengths[rows] - t0).clamp(0, tb)
-                if not bool((lens > 0).any()):  # this group's sequences are done
+                lens = (lengths - t0).clamp(0, tb)
+                if not bool((lens[rows] > 0).any()):  # this group's sequences are done
                     break
                 blk = [j(_pad_to(x[:, t0:t0 + tb], 1, tb)) for x in xs]
                 ob, st = gated_delta_rule_padded(*blk, j(lens.to(torch.int32)), st, scale=float(scale), l2=bool(l2),

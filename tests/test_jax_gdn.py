@@ -106,6 +106,31 @@ def test_gdn_prefill_varlen_then_decode_bits_equal_reference(variant):
     assert_same_bits("decode final", rf2.final_state, T(jst2.final))
 
 
+@pytest.mark.parametrize("variant", ["chunked", "serial"])
+def test_gdn_backend_blocks_many_sequences(variant):
+    """The jax backend computes in blocks of 8 sequences x 64 tokens: 11 packed sequences (two groups,
+    two longer than a token block) give the reference's bits, states included. Same layout and
+    dtype as the quick conformance case, so the compiled block is shared."""
+    lens = [3, 1, 70, 2, 5, 9, 4, 66, 1, 7, 12]
+    n, s = sum(lens), SPECS[variant]
+    x = {name: gen.randn(f"jb.{name}", (1, n, *sh), torch.float32) for name, sh in
+         (("q", (1, 16)), ("k", (1, 16)), ("v", (2, 16)))}
+    x["g"] = -gen.rand("jb.g", (1, n, 2), torch.float32, 0.0, 1.0)
+    x["beta"] = gen.rand("jb.b", (1, n, 2), torch.float32, 0.0, 1.0)
+    cu = torch.tensor(np.cumsum([0] + lens))
+    args = [x[k] for k in ("q", "k", "v", "g", "beta")]
+    got = {b: hal.chunk_gated_delta_rule(*args, cu_seqlens=cu, output_final_state="state", spec=s,
+                                         use_qk_l2norm_in_kernel=True, backend=b) for b in ("reference", "jax")}
+    (ro, rst), (jo, jst) = got["reference"], got["jax"]
+    assert_same_bits("o", ro, jo)
+    assert jst.position.tolist() == lens
+    for name in rst.parts._fields[1:]:
+        want, have = getattr(rst.parts, name), getattr(jst.parts, name)
+        assert (want is None) == (have is None), name
+        if want is not None:
+            assert_same_bits(name, want, have)
+
+
 def test_gdn_stock_recurrence_is_caught():
     """Negative control: the plain float32 jnp recurrence (what jax.grad differentiates) gives
     other bits than the spec on the same inputs."""
