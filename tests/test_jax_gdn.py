@@ -5,10 +5,14 @@ Bits are compared raw (no tolerance); gradients are not part of any spec, so the
 with a tolerance and checked deterministic (two runs, same bits). XLA compilation dominates the
 run time: a few shapes per spec, compiled once. The conformance families run through the jax
 backend in tests/test_jax_backend.py (quick) and with LOCKSTEP_FULL=1 (every case).
+
+    python -m pytest tests/test_jax_gdn.py -q                  # CI set
+    LOCKSTEP_FULL=1 python -m pytest tests/test_jax_gdn.py -q  # + the chunked backend-block check
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -28,6 +32,7 @@ from hal.jax import gated_delta_rule as jgdn  # noqa: E402
 from hal.spec import GatedDeltaRuleSpec  # noqa: E402
 
 CPU = torch.device("cpu")
+FULL = os.environ.get("LOCKSTEP_FULL") == "1"  # the block glue is variant-independent: chunked too when full
 SPECS = {v: GatedDeltaRuleSpec(variant=v) for v in ("chunked", "serial")}
 J = JaxBackend._j  # torch -> jax by the bits
 
@@ -106,7 +111,7 @@ def test_gdn_prefill_varlen_then_decode_bits_equal_reference(variant):
     assert_same_bits("decode final", rf2.final_state, T(jst2.final))
 
 
-@pytest.mark.parametrize("variant", ["chunked", "serial"])
+@pytest.mark.parametrize("variant", ["serial"] + (["chunked"] if FULL else []))
 def test_gdn_backend_blocks_many_sequences(variant):
     """The jax backend computes in blocks of 8 sequences x 64 tokens: 11 packed sequences (two groups,
     two longer than a token block) give the reference's bits, states included. Same layout and
