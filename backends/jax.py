@@ -187,6 +187,61 @@ class JaxBackend(Backend):
             None if conv_state is None else self._j(conv_state.to(x.dtype)), activation, cu_seqlens, spec=spec)
         return self._t(y, x.device), self._t(state, x.device)
 
+    # gated delta rule: computed in fixed blocks of sequences x tokens, continuing the exact state
+    # between blocks (any split continues exactly, under both specs): one XLA compilation per
+    # (spec, dtypes, head layout) instead of one per call shape.
+    GDN_SEQS, GDN_TOKENS = 8, 64
+
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
+        from hal.jax.gated_delta_rule import GDNState, gated_delta_rule_padded
+        dev = v.device
+        xs = [to_padded(x, cu_seqlens) for x in (q, k, v, g, beta)]
+        n, lmax = xs[0].shape[:2]
+        cu = cu_seqlens
+        lengths = torch.full((n,), lmax, dtype=torch.int64) if cu is None else \
+            torch.tensor([cu[i + 1] - cu[i] for i in range(n)], dtype=torch.int64)
+        chunked = spec.variant == "chunked"
+        H, dk, HV = q.shape[2], q.shape[3], v.shape[2]
+        C = spec.chunk
+        # a state without open rows (fresh, or a bare tensor) starts a fresh chunk grid: position 0
+        start = state.position if state.open_k is not None else torch.zeros_like(state.position)
+        opens = [None] * 4
+        if chunked:
+            shapes = ((C, H, dk), (C, HV, v.shape[3]), (C, HV), (C, HV))
+            opens = [o if o is not None else torch.zeros((n, *sh), dtype=torch.float32)
+                     for o, sh in zip((state.open_k, state.open_v, state.open_g, state.open_beta), shapes)]
+        nb, tb = self.GDN_SEQS, self.GDN_TOKENS
+        o = torch.zeros(xs[2].shape, dtype=v.dtype, device=dev)
+        groups = []
+        for a in range(0, n, nb):
+            rows = slice(a, min(n, a + nb))
+            j = lambda t: None if t is None else self._j(_pad_to(t[rows], 0, nb))  # noqa: E731
+            st = GDNState(j(start.to(torch.int32)), j(state.S), *(j(x) for x in opens), None)
+            for t0 in range(0, lmax, tb):
+                lens = (lengths - t0).clamp(0, tb)
+                if not bool((lens[rows] > 0).any()):  # this group's sequences are done
+                    break
+                blk = [j(_pad_to(x[:, t0:t0 + tb], 1, tb)) for x in xs]
+                ob, st = gated_delta_rule_padded(*blk, j(lens.to(torch.int32)), st, scale=float(scale), l2=bool(l2),
+                                                 spec=spec, fresh=False)
+                got = self._t(ob, dev)
+                o[rows, t0:t0 + tb] = got[: rows.stop - a, : min(tb, lmax - t0)]
+            groups.append([None if x is None else self._t(x, dev)[: rows.stop - a] for x in st[1:]])
+        fields = [None if groups[0][i] is None else torch.cat([gr[i] for gr in groups]) for i in range(6)]
+        return from_padded(o, cu), Parts(start + lengths, *fields)
+
+    fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
+
+
+def _pad_to(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """t with zeros appended along ``dim`` up to ``size``."""
+    if t.shape[dim] >= size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - t.shape[dim]
+    return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim)
+
 
 def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""

@@ -66,6 +66,37 @@ def rows(quick: bool = False):
         return jnp.take_along_axis(lp, t[:, None], -1)[:, 0]
     out.append(("token_logprobs", f"N{tn} H{th} V{tv} fp32", ready(jax.jit(hj.token_logprobs), h, W, tok),
                 ready(jax.jit(stock_tlp), h, W, tok)))
+    out += _gdn_rows(quick, ready)
+    return out
+
+
+def _gdn_rows(quick: bool, ready):
+    """The gated delta rule (both specs) against the plain float32 jnp recurrence (lax.scan)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import hal.jax as hj
+    from hal.jax import gated_delta_rule as jg
+    from hal.spec import GatedDeltaRuleSpec
+    b, t, h, hv, dk, dv = (1, 64, 1, 2, 64, 64) if quick else (1, 256, 2, 4, 64, 64)
+    q, k = _arr((b, t, h, dk), 7), _arr((b, t, h, dk), 8)
+    v = _arr((b, t, hv, dv), 9)
+    g = -jnp.abs(_arr((b, t, hv), 10, 0.5))
+    beta = jax.nn.sigmoid(_arr((b, t, hv), 11))
+    serial = GatedDeltaRuleSpec(variant="serial")
+    st, _ = jg._start_state(None, serial, b, (h, hv, dk, dv))
+
+    def stock(q, k, v, g, beta):
+        return jg._stock_padded(q, k, v, g, beta, jnp.full((b,), t, jnp.int32), st.position, st.S, None, None, None,
+                                None, scale=dk ** -0.5, l2=True, spec=serial)[0]
+    out = []
+    for variant in ("chunked", "serial"):
+        ours = functools.partial(hj.chunk_gated_delta_rule, use_qk_l2norm_in_kernel=True,
+                                 spec=GatedDeltaRuleSpec(variant=variant))
+        out.append((f"gated_delta_rule ({variant})", f"B{b} T{t} H{h} HV{hv} dk{dk} dv{dv} fp32",
+                    ready(jax.jit(lambda *a, f=ours: f(*a)[0]), q, k, v, g, beta),
+                    ready(jax.jit(stock), q, k, v, g, beta)))
     return out
 
 

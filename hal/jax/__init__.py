@@ -16,3 +16,6 @@ __all__ += ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_
 from .qwen3_next import gdn_causal_conv1d, gdn_gating  # noqa: E402
 
 __all__ += ["gdn_gating", "gdn_causal_conv1d"]
+from .gated_delta_rule import GDNState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
+
+__all__ += ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "GDNState"]

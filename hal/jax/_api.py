@@ -26,6 +26,11 @@ def strict_op(stock=None, static=()):
     stock JAX formula with the same signature) is given, ``jax.grad`` differentiates through it."""
     def deco(impl):
         jitted = jax.jit(impl, static_argnames=static)
+        if stock is not None:
+            def _stock_vjp(xs, g, **kw):
+                _, vjp = jax.vjp(lambda *ys: stock(*ys, **kw), *xs)
+                return vjp(g)
+            stock_vjp = jax.jit(_stock_vjp, static_argnames=static)  # compiled once per shape, as the forward
 
         def forward(*arrays, **kw):
             ensure_environment()
@@ -45,8 +50,7 @@ def strict_op(stock=None, static=()):
                 if stock is None:  # never a silent zero gradient through the bit operations
                     raise NotImplementedError(f"hal.jax.{impl.__name__.lstrip('_')}: no gradient in hal.jax "
                                               "(forward only); differentiate a stock formula instead")
-                _, vjp = jax.vjp(lambda *ys: stock(*ys, **kw), *xs)
-                return vjp(g)
+                return stock_vjp(xs, g, **kw)
 
             f.defvjp(fwd, bwd)
             return f(*arrays)

@@ -16,6 +16,7 @@ from . import strict_math as sm
 from ._api import strict_op
 
 _NEG_INF = -jnp.inf
+F32 = jnp.float32
 
 
 def key_visibility(qlen, klen, n_q: int, n_k: int, causal: bool, window):
@@ -112,7 +113,21 @@ def _expand_heads(x, hq: int):
     return jnp.repeat(x, hq // x.shape[2], axis=2)
 
 
-@strict_op(static=("n_q", "n_k", "scale", "causal", "window", "spec"))
+def _stock_attend(q, k, v, qlen, klen, n_q=0, n_k=0, scale=1.0, causal=False, window=(-1, -1), spec=None):
+    """Plain float32 attention with the same masks (for jax.grad, not bits): (out, lse)."""
+    vis = key_visibility(qlen, klen, n_q, n_k, causal, window)[:, :, None, :]    # [b, Q, 1, K]
+    hq = q.shape[2]
+    qf, kf, vf = q.astype(F32), _expand_heads(k.astype(F32), hq), _expand_heads(v.astype(F32), hq)
+    s = jnp.where(vis, jnp.einsum("bqhd,bkhd->bqhk", qf, kf) * scale, _NEG_INF)
+    seen = jnp.any(vis, -1)
+    m = jnp.where(seen, jnp.max(s, -1), 0.0)
+    p = jnp.where(vis, jnp.exp(s - m[..., None]), 0.0)
+    l = jnp.where(seen, jnp.sum(p, -1), 1.0)  # a row that sees no key: out 0, lse -inf (no NaN gradient)
+    out = jnp.einsum("bqhk,bkhd->bqhd", p, vf) / l[..., None]
+    return out.astype(q.dtype), jnp.where(seen, m + jnp.log(l), _NEG_INF)
+
+
+@strict_op(stock=_stock_attend, static=("n_q", "n_k", "scale", "causal", "window", "spec"))
 def _attend_padded(q, k, v, qlen, klen, n_q=0, n_k=0, scale=1.0, causal=False, window=(-1, -1), spec=None):
     fmt = jnp.dtype(q.dtype).name
     vis = key_visibility(qlen.astype(jnp.int64), klen.astype(jnp.int64), n_q, n_k, causal, window)

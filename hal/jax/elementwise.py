@@ -68,7 +68,14 @@ def _inv_freq(rotary_dim: int, base: float):
     return sm.exp(-sm.mul(e, lb))
 
 
-@strict_op(static=("rotary_dim", "base", "spec"))
+def _stock_cos_sin(positions, inv_freq, rotary_dim=2, base=10000.0, spec=None):
+    if inv_freq is None:
+        inv_freq = 1.0 / base ** (jnp.arange(0, rotary_dim, 2, dtype=F32) / rotary_dim)
+    angle = positions.astype(F32)[..., None] * inv_freq.astype(F32)
+    return jnp.cos(angle), jnp.sin(angle)
+
+
+@strict_op(stock=_stock_cos_sin, static=("rotary_dim", "base", "spec"))
 def _cos_sin(positions, inv_freq, rotary_dim=2, base=10000.0, spec=None):
     f = _inv_freq(rotary_dim, base) if inv_freq is None else sm.rnd(sm.widen(inv_freq))  # .to(float32)
     angle = sm.mul(sm.rnd(positions.astype(jnp.float64))[..., None], f)  # float32(pos): one rounding
@@ -88,7 +95,23 @@ def _pairs(x, half: int, interleaved: bool):
     return x[..., :half], x[..., half:2 * half]
 
 
-@strict_op(static=("interleaved", "spec"))
+def _assemble(o1, o2, rest, interleaved: bool):
+    """The rotated halves back in x's layout, then the dims past the rotary part (broadcast)."""
+    shape = o1.shape
+    rot = jnp.stack([o1, o2], -1).reshape(*shape[:-1], 2 * shape[-1]) if interleaved else jnp.concatenate([o1, o2], -1)
+    return jnp.concatenate([rot, jnp.broadcast_to(rest, (*shape[:-1], rest.shape[-1]))], -1)
+
+
+def _stock_apply_rotary(x, cos, sin, interleaved=False, spec=None):
+    """Plain float32 rotation (for jax.grad, not bits)."""
+    xf = x.astype(F32)
+    x1, x2 = _pairs(xf, cos.shape[-1], interleaved)
+    c, s = cos.astype(F32), sin.astype(F32)
+    rest = xf[..., 2 * cos.shape[-1]:]
+    return _assemble(x1 * c - x2 * s, x2 * c + x1 * s, rest, interleaved).astype(x.dtype)
+
+
+@strict_op(stock=_stock_apply_rotary, static=("interleaved", "spec"))
 def _apply_rotary(x, cos, sin, interleaved=False, spec=None):
     fmt = _fmt(x)
     half = cos.shape[-1]
@@ -96,13 +119,10 @@ def _apply_rotary(x, cos, sin, interleaved=False, spec=None):
     c, s = sm.widen(cos), sm.widen(sin)
     shape = jnp.broadcast_shapes(x1.shape, c.shape)
     x1, x2, c, s = (jnp.broadcast_to(t, shape) for t in (x1, x2, c, s))
-    o1 = sm.fma(x1, c, -sm.mul(x2, s))
-    o2 = sm.fma(x2, c, sm.mul(x1, s))
-    rot = jnp.stack([o1, o2], -1).reshape(*shape[:-1], 2 * half) if interleaved else jnp.concatenate([o1, o2], -1)
-    rot = sm.narrow(rot, fmt)
+    o1 = sm.narrow(sm.fma(x1, c, -sm.mul(x2, s)), fmt)
+    o2 = sm.narrow(sm.fma(x2, c, sm.mul(x1, s)), fmt)
     # dims past 2*half pass through as they are (bits copied; NaN canonical like every output)
-    rest = sm.narrow(sm.widen(x[..., 2 * half:]), fmt)
-    return jnp.concatenate([rot, jnp.broadcast_to(rest, (*shape[:-1], rest.shape[-1]))], -1)
+    return _assemble(o1, o2, sm.narrow(sm.widen(x[..., 2 * half:]), fmt), interleaved)
 
 
 def apply_rotary(x, cos, sin, interleaved: bool = False, *, spec=None):
