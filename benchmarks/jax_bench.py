@@ -129,7 +129,6 @@ def gpu_check(shapes=((1, 4096, 4096), (64, 4096, 4096))) -> dict:
     """For the GPU check script: emulated-fma strict linear vs jnp.dot on the default (GPU) device,
     bits of the GPU result vs the same op on jax's CPU device, and the Pallas fma route if any."""
     import jax
-    import jax.numpy as jnp
     import hal.jax as hj
     dev = jax.devices()[0]
     cpu = jax.devices("cpu")[0]

@@ -6,7 +6,6 @@ invisible key, an empty block and an empty split are skipped by ``where``, never
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

@@ -154,7 +154,6 @@ def sqrt_exact(x):
         down = n < (2 * k - 1) * (2 * k - 1)
         k = k + up.to(tl.int64) - down.to(tl.int64)
     r = _scale(k.to(tl.float32), (e >> 1) - 23)
-    xbits = x.to(tl.int32, bitcast=True)
     r = tl.where(x == float("inf"), x, r)
     r = tl.where(x == 0.0, x, r)                       # keeps -0.0
     return tl.where((x != x) | (x < 0.0), float("nan"), r)
