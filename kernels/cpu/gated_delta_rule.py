@@ -23,7 +23,7 @@ from numba import njit, prange
 from hal.kernels.reference.gated_delta_rule import EPS_L2, Parts
 
 from .host import F32, canonical_nan, finish, raw
-from .reduce import n_tiles, tiled_dot
+from .reduce import tiled_dot
 from .strict_math import ZERO, exp, fma, widen
 
 _EPS = np.float32(EPS_L2)
