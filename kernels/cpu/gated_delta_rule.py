@@ -49,6 +49,31 @@ def col_dot(M, x, t, ncols, out, tmp):
             out[c] = out[c] + tmp[c]
 
 
+@njit(inline="always", cache=True)
+def rows_dot(M, X, lo, hi, t, out, tmp):
+    """out[i, c] = sum_a X[i, a] * M[a, c] for rows lo <= i < hi: :func:`col_dot` for a block of rows,
+    with the same chain per element; a row of M is read once per block instead of once per row."""
+    n = X.shape[1]
+    ncols = M.shape[1]
+    for i in range(lo, hi):
+        for c in range(ncols):
+            out[i, c] = ZERO
+    for a0 in range(0, n, t):
+        for i in range(lo, hi):
+            for c in range(ncols):
+                tmp[i, c] = ZERO
+        for a in range(a0, min(a0 + t, n)):
+            row = M[a]
+            for i in range(lo, hi):
+                xa = X[i, a]
+                ti = tmp[i]
+                for c in range(ncols):
+                    ti[c] = fma(xa, row[c], ti[c])
+        for i in range(lo, hi):
+            for c in range(ncols):
+                out[i, c] = out[i, c] + tmp[i, c]
+
+
 @njit(parallel=True, cache=True)
 def _prepare_qk(q, k, scale, l2, t, qs, kn):
     """q, k [tokens, H, dk] (raw) -> qs = (l2norm(q) or q) * scale, kn = l2norm(k) or k, float32."""
@@ -145,12 +170,13 @@ def _chunked(qs, kn, v, g, beta, starts, lengths, opened, S0, open_k, open_v, op
         gamma = np.zeros(C, np.float32)        # exp(g_i + ... + g_0)
         KK = np.zeros(C, np.float32)
         QK = np.zeros(C, np.float32)
-        W = np.zeros(dv, np.float32)
-        Y = np.zeros(dv, np.float32)
+        W = np.zeros((C, dv), np.float32)     # S0^T k_i
+        Y = np.zeros((C, dv), np.float32)     # S0^T qs_i (new rows)
+        T2 = np.zeros((C, dv), np.float32)
         U = np.zeros((C, dv), np.float32)
         acc = np.zeros(dv, np.float32)
         tmp = np.zeros(max(C, dv), np.float32)
-        kd = np.zeros(dk, np.float32)
+        KD = np.zeros((C, dk), np.float32)    # f_L,jj k_jj (k_L as is) for the state after row L
         for ci in range((total + C - 1) // C):
             r0 = ci * C
             cnt = min(C, total - r0)
@@ -182,25 +208,26 @@ def _chunked(qs, kn, v, g, beta, starts, lengths, opened, S0, open_k, open_v, op
                     F[i, i - d] = exp(D)
                     D = D + gc[i - d]
                 gamma[i] = exp(D)
+            new0 = max(0, m - r0)                                # first new row of the chunk
+            rows_dot(S, K, 0, cnt, t, W, T2)
+            rows_dot(S, Q, new0, cnt, t, Y, T2)
             # forward substitution, row by row (row i reads rows < i only)
             for i in range(cnt):
-                col_dot(S, K[i], t, dv, W, tmp)                  # S0^T k_i
                 col_dot(KT, K[i], t, i, KK, tmp)                  # k_i . k_jj, jj < i
                 ng = -gamma[i]
                 for c in range(dv):
-                    acc[c] = fma(ng, W[c], V[i, c])
+                    acc[c] = fma(ng, W[i, c], V[i, c])
                 for jj in range(i):
                     nc = -(F[i, jj] * KK[jj])
                     for c in range(dv):
                         acc[c] = fma(nc, U[jj, c], acc[c])
                 for c in range(dv):
                     U[i, c] = bc[i] * acc[c]
-                if r0 + i >= m:                                   # a new row: its output
-                    col_dot(S, Q[i], t, dv, Y, tmp)               # S0^T qs_i
+                if i >= new0:                                     # a new row: its output
                     col_dot(KT, Q[i], t, i + 1, QK, tmp)          # qs_i . k_jj, jj <= i
                     out = o[starts[s] + r0 + i - m, j]
                     for c in range(dv):
-                        out[c] = gamma[i] * Y[c]
+                        out[c] = gamma[i] * Y[i, c]
                     for jj in range(i + 1):
                         p = QK[jj] if jj == i else F[i, jj] * QK[jj]
                         for c in range(dv):
@@ -211,16 +238,19 @@ def _chunked(qs, kn, v, g, beta, starts, lengths, opened, S0, open_k, open_v, op
                 # state after row L: gamma_L S0 + sum_(jj<=L) f_L,jj k_jj u_jj^T in row order
                 L = cnt - 1
                 gL = gamma[L]
-                for a in range(dk):
-                    for c in range(dv):
-                        Snew[a, c] = S[a, c] * gL
                 for jj in range(L + 1):
+                    fl = F[L, jj]
                     for a in range(dk):
-                        kd[a] = K[jj, a] if jj == L else F[L, jj] * K[jj, a]
-                    for a in range(dk):
-                        ka = kd[a]
+                        KD[jj, a] = K[jj, a] if jj == L else fl * K[jj, a]
+                for a in range(dk):  # row by row of the state (each element's chain still runs jj = 0..L)
+                    srow = Snew[a]
+                    for c in range(dv):
+                        srow[c] = S[a, c] * gL
+                    for jj in range(L + 1):
+                        ka = KD[jj, a]
+                        urow = U[jj]
                         for c in range(dv):
-                            Snew[a, c] = fma(ka, U[jj, c], Snew[a, c])
+                            srow[c] = fma(ka, urow[c], srow[c])
                 if last_here and want_final:
                     final_out[s, j, :, :] = Snew
                 if complete:
