@@ -74,40 +74,35 @@ def rows_dot(M, X, lo, hi, t, out, tmp):
                 out[i, c] = out[i, c] + tmp[i, c]
 
 
-@njit(parallel=True, cache=True)
-def _prepare_qk(q, k, scale, l2, t, qs, kn):
-    """q, k [tokens, H, dk] (raw) -> qs = (l2norm(q) or q) * scale, kn = l2norm(k) or k, float32."""
-    tok, h, dk = q.shape
-    for task in prange(tok * h):
-        i = task // h
-        hh = task % h
-        xq = np.empty(dk, np.float32)
-        xk = np.empty(dk, np.float32)
-        part = np.empty(max(1, (dk + t - 1) // t), np.float32)
+@njit(inline="always", cache=True)
+def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
+    """Token tk, q/k head hk (raw q, k [tokens, H, dk]) -> xq = (l2norm(q) or q) * scale, xk = l2norm(k)
+    or k, float32. Computed inside each (sequence, value head) task: a group of value heads repeats
+    this O(d_k) work rather than paying a separate parallel launch per call."""
+    dk = xq.shape[0]
+    for a in range(dk):
+        xq[a] = widen(q[tk, hk, a])
+        xk[a] = widen(k[tk, hk, a])
+    if l2:
+        nq = np.sqrt(tiled_dot(xq, xq, t, part) + _EPS)
+        nk = np.sqrt(tiled_dot(xk, xk, t, part) + _EPS)
         for a in range(dk):
-            xq[a] = widen(q[i, hh, a])
-            xk[a] = widen(k[i, hh, a])
-        if l2:
-            nq = np.sqrt(tiled_dot(xq, xq, t, part) + _EPS)
-            nk = np.sqrt(tiled_dot(xk, xk, t, part) + _EPS)
-            for a in range(dk):
-                xq[a] = xq[a] / nq
-                xk[a] = xk[a] / nk
-        for a in range(dk):
-            qs[i, hh, a] = xq[a] * scale
-            kn[i, hh, a] = xk[a]
+            xq[a] = xq[a] / nq
+            xk[a] = xk[a] / nk
+    for a in range(dk):
+        xq[a] = xq[a] * scale
 
 
 # ---------------------------------------------------------------- serial
 
 
 @njit(parallel=True, cache=True)
-def _serial(qs, kn, v, g, beta, starts, lengths, S0, t, o, S_out):
-    """qs, kn [tokens, H, dk] f32; v [tokens, HV, dv], g, beta [tokens, HV] (raw); S0 [N, HV, dk, dv].
+def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out):
+    """q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV] (raw); S0 [N, HV, dk, dv].
     Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after the last token)."""
     n = starts.shape[0]
     hv, dv = v.shape[1], v.shape[2]
-    h, dk = qs.shape[1], qs.shape[2]
+    h, dk = q.shape[1], q.shape[2]
     group = hv // h
     for task in prange(n * hv):
         s = task // hv
@@ -115,6 +110,9 @@ def _serial(qs, kn, v, g, beta, starts, lengths, S0, t, o, S_out):
         hk = j // group
         S = S_out[s, j]
         S[:, :] = S0[s, j]
+        kv = np.empty(dk, np.float32)
+        qv = np.empty(dk, np.float32)
+        part = np.empty(max(1, (dk + t - 1) // t), np.float32)
         w = np.empty(dv, np.float32)
         tmp = np.empty(dv, np.float32)
         u = np.empty(dv, np.float32)
@@ -122,7 +120,7 @@ def _serial(qs, kn, v, g, beta, starts, lengths, S0, t, o, S_out):
             tk = starts[s] + i
             alpha = exp(widen(g[tk, j]))
             b = widen(beta[tk, j])
-            kv = kn[tk, hk]
+            prepare_qk(q, k, tk, hk, scale, l2, t, qv, kv, part)
             for a in range(dk):  # S' = alpha S, in place: the pass that reads S' for w
                 row = S[a]
                 for c in range(dv):
@@ -135,26 +133,27 @@ def _serial(qs, kn, v, g, beta, starts, lengths, S0, t, o, S_out):
                 ka = kv[a]
                 for c in range(dv):
                     row[c] = fma(ka, u[c], row[c])
-            col_dot(S, qs[tk, hk], t, dv, o[tk, j], tmp)  # o = S^T qs
+            col_dot(S, qv, t, dv, o[tk, j], tmp)  # o = S^T qs
 
 
 # ---------------------------------------------------------------- chunked
 
 
 @njit(parallel=True, cache=True)
-def _chunked(qs, kn, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-             C, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta):
+def _chunked(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
+             C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta):
     """As _serial, plus: opened [N] open rows of the incoming state (open_* [N, C, ...] float32);
     writes S_out (state at the last chunk boundary), final_out (after the last token; if want_final)
     and new_* (the rows after the last boundary, zeros past them: the caller passes zeros)."""
     n = starts.shape[0]
     hv, dv = v.shape[1], v.shape[2]
-    h, dk = qs.shape[1], qs.shape[2]
+    h, dk = q.shape[1], q.shape[2]
     group = hv // h
     for task in prange(n * hv):
         s = task // hv
         j = task % hv
         hk = j // group
+        part = np.empty(max(1, (dk + t - 1) // t), np.float32)
         m = opened[s]
         total = m + lengths[s]
         S = S_out[s, j]
@@ -192,9 +191,7 @@ def _chunked(qs, kn, v, g, beta, starts, lengths, opened, S0, open_k, open_v, op
                     bc[r] = open_beta[s, R, j]
                 else:
                     tk = starts[s] + R - m
-                    for a in range(dk):
-                        K[r, a] = kn[tk, hk, a]
-                        Q[r, a] = qs[tk, hk, a]
+                    prepare_qk(q, k, tk, hk, scale, l2, t, Q[r], K[r], part)
                     for c in range(dv):
                         V[r, c] = widen(v[tk, j, c])
                     gc[r] = widen(g[tk, j])
@@ -285,16 +282,14 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
     tok = b * tlen
     starts, lengths = _layout(q, cu_seqlens)
     n = starts.shape[0]
-    qs = np.empty((tok, h, dk), np.float32)
-    kn = np.empty((tok, h, dk), np.float32)
-    _prepare_qk(raw(q).reshape(tok, h, dk), raw(k).reshape(tok, h, dk), np.float32(scale), l2, t, qs, kn)
+    q3, k3, sc = raw(q).reshape(tok, h, dk), raw(k).reshape(tok, h, dk), np.float32(scale)
     v3, g2, b2 = raw(v).reshape(tok, hv, dv), raw(g).reshape(tok, hv), raw(beta).reshape(tok, hv)
     S0 = parts.S.detach().contiguous().numpy()
     o = torch.zeros((tok, hv, dv), dtype=F32)
     S = torch.empty((n, hv, dk, dv), dtype=F32)
     pos = torch.from_numpy(lengths)
     if spec.variant == "serial":
-        _serial(qs, kn, v3, g2, b2, starts, lengths, S0, t, o.numpy(), S.numpy())
+        _serial(q3, k3, v3, g2, b2, starts, lengths, S0, sc, l2, t, o.numpy(), S.numpy())
         canonical_nan(S)
         new = Parts(parts.position + pos, S, None, None, None, None, S)
     else:
@@ -308,7 +303,7 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
                               for x in (parts.open_k, parts.open_v, parts.open_g, parts.open_beta))
         final = torch.empty((n, hv, dk, dv), dtype=F32) if want_final else torch.empty((0, hv, dk, dv), dtype=F32)
         nk, nv, ng, nb = (torch.zeros((n, C, *rest), dtype=F32) for rest in ((h, dk), (hv, dv), (hv,), (hv,)))
-        _chunked(qs, kn, v3, g2, b2, starts, lengths, opened, S0, ok, ov, og, ob, C, t, want_final,
+        _chunked(q3, k3, v3, g2, b2, starts, lengths, opened, S0, ok, ov, og, ob, C, sc, l2, t, want_final,
                  o.numpy(), S.numpy(), final.numpy(), nk.numpy(), nv.numpy(), ng.numpy(), nb.numpy())
         new = Parts(start + pos, *(canonical_nan(x) for x in (S, nk, nv, ng, nb)),
                     canonical_nan(final) if want_final else None)
