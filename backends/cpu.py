@@ -28,7 +28,8 @@ from hal.spec import EXACT, STRICT
 F64 = torch.float64
 
 #: conformance families whose every op this backend implements (so it claims every level there)
-_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "matmul_exact", "token_logprobs_exact")
+_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer",
+             "elementwise", "rotary", "matmul_exact", "token_logprobs_exact")
 
 
 def _kernel(module: str):
@@ -63,7 +64,7 @@ class CpuBackend(Backend):
     priority = 10
     dtypes = FLOAT_DTYPES + (F64,)
     policies = (STRICT, EXACT)  # exact: matmul / linear and token_logprobs' logits by torch._int_mm
-    description = "the strict specs compiled with numba: the reference bits, compiled (GDN ops fall back to the reference)"
+    description = "the strict specs compiled with numba: the reference bits, compiled"
 
     def unavailable_reason(self):
         if importlib.util.find_spec("numba") is None:
@@ -126,3 +127,60 @@ class CpuBackend(Backend):
             return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
         return _kernel("attention").flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale,
                                                             causal, window, num_splits, spec)
+
+    # gated delta rule: both op names compute the one spec's bits; float64 runs the oracle (gradcheck)
+    @_strict
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        if v.dtype == F64:
+            from hal.kernels.oracle import gated_delta_rule as ora
+            return ora.run_float64(q, k, v, g, beta, scale, state, cu_seqlens, l2)
+        return _kernel("gated_delta_rule").gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec,
+                                                            want_final)
+
+    fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
+
+    @_strict
+    def gdn_gating(self, A_log, a, dt_bias, b, spec):
+        if a.dtype == F64:
+            from hal.kernels.oracle import gated_delta_rule as ora
+            return ora.gdn_gating(A_log, a, dt_bias, b)
+        return _kernel("qwen3_next").gdn_gating(A_log, a, dt_bias, b)
+
+    @_strict
+    def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
+        if x.dtype == F64:
+            from hal.kernels.oracle import gated_delta_rule as ora
+            return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+        return _kernel("qwen3_next").causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+
+    # elementwise and rotary: float64 runs the oracle (gradcheck)
+    @_strict
+    def sigmoid(self, x, spec):
+        return _elementwise_oracle().sigmoid(x) if x.dtype == F64 else _kernel("elementwise").unary("sigmoid", x)
+
+    @_strict
+    def silu(self, x, spec):
+        return _elementwise_oracle().silu(x) if x.dtype == F64 else _kernel("elementwise").unary("silu", x)
+
+    @_strict
+    def softplus(self, x, spec):
+        return _elementwise_oracle().softplus(x) if x.dtype == F64 else _kernel("elementwise").unary("softplus", x)
+
+    @_strict
+    def silu_mul(self, a, b, spec):
+        return _elementwise_oracle().silu_mul(a, b) if a.dtype == F64 else _kernel("elementwise").silu_mul(a, b)
+
+    @_strict
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        return _kernel("elementwise").rotary_cos_sin(positions, rotary_dim, base, inv_freq)
+
+    @_strict
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        if x.dtype == F64:
+            return _elementwise_oracle().apply_rotary(x, cos, sin, interleaved)
+        return _kernel("elementwise").apply_rotary(x, cos, sin, interleaved)
+
+
+def _elementwise_oracle():
+    from hal.kernels.oracle import elementwise
+    return elementwise

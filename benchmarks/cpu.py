@@ -5,8 +5,10 @@
 
 Shapes follow issue 9's table: linear decode (M=1, K=N=4096, fp32 and bf16) and 16x256x256 /
 128x1024x1024, rms_norm / softmax / log_softmax / token_logprobs at V=32k, attention decode
-against a 4k paged cache and a T=512 causal prefill (vs SDPA). The gated delta rule is not in the
-cpu backend yet (it falls back to the reference), so it has no row here.
+against a 4k paged cache and a T=512 causal prefill (vs SDPA). Gated delta rule (``_gdn_rows``): a
+T=512 prefill and a one-token decode under both specs against transformers' Qwen3-Next torch
+functions (``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``), plus the GDN
+layer's gating, conv1d and SwiGLU's silu_mul against their stock torch formulas.
 """
 from __future__ import annotations
 
@@ -80,8 +82,52 @@ def _attention_rows(quick):
             ("attention decode", f"B{bsz} ctx{ctx} paged16 H{hq}/{hkv} D{d}", *decode)]
 
 
+def _gdn_rows(quick):
+    """Gated delta rule prefill (T=512) and decode (one token at a position inside a chunk), both specs,
+    vs transformers' torch path on the same tensors; then the layer pieces vs stock torch."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import (torch_chunk_gated_delta_rule,
+                                                                   torch_recurrent_gated_delta_rule)
+    from hal.spec import GatedDeltaRuleSpec
+    b, t, h, hv, d = (1, 128, 1, 2, 64) if quick else (1, 512, 2, 4, 128)
+    pos = t - 27  # decode position: inside a chunk, so the chunked spec recomputes its open rows
+    q, k, v = _r(b, t, h, d), _r(b, t, h, d, seed=1), _r(b, t, hv, d, seed=2)
+    g = -torch.rand(b, t, hv, generator=torch.Generator().manual_seed(3))
+    beta = torch.rand(b, t, hv, generator=torch.Generator().manual_seed(4))
+    out = []
+    for name in ("chunked", "serial"):
+        spec = GatedDeltaRuleSpec(variant=name)
+        prefix = [x[:, :pos] for x in (q, k, v, g, beta)]
+        one = [x[:, pos:pos + 1] for x in (q, k, v, g, beta)]
+        st = hal.chunk_gated_delta_rule(*prefix, output_final_state="state", use_qk_l2norm_in_kernel=True,
+                                        spec=spec, backend=B)[1]
+        out.append((f"gdn prefill {name}", f"B{b} T{t} H{h}/{hv} D{d} fp32",
+                    lambda spec=spec: hal.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True,
+                                                                 spec=spec, backend=B),
+                    lambda: torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)))
+        out.append((f"gdn decode {name}", f"B{b} pos{pos} H{h}/{hv} D{d} fp32",
+                    lambda spec=spec, st=st, one=one: hal.fused_recurrent_gated_delta_rule(
+                        *one, initial_state=st, output_final_state=True, use_qk_l2norm_in_kernel=True, spec=spec,
+                        backend=B),
+                    lambda st=st, one=one: torch_recurrent_gated_delta_rule(
+                        *one[:3], g=one[3], beta=one[4], initial_state=st.final_state, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)))
+    # layer pieces (Qwen3-Next-like widths)
+    n, nh, dc = (64, 8, 1024) if quick else (512, 32, 8192)
+    A_log, dt_bias, a, bb = _r(nh), _r(nh, seed=1), _r(n, nh, seed=2), _r(n, nh, seed=3)
+    x, w, cb = _r(1, n, dc, seed=4), _r(dc, 4, seed=5), _r(dc, seed=6)
+    ga, gb = _r(n, 4 * dc, seed=7), _r(n, 4 * dc, seed=8)
+    out += [
+        ("gdn_gating", f"{n}x{nh} fp32", lambda: hal.gdn_gating(A_log, a, dt_bias, bb, backend=B),
+         lambda: (-A_log.exp() * F.softplus(a + dt_bias), torch.sigmoid(bb))),
+        ("gdn_causal_conv1d", f"T{n} D{dc} K4 fp32", lambda: hal.gdn_causal_conv1d(x, w, cb, backend=B),
+         lambda: F.silu(F.conv1d(x.transpose(1, 2), w[:, None], cb, padding=3, groups=dc)[..., :n])),
+        ("silu_mul", f"{n}x{4 * dc} fp32", lambda: hal.silu_mul(ga, gb, backend=B), lambda: F.silu(ga) * gb),
+    ]
+    return out
+
+
 def rows(quick: bool):
-    return _linear_rows() + _foundation_rows(quick) + _attention_rows(quick)
+    return _linear_rows() + _foundation_rows(quick) + _attention_rows(quick) + _gdn_rows(quick)
 
 
 def _first_call_child():

@@ -237,3 +237,57 @@ def nanmax(a, b):
     if b != b:
         return b
     return a if a >= b else b
+
+
+# -------------------------------------------------------------- sin / cos (lsm1)
+# The port of strict_math.sincos: the same constants, reduction steps and quadrant selection.
+
+SINCOS_LIMIT = F32(16777216.0)  # 2**24
+_QUARTER = F32(0.25)
+_THREE = F32(3.0)
+_FOUR = F32(4.0)
+_TWO_OVER_PI = F32(0.6366197466850281)
+_PIO2_1 = F32(1.5707963705062866)
+_PIO2_2 = F32(-4.371138828673793e-08)
+_PIO2_3 = F32(-1.7151245100058819e-15)
+_S0, _S1, _S2, _S3, _S4 = (F32(c) for c in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0,
+                                            -1.0 / 6.0))
+_C0, _C1, _C2, _C3, _C4, _C5 = (F32(c) for c in (1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0,
+                                                 -1.0 / 720.0, 1.0 / 24.0, -0.5))
+
+
+@njit(inline="always", cache=True)
+def _reduce_quarter(x, k):
+    nk = -k
+    r = fma(nk, _PIO2_1, x)
+    r = fma(nk, _PIO2_2, r)
+    return fma(nk, _PIO2_3, r)
+
+
+@njit(inline="always", cache=True)
+def sincos(x):
+    """lsm1 (sin x, cos x) of a float32 (reference: strict_math.sincos); NaN for NaN, ±inf and
+    |x| >= 2**24; sin(±0) = ±0."""
+    finite = abs(x) < SINCOS_LIMIT  # False for NaN and ±inf
+    xf = x if finite else ZERO
+    k = np.floor(fma(xf, _TWO_OVER_PI, HALF))
+    r = _reduce_quarter(xf, k)
+    k = k + np.floor(fma(r, _TWO_OVER_PI, HALF))  # one correction of the quadrant
+    r = _reduce_quarter(xf, k)
+    z = r * r
+    ps = fma(fma(fma(fma(_S0, z, _S1), z, _S2), z, _S3), z, _S4)
+    pc = fma(fma(fma(fma(fma(_C0, z, _C1), z, _C2), z, _C3), z, _C4), z, _C5)
+    s = fma(r * z, ps, r)
+    c = fma(z, pc, ONE)
+    q = k - _FOUR * np.floor(k * _QUARTER)
+    if q == ONE or q == _THREE:
+        s, c = c, s
+    if q == TWO or q == _THREE:
+        s = -s
+    if q == ONE or q == TWO:
+        c = -c
+    if x == ZERO:
+        s = x
+    if not finite:
+        return NAN, NAN
+    return s, c

@@ -1,0 +1,139 @@
+"""Strict elementwise ops and rotary embedding (kernels/reference/elementwise.py), compiled.
+
+The float32 cores (``sigmoid_f32``, ``silu_f32``, ``softplus_f32``) are the one numba definition of
+these functions; the GDN layer pieces (``qwen3_next.py``) inline the same ones. Every value is
+computed alone from its own input, so blocks of elements are independent tasks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from hal.kernels.reference.elementwise import inv_freq as _inv_freq_table
+
+from .host import F32, finish, raw
+from .strict_math import NEG_INF, ONE, ZERO, canon, exp, fma, log, sincos, widen
+
+_BLOCK = 4096  # elements per task
+_NEG_ZERO = np.float32(-0.0)
+SIGMOID, SILU, SOFTPLUS = 0, 1, 2
+_KIND = {"sigmoid": SIGMOID, "silu": SILU, "softplus": SOFTPLUS}
+
+
+@njit(inline="always", cache=True)
+def sigmoid_f32(x):
+    return ONE / (ONE + exp(-x))
+
+
+@njit(inline="always", cache=True)
+def silu_f32(x):
+    """x / (1 + exp(-x)); silu(-inf) = -0.0 (the limit, not NaN)."""
+    return _NEG_ZERO if x == NEG_INF else x / (ONE + exp(-x))
+
+
+@njit(inline="always", cache=True)
+def softplus_f32(x):
+    """max(x, 0) + log1p(exp(-|x|)), log1p(e) = log(w) * (e / (w - 1)), w = 1 + e; m + e when w == 1."""
+    m = x if x > ZERO else ZERO
+    e = exp(-abs(x))
+    w = ONE + e
+    if w == ONE:
+        return m + e
+    return fma(log(w), e / (w - ONE), m)
+
+
+@njit(inline="always", cache=True)
+def _unary(kind, x):
+    if kind == SIGMOID:
+        return sigmoid_f32(x)
+    if kind == SILU:
+        return silu_f32(x)
+    return softplus_f32(x)
+
+
+@njit(parallel=True, cache=True)
+def _map_unary(kind, x, out):
+    n = x.shape[0]
+    for blk in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
+            out[i] = _unary(kind, widen(x[i]))
+
+
+@njit(parallel=True, cache=True)
+def _map_silu_mul(a, b, out):
+    n = a.shape[0]
+    for blk in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
+            out[i] = silu_f32(widen(a[i])) * widen(b[i])
+
+
+def unary(name: str, x: torch.Tensor) -> torch.Tensor:
+    """sigmoid / silu / softplus of x, rounded once to x's dtype."""
+    out = torch.empty(x.shape, dtype=F32)
+    if x.numel():
+        _map_unary(_KIND[name], raw(x).reshape(-1), out.numpy().reshape(-1))
+    return finish(out, x.dtype)
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(a.shape, dtype=F32)
+    if a.numel():
+        _map_silu_mul(raw(a).reshape(-1), raw(b).reshape(-1), out.numpy().reshape(-1))
+    return finish(out, a.dtype)
+
+
+# ---------------------------------------------------------------- rotary
+
+
+@njit(parallel=True, cache=True)
+def _cos_sin(pos, freq, cos, sin):
+    n, half = cos.shape
+    for p in prange(n):
+        fp = np.float32(pos[p])  # exact: |pos| < 2**24 is validated
+        for i in range(half):
+            s, c = sincos(fp * freq[i])
+            cos[p, i] = canon(c)
+            sin[p, i] = canon(s)
+
+
+def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
+    """float32 (cos, sin) [..., R/2]; the R/2-entry inv_freq table is the reference's own (a few exp/log)."""
+    f = _inv_freq_table(rotary_dim, base) if inv_freq is None else inv_freq.to(F32)
+    half = rotary_dim // 2
+    cos = torch.empty((*positions.shape, half), dtype=F32)
+    sin = torch.empty_like(cos)
+    if positions.numel():
+        _cos_sin(positions.reshape(-1).to(torch.int64).numpy(), f.contiguous().numpy(),
+                 cos.numpy().reshape(-1, half), sin.numpy().reshape(-1, half))
+    return cos, sin
+
+
+@njit(parallel=True, cache=True)
+def _rotate(x, cos, sin, interleaved, out):
+    """x [rows, D] (raw), cos/sin [rows, half] float32 -> out [rows, D] float32."""
+    rows, d = x.shape
+    half = cos.shape[1]
+    for r in prange(rows):
+        for j in range(d):
+            out[r, j] = widen(x[r, j])  # dims >= R pass through (exact)
+        for i in range(half):
+            i1, i2 = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+            x1, x2 = widen(x[r, i1]), widen(x[r, i2])
+            c, s = cos[r, i], sin[r, i]
+            out[r, i1] = fma(x1, c, -(x2 * s))
+            out[r, i2] = fma(x2, c, x1 * s)
+
+
+def apply_rotary(x, cos, sin, interleaved):
+    d = x.shape[-1]
+    half = cos.shape[-1]
+    lead = x.shape[:-1]
+    rows = int(np.prod(lead)) if lead else 1
+    out = torch.empty(x.shape, dtype=F32)
+    if x.numel():
+        # the tables broadcast over x's leading dims (exact float32 copies)
+        c = cos.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
+        s = sin.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
+        _rotate(raw(x).reshape(rows, d), c.numpy(), s.numpy(), interleaved, out.numpy().reshape(rows, d))
+    return finish(out, x.dtype)

@@ -1,0 +1,77 @@
+"""Qwen3-Next's GDN layer pieces (kernels/reference/qwen3_next.py), compiled: gating and the causal
+depthwise conv1d with its decode state. Per element / per (sequence, channel): independent tasks."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .elementwise import sigmoid_f32, silu_f32, softplus_f32
+from .host import F32, canonical_nan, finish, raw
+from .strict_math import ZERO, exp, fma, widen
+
+
+@njit(parallel=True, cache=True)
+def _gating(A_log, a, dt_bias, b, g, beta):
+    """a, b [rows, HV] (raw); A_log, dt_bias [HV] -> g, beta [rows, HV] float32."""
+    rows, hv = a.shape
+    for r in prange(rows):
+        for h in range(hv):
+            A = exp(widen(A_log[h]))
+            g[r, h] = -(A * softplus_f32(widen(a[r, h]) + widen(dt_bias[h])))
+            beta[r, h] = sigmoid_f32(widen(b[r, h]))
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    hv = A_log.shape[0]
+    g = torch.empty(a.shape, dtype=F32)
+    beta = torch.empty(a.shape, dtype=F32)
+    if a.numel():
+        _gating(raw(A_log), raw(a).reshape(-1, hv), raw(dt_bias), raw(b).reshape(-1, hv),
+                g.numpy().reshape(-1, hv), beta.numpy().reshape(-1, hv))
+    return canonical_nan(g), canonical_nan(beta)
+
+
+@njit(parallel=True, cache=True)
+def _conv(x, starts, lengths, prev, w, bias, has_bias, silu, y):
+    """x [tokens, D] (raw); prev [N, K-1, D] (raw, the previous inputs); w [D, K]; bias [D] -> y [tokens, D].
+
+    Tap i of output t reads input t-K+1+i: the previous inputs for t-K+1+i < 0, else x."""
+    n = starts.shape[0]
+    d, kw = w.shape
+    for task in prange(n * d):
+        s = task // d
+        c = task % d
+        b0 = widen(bias[c]) if has_bias else ZERO
+        for t in range(lengths[s]):
+            acc = b0
+            for i in range(kw):
+                src = t - kw + 1 + i
+                xv = widen(x[starts[s] + src, c]) if src >= 0 else widen(prev[s, kw - 1 + src, c])
+                acc = fma(widen(w[c, i]), xv, acc)
+            y[starts[s] + t, c] = silu_f32(acc) if silu else acc
+
+
+def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
+    kw = weight.shape[1]
+    b, tlen, d = x.shape
+    if cu_seqlens is None:
+        starts = np.arange(b, dtype=np.int64) * tlen
+        lengths = np.full(b, tlen, dtype=np.int64)
+    else:
+        starts = np.asarray(cu_seqlens[:-1], dtype=np.int64)
+        lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+    n = starts.shape[0]
+    prev = conv_state if conv_state is not None else x.new_zeros((n, kw - 1, d))
+    x2 = x.reshape(b * tlen, d)
+    y = torch.empty((b * tlen, d), dtype=F32)
+    _conv(raw(x2), starts, lengths, raw(prev), raw(weight), raw(bias if bias is not None else weight[:, 0]),
+          bias is not None, activation == "silu", y.numpy())
+    # the new state: the last K-1 inputs of each sequence (older ones from the previous state), not rounded
+    km = kw - 1
+    src = torch.cat([prev.reshape(n * km, d), x2])            # previous inputs first, then x
+    j = torch.arange(km)[None, :]
+    p = torch.from_numpy(lengths)[:, None] + j                # position in [previous inputs ; sequence]
+    idx = torch.where(p < km, torch.arange(n)[:, None] * km + p, n * km + torch.from_numpy(starts)[:, None] + p - km)
+    state = src[idx.reshape(-1)].reshape(n, km, d)
+    return finish(y, x.dtype).reshape(x.shape), canonical_nan(state)
