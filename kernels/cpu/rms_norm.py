@@ -17,11 +17,10 @@ def _rms_rows(h, w, eps, t, out):
     rows, n = h.shape
     hn = np.float32(n)  # exact for n < 2**24
     for r in prange(rows):
-        part = np.empty(max(1, (n + t - 1) // t), np.float32)
         x = np.empty(n, np.float32)
         for i in range(n):
             x[i] = widen(h[r, i])
-        ss = tiled_dot(x, x, t, part)
+        ss = tiled_dot(x, x, t)
         inv = ONE / np.sqrt(ss / hn + eps)
         o = out[r]
         for i in range(n):

@@ -51,7 +51,7 @@ def _row_max(x):
 
 
 @njit(inline="always", cache=True)
-def _row_stats(x, t, e, part):
+def _row_stats(x, t, e):
     """(shift, S, empty) of row x; fills e with exp(x - shift)."""
     n = x.shape[0]
     m, poisoned = _row_max(x)
@@ -62,18 +62,18 @@ def _row_stats(x, t, e, part):
         m = ZERO
     for i in range(n):
         e[i] = exp(widen(x[i]) - m)
-    return m, tiled_sum(e, t, part), empty
+    return m, tiled_sum(e, t), empty
 
 
 @njit(parallel=True, cache=True)
 def _softmax_rows(x, t, kind, out):
     rows, n = x.shape
     for r in prange(rows):
-        e = np.empty(n, np.float32)
-        part = np.empty(max(1, (n + t - 1) // t), np.float32)
-        xr = x[r]
-        m, s, empty = _row_stats(xr, t, e, part)
         o = out[r]
+        # exp(x - shift) goes straight into the output row (overwritten below) unless it is one wide
+        e = np.empty(n, np.float32) if kind == LOGSUMEXP else o
+        xr = x[r]
+        m, s, empty = _row_stats(xr, t, e)
         if kind == LOGSUMEXP:
             o[0] = NEG_INF if empty else canon(m + log(s))
         elif kind == LOG_SOFTMAX:
@@ -115,10 +115,9 @@ def _logprob_rows(logits_t, col0, tokens, temp, scale, t, out):
     for c in prange(cols):
         row = np.empty(v, np.float32)
         e = np.empty(v, np.float32)
-        part = np.empty(max(1, (v + t - 1) // t), np.float32)
         for i in range(v):
             row[i] = logits_t[i, c] / temp if scale else logits_t[i, c]
-        m, s, empty = _row_stats(row, t, e, part)
+        m, s, empty = _row_stats(row, t, e)
         out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
 
 
