@@ -13,7 +13,7 @@ import torch
 from numba import njit, prange
 
 from .host import F32, finish, raw
-from .matmul import dot_rows_kn
+from .matmul import dot_rows_nk
 from .reduce import tiled_sum
 from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
 
@@ -109,33 +109,35 @@ def logsumexp(x, spec):
 
 
 @njit(parallel=True, cache=True)
-def _logprob_rows(logits_t, col0, tokens, temp, scale, t, out):
-    """out[col0 + c] for the columns c of logits_t [V, C] (one token's logits per column)."""
-    v, cols = logits_t.shape
-    for c in prange(cols):
-        row = np.empty(v, np.float32)
+def _logprob_rows(logits, row0, tokens, temp, scale, t, out):
+    """out[row0 + r] for the rows r of logits [C, V] (one token's logits per row, divided by the
+    temperature in place when scale)."""
+    rows, v = logits.shape
+    for r in prange(rows):
+        row = logits[r]
+        if scale:
+            for i in range(v):
+                row[i] = row[i] / temp
         e = np.empty(v, np.float32)
-        for i in range(v):
-            row[i] = logits_t[i, c] / temp if scale else logits_t[i, c]
         m, s, empty = _row_stats(row, t, e)
-        out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
+        out[row0 + r] = NEG_INF if empty else canon((row[tokens[row0 + r]] - m) - log(s))
 
 
-_ROW_CHUNK = 64  # tokens per chunk: at most V x 64 float32 logits exist at a time
+_ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
     """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
     n = tokens.numel()
     w = raw(weight)
-    # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
-    # of hidden[n] and W[v], computed without transposing the (large) LM head.
-    ht = raw(hidden.reshape(n, hidden.shape[-1]).t())
+    # logits [chunk, V] = hidden_chunk [chunk, H] . W [V, H]^T: each logit is the spec's tiled dot of
+    # hidden[n] and W[v]; the LM head is read as stored (packed per tile panel inside the kernel).
+    h2 = raw(hidden.reshape(n, hidden.shape[-1]))
     tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
-        lt = dot_rows_kn(w, np.ascontiguousarray(ht[:, c0:c1]), spec.hidden_tile)
+        lt = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
         _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)
