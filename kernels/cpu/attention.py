@@ -137,6 +137,23 @@ def _attend(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
             lse[b, i, h] = NEG_INF
 
 
+@njit(parallel=True, cache=True)
+def _keys_by_dim(k, kt):
+    """kt[b, h, c, j] = k[b, j, h, c] (stored values, any dtype): each (sequence, kv head)'s keys
+    as [D, K], so a block's scores vectorise over keys. O(K*D), in blocks of 16 keys that stay in
+    cache (torch's strided permute copy cost more than the attention itself on a long cache)."""
+    bsz, nk, hkv, d = k.shape
+    for task in prange(bsz * hkv):
+        b = task // hkv
+        h = task % hkv
+        for j0 in range(0, nk, 16):
+            j1 = min(j0 + 16, nk)
+            for c in range(d):
+                dst = kt[b, h, c]
+                for j in range(j0, j1):
+                    dst[j] = k[b, j, h, c]
+
+
 def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
     """As the reference's attend_padded: q [b, Q, Hq, D], k, v [b, K, Hkv, D] -> out (q's dtype), lse f32."""
     bsz, n_q, hq, d = q.shape
@@ -146,8 +163,10 @@ def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
     lse = torch.empty((bsz, n_q, hq), dtype=F32)
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
-        # keys transposed per (sequence, kv head) to [D, K]: O(K*D), so a block's scores vectorise
-        _attend(raw(q), raw(k.permute(0, 2, 3, 1)), raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
+        kr = raw(k)
+        kt = np.empty((bsz, kr.shape[2], d, kr.shape[1]), kr.dtype)
+        _keys_by_dim(kr, kt)
+        _attend(raw(q), kt, raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
                 spec.dot_tile, p_mode, out.numpy(), lse.numpy())
     return finish(out, q.dtype), lse
 
