@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, finish, raw
+from .host import F32, finish, parallel_worth, raw
 from .matmul import dot_rows_nk
 from .reduce import tiled_sum
 from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
@@ -65,24 +65,41 @@ def _row_stats(x, t, e):
     return m, tiled_sum(e, t), empty
 
 
+@njit(inline="always", cache=True)
+def _softmax_row(x, t, kind, out, r):
+    n = x.shape[1]
+    o = out[r]
+    # exp(x - shift) goes straight into the output row (overwritten below) unless it is one wide
+    e = np.empty(n, np.float32) if kind == LOGSUMEXP else o
+    xr = x[r]
+    m, s, empty = _row_stats(xr, t, e)
+    if kind == LOGSUMEXP:
+        o[0] = NEG_INF if empty else canon(m + log(s))
+    elif empty:  # a row of -inf only
+        o[:] = NEG_INF if kind == LOG_SOFTMAX else ZERO
+    elif kind == LOG_SOFTMAX:
+        ls = log(s)
+        for i in range(n):
+            o[i] = canon((widen(xr[i]) - m) - ls)
+    else:
+        for i in range(n):  # o holds exp(x - shift); read and written through one name so it vectorises
+            o[i] = canon(o[i] / s)
+
+
 @njit(parallel=True, cache=True)
+def _softmax_par(x, t, kind, out):
+    for r in prange(x.shape[0]):
+        _softmax_row(x, t, kind, out, r)
+
+
+@njit(cache=True)
+def _softmax_ser(x, t, kind, out):
+    for r in range(x.shape[0]):
+        _softmax_row(x, t, kind, out, r)
+
+
 def _softmax_rows(x, t, kind, out):
-    rows, n = x.shape
-    for r in prange(rows):
-        o = out[r]
-        # exp(x - shift) goes straight into the output row (overwritten below) unless it is one wide
-        e = np.empty(n, np.float32) if kind == LOGSUMEXP else o
-        xr = x[r]
-        m, s, empty = _row_stats(xr, t, e)
-        if kind == LOGSUMEXP:
-            o[0] = NEG_INF if empty else canon(m + log(s))
-        elif kind == LOG_SOFTMAX:
-            ls = log(s)
-            for i in range(n):
-                o[i] = NEG_INF if empty else canon((widen(xr[i]) - m) - ls)
-        else:
-            for i in range(n):
-                o[i] = ZERO if empty else canon(e[i] / s)
+    (_softmax_par if parallel_worth(x.size * 8) else _softmax_ser)(x, t, kind, out)
 
 
 def _run(x, spec, kind):
@@ -108,19 +125,30 @@ def logsumexp(x, spec):
     return _run(x, spec, LOGSUMEXP)
 
 
-@njit(parallel=True, cache=True)
-def _logprob_rows(logits, row0, tokens, temp, scale, t, out):
-    """out[row0 + r] for the rows r of logits [C, V] (one token's logits per row, divided by the
+@njit(inline="always", cache=True)
+def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
+    """out[row0 + r] from row r of logits [C, V] (one token's logits per row; divided by the
     temperature in place when scale)."""
-    rows, v = logits.shape
-    for r in prange(rows):
-        row = logits[r]
-        if scale:
-            for i in range(v):
-                row[i] = row[i] / temp
-        e = np.empty(v, np.float32)
-        m, s, empty = _row_stats(row, t, e)
-        out[row0 + r] = NEG_INF if empty else canon((row[tokens[row0 + r]] - m) - log(s))
+    v = logits.shape[1]
+    row = logits[r]
+    if scale:
+        for i in range(v):
+            row[i] = row[i] / temp
+    e = np.empty(v, np.float32)
+    m, s, empty = _row_stats(row, t, e)
+    out[row0 + r] = NEG_INF if empty else canon((row[tokens[row0 + r]] - m) - log(s))
+
+
+@njit(parallel=True, cache=True)
+def _logprob_par(logits, row0, tokens, temp, scale, t, out):
+    for r in prange(logits.shape[0]):
+        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+
+
+@njit(cache=True)
+def _logprob_ser(logits, row0, tokens, temp, scale, t, out):
+    for r in range(logits.shape[0]):
+        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
 
 
 _ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time
@@ -139,5 +167,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
         lt = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
-        _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+        lt = lt.numpy()
+        (_logprob_par if parallel_worth(lt.size * 8) else _logprob_ser)(lt, c0, tok, temp, temperature != 1.0,
+                                                                        spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)
