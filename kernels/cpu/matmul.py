@@ -4,12 +4,12 @@ Both kernels compute each output as the spec's chain (reduce.py): per K tile a s
 from +0.0 in k order, tile partials added into the zeroed output in tile order. Speed comes only
 from running independent chains (other output columns / rows) together.
 
-* ``_gemm``: a task owns up to ``_MG`` rows x ``_NC`` columns of C. Per K tile it packs B's tile
+* ``_gemm_*``: a task owns up to ``_MG`` rows x ``_NC`` columns of C. Per K tile it packs B's tile
   panel as float32 [T, cols] (B stored [K, N] or, for linear's weight, [N, K]: the transpose and
   the bf16/fp16 widening happen here, so the host never copies the weight), then runs four rows
   at a time; the innermost loop runs over the panel's contiguous columns with independent
   accumulators (it vectorises) and advances every chain by two k steps per accumulator load/store.
-* ``_dots_nk``: B is [N, K] (the weight as stored); eight output columns are eight independent
+* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
   scalar chains in flight (latency hiding). For linear with few rows (decode), where packing the
   weight would cost as much as the product.
 
@@ -115,12 +115,13 @@ def _gemm_tasks(M, N):
 @njit(parallel=True, cache=True)
 def _gemm_par(A, B, nk, C, T):
     for task in prange(_gemm_tasks(A.shape[0], C.shape[1])):
-        _gemm_task(A, B, nk, C, T, task, np.empty((T, _NC), np.float32), np.empty((4, _NC), np.float32))
+        P = np.empty((min(T, A.shape[1]), _NC), np.float32)  # one K tile's panel (a tile may exceed K)
+        _gemm_task(A, B, nk, C, T, task, P, np.empty((4, _NC), np.float32))
 
 
 @njit(cache=True)
 def _gemm_ser(A, B, nk, C, T):
-    P, acc = np.empty((T, _NC), np.float32), np.empty((4, _NC), np.float32)
+    P, acc = np.empty((min(T, A.shape[1]), _NC), np.float32), np.empty((4, _NC), np.float32)
     for task in range(_gemm_tasks(A.shape[0], C.shape[1])):
         _gemm_task(A, B, nk, C, T, task, P, acc)
 
