@@ -296,3 +296,55 @@ def test_concurrent_calls_from_python_threads():
         threaded = list(ex.map(lambda x: hal.linear(x, w, backend="cpu"), xs))
     for a, b in zip(serial, threaded):
         assert first_divergence("threaded", a, b) is None
+
+
+# ------------------------------------------------------------------ drivers and host passes
+
+def test_parallel_and_serial_drivers_same_bits():
+    """Each kernel's parallel driver (taken for large work at > 1 thread) and serial driver (small
+    work, or 1 thread) run one task body: same bits, across task boundaries (rows past _MG, columns
+    past _NC, short last tiles). A different k tile, checked the same way, must differ."""
+    import numba
+    from hal.kernels.cpu import matmul as km
+    g = torch.Generator().manual_seed(7)
+    a = randn(g, 70, 130, dtype=torch.bfloat16)
+    w = randn(g, 300, 130, dtype=torch.bfloat16)
+    a2, w2 = km.raw(a), km.raw(w)
+    wt2 = km.raw(w.t())
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for name, par, ser, args in (("gemm nk", km._gemm_par, km._gemm_ser, (a2, w2, True)),
+                                     ("gemm kn", km._gemm_par, km._gemm_ser, (a2, wt2, False)),
+                                     ("dots", km._dots_par, km._dots_ser, (a2[:3], w2))):
+            m = args[0].shape[0]
+            outs = []
+            for fn, t in ((par, 64), (ser, 64), (ser, 32)):
+                out = np.zeros((m, 300), np.float32)
+                fn(*args, out, t)
+                outs.append(torch.from_numpy(out))
+            assert first_divergence(name, outs[0], outs[1]) is None
+            assert first_divergence(name + " other tile", outs[0], outs[2]) is not None
+    finally:
+        numba.set_num_threads(old)
+    same("linear across tasks", *both(hal.linear, a, w))
+    same("matmul across tasks", *both(hal.matmul, a, w.t()))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_host_canonical_nan_matches_reference(dt):
+    """The compiled in-place NaN pass against the reference's torch.where on random bit patterns
+    (every NaN payload and sign, infinities, ordinary values)."""
+    from hal.kernels.cpu.host import canonical_nan
+    from hal.kernels.reference.strict_math import canonical_nan as ref_canon
+    g = torch.Generator().manual_seed(8)
+    if dt == torch.float32:
+        bits = torch.randint(-2**31, 2**31 - 1, (100_000,), generator=g, dtype=torch.int64).to(torch.int32)
+        x = torch.cat([bits, torch.tensor([0x7F800000, -0x800000, 0x7FC00000], dtype=torch.int32)]).view(dt)
+    else:
+        x = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dt)  # every pattern
+    want = ref_canon(x.clone())
+    got = canonical_nan(x.clone())
+    assert first_divergence("canonical_nan", want, got) is None
+    assert bool(torch.isnan(x).any())  # the case set holds NaNs: the pass had work to do
+    assert first_divergence("untouched", want, x) is not None  # negative control: raw NaN payloads differ

@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from hal.attention import key_visibility, kvcache_via_padded, query_positions, varlen_via_padded
 
-from .host import F32, finish, raw
+from .host import F32, finish, parallel_worth, raw
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
 
 P_FP32, P_BF16, P_FP16 = 0, 1, 2
@@ -47,94 +47,125 @@ def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
         sc[j] = sc[j] * scale
 
 
-@njit(parallel=True, cache=True)
-def _attend(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+@njit(inline="always", cache=True)
+def _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task):
+    """One (sequence, query row, head) triple: its output row and lse."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
-    for task in prange(bsz * nq * hq):
-        b = task // (nq * hq)
-        i = (task // hq) % nq
-        h = task % hq
-        hk = h // group
-        vrow = vis[b, i]
-        last = -1
-        for j in range(vrow.shape[0] - 1, -1, -1):
-            if vrow[j]:
-                last = j
-                break
-        o = out[b, i, h]
-        if last < 0:  # no visible key: out 0, lse -inf
-            o[:] = ZERO
-            lse[b, i, h] = NEG_INF
-            continue
-        qv = np.empty(d, np.float32)
-        for c in range(d):
-            qv[c] = widen(q[b, i, h, c])
-        sc = np.empty(kb, np.float32)
-        tmp = np.empty(kb, np.float32)
-        kth = kt[b, hk]
-        acc_blk = np.empty(d, np.float32)
-        acc = np.empty(d, np.float32)
-        acc_tot = np.zeros(d, np.float32)
-        m_tot = NEG_INF
-        l_tot = ZERO
-        seen = False
-        for s0 in range(0, last + 1, ks):
-            s1 = min(s0 + ks, last + 1)
-            m_run = NEG_INF
-            l_run = ZERO
-            acc[:] = ZERO
-            split_seen = False
-            for b0 in range(s0, s1, kb):
-                b1 = min(b0 + kb, s1)
-                nonempty = False
+    b = task // (nq * hq)
+    i = (task // hq) % nq
+    h = task % hq
+    hk = h // group
+    vrow = vis[b, i]
+    last = -1
+    for j in range(vrow.shape[0] - 1, -1, -1):
+        if vrow[j]:
+            last = j
+            break
+    o = out[b, i, h]
+    if last < 0:  # no visible key: out 0, lse -inf
+        o[:] = ZERO
+        lse[b, i, h] = NEG_INF
+        return
+    qv = np.empty(d, np.float32)
+    for c in range(d):
+        qv[c] = widen(q[b, i, h, c])
+    sc = np.empty(kb, np.float32)
+    tmp = np.empty(kb, np.float32)
+    kth = kt[b, hk]
+    acc_blk = np.empty(d, np.float32)
+    acc = np.empty(d, np.float32)
+    acc_tot = np.zeros(d, np.float32)
+    m_tot = NEG_INF
+    l_tot = ZERO
+    seen = False
+    for s0 in range(0, last + 1, ks):
+        s1 = min(s0 + ks, last + 1)
+        m_run = NEG_INF
+        l_run = ZERO
+        acc[:] = ZERO
+        split_seen = False
+        for b0 in range(s0, s1, kb):
+            b1 = min(b0 + kb, s1)
+            nonempty = False
+            for j in range(b0, b1):
+                nonempty = nonempty or vrow[j]
+            m_blk = NEG_INF
+            if nonempty:
+                _block_scores(qv, kth, b0, b1, dt, scale, sc, tmp)
                 for j in range(b0, b1):
-                    nonempty = nonempty or vrow[j]
-                m_blk = NEG_INF
-                if nonempty:
-                    _block_scores(qv, kth, b0, b1, dt, scale, sc, tmp)
-                    for j in range(b0, b1):
-                        if vrow[j]:
-                            m_blk = nanmax(m_blk, sc[j - b0])
-                m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
-                if nonempty:
-                    l_blk = ZERO
-                    acc_blk[:] = ZERO
-                    for j in range(b0, b1):
-                        if vrow[j]:
-                            p = exp(sc[j - b0] - m_new)
-                            l_blk = l_blk + p
-                            pv = p
-                            if p_mode == P_BF16:
-                                pv = round_bf16(p)
-                            elif p_mode == P_FP16:
-                                pv = round_f16(p)
-                            vr = v[b, j, hk]
-                            for c in range(d):
-                                acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
-                    alpha = exp(m_run - m_new)
-                    l_run = fma(l_run, alpha, l_blk)
-                    for c in range(d):
-                        acc[c] = fma(acc[c], alpha, acc_blk[c])
-                    split_seen = True
-                m_run = m_new
-            if split_seen:  # merge this split into the total, in split order
-                m_new = nanmax(m_tot, m_run)
-                a = exp(m_tot - m_new)
-                cc = exp(m_run - m_new)
-                l_tot = fma(l_tot, a, l_run * cc)
+                    if vrow[j]:
+                        m_blk = nanmax(m_blk, sc[j - b0])
+            m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
+            if nonempty:
+                l_blk = ZERO
+                acc_blk[:] = ZERO
+                for j in range(b0, b1):
+                    if vrow[j]:
+                        p = exp(sc[j - b0] - m_new)
+                        l_blk = l_blk + p
+                        pv = p
+                        if p_mode == P_BF16:
+                            pv = round_bf16(p)
+                        elif p_mode == P_FP16:
+                            pv = round_f16(p)
+                        vr = v[b, j, hk]
+                        for c in range(d):
+                            acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
+                alpha = exp(m_run - m_new)
+                l_run = fma(l_run, alpha, l_blk)
                 for c in range(d):
-                    acc_tot[c] = fma(acc_tot[c], a, acc[c] * cc)
-                m_tot = m_new
-                seen = True
-        if seen:
+                    acc[c] = fma(acc[c], alpha, acc_blk[c])
+                split_seen = True
+            m_run = m_new
+        if split_seen:  # merge this split into the total, in split order
+            m_new = nanmax(m_tot, m_run)
+            a = exp(m_tot - m_new)
+            cc = exp(m_run - m_new)
+            l_tot = fma(l_tot, a, l_run * cc)
             for c in range(d):
-                o[c] = canon(acc_tot[c] / l_tot)
-            lse[b, i, h] = canon(m_tot + log(l_tot))
-        else:
-            o[:] = ZERO
-            lse[b, i, h] = NEG_INF
+                acc_tot[c] = fma(acc_tot[c], a, acc[c] * cc)
+            m_tot = m_new
+            seen = True
+    if seen:
+        for c in range(d):
+            o[c] = canon(acc_tot[c] / l_tot)
+        lse[b, i, h] = canon(m_tot + log(l_tot))
+    else:
+        o[:] = ZERO
+        lse[b, i, h] = NEG_INF
+
+
+@njit(parallel=True, cache=True)
+def _attend_par(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+    bsz, nq, hq, _ = q.shape
+    for task in prange(bsz * nq * hq):
+        _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+
+
+@njit(cache=True)
+def _attend_ser(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+    bsz, nq, hq, _ = q.shape
+    for task in range(bsz * nq * hq):
+        _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+
+
+@njit(cache=True)
+def _keys_by_dim(k, kt):
+    """kt[b, h, c, j] = k[b, j, h, c] (stored values, any dtype): each (sequence, kv head)'s keys
+    as [D, K], so a block's scores vectorise over keys. O(K*D), in blocks of 16 keys that stay in
+    cache (torch's strided permute copy cost more than the attention itself on a long cache)."""
+    bsz, nk, hkv, d = k.shape
+    for task in range(bsz * hkv):  # a copy: one thread streams it about as fast as two
+        b = task // hkv
+        h = task % hkv
+        for j0 in range(0, nk, 16):
+            j1 = min(j0 + 16, nk)
+            for c in range(d):
+                dst = kt[b, h, c]
+                for j in range(j0, j1):
+                    dst[j] = k[b, j, h, c]
 
 
 def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
@@ -146,9 +177,12 @@ def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
     lse = torch.empty((bsz, n_q, hq), dtype=F32)
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
-        # keys transposed per (sequence, kv head) to [D, K]: O(K*D), so a block's scores vectorise
-        _attend(raw(q), raw(k.permute(0, 2, 3, 1)), raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
-                spec.dot_tile, p_mode, out.numpy(), lse.numpy())
+        kr = raw(k)
+        kt = np.empty((bsz, kr.shape[2], d, kr.shape[1]), kr.dtype)
+        _keys_by_dim(kr, kt)
+        attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
+        attend(raw(q), kt, raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
+               spec.dot_tile, p_mode, out.numpy(), lse.numpy())
     return finish(out, q.dtype), lse
 
 

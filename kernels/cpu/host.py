@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit
 
 from hal.errors import UnsupportedError
 
 from . import strict_math as sm
 
 F32 = torch.float32
-_CANON = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 _TINY = np.float32(2.0 ** -126)
 
@@ -26,17 +26,25 @@ def raw(t: torch.Tensor) -> np.ndarray:
     return t.to(F32).numpy()
 
 
+#: per dtype: (mask of the bits below the sign, +inf's bits, canonical NaN); NaN <=> (bits & mask) > inf
+_NAN_WORDS = {torch.float32: (0x7FFFFFFF, 0x7F800000, 0x7FC00000), torch.bfloat16: (0x7FFF, 0x7F80, 0x7FC0),
+              torch.float16: (0x7FFF, 0x7C00, 0x7E00)}
+
+
+@njit(cache=True)
+def _canon_bits(v, mask, inf, nan):
+    for i in range(v.shape[0]):  # a select, not a branch: the loop vectorises
+        v[i] = nan if (v[i] & mask) > inf else v[i]
+
+
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:
-    """t with every NaN replaced by its dtype's canonical pattern (in place when t is ours)."""
-    nan = torch.isnan(t)
-    if bool(nan.any()):
-        t.view(_INT_VIEW[t.dtype])[nan] = _to_signed(_CANON[t.dtype], t.dtype)
+    """t with every NaN replaced by its dtype's canonical pattern (in place when t is ours).
+    One compiled pass over the bits of a contiguous t (torch's isnan + mask allocate and cost more
+    than most kernels here)."""
+    if not t.is_contiguous():
+        return t.copy_(canonical_nan(t.contiguous()))
+    _canon_bits(t.view(_INT_VIEW[t.dtype]).reshape(-1).numpy(), *_NAN_WORDS[t.dtype])
     return t
-
-
-def _to_signed(v: int, dtype) -> int:
-    bits = 32 if dtype == torch.float32 else 16
-    return v - (1 << bits) if v >= 1 << (bits - 1) else v
 
 
 def finish(out32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -44,6 +52,18 @@ def finish(out32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     subnormals) and make its NaNs canonical (torch's vectorised bf16 conversion writes 0xFFFF)."""
     out = out32 if dtype == F32 else out32.to(dtype)
     return canonical_nan(out)
+
+
+#: fma-sized steps below which a kernel runs its serial driver: a parallel launch costs tens of
+#: microseconds (measured ~40 us with numba's workqueue layer, even on one thread)
+PARALLEL_MIN_WORK = 1 << 20
+
+
+def parallel_worth(work: int) -> bool:
+    """Whether a kernel doing ``work`` independent fma-sized steps should take its parallel driver
+    (both drivers run the same task body: the bits never depend on the choice)."""
+    import numba
+    return work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1
 
 
 _workers_ok = False

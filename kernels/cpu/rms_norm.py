@@ -7,25 +7,34 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, canonical_nan, finish, raw
+from .host import F32, canonical_nan, finish, parallel_worth, raw
 from .reduce import tiled_dot
 from .strict_math import ONE, canon, widen
 
 
+@njit(inline="always", cache=True)
+def _rms_row(h, w, eps, t, out, r):
+    n = h.shape[1]
+    x = np.empty(n, np.float32)
+    for i in range(n):
+        x[i] = widen(h[r, i])
+    ss = tiled_dot(x, x, t)
+    inv = ONE / np.sqrt(ss / np.float32(n) + eps)  # float32(n) is exact for n < 2**24
+    o = out[r]
+    for i in range(n):
+        o[i] = canon((x[i] * inv) * widen(w[i]))
+
+
 @njit(parallel=True, cache=True)
-def _rms_rows(h, w, eps, t, out):
-    rows, n = h.shape
-    hn = np.float32(n)  # exact for n < 2**24
-    for r in prange(rows):
-        part = np.empty(max(1, (n + t - 1) // t), np.float32)
-        x = np.empty(n, np.float32)
-        for i in range(n):
-            x[i] = widen(h[r, i])
-        ss = tiled_dot(x, x, t, part)
-        inv = ONE / np.sqrt(ss / hn + eps)
-        o = out[r]
-        for i in range(n):
-            o[i] = canon((x[i] * inv) * widen(w[i]))
+def _rms_par(h, w, eps, t, out):
+    for r in prange(h.shape[0]):
+        _rms_row(h, w, eps, t, out, r)
+
+
+@njit(cache=True)
+def _rms_ser(h, w, eps, t, out):
+    for r in range(h.shape[0]):
+        _rms_row(h, w, eps, t, out, r)
 
 
 def rms_norm(x, weight, eps, residual, spec):
@@ -38,7 +47,8 @@ def rms_norm(x, weight, eps, residual, spec):
     h2 = raw(h.reshape(math.prod(h.shape[:-1]), hid))
     out = torch.empty(h2.shape, dtype=F32)
     if out.numel():
-        _rms_rows(h2, raw(weight), np.float32(eps), spec.hidden_tile, out.numpy())
+        (_rms_par if parallel_worth(h2.size * 4) else _rms_ser)(h2, raw(weight), np.float32(eps), spec.hidden_tile,
+                                                               out.numpy())
     y = finish(out, x.dtype).reshape(h.shape)
     return (y, h) if residual is not None else y
 

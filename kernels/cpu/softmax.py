@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, finish, raw
-from .matmul import dot_rows_kn
+from .host import F32, finish, parallel_worth, raw
+from .matmul import dot_rows_nk
 from .reduce import tiled_sum
 from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
 
@@ -51,7 +51,7 @@ def _row_max(x):
 
 
 @njit(inline="always", cache=True)
-def _row_stats(x, t, e, part):
+def _row_stats(x, t, e):
     """(shift, S, empty) of row x; fills e with exp(x - shift)."""
     n = x.shape[0]
     m, poisoned = _row_max(x)
@@ -62,27 +62,44 @@ def _row_stats(x, t, e, part):
         m = ZERO
     for i in range(n):
         e[i] = exp(widen(x[i]) - m)
-    return m, tiled_sum(e, t, part), empty
+    return m, tiled_sum(e, t), empty
+
+
+@njit(inline="always", cache=True)
+def _softmax_row(x, t, kind, out, r):
+    n = x.shape[1]
+    o = out[r]
+    # exp(x - shift) goes straight into the output row (overwritten below) unless it is one wide
+    e = np.empty(n, np.float32) if kind == LOGSUMEXP else o
+    xr = x[r]
+    m, s, empty = _row_stats(xr, t, e)
+    if kind == LOGSUMEXP:
+        o[0] = NEG_INF if empty else canon(m + log(s))
+    elif empty:  # a row of -inf only
+        o[:] = NEG_INF if kind == LOG_SOFTMAX else ZERO
+    elif kind == LOG_SOFTMAX:
+        ls = log(s)
+        for i in range(n):
+            o[i] = canon((widen(xr[i]) - m) - ls)
+    else:
+        for i in range(n):  # o holds exp(x - shift); read and written through one name so it vectorises
+            o[i] = canon(o[i] / s)
 
 
 @njit(parallel=True, cache=True)
+def _softmax_par(x, t, kind, out):
+    for r in prange(x.shape[0]):
+        _softmax_row(x, t, kind, out, r)
+
+
+@njit(cache=True)
+def _softmax_ser(x, t, kind, out):
+    for r in range(x.shape[0]):
+        _softmax_row(x, t, kind, out, r)
+
+
 def _softmax_rows(x, t, kind, out):
-    rows, n = x.shape
-    for r in prange(rows):
-        e = np.empty(n, np.float32)
-        part = np.empty(max(1, (n + t - 1) // t), np.float32)
-        xr = x[r]
-        m, s, empty = _row_stats(xr, t, e, part)
-        o = out[r]
-        if kind == LOGSUMEXP:
-            o[0] = NEG_INF if empty else canon(m + log(s))
-        elif kind == LOG_SOFTMAX:
-            ls = log(s)
-            for i in range(n):
-                o[i] = NEG_INF if empty else canon((widen(xr[i]) - m) - ls)
-        else:
-            for i in range(n):
-                o[i] = ZERO if empty else canon(e[i] / s)
+    (_softmax_par if parallel_worth(x.size * 8) else _softmax_ser)(x, t, kind, out)
 
 
 def _run(x, spec, kind):
@@ -108,35 +125,49 @@ def logsumexp(x, spec):
     return _run(x, spec, LOGSUMEXP)
 
 
-@njit(parallel=True, cache=True)
-def _logprob_rows(logits_t, col0, tokens, temp, scale, t, out):
-    """out[col0 + c] for the columns c of logits_t [V, C] (one token's logits per column)."""
-    v, cols = logits_t.shape
-    for c in prange(cols):
-        row = np.empty(v, np.float32)
-        e = np.empty(v, np.float32)
-        part = np.empty(max(1, (v + t - 1) // t), np.float32)
+@njit(inline="always", cache=True)
+def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
+    """out[row0 + r] from row r of logits [C, V] (one token's logits per row; divided by the
+    temperature in place when scale)."""
+    v = logits.shape[1]
+    row = logits[r]
+    if scale:
         for i in range(v):
-            row[i] = logits_t[i, c] / temp if scale else logits_t[i, c]
-        m, s, empty = _row_stats(row, t, e, part)
-        out[col0 + c] = NEG_INF if empty else canon((row[tokens[col0 + c]] - m) - log(s))
+            row[i] = row[i] / temp
+    e = np.empty(v, np.float32)
+    m, s, empty = _row_stats(row, t, e)
+    out[row0 + r] = NEG_INF if empty else canon((row[tokens[row0 + r]] - m) - log(s))
 
 
-_ROW_CHUNK = 64  # tokens per chunk: at most V x 64 float32 logits exist at a time
+@njit(parallel=True, cache=True)
+def _logprob_par(logits, row0, tokens, temp, scale, t, out):
+    for r in prange(logits.shape[0]):
+        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+
+
+@njit(cache=True)
+def _logprob_ser(logits, row0, tokens, temp, scale, t, out):
+    for r in range(logits.shape[0]):
+        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+
+
+_ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
     """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
     n = tokens.numel()
     w = raw(weight)
-    # logits^T [V, chunk] = W [V, H] . hidden_chunk^T [H, chunk]: each logit is the spec's tiled dot
-    # of hidden[n] and W[v], computed without transposing the (large) LM head.
-    ht = raw(hidden.reshape(n, hidden.shape[-1]).t())
+    # logits [chunk, V] = hidden_chunk [chunk, H] . W [V, H]^T: each logit is the spec's tiled dot of
+    # hidden[n] and W[v]; the LM head is read as stored (packed per tile panel inside the kernel).
+    h2 = raw(hidden.reshape(n, hidden.shape[-1]))
     tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
-        lt = dot_rows_kn(w, np.ascontiguousarray(ht[:, c0:c1]), spec.hidden_tile)
-        _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+        lt = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
+        lt = lt.numpy()
+        (_logprob_par if parallel_worth(lt.size * 8) else _logprob_ser)(lt, c0, tok, temp, temperature != 1.0,
+                                                                        spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)
