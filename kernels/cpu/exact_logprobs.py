@@ -2,9 +2,9 @@
 
 The logits are the exact policy's dot rounded once to float32 (``hal.kernels.exact.cpu``:
 ``torch._int_mm`` slice products, the reference's bits); the temperature and the strict
-log-softmax are the cpu backend's compiled rows (``softmax._logprob_rows``). The weight is sliced
+log-softmax are the cpu backend's compiled rows (``softmax.logprob_rows``). The weight is sliced
 once per call, one vocab tile at a time (bounded temporaries); the logits exist for at most
-``softmax._ROW_CHUNK`` tokens x one vocab tile of products, then V x chunk float32, never [N, V].
+``softmax._ROW_CHUNK`` tokens x one vocab tile of products, then chunk x V float32, never [N, V].
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hal.kernels.exact import core
 from hal.kernels.exact.cpu import linear as exact_linear
 
 from .host import F32
-from .softmax import _ROW_CHUNK, _logprob_rows
+from .softmax import _ROW_CHUNK, logprob_rows
 
 VOCAB_TILE = 8192  # weight rows per slicing / product step: 64 x 8192 x s^2 int64 products at most
 
@@ -33,8 +33,8 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         rows = h2[c0:c0 + _ROW_CHUNK]
-        lt = torch.empty((v, rows.shape[0]), dtype=F32)  # logits^T [V, chunk]: the compiled rows' layout
+        logits = torch.empty((rows.shape[0], v), dtype=F32)  # [chunk, V]: the compiled rows' layout
         for (v0, w), ws in zip(tiles, sliced):
-            lt[v0:v0 + w.shape[0]] = exact_linear(rows, w, None, mm, weight_sliced=ws, out_dtype=F32).T
-        _logprob_rows(lt.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+            logits[:, v0:v0 + w.shape[0]] = exact_linear(rows, w, None, mm, weight_sliced=ws, out_dtype=F32)
+        logprob_rows(logits.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)

@@ -151,6 +151,11 @@ def _logprob_ser(logits, row0, tokens, temp, scale, t, out):
         _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
 
 
+def logprob_rows(logits, row0, tokens, temp, scale, t, out):
+    """out[row0 + r] = log p(tokens[row0 + r]) from logits [C, V] (float32, one token per row)."""
+    (_logprob_par if parallel_worth(logits.size * 8) else _logprob_ser)(logits, row0, tokens, temp, scale, t, out)
+
+
 _ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time
 
 
@@ -166,8 +171,6 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
-        lt = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
-        lt = lt.numpy()
-        (_logprob_par if parallel_worth(lt.size * 8) else _logprob_ser)(lt, c0, tok, temp, temperature != 1.0,
-                                                                        spec.vocab_tile, out.numpy())
+        logits = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
+        logprob_rows(logits.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)
