@@ -19,6 +19,11 @@ independent, so the row tile and the grid are speed knobs only.
 The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
 by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
 by a float reduction.
+
+Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
+head[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
+Ascend variant, which also takes the NPU substitutes (division, log, fp16 rounding) and, through
+``_block_m``, row tiles that fit the unified buffer.
 """
 from __future__ import annotations
 

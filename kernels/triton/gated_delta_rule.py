@@ -14,6 +14,9 @@ spec order:
 
 Rows are taken out of register tiles by an integer sum of their bit patterns (exact, order-free).
 The host side lays out the rows of the unfinished chunk exactly as the reference does (copies).
+Every kernel is persistent (``launch(..., persistent=True)``): one work item per program on CUDA, at
+most the core count for the Ascend variant (which also takes the NPU substitutes and, for the chunked
+form, d_v tiles sized for the unified buffer: ``_block_dv``).
 """
 from __future__ import annotations
 
