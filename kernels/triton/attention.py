@@ -189,7 +189,7 @@ def _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M: tl.constexpr):
     return lo, hi
 
 
-@triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1"])  # counts that change per call: no recompiles
+@triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
 def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
                  stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,

@@ -362,7 +362,7 @@ def gdn_gating(A_log, a, dt_bias, b):
     return g, beta
 
 
-@triton.jit(do_not_specialize=["lmax", "n_rows", "n_work", "n1"])  # counts that change per call: no recompiles
+@triton.jit(do_not_specialize=["lmax", "n_rows", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
 def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, n_work, n1, n2, D: tl.constexpr, KW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                  NPU: tl.constexpr):
