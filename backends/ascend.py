@@ -29,6 +29,7 @@ import torch
 from hal.backend import Backend
 
 from .triton import ElementwiseOps, FoundationOps, _interpreting, installed_triton
+from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps
 
 MIN_INTERPRETER = (3, 9)          # community Triton's interpreter: single-rounding tl.fma
 DEVICE_GLOB = "/dev/davinci[0-9]*"  # one device file per NPU, created by the Ascend driver
@@ -129,14 +130,14 @@ def _on(t: torch.Tensor):
             yield
 
 
-class AscendBackend(ElementwiseOps, FoundationOps, Backend):
+class AscendBackend(ElementwiseOps, SequenceOps, FoundationOps, Backend):
     name = "ascend"
     device_types = ("npu",)
     priority = 10
     description = ("strict specs as the Triton kernels' Ascend variant through triton-ascend (persistent grid "
                    "<= vector cores, fma/int64 division and sqrt); NPU, or CPU through TRITON_INTERPRET=1")
-    #: conformance families whose kernels have the Ascend variant (attention / GDN: not yet)
-    families = FoundationOps.families | ElementwiseOps.families
+    #: conformance families whose kernels have the Ascend variant (all of the triton backend's)
+    families = FoundationOps.families | ElementwiseOps.families | _SEQ_FAMILIES
     launch_on = staticmethod(_on)
 
     def unavailable_reason(self) -> str | None:

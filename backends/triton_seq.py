@@ -1,8 +1,8 @@
 """The sequence ops of the ``triton`` backend: attention and the gated delta rule family.
 
 :class:`SequenceOps` is a mixin of backend methods with the signatures of backends/reference.py;
-``backends/triton.py``'s ``TritonBackend`` inherits it (and adds :data:`FAMILIES` to the conformance
-families it claims); the backend's ``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
+``backends/triton.py``'s ``TritonBackend`` and ``backends/ascend.py``'s ``AscendBackend`` inherit it
+(and add :data:`FAMILIES` to the conformance families they claim); the backend's ``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
 triton. float64 inputs are not served (the reference runs the float64 oracle for gradcheck).
 """
 from __future__ import annotations

@@ -6,9 +6,10 @@
 
 Timing: synchronize, wall clock around each call, warm-up calls first (compilation), median of the
 repeats; ratio = stock_time / lockstep_time (>= 1: lockstep is faster). Stock rows use torch on the
-NPU (aclnn kernels), ``torch_npu.npu_rms_norm`` where present, and ``torch_npu.npu_fusion_attention``
-as a context row: lockstep has no strict attention kernel for Ascend on this branch, so that row has
-no lockstep time. Nothing here is asserted; failing rows are logged and the run goes on.
+NPU (aclnn kernels), ``torch_npu.npu_rms_norm`` where present, ``torch_npu.npu_fusion_attention`` for
+causal prefill attention (torch's scaled_dot_product_attention in the CPU smoke test); the gated delta
+rule has no stock NPU kernel to compare with, so its row has a lockstep time only. Nothing here is
+asserted; failing rows are logged and the run goes on.
 """
 from __future__ import annotations
 
@@ -72,12 +73,26 @@ def rows(device, quick):
     tok = torch.randint(0, v, (hid.shape[0],), generator=g).to(device)
     out.append(("token_logprobs", f"{hid.shape[0]}x{k}, V={v}", lambda: hal.token_logprobs(hid, lm, tok, **asc),
                 lambda: torch.log_softmax(F.linear(hid, lm).float(), -1).gather(-1, tok[:, None])))
+    # causal prefill attention, one sequence: lockstep takes packed [S, H, D], the stock kernel BNSD
+    heads, seq, hd = (2, 24, 16) if quick else (32, 4096, 128)
+    qb, kb, vb = r(1, heads, seq, hd), r(1, heads, seq, hd), r(1, heads, seq, hd)
+    qp, kp, vp = (x[0].transpose(0, 1).contiguous() for x in (qb, kb, vb))
+    cu = torch.tensor([0, seq], dtype=torch.int32, device=device)
     if device == "npu":
         import torch_npu
-        q = r(1, 32, 4096, 128)
-        out.append(("attention prefill (context)", "1x32x4096x128 BNSD causal", None,
-                    lambda: torch_npu.npu_fusion_attention(q, q, q, 32, "BNSD", scale=128 ** -0.5, pre_tockens=65536,
-                                                           next_tockens=0)))
+        stock_attn = lambda: torch_npu.npu_fusion_attention(qb, kb, vb, heads, "BNSD", scale=hd ** -0.5,  # noqa: E731
+                                                            pre_tockens=65536, next_tockens=0)
+    else:
+        stock_attn = lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)  # noqa: E731
+    out.append(("attention prefill causal", f"1x{heads}x{seq}x{hd}",
+                lambda: hal.flash_attn_varlen_func(qp, kp, vp, cu, cu, seq, seq, causal=True, **asc), stock_attn))
+    # gated delta rule (chunked spec), Qwen3-Next-like heads; no stock kernel
+    gh, gt, gd = (1, 20, 16) if quick else (16, 2048, 128)
+    gq, gk, gv = r(1, gt, gh, gd), r(1, gt, gh, gd), r(1, gt, 2 * gh, gd)
+    gg = -torch.rand(1, gt, 2 * gh, generator=g).to(device)
+    gb = torch.rand(1, gt, 2 * gh, generator=g).to(dtype=dt).to(device)
+    out.append(("gated delta rule chunked", f"1x{gt}x{gh}(x2)x{gd}",
+                lambda: hal.chunk_gated_delta_rule(gq, gk, gv, gg, gb, use_qk_l2norm_in_kernel=True, **asc), None))
     return out
 
 
@@ -98,9 +113,9 @@ def main(argv=None) -> int:
     for op, shape, ours, stock in rows(a.device, quick):
         rec = {"op": op, "shape": shape, "lockstep_s": "", "stock_s": "", "ratio": "", "status": "ok"}
         try:
-            rec["stock_s"] = f"{_time(stock, a.device, a.repeats, a.max_seconds):.6g}"
-            if ours is not None:
-                rec["lockstep_s"] = f"{_time(ours, a.device, a.repeats, a.max_seconds):.6g}"
+            rec["lockstep_s"] = f"{_time(ours, a.device, a.repeats, a.max_seconds):.6g}"
+            if stock is not None:
+                rec["stock_s"] = f"{_time(stock, a.device, a.repeats, a.max_seconds):.6g}"
                 rec["ratio"] = f"{float(rec['stock_s']) / float(rec['lockstep_s']):.3f}"
         except Exception as exc:  # keep going: one broken row must not hide the others
             rec["status"] = f"error: {type(exc).__name__}: {exc}"[:300]

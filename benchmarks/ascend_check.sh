@@ -7,13 +7,13 @@
 # Writes to OUT_DIR: env.txt (versions, `hal info`), lint.txt (API subset of the Ascend variant),
 # math.txt (strict math on the NPU vs the reference bits), conformance.json / conformance.txt
 # (--backend ascend --device npu against the stored goldens), bench.csv / bench.txt (vs stock torch /
-# torch_npu ops), rl_parity.txt (examples.rl_parity --device npu), log.txt. Every step is time-boxed; a failing step is logged, the next one runs.
+# torch_npu ops, npu_fusion_attention for attention), rl_parity.txt (examples.rl_parity --device npu), log.txt. Every step is time-boxed; a failing step is logged, the next one runs.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:-ascend-check-out}}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
-FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs}"
+FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs elementwise rotary attention gated_delta_rule gdn_layer}"
 CONF_ARGS="${CONF_ARGS:-}"          # e.g. --quick
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
@@ -42,7 +42,7 @@ step math 300 math.txt "$PY" tests/ascend_npu_math_check.py
 step conformance "${CONF_TIMEOUT:-900}" conformance.txt "$PY" -m hal.cli conformance run --backend ascend \
   --device npu --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
 step bench "${BENCH_TIMEOUT:-600}" bench.txt "$PY" -m benchmarks.ascend_bench --csv "$OUT/bench.csv"
-# sampler vs trainer on the NPU (torch_npu imported first so that the npu device type exists); expected to
-# stop with hal.UnsupportedError while the ascend backend has no attention / GDN kernels (docs/ascend.md)
+# sampler vs trainer on the NPU (torch_npu imported first so that the npu device type exists): every op of
+# the example now has an Ascend kernel (attention and the gated delta rule included), so it should run through
 step rl_parity 300 rl_parity.txt "$PY" -c "import runpy, sys, torch_npu; sys.argv = ['examples.rl_parity', '--device', 'npu']; runpy.run_module('examples.rl_parity', run_name='__main__')"
 log "done"

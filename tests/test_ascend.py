@@ -9,11 +9,15 @@ Interpreter runs (subprocesses, TRITON_INTERPRET=1):
   loops), tests/ascend_variant_check.py, with a negative control (one work item left out);
 * the conformance quick set per family through `hal conformance run --backend ascend --device cpu`.
 
+* attention and the gated delta rule on the Ascend variant (one short case each, NPU block sizes) with
+  a negative control (the last work item of each persistent launch dropped), tests/triton_seq_check.py
+  --ascend.
+
 CI runs the quick sets of rms_norm and softmax (the families using the division / sqrt / log
-substitutes); LOCKSTEP_FULL=1 adds matmul and token_logprobs (their Ascend variant is also covered
-by ascend_variant_check.py above). Full run of every conformance case (slow):
+substitutes); LOCKSTEP_FULL=1 adds matmul, token_logprobs, attention, gated_delta_rule and gdn_layer
+(their Ascend variant is also covered by the two scripts above). Full run of every conformance case (slow):
     TRITON_INTERPRET=1 python -m hal.cli conformance run --backend ascend --device cpu \
-        --ops matmul rms_norm softmax token_logprobs
+        --ops matmul rms_norm softmax token_logprobs attention gated_delta_rule gdn_layer
 """
 from __future__ import annotations
 
@@ -67,15 +71,19 @@ def test_importing_hal_and_the_backend_imports_neither_torch_npu_nor_triton():
 def test_registered_claims_the_triton_families():
     b = hal.get_backend("ascend")
     assert b.device_types == ("npu",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary"):
-        assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
-    assert b.claimed_levels("attention", DEFAULTS["attention"]) == frozenset()
-    assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"}
+    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "attention",
+                "gated_delta_rule", "gdn_layer"):  # gdn_layer cases run under the gated delta rule's spec
+        spec = DEFAULTS["gated_delta_rule" if fam == "gdn_layer" else fam]
+        assert b.claimed_levels(fam, spec) == frozenset(hal.LEVELS)
+    assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
+                            "flash_attn_varlen_func", "flash_attn_with_kvcache", "chunk_gated_delta_rule",
+                            "fused_recurrent_gated_delta_rule", "gdn_gating", "gdn_causal_conv1d"}
 
 
 def test_chosen_for_npu_tensors_when_available(monkeypatch):
     monkeypatch.setattr(ascend.AscendBackend, "unavailable_reason", lambda self: None)
-    for fam, op in (("matmul", "matmul"), ("softmax", "softmax"), ("token_logprobs", "token_logprobs")):
+    for fam, op in (("matmul", "matmul"), ("softmax", "softmax"), ("token_logprobs", "token_logprobs"),
+                    ("attention", "flash_attn_varlen_func"), ("gated_delta_rule", "chunk_gated_delta_rule")):
         assert hal.select(op, DEFAULTS[fam], torch.bfloat16, NPU).name == "ascend"
 
 
@@ -226,7 +234,21 @@ def test_variant_with_npu_tiles_and_persistent_loops_gives_reference_bits():
     assert neg.returncode == 1 and "outputs differ" in neg.stdout, neg.stdout + neg.stderr
 
 
-QUICK_FAMILIES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs"] if os.environ.get("LOCKSTEP_FULL") == "1" else [])
+@needs_interpreter
+def test_sequence_kernels_ascend_variant_give_reference_bits():
+    # one varlen attention case and one chunked GDN case (two calls, open rows carried) on the Ascend
+    # variant with its NPU block sizes, and the negative control: the last work item of every persistent
+    # launch dropped must be caught (tests/triton_seq_check.py --ascend)
+    script = os.path.join(ROOT, "tests", "triton_seq_check.py")
+    r = subprocess.run([sys.executable, script, "--ascend", "attn-varlen", "gdn-chunked", "persistent-negative"],
+                       cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"), capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ": ok" in ln or ": FAIL" in ln]
+    assert r.returncode == 0 and len(lines) == 6 and all(": ok" in ln for ln in lines), r.stdout + r.stderr
+    assert sum("wrong variant caught" in ln for ln in lines) == 2, r.stdout
+
+
+QUICK_FAMILIES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer"]
+                                            if os.environ.get("LOCKSTEP_FULL") == "1" else [])
 
 
 @needs_interpreter

@@ -2,8 +2,11 @@
 
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_attention.py and
 tests/test_triton_gdn.py (Triton decides interpreter or compiler when a kernel module is imported).
-Usage: python tests/triton_seq_check.py CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
+Usage: python tests/triton_seq_check.py [--ascend] CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
 CI runs the first case of each check; LOCKSTEP_FULL=1 runs every dtype / mode.
+--ascend: the same checks on the kernels' Ascend variant (persistent grid on the interpreter's 3 fake
+cores, NPU substitutes; with LOCKSTEP_ASCEND_NPU_LAYOUT=1 also its unified-buffer block sizes), run by
+tests/test_ascend.py; ``persistent-negative`` is its negative control (the last work item dropped).
 Shapes are small but cross every block, split, dot tile and chunk boundary of the specs used.
 """
 from __future__ import annotations
@@ -13,12 +16,14 @@ import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal, not an installed one
 import torch  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
+from hal.kernels.triton import ascend_launch, launch as tri_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
@@ -219,8 +224,30 @@ def gdn_layer():
             _same(f"gdn-conv1d[{dt},state={args[3] is not None}]", [("y", y1, y2), ("state", s1, s2)])
 
 
+def persistent_negative():
+    """Persistent launches that skip their last work item: the varlen and chunked checks must catch it."""
+    spec, dt, causal, window, hq, hkv, d = ATTN_CASES[0]
+    q, k, v, cq, ck = _varlen_inputs(_gen(60), dt, hq, hkv, d)
+    args = (q, k, v, cq, ck, 19, 37, 0.3, causal, window, spec)
+    o1, l1 = ref_attn.flash_attn_varlen_func(*args)
+    dt, h, hv, dk, dv, l2 = GDN_CASES[0]
+    gspec = GatedDeltaRuleSpec(variant="chunked", chunk=16, dk_tile=8)
+    x, cu = _gdn_inputs(_gen(61), dt, h, hv, dk, dv, l2, (21, 3, 9))
+    parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), torch.zeros(3, hv, dk, dv), None, None, None, None, None)
+    g1, f1 = ref_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, gspec, True)
+    tri_launch._DROP_LAST_ITEM_FOR_TESTS = True
+    try:
+        o2, l2_ = tri_attn.flash_attn_varlen_func(*args)
+        g2, f2 = tri_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, gspec, True)
+    finally:
+        tri_launch._DROP_LAST_ITEM_FOR_TESTS = False
+    _differs("persistent-negative-control[attention: last work item dropped]", [("out", o1, o2), ("lse", l1, l2_)])
+    _differs("persistent-negative-control[gdn chunked: last work item dropped]", [("o", g1, g2),
+                                                                                ("final", f1.final, f2.final)])
+
+
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, gdn_serial, gdn_chunked,
-                                                     gdn_negative, gdn_layer)}
+                                                     gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem
@@ -228,8 +255,14 @@ if __name__ == "__main__":
     if problem:
         print(f"SKIP: {problem}")
         sys.exit(3)
-    for name in sys.argv[1:] or list(CHECKS):
+    names = [a for a in sys.argv[1:] if a != "--ascend"]
+    ascend = "--ascend" in sys.argv[1:]
+    for name in names or list(CHECKS):
         t0 = time.time()
-        CHECKS[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
+        if ascend:
+            with ascend_launch.variant("cpu"):
+                CHECKS[name]()
+        else:
+            CHECKS[name]()
+        print(f"{name}{' (ascend variant)' if ascend else ''}: {time.time() - t0:.1f}s", flush=True)
     sys.exit(1 if FAILED else 0)

@@ -26,6 +26,9 @@ import os
 INTERPRETER_CORES = 3          # odd and small: uneven, multi-item persistent loops in the interpreter
 MAX_CORE_DIM = 65535           # triton-ascend: coreDim <= UINT16_MAX
 UB_BYTES = 192 * 1024          # Atlas A2 unified buffer (docs: architecture_difference, programming_guide)
+#: what a kernel's live float32 tiles may take: half of the 96 KB left by the default double buffering,
+#: the rest for the compiler's temporaries (block sizes of the sequence kernels are chosen against it)
+TILE_BUDGET = UB_BYTES // 4
 
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("lockstep_ascend_variant", default=None)
 
@@ -75,6 +78,14 @@ def persistent_grid(n_work: int) -> int:
     if not active():
         return n_work
     return max(1, min(n_work, core_count()))
+
+
+def fit_block(block: int, shapes) -> int:
+    """The largest power-of-two block <= block whose live float32 tiles, ``shapes(block)`` (a list of
+    shapes), fit TILE_BUDGET (1 if none does); block sizes of the strict kernels never change bits."""
+    while block > 1 and tile_bytes(*shapes(block)) > TILE_BUDGET:
+        block //= 2
+    return block
 
 
 def tile_bytes(*shapes_fp32) -> int:

@@ -10,7 +10,9 @@ kernels/triton, takes the ``NPU=True`` side of every ``if NPU:`` and checks what
 * every ``tl.*`` / ``tl.math.*`` call is in ``SUPPORTED`` (triton-ascend docs/zh/triton_api, see
   docs/ascend.md for the per-API dtype tables) and not in ``FORBIDDEN``;
 * shifts ``<<`` / ``>>`` have a literal right operand (triton-ascend: a tensor shift amount is
-  unsupported); tensor methods are ``.to`` only.
+  unsupported); tensor methods are ``.to`` only;
+* a helper with an ``NPU`` parameter gets ``NPU`` passed on (left at its default, the GPU side, e.g.
+  ``div_rn``, would run on Ascend while the lint reads the NPU side).
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ SUPPORTED = {
     "program_id": "int32", "num_programs": "int32", "arange": "int32", "zeros": "fp32/int32",
     "zeros_like": "fp32", "full": "fp32/int32", "load": "fp32/bf16/fp16/int32/int64",
     "store": "fp32/bf16/fp16/int32", "where": "fp32/int32/int64/bool", "maximum": "fp32/int32/int64",
-    "minimum": "fp32/int32/int64", "max": "fp32/int32", "sum": "int32 only in strict kernels (exact)",
+    "minimum": "fp32/int32/int64", "max": "fp32/int32", "sum": "int32/int64 only in strict kernels (exact)",
     "fma": "fp32", "sqrt": "fp32 (seed of sqrt_exact only)", "reshape": "fp32/bool (can_reorder=False)",
     "static_range": "-", "range": "-",
+    "debug_barrier": "orders a program's stores before its later loads (Compiler_Hint_Ops/debug_barrier.md)",
 }
 #: reachable on Ascend would break the bits or is not documented for strict use
 FORBIDDEN = {
@@ -52,9 +55,11 @@ class Problem:
 
 
 def _modules():
-    from . import common, elementwise, matmul, rms_norm, softmax, strict_math, token_logprobs
+    from . import (attention, common, elementwise, gated_delta_rule, matmul, rms_norm, softmax, strict_math,
+                   token_logprobs)
     return {"common": common, "sm": strict_math, "strict_math": strict_math, "matmul": matmul,
-            "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs, "elementwise": elementwise}
+            "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs, "elementwise": elementwise,
+            "ew": elementwise, "attention": attention, "gated_delta_rule": gated_delta_rule}
 
 
 def _source_ast(fn) -> ast.FunctionDef:
@@ -88,6 +93,17 @@ def _npu_test(test: ast.expr) -> bool:
     return isinstance(test, ast.Name) and test.id == "NPU"
 
 
+def _passes_npu(call: ast.Call, target) -> bool:
+    """Whether a call of a jit helper passes NPU on (vacuously true for helpers without an NPU parameter)."""
+    params = [a.arg for a in _source_ast(target).args.args]
+    if "NPU" not in params:
+        return True
+    given = [kw.value for kw in call.keywords if kw.arg == "NPU"]
+    i = params.index("NPU")
+    given += call.args[i:i + 1]
+    return any(isinstance(v, ast.Name) and v.id == "NPU" for v in given)
+
+
 def lint_function(fn, module=None, seen=None) -> list[Problem]:
     """Problems in everything ``fn`` reaches with NPU=True."""
     mods = _modules()
@@ -115,6 +131,9 @@ def lint_function(fn, module=None, seen=None) -> list[Problem]:
                 elif tl_name not in SUPPORTED:
                     problems.append(Problem(f"{name}:{node.lineno}", f"tl.{tl_name} is outside the documented subset"))
             elif target is not None:
+                if not _passes_npu(node, target):
+                    problems.append(Problem(f"{name}:{node.lineno}", f"{ast.unparse(node.func)}(...) without NPU: "
+                                                                     "its GPU side would run on Ascend"))
                 tmod = sys.modules[target.fn.__module__]
                 problems.extend(lint_function(target, tmod, seen))
             elif isinstance(node.func, ast.Attribute) and not (isinstance(node.func.value, ast.Name)
@@ -135,10 +154,12 @@ def lint_function(fn, module=None, seen=None) -> list[Problem]:
 
 def ascend_kernels() -> list:
     """Every kernel the ascend backend launches (all persistent)."""
-    from . import elementwise as ew, matmul, rms_norm, softmax, token_logprobs as tlp
-    return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel, matmul._gemv_combine_kernel,
-            rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel, tlp._stats_kernel,
-            tlp._sum_kernel, tlp._finish_kernel]
+    from . import attention as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm, softmax
+    from . import token_logprobs as tlp
+    return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel,
+            matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel,
+            tlp._stats_kernel, tlp._sum_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,
+            gdn._prep_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn._gating_kernel, gdn._conv_kernel]
 
 
 def lint_all() -> dict[str, list[Problem]]:

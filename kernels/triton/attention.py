@@ -19,6 +19,11 @@ independent, so the row tile and the grid are speed knobs only.
 The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
 by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
 by a float reduction.
+
+Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
+head[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
+Ascend variant, which also takes the NPU substitutes (division, log, fp16 rounding) and, through
+``_block_m``, row tiles that fit the unified buffer.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import strict_math as sm
+from . import ascend_launch, strict_math as sm
 from .launch import launch
 
 F32 = torch.float32
@@ -36,12 +41,12 @@ _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl
 
 
 @triton.jit
-def _round_trip(x, OUT: tl.constexpr):
+def _round_trip(x, OUT: tl.constexpr, NPU: tl.constexpr):
     """x rounded to the input dtype and widened back exactly (p_precision "input")."""
     if OUT == tl.float32:
         return x
     else:
-        return sm.round_out(x, OUT).to(tl.float32)
+        return sm.widen(sm.round_out(x, OUT, NPU))
 
 
 @triton.jit
@@ -78,7 +83,7 @@ def _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt
 def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
-           DT: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr):
+           DT: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, NPU: tl.constexpr):
     """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
@@ -96,15 +101,15 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         for t0 in range(0, D_FULL, DT):
             part = tl.zeros([BLOCK_M, KB], tl.float32)
             for d in range(t0, t0 + DT):
-                qd = tl.load(Q + q_off + d, mask=valid, other=0.0).to(tl.float32)
-                kd = tl.load(K + koff + d, mask=kmask, other=0.0).to(tl.float32)
+                qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
+                kd = sm.widen(tl.load(K + koff + d, mask=kmask, other=0.0))
                 part = tl.fma(qd[:, None], kd[None, :], part)
             s = s + part
         if D_FULL < D:
             part = tl.zeros([BLOCK_M, KB], tl.float32)
             for d in range(D_FULL, D):
-                qd = tl.load(Q + q_off + d, mask=valid, other=0.0).to(tl.float32)
-                kd = tl.load(K + koff + d, mask=kmask, other=0.0).to(tl.float32)
+                qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
+                kd = sm.widen(tl.load(K + koff + d, mask=kmask, other=0.0))
                 part = tl.fma(qd[:, None], kd[None, :], part)
             s = s + part
         s = s * scale
@@ -121,9 +126,9 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
             vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
             p = sm.exp(_col(s_bits, cols, j) - m_new)
             l_blk = tl.where(vis_j, l_blk + p, l_blk)
-            pv = _round_trip(p, OUT) if P_IN else p
+            pv = _round_trip(p, OUT, NPU) if P_IN else p
             voff = tl.sum(tl.where(cols == j, koff, 0), axis=0)  # this key's offset (exact int)
-            vj = tl.load(V + voff + dcol, mask=(dcol < D) & ((dcol * 0 + kjj) < klen), other=0.0).to(tl.float32)
+            vj = sm.widen(tl.load(V + voff + dcol, mask=(dcol < D) & ((dcol * 0 + kjj) < klen), other=0.0))
             acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj[None, :], acc_blk), acc_blk)
         alpha = sm.exp(m - m_new)
         has = blk_ne > 0
@@ -149,12 +154,12 @@ def _merge(M, L, ACC, seen, m, l, acc, ne):
 
 @triton.jit
 def _finish(O, LSE, o_off, lse_off, valid, M, L, ACC, seen, D: tl.constexpr, BLOCK_D: tl.constexpr,
-            OUT: tl.constexpr):
+            OUT: tl.constexpr, NPU: tl.constexpr):
     dcol = tl.arange(0, BLOCK_D)
     has = seen > 0
-    out = tl.where(has[:, None], sm.div(ACC, L[:, None]), 0.0)
-    lse = tl.where(has, M + sm.log(L), float("-inf"))
-    tl.store(O + o_off[:, None] + dcol[None, :], sm.round_out(out, OUT), mask=valid[:, None] & (dcol[None, :] < D))
+    out = tl.where(has[:, None], sm.div(ACC, L[:, None], NPU), 0.0)
+    lse = tl.where(has, M + sm.log(L, NPU), float("-inf"))
+    tl.store(O + o_off[:, None] + dcol[None, :], sm.round_out(out, OUT, NPU), mask=valid[:, None] & (dcol[None, :] < D))
     tl.store(LSE + lse_off, sm.canonical_nan(lse), mask=valid)
 
 
@@ -184,87 +189,96 @@ def _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M: tl.constexpr):
     return lo, hi
 
 
-@triton.jit(do_not_specialize=["n_ws_rows"])  # counts that change per call: no recompiles
+@triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
 def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
                  stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
-                 scale, causal, left, right, n_ws_rows, n_ws_splits,
+                 scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2,
                  HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr,
-                 P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HQ
-    h = bh % HQ
-    i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
-    if pid_m * BLOCK_M < qlen:
-        q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
-        q_off = (q_row0 + i.to(tl.int64)) * stride_qt + h * stride_qh
-        hk_off = (h // GROUP).to(tl.int64) * stride_kh
-        lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
-        if ONE_SPLIT:
-            sp = tl.program_id(2)
-            s_lo = tl.maximum(lo, sp * KS)
-            s_hi = tl.minimum(hi, (sp + 1) * KS)
-            m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                   stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
-                                   D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED)
-            w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
-            tl.store(WM + w, m, mask=valid)
-            tl.store(WL + w, l, mask=valid)
-            tl.store(WN + w, ne, mask=valid)
+                 P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
+                 NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        pid_m = item // (n1 * n2)   # logical grid (row tile, sequence x head, split)
+        bh = (item // n2) % n1
+        b = bh // HQ
+        h = bh % HQ
+        i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+        if pid_m * BLOCK_M < qlen:
+            q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
+            q_off = (q_row0 + i.to(tl.int64)) * stride_qt + h * stride_qh
+            hk_off = (h // GROUP).to(tl.int64) * stride_kh
+            lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
+            if ONE_SPLIT:
+                sp = item % n2
+                s_lo = tl.maximum(lo, sp * KS)
+                s_hi = tl.minimum(hi, (sp + 1) * KS)
+                m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                       stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
+                                       D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
+                w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+                tl.store(WM + w, m, mask=valid)
+                tl.store(WL + w, l, mask=valid)
+                tl.store(WN + w, ne, mask=valid)
+                dcol = tl.arange(0, BLOCK_D)
+                tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
+            else:
+                M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                L = tl.zeros([BLOCK_M], tl.float32)
+                ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+                seen = tl.zeros([BLOCK_M], tl.int32)
+                for s0 in range((lo // KS) * KS, hi, KS):
+                    m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                           stride_kp, stride_kt, scale, causal, left, right,
+                                           tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
+                                           D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
+                    M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
+                lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
+                _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
+
+
+@triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1"])  # counts that change per call: no recompiles
+def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
+                  stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits, n_work, n1,
+                  HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  OUT: tl.constexpr, REVERSE: tl.constexpr, NPU: tl.constexpr):
+    """Merge the split partials of a row tile in split order and write out / lse."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        pid_m = item // n1          # logical grid (row tile, sequence x head)
+        bh = item % n1
+        b = bh // HQ
+        h = bh % HQ
+        i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+        if pid_m * BLOCK_M < qlen:
             dcol = tl.arange(0, BLOCK_D)
-            tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
-        else:
             M = tl.full([BLOCK_M], float("-inf"), tl.float32)
             L = tl.zeros([BLOCK_M], tl.float32)
             ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             seen = tl.zeros([BLOCK_M], tl.int32)
-            for s0 in range((lo // KS) * KS, hi, KS):
-                m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                       stride_kp, stride_kt, scale, causal, left, right,
-                                       tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
-                                       D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED)
+            for k in range(0, n_ws_splits):
+                sp = n_ws_splits - 1 - k if REVERSE else k
+                w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+                m = tl.load(WM + w, mask=valid, other=float("-inf"))
+                l = tl.load(WL + w, mask=valid, other=0.0)
+                ne = tl.load(WN + w, mask=valid, other=0)
+                acc = tl.load(WA + w[:, None] * BLOCK_D + dcol[None, :], mask=valid[:, None], other=0.0)
                 M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
+            q_off = (tl.load(Q_ROW0 + b).to(tl.int64) + i.to(tl.int64)) * stride_qt + h * stride_qh
             lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
-            _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT)
-
-
-@triton.jit(do_not_specialize=["n_ws_rows"])  # counts that change per call: no recompiles
-def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
-                  stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits,
-                  HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  OUT: tl.constexpr, REVERSE: tl.constexpr):
-    """Merge the split partials of a row tile in split order and write out / lse."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HQ
-    h = bh % HQ
-    i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
-    if pid_m * BLOCK_M < qlen:
-        dcol = tl.arange(0, BLOCK_D)
-        M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        L = tl.zeros([BLOCK_M], tl.float32)
-        ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        seen = tl.zeros([BLOCK_M], tl.int32)
-        for k in range(0, n_ws_splits):
-            sp = n_ws_splits - 1 - k if REVERSE else k
-            w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
-            m = tl.load(WM + w, mask=valid, other=float("-inf"))
-            l = tl.load(WL + w, mask=valid, other=0.0)
-            ne = tl.load(WN + w, mask=valid, other=0)
-            acc = tl.load(WA + w[:, None] * BLOCK_D + dcol[None, :], mask=valid[:, None], other=0.0)
-            M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
-        q_off = (tl.load(Q_ROW0 + b).to(tl.int64) + i.to(tl.int64)) * stride_qt + h * stride_qh
-        lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
-        _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT)
+            _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
 
 
 # ------------------------------------------------------------------ host side
 
 
-def _block_m(max_q: int) -> int:
-    return max(1, min(32, triton.next_power_of_2(max(1, max_q))))
+def _block_m(max_q: int, bd: int, kb: int) -> int:
+    """Query rows per program. Ascend variant: fit the unified buffer, whose live float32 tiles are ACC,
+    acc, acc_blk and the fma result [BM, BD] and the scores s, part, bits [BM, KB] (rows are independent,
+    so the block size never changes bits)."""
+    bm = max(1, min(32, triton.next_power_of_2(max(1, max_q))))
+    if ascend_launch.npu_layout():
+        bm = ascend_launch.fit_block(bm, lambda b: [(b, bd)] * 4 + [(b, kb)] * 3)
+    return bm
 
 
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
@@ -277,8 +291,8 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     out = torch.zeros_like(q)
     if n_seq == 0 or q.shape[0] == 0 or max_q == 0:
         return out
-    bm = _block_m(max_q)
     bd = triton.next_power_of_2(d)
+    bm = _block_m(max_q, bd, spec.kv_block)
     n_tiles = -(-max_q // bm)
     paged = block_table is not None
     dummy = qlen  # an int32 tensor never read where it stands in (no allocation per call)
@@ -309,11 +323,12 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     launch(_attn_kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
                        q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
                        bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
-                       ONE_SPLIT=one_split, **common)
+                       ONE_SPLIT=one_split, **common, persistent=True)
     if one_split:
         launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
                                              q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
-                                             OUT=_TL[q.dtype], REVERSE=_REVERSE_MERGE_FOR_TESTS, **meta)
+                                             OUT=_TL[q.dtype], REVERSE=_REVERSE_MERGE_FOR_TESTS, **meta,
+                                             persistent=True)
     return out
 
 

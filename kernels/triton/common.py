@@ -14,6 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import strict_math as sm
+
 
 @triton.jit
 def column(x, idx, j):
@@ -62,7 +64,7 @@ def dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok
 
     Inside a K tile: a sequential fma chain from +0.0 over exactly the tile's valid k (the short
     last tile runs fewer steps: nothing is padded); tile partials added in order from +0.0.
-    Inputs of any float dtype are widened exactly to float32.
+    Inputs of any float dtype are widened exactly to float32 (strict_math.widen).
     """
     total = tl.zeros([BM, BN], dtype=tl.float32)
     a_p = a_ptr + rows.to(tl.int64) * sa_m
@@ -70,8 +72,8 @@ def dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok
     for k0 in range(0, K, KT):
         part = tl.zeros([BM, BN], dtype=tl.float32)
         for _ in range(k0, tl.minimum(k0 + KT, K)):
-            a = tl.load(a_p, mask=row_ok, other=0.0).to(tl.float32)
-            b = tl.load(b_p, mask=col_ok, other=0.0).to(tl.float32)
+            a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
+            b = sm.widen(tl.load(b_p, mask=col_ok, other=0.0))
             part = tl.fma(a[:, None], b[None, :], part)
             a_p += sa_k
             b_p += sb_k

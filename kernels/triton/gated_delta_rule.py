@@ -14,6 +14,9 @@ spec order:
 
 Rows are taken out of register tiles by an integer sum of their bit patterns (exact, order-free).
 The host side lays out the rows of the unfinished chunk exactly as the reference does (copies).
+Every kernel is persistent (``launch(..., persistent=True)``): one work item per program on CUDA, at
+most the core count for the Ascend variant (which also takes the NPU substitutes and, for the chunked
+form, d_v tiles sized for the unified buffer: ``_block_dv``).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import triton.language as tl
 
 from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
 from hal.kernels.reference.strict_math import canonical_nan
-from . import elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
+from . import ascend_launch, elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
 from .launch import launch
 
 F32 = torch.float32
@@ -52,28 +55,29 @@ def _scalar(x, idx, j):
 # ------------------------------------------------------------------ q / k preparation
 
 
-@triton.jit
-def _prep_kernel(X, OUT, n_rows, scale, L2: tl.constexpr, SCALE: tl.constexpr, DK: tl.constexpr,
-                 BT: tl.constexpr, BDK: tl.constexpr, DT: tl.constexpr):
+@triton.jit(do_not_specialize=["n_rows", "n_work"])  # counts that change per call: no recompiles
+def _prep_kernel(X, OUT, n_rows, scale, n_work, L2: tl.constexpr, SCALE: tl.constexpr, DK: tl.constexpr,
+                 BT: tl.constexpr, BDK: tl.constexpr, DT: tl.constexpr, NPU: tl.constexpr):
     """Rows of X [n_rows, DK] widened, optionally L2-normalised (x / sqrt(ss + 1e-6)), optionally * scale."""
-    r = tl.program_id(0) * BT + tl.arange(0, BT)
-    rm = r < n_rows
-    dcol = tl.arange(0, BDK)
-    r64 = r.to(tl.int64) * DK
-    mask = rm[:, None] & (dcol[None, :] < DK)
-    x = tl.load(X + r64[:, None] + dcol[None, :], mask=mask, other=0.0).to(tl.float32)
-    if L2:
-        ss = tl.zeros([BT], tl.float32)
-        for t0 in range(0, DK, DT):
-            part = tl.zeros([BT], tl.float32)
-            for d in range(t0, tl.minimum(t0 + DT, DK)):
-                xd = tl.load(X + r64 + d, mask=rm, other=0.0).to(tl.float32)
-                part = tl.fma(xd, xd, part)
-            ss = ss + part
-        x = sm.div(x, sm.sqrt(ss + tl.full([BT], EPS, tl.float32))[:, None])
-    if SCALE:
-        x = x * scale
-    tl.store(OUT + r64[:, None] + dcol[None, :], x, mask=mask)
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        r = item * BT + tl.arange(0, BT)
+        rm = r < n_rows
+        dcol = tl.arange(0, BDK)
+        r64 = r.to(tl.int64) * DK
+        mask = rm[:, None] & (dcol[None, :] < DK)
+        x = sm.widen(tl.load(X + r64[:, None] + dcol[None, :], mask=mask, other=0.0))
+        if L2:
+            ss = tl.zeros([BT], tl.float32)
+            for t0 in range(0, DK, DT):
+                part = tl.zeros([BT], tl.float32)
+                for d in range(t0, tl.minimum(t0 + DT, DK)):
+                    xd = sm.widen(tl.load(X + r64 + d, mask=rm, other=0.0))
+                    part = tl.fma(xd, xd, part)
+                ss = ss + part
+            x = sm.div(x, sm.sqrt(ss + tl.full([BT], EPS, tl.float32), NPU)[:, None], NPU)
+        if SCALE:
+            x = x * scale
+        tl.store(OUT + r64[:, None] + dcol[None, :], x, mask=mask)
 
 
 def _prepare(x, scale, l2: bool, dt: int):
@@ -85,20 +89,27 @@ def _prepare(x, scale, l2: bool, dt: int):
     if n:
         bt = 16
         launch(_prep_kernel, (triton.cdiv(n, bt),), flat, out, n, 1.0 if scale is None else scale,
-               L2=l2, SCALE=scale is not None, DK=dk, BT=bt, BDK=triton.next_power_of_2(dk), DT=dt)
+               L2=l2, SCALE=scale is not None, DK=dk, BT=bt, BDK=triton.next_power_of_2(dk), DT=dt, persistent=True)
     return out.reshape(x.shape)
 
 
 # ------------------------------------------------------------------ serial
 
 
-@triton.jit(do_not_specialize=["lmax"])  # counts that change per call: no recompiles
-def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                   DV: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr):
+@triton.jit(do_not_specialize=["lmax", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
+def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, n_work, n1, n2, H: tl.constexpr, HV: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, NPU: tl.constexpr):
     """QS, KN [N, Lmax, H, DK]; V, O [N, Lmax, HV, DV]; G, B [N, Lmax, HV]; S [N, HV, DK, DV] (in place)."""
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    dv = tl.program_id(2) * BDV + tl.arange(0, BDV)
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, item // (n1 * n2), (item // n2) % n1, item % n2,
+                     H, HV, DK, DV, BDV, DT)
+
+
+@triton.jit
+def _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, n, hv, dv_tile, H: tl.constexpr, HV: tl.constexpr,
+                 DK: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr):
+    """The serial scan of sequence n, value head hv, d_v tile dv_tile (one work item)."""
+    dv = dv_tile * BDV + tl.arange(0, BDV)
     dm = dv < DV
     h = hv // (HV // H)
     length = tl.load(LEN + n)
@@ -133,15 +144,24 @@ def _serial_kernel(QS, KN, V, G, B, S, O, LEN, lmax, H: tl.constexpr, HV: tl.con
 # ------------------------------------------------------------------ chunked
 
 
-@triton.jit(do_not_specialize=["n_rows", "lmax"])  # counts that change per call: no recompiles
-def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
+@triton.jit(do_not_specialize=["n_rows", "lmax", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
+def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n_work, n1, n2,
                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
-                    BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr):
+                    BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
+                    NPU: tl.constexpr):
     """QR, KR [N, R, H, DK]; VR [N, R, HV, DV]; GR, BR [N, R, HV] (rows from the last chunk boundary);
     S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV]."""
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    dv = tl.program_id(2) * BDV + tl.arange(0, BDV)
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
+                      item // (n1 * n2), (item // n2) % n1, item % n2, H, HV, DK, DV, C, BDK, BDV, DT, WANT_FINAL)
+
+
+@triton.jit
+def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n, hv, dv_tile,
+                  H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
+                  BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr):
+    """The chunked form for sequence n, value head hv, d_v tile dv_tile (one work item)."""
+    dv = dv_tile * BDV + tl.arange(0, BDV)
     dm = dv < DV
     h = hv // (HV // H)
     opened = tl.load(OPENED + n)
@@ -248,6 +268,17 @@ def _i32(x, dev):
     return torch.as_tensor(x).to(device=dev, dtype=torch.int32)
 
 
+def _block_dv(spec, dk: int, dv: int) -> int:
+    """d_v columns per program (columns are independent: never changes bits). Ascend variant, chunked: the
+    [C, BDV] tiles (W, Y and their partials, X, Ot, U, v) and the S tile [BDK, BDV] fit the unified-buffer
+    budget; the [C, C] tiles (F, KK, QK and partials: 80 KB at C = 64) come on top (docs/ascend.md)."""
+    bdv = min(64, triton.next_power_of_2(dv))
+    if ascend_launch.npu_layout() and spec.variant == "chunked":
+        c, bdk = spec.chunk, triton.next_power_of_2(dk)
+        bdv = ascend_launch.fit_block(bdv, lambda b: [(c, b)] * 8 + [(bdk, b)])
+    return bdv
+
+
 def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l2: bool, spec, want_final: bool):
     """The reference's entry point and contract (kernels/reference/gated_delta_rule.py), on Triton."""
     dev = v.device
@@ -264,7 +295,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     g32 = to_padded(g, cu_seqlens).to(F32).contiguous()
     b32 = to_padded(beta, cu_seqlens).to(F32).contiguous()
     n, lmax = v32.shape[:2]
-    bdv = min(64, triton.next_power_of_2(dv))
+    bdv = _block_dv(spec, dk, dv)
     grid = (n, hv, triton.cdiv(dv, bdv))
     S = parts.S.to(device=dev, dtype=F32).contiguous().clone()
     o = torch.zeros((n, lmax, hv, dv), dtype=F32, device=dev)
@@ -272,7 +303,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     if spec.variant == "serial":
         if n and lmax:
             launch(_serial_kernel, grid, qs, kn, v32, g32, b32, S, o, _i32(lengths, dev), lmax,
-                   H=h, HV=hv, DK=dk, DV=dv, BDV=bdv, DT=t)
+                   H=h, HV=hv, DK=dk, DV=dv, BDV=bdv, DT=t, persistent=True)
         new = Parts(position + lengths.to(position.device), S, None, None, None, None, S)
     else:
         C = spec.chunk
@@ -291,7 +322,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         if n and n_chunks:
             launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, _i32(opened, dev), _i32(total, dev), R, lmax,
                    H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=triton.next_power_of_2(dk), BDV=bdv, DT=t,
-                   WANT_FINAL=bool(want_final))
+                   WANT_FINAL=bool(want_final), persistent=True)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
     # the strict policy's last step: one NaN pattern per dtype in the output and every state part
@@ -302,18 +333,19 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
 # ------------------------------------------------------------------ Qwen3-Next gates and conv1d
 
 
-@triton.jit
-def _gating_kernel(A_LOG, A, DT_BIAS, B, G_OUT, BETA_OUT, n, HV: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    hd = i % HV
-    a_log = tl.load(A_LOG + hd, mask=ok, other=0.0).to(tl.float32)
-    x = tl.load(A + i, mask=ok, other=0.0).to(tl.float32) + tl.load(DT_BIAS + hd, mask=ok, other=0.0).to(tl.float32)
-    g = -(sm.exp(a_log) * ew.softplus_f32(x))
-    b = tl.load(B + i, mask=ok, other=0.0).to(tl.float32)
-    beta = ew.sigmoid_f32(b)
-    tl.store(G_OUT + i, sm.canonical_nan(g), mask=ok)
-    tl.store(BETA_OUT + i, sm.canonical_nan(beta), mask=ok)
+@triton.jit(do_not_specialize=["n", "n_work"])  # counts that change per call: no recompiles
+def _gating_kernel(A_LOG, A, DT_BIAS, B, G_OUT, BETA_OUT, n, n_work, HV: tl.constexpr, BLOCK: tl.constexpr,
+                   NPU: tl.constexpr):
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        i = item * BLOCK + tl.arange(0, BLOCK)
+        ok = i < n
+        hd = i % HV
+        a_log = sm.widen(tl.load(A_LOG + hd, mask=ok, other=0.0))
+        x = sm.widen(tl.load(A + i, mask=ok, other=0.0)) + sm.widen(tl.load(DT_BIAS + hd, mask=ok, other=0.0))
+        g = -(sm.exp(a_log) * ew.softplus_f32(x, NPU))
+        beta = ew.sigmoid_f32(sm.widen(tl.load(B + i, mask=ok, other=0.0)), NPU)
+        tl.store(G_OUT + i, sm.canonical_nan(g), mask=ok)
+        tl.store(BETA_OUT + i, sm.canonical_nan(beta), mask=ok)
 
 
 def gdn_gating(A_log, a, dt_bias, b):
@@ -326,32 +358,34 @@ def gdn_gating(A_log, a, dt_bias, b):
     if n:
         block = 256
         launch(_gating_kernel, (triton.cdiv(n, block),), A_log.contiguous(), a_, dt_bias.contiguous(), b_, g, beta, n,
-               HV=hv, BLOCK=block)
+               HV=hv, BLOCK=block, persistent=True)
     return g, beta
 
 
-@triton.jit(do_not_specialize=["lmax", "n_rows"])  # counts that change per call: no recompiles
-def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, D: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+@triton.jit(do_not_specialize=["lmax", "n_rows", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
+def _conv_kernel(ROWS, W, BIAS, Y, lmax, n_rows, n_work, n1, n2, D: tl.constexpr, KW: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                 NPU: tl.constexpr):
     """ROWS [N, K-1+L, D] (state then inputs); y[n, t] = act(fma chain from bias over taps oldest first)."""
-    n = tl.program_id(0)
-    t = tl.program_id(1) * BT + tl.arange(0, BT)
-    d = tl.program_id(2) * BD + tl.arange(0, BD)
-    tm = t < lmax
-    dm = d < D
-    mask = tm[:, None] & dm[None, :]
-    if HAS_BIAS:
-        acc = tl.load(BIAS + d, mask=dm, other=0.0).to(tl.float32)[None, :] + tl.zeros([BT, BD], tl.float32)
-    else:
-        acc = tl.zeros([BT, BD], tl.float32)
-    base = n.to(tl.int64) * n_rows
-    for i in range(0, KW):
-        w = tl.load(W + d * KW + i, mask=dm, other=0.0).to(tl.float32)
-        x = tl.load(ROWS + (base + t + i)[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-        acc = tl.fma(w[None, :], x, acc)
-    if SILU:
-        acc = ew.silu_f32(acc)  # silu(-inf) = -0.0, the reference's limit
-    tl.store(Y + (n.to(tl.int64) * lmax + t)[:, None] * D + d[None, :], sm.round_out(acc, OUT), mask=mask)
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        n = item // (n1 * n2)       # logical grid (sequence, token block, channel block)
+        t = ((item // n2) % n1) * BT + tl.arange(0, BT)
+        d = (item % n2) * BD + tl.arange(0, BD)
+        tm = t < lmax
+        dm = d < D
+        mask = tm[:, None] & dm[None, :]
+        if HAS_BIAS:
+            acc = sm.widen(tl.load(BIAS + d, mask=dm, other=0.0))[None, :] + tl.zeros([BT, BD], tl.float32)
+        else:
+            acc = tl.zeros([BT, BD], tl.float32)
+        base = n.to(tl.int64) * n_rows
+        for i in range(0, KW):
+            w = sm.widen(tl.load(W + d * KW + i, mask=dm, other=0.0))
+            x = sm.widen(tl.load(ROWS + (base + t + i)[:, None] * D + d[None, :], mask=mask, other=0.0))
+            acc = tl.fma(w[None, :], x, acc)
+        if SILU:
+            acc = ew.silu_f32(acc, NPU)  # silu(-inf) = -0.0, the reference's limit
+        tl.store(Y + (n.to(tl.int64) * lmax + t)[:, None] * D + d[None, :], sm.round_out(acc, OUT, NPU), mask=mask)
 
 
 def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
@@ -371,7 +405,7 @@ def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
         bt, bd = 16, min(128, triton.next_power_of_2(d))
         launch(_conv_kernel, (n, triton.cdiv(lmax, bt), triton.cdiv(d, bd)), rows, weight.contiguous(),
                bias.contiguous() if bias is not None else rows, y, lmax, rows.shape[1], D=d, KW=kw,
-               HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd)
+               HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd, persistent=True)
     idx = (lengths[:, None] + torch.arange(kw - 1)[None, :]).to(x.device)
     state = rows[torch.arange(n, device=x.device)[:, None], idx]
     return from_padded(y, cu_seqlens), canonical_nan(state)

@@ -63,24 +63,42 @@ def interpreter_layout() -> bool:
     return interpreting() and not ascend_launch.npu_layout()
 
 
+#: Negative control for the tests only: persistent launches skip their last work item (the checks must catch it).
+_DROP_LAST_ITEM_FOR_TESTS = False
+
+
+def persistent_args(grid) -> tuple[int, dict]:
+    """(n_work, kwargs) of a persistent launch over a logical grid of up to three dims: n_work items,
+    flattened in row-major order; the kernel recovers its indices from n1 (2-D: w -> (w // n1, w % n1))
+    or n1, n2 (3-D: w -> (w // (n1 n2), (w // n2) % n1, w % n2))."""
+    n_work = 1
+    for g in grid:
+        n_work *= g
+    kwargs = {}
+    if len(grid) >= 2:
+        kwargs["n1"] = grid[1]
+    if len(grid) == 3:
+        kwargs["n2"] = grid[2]
+    return n_work, kwargs
+
+
 def launch(kernel, grid, *args, persistent: bool = False, **kwargs) -> None:
     """kernel[grid](*args, **kwargs) with fp fusion off; refuses a double-rounding interpreter.
 
     persistent: the kernel loops ``for w in range(program_id(0), n_work, num_programs(0))`` over
-    work items (a 2-D logical grid is flattened: w -> (w // n1, w % n1)) and takes ``NPU``; it gets
-    n_work / n1 / NPU here and runs on min(work, cores) programs for the Ascend variant, else on one
-    program per work item (the loop then runs once)."""
+    work items (a 2-D / 3-D logical grid is flattened, see :func:`persistent_args`) and takes ``NPU``;
+    it gets n_work / n1 / n2 / NPU here and runs on min(work, cores) programs for the Ascend variant,
+    else on one program per work item (the loop then runs once)."""
     if interpreting():
         problem = interpreter_problem()
         if problem is not None:
             raise RuntimeError(problem)
     if persistent:
         from . import ascend_launch
-        n_work = 1
-        for g in grid:
-            n_work *= g
-        if len(grid) == 2:
-            kwargs["n1"] = grid[1]
-        kwargs.update(n_work=n_work, NPU=ascend_launch.active())
+        n_work, extra = persistent_args(grid)
+        kwargs.update(extra)
         grid = (ascend_launch.persistent_grid(n_work),)
+        if _DROP_LAST_ITEM_FOR_TESTS and n_work > 1:
+            n_work -= 1
+        kwargs.update(n_work=n_work, NPU=ascend_launch.active())
     kernel[grid](*args, **kwargs, **STRICT_OPTIONS)

@@ -183,7 +183,7 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             {"P": "*i64", **_ptrs("fp32", "F", "COS", "SIN"), **_ints("n", "half"), "r_float": "fp32",
              "base32": "fp32", "n_work": "i32"}, {"HAS_F": has_f, "BP": 16, "BH": 64, "NPU": npu}))
     from . import seq_lint_cases  # attention and gated delta rule kernels
-    cases += seq_lint_cases.cases(KernelCase, full)
+    cases += seq_lint_cases.cases(KernelCase, full, npu)
     return cases
 
 

@@ -30,7 +30,7 @@ def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
         col_ok = cols < N
         acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
         if HAS_BIAS:  # added once, after the K reduction
-            acc = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc = acc + sm.widen(tl.load(bias_ptr + cols, mask=col_ok, other=0.0))[None, :]
         out = sm.round_out(acc, OUT_DTYPE, NPU)
         ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
         tl.store(ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
@@ -57,8 +57,8 @@ def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_
         part = tl.zeros([BM, BN, NKT], dtype=tl.float32)
         for j in range(0, tl.minimum(KT, K)):
             kv = (k0 + j) < K
-            a = tl.load(a_p, mask=row_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
-            b = tl.load(b_p, mask=col_ok[:, None] & kv[None, :], other=0.0).to(tl.float32)
+            a = sm.widen(tl.load(a_p, mask=row_ok[:, None] & kv[None, :], other=0.0))
+            b = sm.widen(tl.load(b_p, mask=col_ok[:, None] & kv[None, :], other=0.0))
             part = tl.where(kv[None, None, :], tl.fma(a[:, None, :], b[None, :, :], part), part)
             a_p += sa_k
             b_p += sb_k
@@ -80,7 +80,7 @@ def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_
         for t in range(0, n_kt):
             total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
         if HAS_BIAS:
-            total = total + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+            total = total + sm.widen(tl.load(bias_ptr + cols, mask=cols < N, other=0.0))[None, :]
         ptrs = out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n
         tl.store(ptrs, sm.round_out(total, OUT_DTYPE, NPU), mask=ok)
 

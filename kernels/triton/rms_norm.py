@@ -21,10 +21,10 @@ from .launch import launch, interpreter_layout
 @triton.jit
 def _load_h(x_ptr, r_ptr, offs, mask, HAS_RES: tl.constexpr, OUT_DTYPE: tl.constexpr, NPU: tl.constexpr):
     """h as float32: x, or x + r rounded once to x's dtype (the value an unfused add would give)."""
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = sm.widen(tl.load(x_ptr + offs, mask=mask, other=0.0))
     if HAS_RES:
-        r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = sm.round_out(x + r, OUT_DTYPE, NPU).to(tl.float32)
+        r = sm.widen(tl.load(r_ptr + offs, mask=mask, other=0.0))
+        x = sm.widen(sm.round_out(x + r, OUT_DTYPE, NPU))
     return x
 
 
@@ -75,7 +75,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_ti
             ok = row_ok[:, None] & (col < H)[None, :]
             offs = base[:, None] + col[None, :]
             h = _load_h(x_ptr, r_ptr, offs, ok, HAS_RES, OUT_DTYPE, NPU)
-            w = tl.load(w_ptr + col, mask=col < H, other=0.0).to(tl.float32)
+            w = sm.widen(tl.load(w_ptr + col, mask=col < H, other=0.0))
             y = (h * inv[:, None]) * w[None, :]
             tl.store(y_ptr + offs, sm.round_out(y, OUT_DTYPE, NPU), mask=ok)
             if HAS_RES:

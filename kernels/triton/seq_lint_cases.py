@@ -15,12 +15,13 @@ def _sig(fn, types: dict, default: str) -> dict:
     return {n: types.get(n, default) for n in fn.arg_names}
 
 
-def cases(KernelCase, full: bool = False) -> list:
+def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
     from . import attention as A, gated_delta_rule as G
     i32 = "i32"
     attn_types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     attn_types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
-                                        "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits")})
+                                        "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits",
+                                        "n_work", "n1", "n2")})
     attn_types["scale"] = "fp32"
     out = []
     dtypes = (("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())
@@ -29,10 +30,10 @@ def cases(KernelCase, full: bool = False) -> list:
         types = dict(attn_types, Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", O=f"*{dt}")
         for paged, one in modes:
             consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=16, BLOCK_D=128, KB=64, KS=256, DT=64, P_IN=not one,
-                          OUT=tdt, PAGED=paged, ONE_SPLIT=one)
+                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu)
             sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts))
-        consts = dict(HQ=32, D=128, BLOCK_M=16, BLOCK_D=128, OUT=tdt, REVERSE=False)
+        consts = dict(HQ=32, D=128, BLOCK_M=16, BLOCK_D=128, OUT=tdt, REVERSE=False, NPU=npu)
         sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
         out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts))
     gdn = [
@@ -46,9 +47,11 @@ def cases(KernelCase, full: bool = False) -> list:
                                         "n_rows": i32},
          dict(D=1024, KW=4, HAS_BIAS=True, SILU=True, OUT=tl.bfloat16, BT=16, BD=128)),
     ]
+    grid = {"n_work": i32, "n1": i32, "n2": i32}  # the persistent loop's counts (launch.persistent_args)
     for name, fn, types, consts in gdn:
         if name == "gdn.chunked" and not full:
             continue
-        sig = {k: v for k, v in _sig(fn, types, "*fp32").items() if k not in consts}
+        consts = dict(consts, NPU=npu)
+        sig = {k: v for k, v in _sig(fn, dict(types, **grid), "*fp32").items() if k not in consts}
         out.append(KernelCase(name, fn, sig, consts))
     return out

@@ -32,7 +32,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
     pos_zero = tl.zeros([BR], dtype=tl.int32)
     for c0 in range(0, n, BC):
         ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
-        x = tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0).to(tl.float32)
+        x = sm.widen(tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0))
         bm, bp, bz = common.row_max(x, ok)
         m = tl.maximum(m, bm)
         poisoned = tl.maximum(poisoned, bp)
@@ -47,7 +47,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
         if REG:  # one 3-D block, exp once, then the in-tile order from registers (few, large operations)
             col3 = start[:, None] + tl.arange(0, T)[None, :]
             ok3 = row_ok[:, None, None] & (col3 < n)[None, :, :]
-            x = tl.load(x_ptr + base[:, None, None] + col3[None, :, :], mask=ok3, other=0.0).to(tl.float32)
+            x = sm.widen(tl.load(x_ptr + base[:, None, None] + col3[None, :, :], mask=ok3, other=0.0))
             e = tl.where(ok3, sm.exp(x - m_safe[:, None, None]), 0.0)
             part = common.nonneg_sums_in_order(e, n, T, BR, NTB)
         else:  # step j loads element j of every tile: loads do the indexing (the GPU layout)
@@ -55,7 +55,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
             for j in range(0, tl.minimum(T, n)):
                 col = start + j
                 ok = row_ok[:, None] & (col < n)[None, :]
-                x = tl.load(x_ptr + base[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
+                x = sm.widen(tl.load(x_ptr + base[:, None] + col[None, :], mask=ok, other=0.0))
                 part = tl.where(ok, part + sm.exp(x - m_safe[:, None]), part)
         s = common.add_columns_in_order(s, part, tiles, tl.minimum(NTB, n_tiles - t0))
     return m_safe, s, empty
@@ -79,7 +79,7 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
             for c0 in range(0, n, BC):
                 ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
                 offs = base[:, None] + (c0 + cols)[None, :]
-                shifted = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - m_safe[:, None]
+                shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]
                 if MODE == 1:
                     out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
                 else:

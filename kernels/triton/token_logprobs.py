@@ -33,8 +33,8 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
     for k0 in range(0, H, KT):
         part = tl.zeros([BR, NTB, VT], dtype=tl.float32)
         for _ in range(k0, tl.minimum(k0 + KT, H)):
-            a = tl.load(a_p, mask=row_ok, other=0.0).to(tl.float32)
-            b = tl.load(b_p, mask=v_ok, other=0.0).to(tl.float32)
+            a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
+            b = sm.widen(tl.load(b_p, mask=v_ok, other=0.0))
             part = tl.fma(a[:, None, None], b[None, :, :], part)
             a_p += 1
             b_p += 1
@@ -130,8 +130,8 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
         for k0 in range(0, H, KT):
             part = tl.zeros([BR], dtype=tl.float32)
             for _ in range(k0, tl.minimum(k0 + KT, H)):
-                a = tl.load(a_p, mask=row_ok, other=0.0).to(tl.float32)
-                b = tl.load(b_p, mask=row_ok, other=0.0).to(tl.float32)
+                a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
+                b = sm.widen(tl.load(b_p, mask=row_ok, other=0.0))
                 part = tl.fma(a, b, part)
                 a_p += 1
                 b_p += 1
