@@ -37,7 +37,7 @@ def _kernel(module: str):
 
 
 def _exact():
-    return importlib.import_module("hal.kernels.exact.cpu")  # torch._int_mm slice products (no numba)
+    return _kernel("exact_slice")  # compiled slicing, torch._int_mm slice products
 
 
 _lock = threading.Lock()

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from hal.kernels.exact import core
-from hal.kernels.exact.cpu import linear as exact_linear
 
+from .exact_slice import linear as exact_linear, slice_rows
 from .host import F32
 from .softmax import _ROW_CHUNK, logprob_rows
 
@@ -27,7 +27,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     n, v = tokens.numel(), weight.shape[0]
     h2 = hidden.reshape(n, hidden.shape[-1])
     tiles = [(v0, weight[v0:v0 + VOCAB_TILE]) for v0 in range(0, v, VOCAB_TILE)]
-    sliced = [core.slice_rows(w, mm.slices) for _, w in tiles]
+    sliced = [slice_rows(w, mm.slices) for _, w in tiles]
     tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)

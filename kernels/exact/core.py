@@ -210,12 +210,14 @@ def apply_specials(out: torch.Tensor, flags) -> torch.Tensor:
 
 
 def dot_f64_odd(x: torch.Tensor, w: torch.Tensor, s: int, products: Products,
-                w_sliced: Sliced | None = None) -> tuple[torch.Tensor, bool]:
+                w_sliced: Sliced | None = None, slicer=None) -> tuple[torch.Tensor, bool]:
     """The sliced dot x [M, K] . w [N, K] over K rounded to odd in float64 (finite part only), and
-    whether every input was finite. ``w_sliced``: ``slice_rows(w, s)`` computed once per weight."""
+    whether every input was finite. ``w_sliced``: ``slice_rows(w, s)`` computed once per weight;
+    ``slicer``: a compiled :func:`slice_rows` with the same bits (default: this one)."""
     check_k("x / a", x.shape[-1])
-    sa = slice_rows(x, s)
-    sw = w_sliced if w_sliced is not None else slice_rows(w, s)
+    slicer = slicer or slice_rows
+    sa = slicer(x, s)
+    sw = w_sliced if w_sliced is not None else slicer(w, s)
     hi, lo = combine(products(sa.digits, sw.digits), s)
     return to_f64_odd(hi, lo, scale_exponent(sa.exp, sw.exp, s)), sa.finite and sw.finite
 
@@ -231,12 +233,12 @@ def finish(v: torch.Tensor, flags, bias: torch.Tensor | None, out_dtype: torch.d
 
 def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s: int,
                  products: Products, w_sliced: Sliced | None = None,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, slicer=None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) under the exact policy with s slices -> [M, N] in x.dtype
     (``out_dtype``: another output dtype, e.g. float32 logits of bf16 inputs in token_logprobs).
 
     ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
     [s, s, M, N]; it is the only part a backend replaces.
     """
-    v, finite = dot_f64_odd(x, w, s, products, w_sliced)
+    v, finite = dot_f64_odd(x, w, s, products, w_sliced, slicer)
     return finish(v, None if finite else special_flags(x, w), bias, out_dtype or x.dtype)

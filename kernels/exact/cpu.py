@@ -40,11 +40,11 @@ def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec, weight_sliced=None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, slicer=None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T + bias under an ExactMatmulSpec (``weight_sliced``: core.slice_rows(weight, s);
-    ``out_dtype``: other than x's, e.g. float32 logits)."""
+    ``out_dtype``: other than x's, e.g. float32 logits; ``slicer``: a compiled core.slice_rows)."""
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
-    out = exact_linear(x2, weight, bias, spec.slices, products_int_mm, weight_sliced, out_dtype)
+    out = exact_linear(x2, weight, bias, spec.slices, products_int_mm, weight_sliced, out_dtype, slicer)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
