@@ -50,8 +50,15 @@ def key_visibility(qpos: torch.Tensor, qvalid: torch.Tensor, klen: torch.Tensor,
     qpos - left <= j and, when not causal, j <= qpos + right.
     """
     j = torch.arange(key_offset, key_offset + n_keys, device=qpos.device).reshape(1, 1, -1)
-    p = qpos.unsqueeze(-1)
     vis = qvalid.unsqueeze(-1) & (j < klen.to(torch.int64).reshape(-1, 1, 1))
+    return mask_causal_window(vis, j, qpos.unsqueeze(-1), causal, window)
+
+
+def mask_causal_window(vis, j, p, causal: bool, window: tuple[int, int]):
+    """``vis`` narrowed by the causal and window rules for key position ``j`` and query position ``p``.
+
+    Written with comparison operators only, so torch tensors and jax arrays (hal.jax) share it.
+    """
     if causal:
         vis = vis & (j <= p)
     left, right = window

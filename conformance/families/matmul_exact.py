@@ -13,8 +13,8 @@ import torch
 from hal.spec import ExactMatmulSpec
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
-from .matmul import _call, _column_subset, place_nonfinite
+from ..family import DTYPES, Case, autograd_check, half_ulp, rowwise_checks
+from .matmul import MatmulFamily, _call, _column_subset, place_nonfinite
 
 SPECS = (ExactMatmulSpec(slices=3), ExactMatmulSpec(slices=4))
 # (name, M, K, N, outlier channels): decode row, odd K, K past one int32-safe tile of 64, massive activations
@@ -23,7 +23,9 @@ SHAPES = [("m1_k7_n5", 1, 7, 5, 0), ("m7_k129_n33", 7, 129, 33, 0), ("m3_k4097_n
 EPS32 = 2.0 ** -24
 
 
-class MatmulExactFamily(Family):
+class MatmulExactFamily(MatmulFamily):
+    """The matmul family's calls and oracle, with exact-policy cases, inputs and error bound."""
+
     def cases(self):
         return [Case("matmul_exact", name, dt, spec, (("m", m), ("k", k), ("n", n), ("outliers", o)))
                 for spec in SPECS for name, m, k, n, o in SHAPES for dt in DTYPES]
@@ -40,13 +42,6 @@ class MatmulExactFamily(Family):
         if case.name.endswith("nonfinite"):   # the matmul family's NaN/Inf placement
             place_nonfinite(x)
         return x
-
-    def run(self, backend, case, inputs):
-        return _call(backend, case, inputs)
-
-    def oracle(self, case, x):
-        from hal.kernels import oracle
-        return {"matmul": oracle.matmul(x["a"], x["b"]), "linear": oracle.linear(x["a"], x["b"].t(), x["bias"])}
 
     def budget(self, case, output, x, exact):
         # Slicing truncates each value by less than its row's unit u = 2**(E - 7s + 1) (A) or its

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hal import spec as specs
+from hal.attention import mask_causal_window
 
 from . import strict_math as sm
 from ._api import strict_op
@@ -24,16 +25,8 @@ def key_visibility(qlen, klen, n_q: int, n_k: int, causal: bool, window):
     qpos = klen[:, None] - qlen[:, None] + i
     qvalid = i < qlen[:, None]
     j = jnp.arange(n_k)[None, None, :]
-    p = qpos[..., None]
     vis = qvalid[..., None] & (j < klen[:, None, None])
-    if causal:
-        vis = vis & (j <= p)
-    left, right = window
-    if left >= 0:
-        vis = vis & (j >= p - left)
-    if right >= 0 and not causal:
-        vis = vis & (j <= p + right)
-    return vis
+    return mask_causal_window(vis, j, qpos[..., None], causal, window)
 
 
 def _scan(body, init, xs):
