@@ -87,16 +87,16 @@ def test_packed_with_cache_and_cu_seq_lens_isolated():
 # ---------------------------------------------------------------- generate (sampler) vs teacher forcing
 
 
-def _generate(m, seqs, new=3):
+def _generate(m, seqs, new=3, **generate_kwargs):
+    """Greedy generation of ``new`` tokens from left-padded ``seqs``: (tokens [n, new], logits [n, new, V])."""
     n, P = len(seqs), max(len(s) for s in seqs)
     ids = torch.zeros(n, P, dtype=torch.long)
     mask = torch.zeros(n, P, dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, P - len(s):], mask[b, P - len(s):] = s, 1
     out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                     output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    steps = torch.stack(out.logits, 1).float()  # [n, new, V]
-    return out.sequences[:, P:], steps
+                     output_logits=True, return_dict_in_generate=True, pad_token_id=0, **generate_kwargs)
+    return out.sequences[:, P:], torch.stack(out.logits, 1).float()
 
 
 def _generate_checks(m, kind):
@@ -321,7 +321,7 @@ def test_static_cache_decode_equals_teacher_forced():
     seqs = prompts("llama", seed=3)[:2]
 
     def check(m):
-        toks, steps = _generate_static(m, seqs)
+        toks, steps = _generate(m, seqs, cache_implementation="static")
         ok = True
         for b, s in enumerate(seqs):
             with torch.no_grad():
@@ -333,17 +333,6 @@ def test_static_cache_decode_equals_teacher_forced():
     with lt.patch(m):
         assert check(m)
     assert not check(stock("llama"))
-
-
-def _generate_static(m, seqs, new=3):
-    n, P = len(seqs), max(len(s) for s in seqs)
-    ids = torch.zeros(n, P, dtype=torch.long)
-    mask = torch.zeros(n, P, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, P - len(s):], mask[b, P - len(s):] = s, 1
-    out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                     output_logits=True, return_dict_in_generate=True, pad_token_id=0, cache_implementation="static")
-    return out.sequences[:, P:], torch.stack(out.logits, 1).float()
 
 
 @pytest.mark.parametrize("kind,attn", [("qwen2", "sdpa"), ("mistral", "eager")])
