@@ -14,7 +14,8 @@ from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
 from .ops_registry import OPS
 
-__all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"]
+__all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
+           "token_logprobs"]
 
 
 def _needs_grad(*ts) -> bool:
