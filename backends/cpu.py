@@ -64,6 +64,7 @@ class CpuBackend(Backend):
     priority = 10
     dtypes = FLOAT_DTYPES + (F64,)
     policies = (STRICT, EXACT)  # exact: matmul / linear and token_logprobs' logits by torch._int_mm
+    reads_exact_weight = True
     description = "the strict specs compiled with numba: the reference bits, compiled"
 
     def unavailable_reason(self):
@@ -85,6 +86,11 @@ class CpuBackend(Backend):
         if x.dtype == F64:
             return oracle.linear(x, weight, bias)
         return (_exact() if spec.policy == EXACT else _kernel("matmul")).linear(x, weight, bias, spec)
+
+    @_strict
+    def exact_slice(self, weight, slices):
+        """The compiled ``core.slice_rows`` (hal.exact_weight prepares CPU weights with it)."""
+        return _exact().slice_rows(weight, slices)
 
     @_strict
     def rms_norm(self, x, weight, eps, residual, spec):

@@ -3,6 +3,8 @@
     python -m benchmarks.exact            # CPU: torch._int_mm path vs F.linear and the strict k64 reference
     python -m benchmarks.exact --gpu      # CUDA: Triton int8 kernel vs cuBLAS bf16 (4096^3, M = 1..16)
     python -m benchmarks.exact --logprobs # CPU: token_logprobs with exact logits vs the strict chain vs stock
+    python -m benchmarks.exact --prepared # CPU: hal.linear with a prepared weight (hal.exact_weight) vs
+                                          #      slicing per call vs F.linear vs strict k64, cpu backend
 
 Medians of repeated calls, same process, same inputs; ratios are what to compare. The weight's
 slices are computed once (as a serving engine would, per weight) unless a row says otherwise.
@@ -47,8 +49,8 @@ def cpu_rows(k=4096, n=4096, strict_n=64):
         yield (f"{m}x{k}x{n}", "F.linear bf16", t_lin16, t_lin16 / t_lin)
         for s in (3, 4):
             spec = ExactMatmulSpec(slices=s)
-            wd = core.slice_rows(w, s)
-            t = median_time(lambda: exact_cpu.linear(x, w, None, spec, wd))
+            ew = hal.exact_weight(w, spec=spec)
+            t = median_time(lambda: exact_cpu.linear(x, ew, None, spec))
             yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm", t, t / t_lin)
             t = median_time(lambda: exact_cpu.linear(x, w, None, spec), repeats=3)
             yield (f"{m}x{k}x{n}", f"exact s{s} torch._int_mm, weight sliced per call", t, t / t_lin)
@@ -58,6 +60,35 @@ def cpu_rows(k=4096, n=4096, strict_n=64):
         yield (f"{m}x{k}x{n}", f"exact s3 reference (int64 matmuls; N={strict_n} x{scale:g})", t_ref, t_ref / t_lin)
         t_strict = median_time(lambda: hal.linear(x, ws, spec=MatmulSpec(), backend="reference"), 1, 0) * scale
         yield (f"{m}x{k}x{n}", f"strict k64 reference (N={strict_n} x{scale:g})", t_strict, t_strict / t_lin)
+
+
+def prepared_rows(k=4096, n=4096):
+    """hal.linear on the cpu backend (the user's path: validation, dispatch, compiled slicing of x,
+    torch._int_mm products): a weight prepared once vs sliced in every call, against F.linear in the
+    same dtype and the strict k64 default; plus the one-off hal.exact_weight time. Yields rows."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype)
+        name = str(dtype).replace("torch.", "")
+        prepared = {}
+        for s in (3, 4):
+            spec = ExactMatmulSpec(slices=s)
+            t = median_time(lambda: hal.exact_weight(w, spec=spec, backend="cpu"), 3)
+            prepared[s] = hal.exact_weight(w, spec=spec, backend="cpu")
+            yield (f"{n}x{k} {name}", f"hal.exact_weight (one-off), s{s}", t, float("nan"))
+        for m in (1, 128):
+            x = torch.randn(m, k, generator=g).to(dtype)
+            shape = f"{m}x{k}x{n} {name}"
+            t_lin = median_time(lambda: F.linear(x, w))
+            yield (shape, f"F.linear {name}", t_lin, 1.0)
+            t = median_time(lambda: hal.linear(x, w, backend="cpu"), 3)
+            yield (shape, "strict k64 (cpu backend, default spec)", t, t / t_lin)
+            for s in (3, 4):
+                spec = ExactMatmulSpec(slices=s)
+                t = median_time(lambda: hal.linear(x, prepared[s], spec=spec, backend="cpu"))
+                yield (shape, f"exact s{s}, prepared weight", t, t / t_lin)
+                t = median_time(lambda: hal.linear(x, w, spec=spec, backend="cpu"), 3)
+                yield (shape, f"exact s{s}, weight sliced per call", t, t / t_lin)
 
 
 def logprob_rows(n=64, h=1024, v=8192):
@@ -76,8 +107,11 @@ def logprob_rows(n=64, h=1024, v=8192):
     exact = TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4))
     t = median_time(lambda: hal.token_logprobs(hid, w, tok, spec=exact, backend="cpu"), 3)
     yield (shape, "token_logprobs exact s4 (cpu backend, weight sliced per call)", t, t / t_stock)
-    t = median_time(lambda: core.slice_rows(w, 4), 3)
-    yield (shape, "  of which: slicing the weight (s4)", t, t / t_stock)
+    ew = hal.exact_weight(w, spec=exact, backend="cpu")
+    t = median_time(lambda: hal.token_logprobs(hid, ew, tok, spec=exact, backend="cpu"), 3)
+    yield (shape, "token_logprobs exact s4 (cpu backend, LM head prepared once)", t, t / t_stock)
+    t = median_time(lambda: hal.exact_weight(w, spec=exact, backend="cpu"), 3)
+    yield (shape, "  hal.exact_weight of the LM head (one-off, s4)", t, t / t_stock)
 
 
 def gpu_rows(s_values=(3, 4)):
@@ -115,7 +149,8 @@ def gpu_rows(s_values=(3, 4)):
         out.append((shape, "cuBLAS bf16 F.linear", t_cublas, 1.0))
         for s in s_values:
             spec = ExactMatmulSpec(slices=s)
-            wd = core.slice_rows(w, s)
+            ew = hal.exact_weight(w, spec=spec)  # no backend serves exact on CUDA: the core's slicer
+            wd = ew.sliced
             da = core.slice_rows(x, s).digits
             best = None
             for block, split, warps, stages in configs["big" if m > 16 else "decode"]:
@@ -130,7 +165,7 @@ def gpu_rows(s_values=(3, 4)):
                     best = (t, block, split, warps, stages)
             t, block, split, warps, stages = best
             out.append((shape, f"exact s{s} triton kernel only {block} split {split} w{warps}", t, t / t_cublas))
-            t_all = median_time(lambda: tx.exact_linear_triton(x, w, None, spec, block, split, wd,
+            t_all = median_time(lambda: tx.exact_linear_triton(x, ew, None, spec, block, split,
                                                                num_warps=warps, num_stages=stages), sync=sync)
             out.append((shape, f"exact s{s} triton end to end (slice x, kernel, round)", t_all, t_all / t_cublas))
     return out
@@ -140,17 +175,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--logprobs", action="store_true", help="token_logprobs rows (CPU) instead of linear")
+    ap.add_argument("--prepared", action="store_true", help="hal.linear rows (cpu backend): prepared weight vs "
+                    "sliced per call vs F.linear vs strict k64, fp32 and bf16")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for every path (0: torch's default)")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = gpu_rows() if args.gpu else logprob_rows() if args.logprobs else cpu_rows()
-    base = "cuBLAS bf16" if args.gpu else "stock" if args.logprobs else "F.linear fp32"
+    rows = (gpu_rows() if args.gpu else logprob_rows() if args.logprobs else prepared_rows() if args.prepared
+            else cpu_rows())
+    base = ("cuBLAS bf16" if args.gpu else "stock" if args.logprobs else "F.linear, same dtype" if args.prepared
+            else "F.linear fp32")
     print(f"| shape | path | ms | vs {base} |")
     print("|---|---|---|---|")
     for shape, path, t, ratio in rows:
-        r = f"{ratio:.2f}x" if isinstance(ratio, float) else ratio
+        r = ("" if ratio != ratio else f"{ratio:.2f}x") if isinstance(ratio, float) else ratio
         print(f"| {shape} | {path} | {t * 1e3:.3f} | {r} |", flush=True)
 
 

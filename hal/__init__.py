@@ -20,7 +20,7 @@ from . import rl, spec
 from .backend import LEVELS, Backend
 from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
 from .errors import (BackendUnavailable, GoldenError, HalError, InputError, SpecError, UnsupportedError)
-from .ops import linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
+from .ops import ExactWeight, exact_weight, linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
 from .attention import flash_attn_varlen_func, flash_attn_with_kvcache
 from .kv_cache import KVCache
 from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
@@ -33,7 +33,7 @@ __version__ = "0.2.0"
 __all__ = [
     "rl", "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
     "HalError", "InputError", "SpecError", "BackendUnavailable", "UnsupportedError", "GoldenError",
-    "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
+    "matmul", "linear", "exact_weight", "ExactWeight", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
     "flash_attn_varlen_func", "flash_attn_with_kvcache", "KVCache",
     "GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_causal_conv1d", "gdn_gating",
     "sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary", "aten_mode",

@@ -27,6 +27,9 @@ class Backend:
     policies: tuple[str, ...] = (STRICT,)
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     description: str = ""
+    #: Whether its exact-policy linear / token_logprobs read a prepared ``hal.ExactWeight`` (its slices);
+    #: the others are given the prepared weight's source tensor (same bits, sliced per call).
+    reads_exact_weight: bool = False
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run on this machine, else why not (missing package, device)."""

@@ -9,9 +9,13 @@ from __future__ import annotations
 import torch
 
 from . import dispatch, spec as specs, validate as v
+from .errors import SpecError, UnsupportedError
+from .kernels.exact import core as _exact_core
+from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
 from .ops_registry import OPS
 
-__all__ = ["matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs"]
+__all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
+           "token_logprobs"]
 
 
 def _needs_grad(*ts) -> bool:
@@ -29,14 +33,65 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+# ---------------------------------------------------------------- prepared exact weights
+
+
+def exact_weight(weight: torch.Tensor, *, spec, layout: str = "linear", backend=None) -> ExactWeight:
+    """Slice a constant weight once for the exact matmul policy; pass the result where the weight goes.
+
+    ``weight``: [N, K] for ``hal.linear`` and token_logprobs' LM head (``layout="linear"``), or b
+    [K, N] for ``hal.matmul`` (``layout="matmul"``). ``spec``: the exact spec of the calls (an
+    ExactMatmulSpec, or an exact token_logprobs spec, or either's id). ``backend``: whose slicer
+    runs (default: the one ``hal.linear`` would pick for this device; the slices are the same bits
+    from every backend). A call with the result gives the bits of the same call with ``weight``;
+    using it after ``weight`` changed in place raises InputError (docs/exact_matmul.md).
+    """
+    v.tensor("weight", weight, ndim=2)
+    v.floating("weight", weight)
+    if weight.dtype not in _exact_core.DTYPES:
+        raise v.InputError(f"weight: the exact policy takes float32, bfloat16 or float16, got {weight.dtype}")
+    s = specs.get(spec) if isinstance(spec, str) else spec
+    s = getattr(s, "matmul", s)  # an exact token_logprobs spec: its logits' matmul spec
+    if getattr(s, "policy", None) != specs.EXACT:
+        raise SpecError(f"spec: exact_weight needs an exact matmul spec (ExactMatmulSpec, e.g. "
+                        f"matmul.exact.s4.v2, or an exact token_logprobs spec), got {getattr(spec, 'id', spec)!r}")
+    try:
+        impl = dispatch.select("linear", s, weight.dtype, weight.device, backend)
+    except UnsupportedError:
+        if backend is not None:
+            raise
+        impl = None  # no backend serves exact linear here (CUDA: the Triton kernel is called directly)
+    return _prepare_exact(weight, s, layout, getattr(impl, "exact_slice", None))
+
+
+def _unprepared(name: str, w, layout: str):
+    """(the ExactWeight or None, the tensor to validate): a prepared weight is checked before anything runs."""
+    if not isinstance(w, ExactWeight):
+        return None, w
+    w.check_fresh(name)
+    w.check_layout(name, layout)
+    return w, w.source
+
+
+def _weight_arg(impl, prepared: ExactWeight | None, weight: torch.Tensor):
+    """What the backend gets: the prepared weight if it reads slices, else the source (same bits)."""
+    return prepared if prepared is not None and impl.reads_exact_weight else weight
+
+
 # ---------------------------------------------------------------- matmul / linear
+
+
+def _run_matmul(a, b, s, impl, prepared):
+    if prepared is not None and impl.reads_exact_weight:
+        return impl.linear(a, prepared, None, s)  # the exact matmul is linear(a, b^T): the slices' orientation
+    return impl.matmul(a, b, s)
 
 
 class _MatmulFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, s, impl):
+    def forward(ctx, a, b, s, impl, prepared):
         ctx.save_for_backward(a, b)
-        return impl.matmul(a, b, s)
+        return _run_matmul(a, b, s, impl, prepared)
 
     @staticmethod
     def backward(ctx, g):
@@ -47,26 +102,31 @@ class _MatmulFn(torch.autograd.Function):
         gb = None
         if ctx.needs_input_grad[1]:
             gb = (a32.reshape(-1, a.shape[-1]).transpose(0, 1) @ g32.reshape(-1, g.shape[-1])).to(b.dtype)
-        return ga, gb, None, None
+        return ga, gb, None, None, None
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> torch.Tensor:
-    """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in the inputs' dtype (float32 accumulation)."""
+def matmul(a: torch.Tensor, b, *, spec=None, backend=None) -> torch.Tensor:
+    """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in the inputs' dtype (float32 accumulation).
+
+    ``b`` may be ``hal.exact_weight(b, spec=..., layout="matmul")`` under that exact spec."""
+    prepared, b = _unprepared("b", b, "matmul")
     v.tensor("a", a, ndim_min=2), v.tensor("b", b, ndim=2)
     dtype = v.same_dtype(a=v.floating("a", a), b=v.floating("b", b))
     v.dim_eq("matmul: a.shape[-1] (K) vs b.shape[0]", a.shape[-1], b.shape[0], "b must be [K, N]")
     s, impl = _prepare("matmul", spec, backend, dtype, a=a, b=b)
+    if prepared is not None:
+        prepared.check_spec("b", s if s.policy == specs.EXACT else None, s.id)
     if _needs_grad(a, b):
-        return _MatmulFn.apply(a, b, s, impl)
-    return impl.matmul(a, b, s)
+        return _MatmulFn.apply(a, b, s, impl, prepared)
+    return _run_matmul(a, b, s, impl, prepared)
 
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, s, impl):
+    def forward(ctx, x, weight, bias, s, impl, w_arg):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return impl.linear(x, weight, bias, s)
+        return impl.linear(x, w_arg, bias, s)
 
     @staticmethod
     def backward(ctx, g):
@@ -76,11 +136,14 @@ class _LinearFn(torch.autograd.Function):
         gx = (g.to(acc) @ w.to(acc)).to(x.dtype) if ctx.needs_input_grad[0] else None
         gw = (g2.transpose(0, 1) @ x.reshape(-1, x.shape[-1]).to(acc)).to(w.dtype) if ctx.needs_input_grad[1] else None
         gbias = g2.sum(0).to(w.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gbias, None, None
+        return gx, gw, gbias, None, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, spec=None, backend=None):
-    """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``)."""
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=None, backend=None):
+    """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``).
+
+    ``weight`` may be ``hal.exact_weight(weight, spec=...)`` under that exact spec (sliced once)."""
+    prepared, weight = _unprepared("weight", weight, "linear")
     v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
     if bias is not None:
         v.tensor("bias", bias, ndim=1)
@@ -89,9 +152,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     dtype = v.same_dtype(x=v.floating("x", x), weight=v.floating("weight", weight))
     v.dim_eq("linear: x.shape[-1] (K) vs weight.shape[1]", x.shape[-1], weight.shape[1], "weight must be [N, K]")
     s, impl = _prepare("linear", spec, backend, dtype, x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
+    if prepared is not None:
+        prepared.check_spec("weight", s if s.policy == specs.EXACT else None, s.id)
+    w_arg = _weight_arg(impl, prepared, weight)
     if _needs_grad(x, weight, bias):
-        return _LinearFn.apply(x, weight, bias, s, impl)
-    return impl.linear(x, weight, bias, s)
+        return _LinearFn.apply(x, weight, bias, s, impl, w_arg)
+    return impl.linear(x, w_arg, bias, s)
 
 
 # ---------------------------------------------------------------- rms_norm
@@ -207,10 +273,10 @@ def logsumexp(x, dim: int = -1, *, spec=None, backend=None):
 
 class _TokenLogprobsFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, s, impl):
+    def forward(ctx, hidden, weight, tokens, temperature, s, impl, w_arg):
         ctx.save_for_backward(hidden, weight, tokens)
         ctx.temperature = temperature
-        return impl.token_logprobs(hidden, weight, tokens, temperature, s)
+        return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
 
     @staticmethod
     def backward(ctx, g):
@@ -223,16 +289,18 @@ class _TokenLogprobsFn(torch.autograd.Function):
         glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
         gh = (glogits @ w32).reshape(h.shape).to(h.dtype) if ctx.needs_input_grad[0] else None
         gw = (glogits.transpose(0, 1) @ h32).to(w.dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
-def token_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, tokens: torch.Tensor,
+def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
                    temperature: float = 1.0, *, spec=None, backend=None) -> torch.Tensor:
     """float32 ``log p(tokens | hidden)`` for hidden ``[..., H]``, LM head ``[V, H]``, tokens ``[...]``.
 
     The LM head is accumulated in float32 and the log-softmax is vocab-tiled; the result is never
-    rounded below float32. This is the number a sampler records and a trainer recomputes.
+    rounded below float32. This is the number a sampler records and a trainer recomputes. Under an
+    exact spec the LM head may be ``hal.exact_weight(lm_head_weight, spec=...)`` (sliced once).
     """
+    prepared, lm_head_weight = _unprepared("lm_head_weight", lm_head_weight, "linear")
     v.tensor("hidden", hidden, ndim_min=1), v.tensor("lm_head_weight", lm_head_weight, ndim=2)
     dtype = v.same_dtype(hidden=v.floating("hidden", hidden), lm_head_weight=v.floating("lm_head_weight", lm_head_weight))
     v.tensor("tokens", tokens)
@@ -249,6 +317,9 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, tokens: t
     temperature = v.scalar("temperature", temperature, positive=True, reciprocal=True)
     s, impl = _prepare("token_logprobs", spec, backend, dtype, hidden=hidden, lm_head_weight=lm_head_weight,
                        tokens=tokens)
+    if prepared is not None:
+        prepared.check_spec("lm_head_weight", s.matmul, s.id)
+    w_arg = _weight_arg(impl, prepared, lm_head_weight)
     if _needs_grad(hidden, lm_head_weight):
-        return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl)
-    return impl.token_logprobs(hidden, lm_head_weight, tokens, temperature, s)
+        return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl, w_arg)
+    return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)

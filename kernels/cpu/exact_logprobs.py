@@ -3,8 +3,9 @@
 The logits are the exact policy's dot rounded once to float32 (``hal.kernels.exact.cpu``:
 ``torch._int_mm`` slice products, the reference's bits); the temperature and the strict
 log-softmax are the cpu backend's compiled rows (``softmax.logprob_rows``). The weight is sliced
-once per call, one vocab tile at a time (bounded temporaries); the logits exist for at most
-``softmax._ROW_CHUNK`` tokens x one vocab tile of products, then chunk x V float32, never [N, V].
+once per call, one vocab tile at a time, unless it comes prepared (``hal.exact_weight``: its slices
+are read a vocab tile at a time); the logits exist for at most ``softmax._ROW_CHUNK`` tokens x one
+vocab tile of products, then chunk x V float32, never [N, V].
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import numpy as np
 import torch
 
 from hal.kernels.exact import core
+from hal.kernels.exact.cpu import products_int_mm
+from hal.kernels.exact.prepared import unpack
 
-from .exact_slice import linear as exact_linear, slice_rows
+from .exact_slice import slice_rows
 from .host import F32
 from .softmax import _ROW_CHUNK, logprob_rows
 
@@ -21,13 +24,16 @@ VOCAB_TILE = 8192  # weight rows per slicing / product step: 64 x 8192 x s^2 int
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
-    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
+    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H] (or a prepared ExactWeight),
+    tokens [...] (hidden's lead shape)."""
     mm = spec.matmul
     core.check_k("hidden", hidden.shape[-1])
-    n, v = tokens.numel(), weight.shape[0]
+    w_all, prepared = unpack(weight, mm)
+    n, v = tokens.numel(), w_all.shape[0]
     h2 = hidden.reshape(n, hidden.shape[-1])
-    tiles = [(v0, weight[v0:v0 + VOCAB_TILE]) for v0 in range(0, v, VOCAB_TILE)]
-    sliced = [slice_rows(w, mm.slices) for _, w in tiles]
+    tiles = [(v0, w_all[v0:v0 + VOCAB_TILE]) for v0 in range(0, v, VOCAB_TILE)]
+    sliced = [prepared.rows(v0, v0 + w.shape[0]) if prepared is not None else slice_rows(w, mm.slices)
+              for v0, w in tiles]
     tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
@@ -35,6 +41,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
         rows = h2[c0:c0 + _ROW_CHUNK]
         logits = torch.empty((rows.shape[0], v), dtype=F32)  # [chunk, V]: the compiled rows' layout
         for (v0, w), ws in zip(tiles, sliced):
-            logits[:, v0:v0 + w.shape[0]] = exact_linear(rows, w, None, mm, weight_sliced=ws, out_dtype=F32)
+            logits[:, v0:v0 + w.shape[0]] = core.exact_linear(rows, w, None, mm.slices, products_int_mm, ws,
+                                                              out_dtype=F32, slicer=slice_rows)
         logprob_rows(logits.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)

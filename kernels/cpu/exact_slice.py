@@ -73,8 +73,8 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.S
     return core.Sliced(digits, e_out, bool(finite_rows.all()))
 
 
-def linear(x, weight, bias, spec, weight_sliced=None, out_dtype=None):
-    return _int_mm_path.linear(x, weight, bias, spec, weight_sliced, out_dtype, slicer=slice_rows)
+def linear(x, weight, bias, spec, out_dtype=None):
+    return _int_mm_path.linear(x, weight, bias, spec, out_dtype, slicer=slice_rows)
 
 
 def matmul(a, b, spec):

@@ -85,6 +85,11 @@ class Sliced(NamedTuple):
     exp: torch.Tensor      # int64 [R], the row exponents E
     finite: bool           # no NaN / Inf among the values (the special-value pass can be skipped)
 
+    def rows(self, r0: int, r1: int) -> "Sliced":
+        """Rows r0:r1 (views; ``finite`` stays the whole matrix's, a safe answer: the special-value
+        pass then checks the rows' values themselves)."""
+        return Sliced(self.digits[:, r0:r1], self.exp[r0:r1], self.finite)
+
 
 def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> Sliced:
     """x [R, K] float -> its slices; non-finite values slice as 0.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .core import INT32_SAFE_K, exact_linear
+from .prepared import unpack
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:
@@ -28,24 +29,30 @@ def products_int_mm(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     if 0 in (m, n, k):
         return torch.zeros((s, s, m, n), dtype=torch.int64, device=da.device)
     a = da.reshape(s * m, k)
-    wt = dw.reshape(s * n, k).T  # [K, s*N], column-major
+    # [K, s*N], column-major; a row range of a prepared weight (a vocab tile, digit planes apart in
+    # memory) is one GEMM per plane instead of a copy of the planes
+    wts = [dw.reshape(s * n, k).T] if dw.is_contiguous() else [d.T for d in dw]
     p = None
     for k0 in range(0, k, INT32_SAFE_K):
-        a_k, w_k = a[:, k0:k0 + INT32_SAFE_K], wt[k0:k0 + INT32_SAFE_K]
+        a_k = a[:, k0:k0 + INT32_SAFE_K]
+        w_ks = [wt[k0:k0 + INT32_SAFE_K] for wt in wts]
         if k > INT32_SAFE_K:
-            a_k, w_k = a_k.contiguous(), w_k.T.contiguous().T
-        part = torch._int_mm(_operand(a_k), _operand(w_k)).to(torch.int64)
+            a_k, w_ks = a_k.contiguous(), [w_k.T.contiguous().T for w_k in w_ks]
+        parts = [torch._int_mm(_operand(a_k), _operand(w_k)) for w_k in w_ks]
+        part = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
         p = part if p is None else p + part
     return p.reshape(s, m, s, n).permute(0, 2, 1, 3)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec, weight_sliced=None,
-           out_dtype: torch.dtype | None = None, slicer=None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T + bias under an ExactMatmulSpec (``weight_sliced``: core.slice_rows(weight, s);
-    ``out_dtype``: other than x's, e.g. float32 logits; ``slicer``: a compiled core.slice_rows)."""
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None, spec, out_dtype: torch.dtype | None = None,
+           slicer=None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T + bias under an ExactMatmulSpec (``weight``: a tensor, sliced here, or
+    a prepared ``ExactWeight``; ``out_dtype``: other than x's, e.g. float32 logits; ``slicer``: a
+    compiled core.slice_rows)."""
+    w, w_sliced = unpack(weight, spec)
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
-    out = exact_linear(x2, weight, bias, spec.slices, products_int_mm, weight_sliced, out_dtype, slicer)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    out = exact_linear(x2, w, bias, spec.slices, products_int_mm, w_sliced, out_dtype, slicer)
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import core
+from .prepared import unpack
 
 
 @triton.jit
@@ -77,23 +78,25 @@ def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int =
     return hi, lo
 
 
-def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec,
-                        block=(32, 32, 32), split_k: int = 1, weight_sliced=None, **launch) -> torch.Tensor:
+def exact_linear_triton(x: torch.Tensor, weight, bias: torch.Tensor | None, spec,
+                        block=(32, 32, 32), split_k: int = 1, **launch) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias) under an ExactMatmulSpec; the reference's bits.
 
-    ``weight_sliced``: ``core.slice_rows(weight, spec.slices)``, computed once per weight; ``launch``:
-    Triton launch options (num_warps, num_stages). No choice here changes a bit.
+    ``weight``: a tensor (sliced here) or a prepared ``ExactWeight`` (the kernel reads its int8
+    planes through their strides); ``launch``: Triton launch options (num_warps, num_stages). No
+    choice here changes a bit.
     """
     s = spec.slices
+    w, sw = unpack(weight, spec)
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
     sa = core.slice_rows(x2, s)
-    sw = weight_sliced if weight_sliced is not None else core.slice_rows(weight, s)
+    sw = sw if sw is not None else core.slice_rows(w, s)
     hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
     v = core.to_f64_odd(hi, lo, core.scale_exponent(sa.exp, sw.exp, s))
-    flags = None if sa.finite and sw.finite else core.special_flags(x2, weight)
+    flags = None if sa.finite and sw.finite else core.special_flags(x2, w)
     out = core.finish(v, flags, bias, x.dtype)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def exact_matmul_triton(a: torch.Tensor, b: torch.Tensor, spec, block=(32, 32, 32), split_k: int = 1):

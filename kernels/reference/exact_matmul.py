@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hal.kernels.exact.core import exact_linear
+from hal.kernels.exact.prepared import unpack
 
 
 def products_int64(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
@@ -18,12 +19,14 @@ def products_int64(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([a64[t] @ w64[u].T for u in range(s)]) for t in range(s)])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec,
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None, spec,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] in x's dtype (or ``out_dtype``)."""
+    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] in x's dtype (or ``out_dtype``); ``weight``
+    may be a prepared ``ExactWeight`` (its slices are the ones this call would cut)."""
+    w, w_sliced = unpack(weight, spec)
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
-    out = exact_linear(x2, weight, bias, spec.slices, products_int64, out_dtype=out_dtype)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    out = exact_linear(x2, w, bias, spec.slices, products_int64, w_sliced, out_dtype=out_dtype)
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:

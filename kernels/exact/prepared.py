@@ -1,0 +1,118 @@
+"""Prepared weights of the exact matmul policy: a constant weight sliced once, not in every call.
+
+Slicing a weight (``core.slice_rows``: per-channel exponent, s int8 digit planes) costs far more than
+the int8 products of a small batch (a 4096 x 4096 weight: 0.31 s compiled, docs/exact_matmul.md).
+Weights are constant across inference calls and across a training step's micro-batches, so
+:class:`ExactWeight` keeps the slices with the tensor they came from. It is a cache, not a new
+computation: the exact policy's bits are a function of the weight's values, so a call with an
+``ExactWeight`` gives the bits of the same call with the plain tensor (tests/test_exact_weight.py).
+
+``hal.exact_weight`` (hal/ops.py) makes one; kernels take it wherever they take an exact weight in
+linear orientation ([N, K]) and read it through :func:`unpack`.
+"""
+from __future__ import annotations
+
+import torch
+
+from hal.errors import InputError
+
+from . import core
+
+LAYOUTS = {"linear": "weight [N, K] (hal.linear; the LM head [V, H] of token_logprobs)",
+           "matmul": "b [K, N] (hal.matmul)"}
+
+
+def _stamp(t: torch.Tensor) -> tuple[int, int]:
+    """What changes when a tensor's values may have changed: torch's in-place version counter (shared by
+    views and ``detach()``) and the storage address (``param.data = ...`` rebinds it)."""
+    return t._version, t.data_ptr()
+
+
+class ExactWeight:
+    """A weight sliced once for one exact matmul spec.
+
+    Layout (every backend reads this one): ``sliced.digits`` int8 [s, N, K], digit plane t of output
+    channel n over K, most significant first; ``sliced.exp`` int64 [N], the channel exponents E;
+    ``sliced.finite``, whether the weight has no NaN/inf (``core.Sliced``). N is the output axis
+    whatever the source's ``layout``: "linear" (source [N, K]) or "matmul" (source b [K, N], sliced
+    as b^T). Memory: s bytes per weight value, on the source's device.
+
+    ``source`` is the tensor itself (kept, not copied): NaN/inf inputs read it (special values are
+    not in the slices), backends that do not read slices get it, and autograd's weight gradient
+    lands on it. Any use after the source changed in place raises InputError; a change that torch
+    does not count (writes through ``.data`` or through another tensor sharing the storage) is not
+    seen: prepare again after such writes.
+    """
+
+    __slots__ = ("source", "spec", "layout", "sliced", "_stamp")
+
+    def __init__(self, source: torch.Tensor, spec, layout: str, sliced: core.Sliced):
+        self.source, self.spec, self.layout, self.sliced = source, spec, layout, sliced
+        self._stamp = _stamp(source)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The source as [N, K] (output channels as rows: the orientation of the slices)."""
+        return self.source if self.layout == "linear" else self.source.transpose(0, 1)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.source.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.source.device
+
+    @property
+    def slices(self) -> int:
+        return self.spec.slices
+
+    def __repr__(self):
+        return (f"ExactWeight({self.spec.id}, layout={self.layout!r}, shape={tuple(self.shape)}, "
+                f"dtype={self.dtype}, device={self.device})")
+
+    def check_fresh(self, name: str = "weight") -> None:
+        if _stamp(self.source) != self._stamp:
+            raise InputError(f"{name}: weight changed since exact_weight(...) (modified in place or its "
+                             "storage replaced, so its slices are stale); prepare it again with "
+                             "hal.exact_weight(weight, spec=...)")
+
+    def check_layout(self, name: str, layout: str) -> None:
+        if self.layout != layout:
+            raise InputError(f"{name}: this ExactWeight was prepared from {LAYOUTS[self.layout]}, but this "
+                             f"argument is {LAYOUTS[layout]}; prepare it with layout={layout!r}")
+
+    def check_spec(self, name: str, exact_spec, call_spec_id: str) -> None:
+        """``exact_spec``: the call's exact matmul spec (None when the call's spec ``call_spec_id`` uses none)."""
+        if exact_spec is None:
+            raise InputError(f"{name}: an ExactWeight holds slices for {self.spec.id}, but the call's spec "
+                             f"{call_spec_id} does not use the exact policy; pass an exact spec or the plain tensor")
+        if exact_spec != self.spec:
+            raise InputError(f"{name}: this ExactWeight was prepared for {self.spec.id}, but the call uses "
+                             f"{exact_spec.id} ({exact_spec.slices} slices); prepare it for that spec")
+
+
+def prepare(weight: torch.Tensor, spec, layout: str = "linear", slicer=None) -> ExactWeight:
+    """Slice ``weight`` once (``slicer``: a compiled ``core.slice_rows`` with the same bits; default the core's)."""
+    if layout not in LAYOUTS:
+        raise InputError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    rows = weight if layout == "linear" else weight.transpose(0, 1)
+    core.check_k("weight", rows.shape[1])
+    with torch.no_grad():
+        sliced = (slicer or core.slice_rows)(rows.detach(), spec.slices)
+    return ExactWeight(weight, spec, layout, sliced)
+
+
+def unpack(weight, spec) -> tuple[torch.Tensor, core.Sliced | None]:
+    """A kernel's weight argument -> (weight [N, K], its slices or None to slice in this call).
+
+    A plain tensor is sliced per call; an ExactWeight must be fresh and made for ``spec``."""
+    if not isinstance(weight, ExactWeight):
+        return weight, None
+    weight.check_fresh()
+    weight.check_spec("weight", spec, spec.id)
+    return weight.rows, weight.sliced
