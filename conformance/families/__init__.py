@@ -8,6 +8,7 @@ from ..family import Family
 MODULES = {
     "matmul": "hal.conformance.families.matmul",
     "matmul_exact": "hal.conformance.families.matmul_exact",
+    "matmul_fast": "hal.conformance.families.matmul_fast",
     "rms_norm": "hal.conformance.families.rms_norm",
     "softmax": "hal.conformance.families.softmax",
     "token_logprobs": "hal.conformance.families.token_logprobs",
