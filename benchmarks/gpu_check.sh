@@ -6,7 +6,8 @@
 # Writes to OUT_DIR: env.txt, lint.txt (PTX/TTIR lint with the GPU's own Triton), conformance.json /
 # conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
 # (lockstep triton vs stock torch, CUDA events, median), log.txt, conformance_seq.* and bench_seq.* (attention /
-# GDN kernels, benchmarks/triton_attn_bench.py), exact.txt, rl_parity.txt (and jax.txt). Every step is time-boxed; a failing
+# GDN kernels, benchmarks/triton_attn_bench.py), exact.txt, fast_lint.txt / fast.txt / fast.csv /
+# conformance_fast.* (the fast policy, benchmarks/fast_bench.py), rl_parity.txt (and jax.txt). Every step is time-boxed; a failing
 # step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
 # and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
 set -u
@@ -48,6 +49,11 @@ if [ "${SEQ:-1}" = 1 ]; then
 fi
 # The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu
+# The fast policy (tensor cores, FastMatmulSpec): batch invariance in raw bits on the device, then speed vs cuBLAS.
+step fast-lint 60 fast_lint.txt "$PY" -m hal.kernels.triton.fast_lint
+step fast "${FAST_TIMEOUT:-90}" fast.txt "$PY" -m benchmarks.fast_bench --csv "$OUT/fast.csv"
+step conformance-fast "${FAST_CONF_TIMEOUT:-60}" conformance_fast.txt "$PY" -m hal.cli conformance run \
+  --backend triton --device cuda --ops matmul_fast --json "$OUT/conformance_fast.json"
 # End to end: the RL sampler/trainer example on CUDA (lockstep ops are served by the triton backend).
 step rl-parity "${RL_TIMEOUT:-90}" rl_parity.txt "$PY" -m examples.rl_parity --device cuda
 # JAX (hal.jax) on XLA:GPU, when the jax benchmark module is present.
