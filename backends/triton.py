@@ -168,7 +168,7 @@ class TritonBackend(ElementwiseOps, SequenceOps, FoundationOps, Backend):
     launch_on = staticmethod(_on)
     policies = (STRICT, FAST)  # fast: matmul / linear on tensor cores (FastMatmulSpec, docs/fast_policy.md)
     #: fast-policy families and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
-    fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"})}
+    fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}), "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
 
     def supports(self, op, spec, dtype, device):
         reasons = super().supports(op, spec, dtype, device)

@@ -14,6 +14,7 @@ MODULES = {
     "token_logprobs": "hal.conformance.families.token_logprobs",
     "token_logprobs_exact": "hal.conformance.families.token_logprobs_exact",
     "attention": "hal.conformance.families.attention",
+    "attention_fast": "hal.conformance.families.attention_fast",
     "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
     "gdn_layer": "hal.conformance.families.gdn_layer",
     "elementwise": "hal.conformance.families.elementwise",
