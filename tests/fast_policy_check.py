@@ -1,6 +1,6 @@
 """Fast-policy Triton kernels (tensor-core tl.dot) in the interpreter: structure checks on raw bits.
 
-Run in a subprocess with TRITON_INTERPRET=1 by tests/test_fast_matmul.py. The interpreter's ``tl.dot``
+Run in a subprocess with TRITON_INTERPRET=1 by tests/test_fast_policy.py. The interpreter's ``tl.dot``
 is replaced by the deterministic stand-in of kernels/triton/interpreter_dot.py (per output element:
 its row, its column, the accumulator, the K tile), so these check what the kernel decides: which
 tiles, in which order, chosen by what. Usage: python tests/fast_policy_check.py [CHECK...];
@@ -8,6 +8,7 @@ prints "CHECK: ok ..." / "CHECK: FAIL ..." lines. LOCKSTEP_FULL=1 runs every spe
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ import torch  # noqa: E402
 
 import hal  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
-from hal.spec import FastMatmulSpec  # noqa: E402
+from hal.spec import FastAttentionSpec, FastMatmulSpec  # noqa: E402
 from triton_seq_check import FAILED, FULL, _differs, _gen, _pick, _same  # noqa: E402
 
 SMALL = FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
@@ -104,8 +105,104 @@ def mm_nonfinite():
                                                                                        backend="triton"))])
 
 
+# ------------------------------------------------------------------ attention
+
+ATTN_SMALL = FastAttentionSpec(block_m=16, kv_block=16, kv_split=32, num_warps=4)
+ATTN_CASES = [(ATTN_SMALL, torch.bfloat16, 24), (FastAttentionSpec(block_m=32, kv_block=16, kv_split=48), torch.float16, 40)]
+L_SEQ, HQ, HKV = 70, 4, 2  # 70 keys: 5 blocks of 16 (the last short), 3 splits of 32 / 2 of 48
+
+
+def _attn_inputs(dt, d, seed=5):
+    r = _gen(seed)
+    return r(L_SEQ, HQ, d).to(dt), r(L_SEQ, HKV, d).to(dt), r(L_SEQ, HKV, d).to(dt)
+
+
+def _prefill(q, k, v, spec):
+    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    return hal.flash_attn_varlen_func(q, k, v, cu, cu, q.shape[0], q.shape[0], causal=True, return_lse=True,
+                                      spec=spec, backend="triton")
+
+
+def _from_cache(q, k, v, n_keys, spec, num_splits=0, page=None):
+    """Rows q against the first n_keys keys held in a KV cache (contiguous, or paged with pages of ``page``)."""
+    kc, vc = k.unsqueeze(0).contiguous(), v.unsqueeze(0).contiguous()
+    table = None
+    if page:
+        n_pages = -(-L_SEQ // page)
+        pad = n_pages * page - L_SEQ
+        kp = torch.cat([kc[0], kc[0][:pad]]).reshape(n_pages, page, HKV, -1)
+        vp = torch.cat([vc[0], vc[0][:pad]]).reshape(n_pages, page, HKV, -1)
+        perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(3))
+        kc, vc = kp[perm].contiguous(), vp[perm].contiguous()  # shuffled pages: logical page i is at inv[i]
+        table = torch.argsort(perm).to(torch.int32).unsqueeze(0)
+    out, lse = hal.flash_attn_with_kvcache(q.unsqueeze(0), kc, vc, cache_seqlens=torch.tensor([n_keys], dtype=torch.int32),
+                                           block_table=table, causal=True, num_splits=num_splits, return_lse=True,
+                                           spec=spec, backend="triton")
+    return out[0], lse[0]
+
+
+def attn_split_invariance():
+    """L2: prefill == chunked prefill at block / split boundaries == decode with 1 and 8 splits ==
+    paged (shuffled pages of 7); out (input dtype) and lse (float32) in raw bits."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        pairs = []
+        for c in sorted({1, spec.kv_block, spec.kv_split + 1}):
+            o, l = _from_cache(q[c:], k, v, L_SEQ, spec)
+            pairs += [(f"chunk-from-{c}:out", out[c:], o), (f"chunk-from-{c}:lse", lse[:, c:], l)]
+        for t in (spec.kv_split, L_SEQ - 1):
+            for ns in (1, 8):
+                o, l = _from_cache(q[t:t + 1], k, v, t + 1, spec, num_splits=ns)
+                pairs += [(f"decode-{t}-splits{ns}:out", out[t:t + 1], o), (f"decode-{t}-splits{ns}:lse", lse[:, t:t + 1], l)]
+        o, l = _from_cache(q[40:], k, v, L_SEQ, spec, page=7)
+        pairs += [("paged-7:out", out[40:], o), ("paged-7:lse", lse[:, 40:], l)]
+        _same(f"attn-split-invariance[{spec.id},{dt}]", pairs)
+
+
+def attn_batch_invariance():
+    """L1: a sequence alone == packed after another sequence and among NaN neighbours (varlen)."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        q2, k2, v2 = _attn_inputs(dt, d, seed=9)
+        nan = torch.full((5, HQ, d), float("nan"), dtype=dt)
+        nan_kv = torch.full((5, HKV, d), float("nan"), dtype=dt)
+        qq, kk, vv = torch.cat([q2[:33], nan, q]), torch.cat([k2[:33], nan_kv, k]), torch.cat([v2[:33], nan_kv, v])
+        cu = torch.tensor([0, 33, 38, 38 + L_SEQ], dtype=torch.int32)
+        o, l = hal.flash_attn_varlen_func(qq, kk, vv, cu, cu, L_SEQ, L_SEQ, causal=True, return_lse=True, spec=spec,
+                                          backend="triton")
+        _same(f"attn-batch-invariance[{spec.id},{dt}]", [("packed:out", out, o[38:]), ("packed:lse", lse, l[:, 38:])])
+
+
+def attn_reverse_merge_negative():
+    """Negative control: split partials merged in reverse order (split-KV decode path) is caught."""
+    from hal.kernels.triton import attention as tri_attn
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        tri_attn._REVERSE_MERGE_FOR_TESTS = True
+        try:
+            o, l = _from_cache(q[40:], k, v, L_SEQ, spec, num_splits=8)  # 30 rows x 4 heads, 2-3 splits each
+            pairs = [("rows-40-69:lse", lse[:, 40:], l), ("rows-40-69:out", out[40:], o)]
+        finally:
+            tri_attn._REVERSE_MERGE_FOR_TESTS = False
+        _differs(f"attn-reverse-merge-negative[{spec.id},{dt}]", pairs)
+
+
+def attn_block_from_length_negative():
+    """Negative control: the key block chosen from the query count (short chunks get bigger blocks) is caught."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        wrong = dataclasses.replace(spec, kv_block=spec.kv_block * 2, kv_split=spec.kv_split * 2)
+        o, l = _from_cache(q[50:], k, v, L_SEQ, wrong)
+        _differs(f"attn-block-from-length-negative[{spec.id},{dt}]", [("lse", lse[:, 50:], l), ("out", out[50:], o)])
+
+
 CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
-                                  mm_nonfinite)}
+                                  mm_nonfinite, attn_split_invariance, attn_batch_invariance,
+                                  attn_reverse_merge_negative, attn_block_from_length_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

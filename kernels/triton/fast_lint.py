@@ -8,7 +8,7 @@ for the target's instruction) would be correct but pointless. Rules:
   PTX: ``wgmma`` (sm_90) / ``mma`` (sm_80) present; no float atomics (``atom``/``red`` on floats:
   an order that changes from run to run would break L0).
   TTIR: a ``tt.dot``; compiled with the launch options of the fast kernels (the spec's warps, stages).
-Negative control (tests/test_fast_matmul.py): the strict matmul kernel fails it.
+Negative control (tests/test_fast_policy.py): the strict matmul kernel fails it.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3)
 
 
 def fast_kernels():
-    """(case, num_warps, num_stages) of every fast kernel, with the default spec's tiles."""
+    """(case, num_warps, num_stages) of every fast kernel, with the default specs' tiles."""
     from hal.spec import FastMatmulSpec
     from . import fast_matmul as fm
     s = FastMatmulSpec()
@@ -64,6 +64,22 @@ def fast_kernels():
              **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
             {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": s.block_m, "BN": s.block_n, "BK": s.block_k,
              "GROUP": fm.GROUP_M}), s.num_warps, s.num_stages))
+    from hal.spec import FastAttentionSpec
+    from . import fast_attention as fa
+    from .seq_lint_cases import _sig
+    a = FastAttentionSpec()
+    i32 = "i32"
+    types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
+    types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
+                                   "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits",
+                                   "n_work", "n1", "n2")})
+    types.update(scale="fp32", Q="*bf16", K="*bf16", V="*bf16", O="*bf16")
+    for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode
+        consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, BLOCK_D=128, KB=a.kv_block, KS=a.kv_split,
+                      OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False)
+        sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
+        out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
+                    a.num_warps, a.num_stages))
     return out
 
 
@@ -74,7 +90,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             problems = lint(case, target, warps, stages)
             bad += bool(problems)
-            print(f"{'ok' if not problems else 'FAIL':4} {case.name:<24} {target}  ({time.perf_counter() - t0:.1f} s)")
+            print(f"{'ok' if not problems else 'FAIL':4} {case.name:<36} {target}  ({time.perf_counter() - t0:.1f} s)")
             for p in problems:
                 print(f"     - {p}")
     return 1 if bad else 0
