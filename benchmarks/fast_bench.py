@@ -1,4 +1,5 @@
-"""The fast policy (FastMatmulSpec, tensor cores) on a GPU: speed vs cuBLAS and batch invariance in raw bits.
+"""The fast policy (tensor cores) on a GPU: matmul speed vs cuBLAS, attention prefill vs flash-attn / SDPA,
+and matmul batch invariance in raw bits.
 
     python -m benchmarks.fast_bench --csv fast.csv          # CUDA (H200: < 1 minute)
 
@@ -8,6 +9,9 @@ decode shapes M = 1..16 (K = N = 4096); ratio = cuBLAS time / fast time (target 
 dense tensor-core peak (--bf16-peak, H200 ~989 TFLOP/s). Bits rows: each of a few rows computed alone
 and at several positions of batches of 1..4096 rows must give the same raw bits (L1 on the device);
 cuBLAS runs the same comparison as the negative control (its kernel choice follows M).
+Attention rows: causal varlen prefill (4k and 8k tokens, GQA 32/8, D 128) under FastAttentionSpec() vs
+flash-attn's flash_attn_varlen_func when importable, else SDPA (target: >= 0.7x flash attention); the
+"cublas_s" column then holds the reference kernel's time.
 Refuses to run without CUDA (exit 2): the interpreter measures nothing about speed.
 """
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch.nn.functional as F
 
 import hal
 from hal.conformance.bits import first_divergence
-from hal.spec import FastMatmulSpec
+from hal.spec import FastAttentionSpec, FastMatmulSpec
 
 from .triton_bench import _randn, time_call
 
@@ -42,6 +46,36 @@ def _speed(spec, repeats, max_seconds, peak):
                     "bf16_peak_share": f"{share:.3g}", "result": ""})
         print(f"linear fast  M{m:<5} K{k} N{n:<6} fast {t_fast * 1e3:8.3f} ms  cuBLAS {t_cublas * 1e3:8.3f} ms  "
               f"speed {t_cublas / t_fast:5.3f}x  bf16-peak {share:.2f}", flush=True)
+    return out
+
+
+def _attention(spec, repeats, max_seconds, peak):
+    """Causal prefill (varlen, one sequence) vs flash-attn when importable, else SDPA (flash backend)."""
+    try:
+        from flash_attn import flash_attn_varlen_func as fa_varlen
+        ref_name = "flash-attn"
+    except ImportError:
+        fa_varlen, ref_name = None, "SDPA"
+    out = []
+    for n, hq, hkv, d in ((4096, 32, 8, 128), (8192, 32, 8, 128)):
+        q = _randn((n, hq, d), torch.bfloat16, "cuda", 5)
+        k, v = (_randn((n, hkv, d), torch.bfloat16, "cuda", s) for s in (6, 7))
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        fast = lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, n, n, causal=True, spec=spec,  # noqa: E731
+                                                  backend="triton")
+        if fa_varlen is not None:
+            ref = lambda: fa_varlen(q, k, v, cu, cu, n, n, causal=True)  # noqa: E731
+        else:
+            qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            ref = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
+        t_fast = time_call(fast, "cuda", 3, repeats, max_seconds)
+        t_ref = time_call(ref, "cuda", 3, repeats, max_seconds)
+        share = 2.0 * 2 * n * n * hq * d / 2 / t_fast / peak  # causal: half of QK^T and PV
+        out.append({"kind": f"attention prefill vs {ref_name}", "shape": f"N{n} Hq{hq} Hkv{hkv} D{d} causal bf16",
+                    "fast_s": f"{t_fast:.6g}", "cublas_s": f"{t_ref:.6g}", "speed_vs_cublas": f"{t_ref / t_fast:.3g}",
+                    "bf16_peak_share": f"{share:.3g}", "result": ""})
+        print(f"attention prefill N{n} Hq{hq} Hkv{hkv} D{d}  fast {t_fast * 1e3:8.3f} ms  {ref_name} "
+              f"{t_ref * 1e3:8.3f} ms  speed {t_ref / t_fast:5.3f}x  bf16-peak {share:.2f}", flush=True)
     return out
 
 
@@ -82,6 +116,11 @@ def main(argv=None) -> int:
     spec = FastMatmulSpec()
     print(f"spec {spec.id} on {torch.cuda.get_device_name()}", flush=True)
     rows = _bits(spec) + _speed(spec, args.repeats, args.max_seconds, args.bf16_peak)
+    try:
+        rows += _attention(FastAttentionSpec(), args.repeats, args.max_seconds, args.bf16_peak)
+    except Exception as e:  # the matmul rows stand on their own
+        print(f"attention rows failed: {type(e).__name__}: {e}", file=sys.stderr)
+        rows.append({"kind": "attention prefill", "result": f"error: {type(e).__name__}: {str(e)[:200]}"})
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     fields = ["kind", "shape", "fast_s", "cublas_s", "speed_vs_cublas", "bf16_peak_share", "result"]
     with open(args.csv, "w", newline="") as f:
