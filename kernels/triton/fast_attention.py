@@ -66,7 +66,8 @@ def _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, pag
     return m, l, acc, ne
 
 
-@triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
+# counts that change per call (lengths, splits, grid) are never specialised on: one binary for every call
+@triton.jit(do_not_specialize=["n_ws_rows", "n_ws_splits", "n_work", "n1", "n2"])
 def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
                       stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,

@@ -24,7 +24,9 @@ from .launch import launch
 GROUP_M = 8
 
 
-@triton.jit
+# M (the batch) is never specialised on: one compiled kernel for every batch size (Triton would otherwise
+# compile separate variants for M == 1 and M % 16 == 0), so the batch cannot even pick the binary.
+@triton.jit(do_not_specialize=["M"])
 def _fast_matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, sa_m, sa_k, sb_k, sb_n, so_m, so_n,
                         HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
