@@ -6,7 +6,7 @@
   attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
   merged in reverse) caught; LOCKSTEP_FULL=1 adds attention L1 and a second wrong variant, every spec x dtype;
 * conformance: matmul_fast (and, with LOCKSTEP_FULL=1, attention_fast) run in tests/test_triton_interpreter.py;
-  here the stock backend (negative control) fails matmul_fast;
+  here the stock backend (negative control) fails matmul_fast (L0, L1) and attention_fast (L2);
 * fast lint: the kernel compiled for sm_80/sm_90 uses mma/wgmma and no float atomics; the strict matmul
   kernel fails that lint, and the strict lint rejects the fast kernel (each lint is kept to its policy).
 """
@@ -93,6 +93,8 @@ def test_stock_fails_the_fast_family():
     failed = {r.level for r in recs if r.status == "fail"}
     assert "L1" in failed and not any(r.claimed for r in recs), [(r.level, r.status) for r in recs]
     assert all(r.level != "L4" for r in recs)  # the family has no L4: the report shows "-"
+    recs = runner.run(["stock"], ["attention_fast"], dtypes=["bf16"], quick=True)  # SDPA per call
+    assert {r.level for r in recs if r.status == "fail"} == {"L2"} and not any(r.claimed for r in recs)
 
 
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
