@@ -29,3 +29,15 @@ def test_gradients_close_to_float64_deterministic_zero_rows():
 def test_negative_control_dropped_dlse_is_caught():
     out = run_checks("negative", script=SCRIPT)
     assert "wrong variant caught" in out
+
+
+def test_gpu_benchmark_fails_cleanly_without_cuda():
+    import subprocess
+    import sys
+
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the benchmark would run (benchmarks/gpu_check.sh step attn-train)")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.attn_train_bench"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr, (r.returncode, r.stderr[-2000:])
