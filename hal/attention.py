@@ -244,7 +244,8 @@ class _VarlenFn(torch.autograd.Function):
             gout = torch.zeros_like(q)
         kernels = getattr(ctx.impl, "flash_attn_varlen_backward", None)
         grads = None
-        if kernels is not None:  # None back: a case the kernels do not serve
+        # double backward (create_graph) needs differentiable math: the torch backward then
+        if kernels is not None and not torch.is_grad_enabled():  # None back: a case the kernels do not serve
             grads = kernels(q, k, v, out, lse, cu_q, cu_k, *ctx.maxes, *ctx.args, gout, glse)
         if grads is None:
             grads = _backward_math(q, k, v, cu_q, cu_k, *ctx.args, gout, glse)

@@ -83,12 +83,12 @@ def _preprocess_kernel(O, DO, DLSE, DELTA, n_rows, stride_t, stride_h,
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, Q_ROW0, QLEN, KLEN, K_ROW0,
-                 stride_qt, stride_qh, stride_kt, stride_kh, n_rows, scale, causal, left, right,
+                 stride_qt, stride_qh, stride_kt, stride_kh, n_rows, scale, causal, left, right, n_blk,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(0) % n_blk  # grid (key block x sequence, kv head): no 65535 cap on sequences
+    b = tl.program_id(0) // n_blk
     hk = tl.program_id(1)
-    b = tl.program_id(2)
     qlen = tl.load(QLEN + b)
     klen = tl.load(KLEN + b)
     n0 = pid_n * BLOCK_N
@@ -132,12 +132,12 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, Q_ROW0, QLEN, KLEN, K_ROW0,
 
 @triton.jit
 def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, Q_ROW0, QLEN, KLEN, K_ROW0,
-               stride_qt, stride_qh, stride_kt, stride_kh, n_rows, scale, causal, left, right,
+               stride_qt, stride_qh, stride_kt, stride_kh, n_rows, scale, causal, left, right, n_blk,
                GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0) % n_blk  # grid (query block x sequence, query head)
+    b = tl.program_id(0) // n_blk
     h = tl.program_id(1)
-    b = tl.program_id(2)
     i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
     if pid_m * BLOCK_M < qlen:
         d = tl.arange(0, BLOCK_D)
@@ -172,16 +172,18 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, Q_ROW0, QLEN, KLEN, K_ROW0,
 
 
 def _config(d: int, dtype: torch.dtype) -> dict:
-    """Tile sizes (speed only: a fixed choice per (head dim, dtype), so the bits are too). GPU sizes are
-    unmeasured defaults (flash-attention-2's shape: fixed tile on the long side, loop tile on the short);
-    the interpreter takes tl.dot's minimum of 16."""
+    """Tile sizes and launch options per kernel (speed only: a fixed choice per (head dim, dtype), so the bits
+    are fixed too). GPU choices are unmeasured defaults in flash-attention-2's shape (the program's own
+    tile on the long side, the loop tile on the short); dK/dV keeps two float32 [BLOCK_N, D] accumulators,
+    hence 8 warps from D 128. The interpreter takes tl.dot's minimum tile of 16."""
     bd = max(16, triton.next_power_of_2(d))
     if interpreting():
-        return dict(BLOCK_D=bd, kv=dict(BLOCK_M=16, BLOCK_N=16), q=dict(BLOCK_M=16, BLOCK_N=16), warps={})
-    small = dtype == F32 or bd > 128  # fp32 tiles take twice the registers / shared memory
-    kv = dict(BLOCK_M=16 if small else 32, BLOCK_N=32 if small else 64)
-    q = dict(BLOCK_M=32 if small else 64, BLOCK_N=16 if small else 32)
-    return dict(BLOCK_D=bd, kv=kv, q=q, warps=dict(num_warps=4, num_stages=2))
+        return dict(BLOCK_D=bd, kv=dict(BLOCK_M=16, BLOCK_N=16), q=dict(BLOCK_M=16, BLOCK_N=16))
+    small = dtype == F32 or bd > 128  # float32 tiles take twice the registers / shared memory
+    kv = dict(BLOCK_M=16 if small else 32, BLOCK_N=32 if small else 64, num_warps=8 if bd >= 128 else 4,
+              num_stages=2)
+    q = dict(BLOCK_M=32 if small else 64, BLOCK_N=16 if small else 32, num_warps=4, num_stages=2)
+    return dict(BLOCK_D=bd, kv=kv, q=q)
 
 
 def _check(name, x, shape, dtype) -> None:
@@ -211,7 +213,7 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
     if n_seq == 0 or tq == 0 or k.shape[0] == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
     cfg = _config(d, q.dtype)
-    bd, warps = cfg["BLOCK_D"], cfg["warps"]
+    bd = cfg["BLOCK_D"]
     delta = torch.empty((hq, tq), dtype=F32, device=dev)
     has_dlse = glse is not None and not _DROP_DLSE_FOR_TESTS
     dlse = glse.contiguous() if has_dlse else lse
@@ -223,9 +225,9 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
     rows = (cq[:-1], qlen, klen, ck[:-1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), tq,
             scale, int(causal), left, right)
     ieee = q.dtype == F32 or (q.dtype == torch.bfloat16 and interpreting())  # see _dot
-    meta = dict(GROUP=hq // k.shape[1], D=d, BLOCK_D=bd, IEEE=ieee, strict=False, **warps)
-    kv = cfg["kv"]
-    launch(_dkdv_kernel, (triton.cdiv(max_k, kv["BLOCK_N"]), k.shape[1], n_seq), *common, dk, dv, *rows, **kv, **meta)
-    qc = cfg["q"]
-    launch(_dq_kernel, (triton.cdiv(max_q, qc["BLOCK_M"]), hq, n_seq), *common, dq, *rows, **qc, **meta)
+    meta = dict(GROUP=hq // k.shape[1], D=d, BLOCK_D=bd, IEEE=ieee, strict=False)
+    kv, qc = cfg["kv"], cfg["q"]
+    n_kb, n_qb = triton.cdiv(max_k, kv["BLOCK_N"]), triton.cdiv(max_q, qc["BLOCK_M"])
+    launch(_dkdv_kernel, (n_kb * n_seq, k.shape[1]), *common, dk, dv, *rows, n_kb, **kv, **meta)
+    launch(_dq_kernel, (n_qb * n_seq, hq), *common, dq, *rows, n_qb, **qc, **meta)
     return dq, dk, dv
