@@ -98,3 +98,6 @@ class PatchMatmul:
     def clear(self) -> None:
         """Drop every prepared weight (after writes torch does not count, e.g. ``w.data.copy_(t)``)."""
         self._prepared.clear()
+
+
+DEFAULT = PatchMatmul()  # the default strict spec (never prepares): forwards called outside a patch

@@ -17,11 +17,12 @@ import hal
 from ..errors import UnsupportedError
 from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
                            several_sequences_per_row, visibility)
+from .hf_matmul import DEFAULT
 
 # ---------------------------------------------------------------- linear, norms, MLP, rotary
 
 
-def linear(mod, x, *, mm):
+def linear(mod, x, *, mm=DEFAULT):
     """``nn.Linear`` under the patch's matmul spec (``mm``: hf_matmul.PatchMatmul; weights prepared once if exact)."""
     return mm.linear(x, mod.weight, mod.bias, key=(id(mod), "weight"))
 
@@ -242,7 +243,7 @@ def decoder_position_hook(layer, args, kwargs):
 # ---------------------------------------------------------------- Qwen3-Next MoE
 
 
-def router(mod, hidden_states, *, mm):
+def router(mod, hidden_states, *, mm=DEFAULT):
     """Top-k router: softmax (hal), top-k with ties broken by lower expert index, normalised in k order."""
     h = hidden_states.reshape(-1, mod.hidden_dim)
     if mod.weight.dtype == h.dtype:
@@ -260,7 +261,7 @@ def router(mod, hidden_states, *, mm):
     return logits, vals.to(logits.dtype), idx
 
 
-def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm):
+def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
     """Each token's expert outputs, weighted and summed in rank order (rank 0 first)."""
     if getattr(mod, "has_bias", False):
         raise UnsupportedError(f"{type(mod).__name__} with expert biases is not supported")

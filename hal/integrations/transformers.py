@@ -6,6 +6,7 @@
     with lt.patch(model):                             # or p = lt.apply(model); ...; p.revert()
         out = model.generate(...)                     # sampler
         loss.backward()                               # trainer
+    lt.patch(model, matmul_spec=ExactMatmulSpec(slices=4))  # linears under the exact policy, weights prepared
     report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
     lt.audit(model, input_ids)                        # what still computes outside hal
 
