@@ -7,6 +7,9 @@ slicing through the model is the oracle of the prepared path (and the strict spe
 the stock model fails batch invariance; a variant that never re-prepares after an optimizer step
 gives other bits than a fresh patch (and the ExactWeight guard catches one that skips the check).
 """
+import dataclasses
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -18,7 +21,7 @@ from hal.integrations import hf_matmul  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.hf_testing import tiny_model  # noqa: E402
 from hal.kernels.exact.prepared import ExactWeight  # noqa: E402
-from hal.spec import ExactMatmulSpec, MatmulSpec, RMSNormSpec, TokenLogprobsSpec  # noqa: E402
+from hal.spec import ExactMatmulSpec, MatmulSpec, OpSpec, RMSNormSpec, TokenLogprobsSpec  # noqa: E402
 
 EXACT = ExactMatmulSpec(slices=4)
 VOCAB = 128
@@ -182,6 +185,24 @@ def test_optimizer_step_re_prepares(monkeypatch):
                 logits(m, x)
 
 
+@pytest.mark.parametrize("how", ["load_state_dict", "data_rebind"])
+def test_counted_writes_re_prepare(how):
+    """``load_state_dict`` (in-place copy: version bump) and ``w.data = t`` (new storage) need no clear()."""
+    x = ids()
+    m, donor = tiny_model("llama"), tiny_model("llama", seed=1)
+    with lt.patch(m, matmul_spec=EXACT) as p:
+        stale = logits(m, x)
+        if how == "load_state_dict":
+            m.load_state_dict(donor.state_dict())
+        else:
+            for q, d in zip(m.parameters(), donor.parameters()):
+                q.data = d.detach().clone()
+        got = logits(m, x)
+        assert p.matmul.slicings == 2 * LLAMA_LINEARS
+    assert_same_bits(_fresh_logits(m, x), got, how)
+    assert not same_bits(stale, got)
+
+
 def test_writes_torch_does_not_count_need_clear():
     """The documented blind spot: ``w.data.copy_`` bumps no version counter; ``matmul.clear()`` re-slices."""
     x = ids()
@@ -256,6 +277,22 @@ def test_bad_spec_leaves_model_unpatched(bad, err, match):
         lt.apply(m, matmul_spec=bad)
     assert all("forward" not in mod.__dict__ for mod in m.modules()) and "_lockstep_patch" not in m.__dict__
     lt.apply(m).revert()  # still patchable
+
+
+@dataclasses.dataclass(frozen=True)
+class _OtherMatmul(OpSpec):
+    """A matmul-family spec with no token_logprobs counterpart."""
+    family: ClassVar[str] = "matmul"
+
+    def _id_parts(self):
+        return ["other"]
+
+
+def test_spec_without_logprobs_counterpart_refused():
+    m = tiny_model("llama")
+    with pytest.raises(hal.SpecError, match="matmul_spec matmul.strict.other.v2: no token_logprobs spec"):
+        lt.apply(m, matmul_spec=_OtherMatmul())
+    assert all("forward" not in mod.__dict__ for mod in m.modules())
 
 
 def test_exact_refuses_float64_weights_before_mutation():

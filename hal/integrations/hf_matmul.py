@@ -41,10 +41,9 @@ def logprobs_spec(matmul_spec: specs.OpSpec) -> specs.TokenLogprobsSpec:
     if matmul_spec == specs.DEFAULTS["matmul"]:
         return specs.DEFAULTS["token_logprobs"]
     if isinstance(matmul_spec, specs.ExactMatmulSpec):
-        return specs.TokenLogprobsSpec(matmul=matmul_spec, version=matmul_spec.version)
+        return specs.TokenLogprobsSpec(matmul=matmul_spec)
     if isinstance(matmul_spec, specs.MatmulSpec):
-        return specs.TokenLogprobsSpec(policy=matmul_spec.policy, hidden_tile=matmul_spec.k_tile,
-                                       version=matmul_spec.version)
+        return specs.TokenLogprobsSpec(policy=matmul_spec.policy, hidden_tile=matmul_spec.k_tile)
     raise SpecError(f"matmul_spec {matmul_spec.id}: no token_logprobs spec computes its logits with this dot")
 
 

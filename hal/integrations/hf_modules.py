@@ -273,7 +273,8 @@ def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
             if e < 0 or e >= mod.num_experts:
                 continue
             rows = (col == e).nonzero()[:, 0]
-            gate, up = mm.linear(hidden_states[rows], mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e)).chunk(2, -1)
+            gate_up = mm.linear(hidden_states[rows], mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e))
+            gate, up = gate_up.chunk(2, dim=-1)
             y = mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
         out = out + acc
