@@ -20,7 +20,7 @@ import torch
 from hal.backend import LEVELS, Backend
 from hal.spec import FAST, STRICT
 
-from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps
+from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps, TrainingOps
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 MIN_TRITON = (3, 6)        # GPU: enable_fp_fusion launch option, tl.fma, div_rn, sqrt_rn
@@ -156,7 +156,7 @@ class ElementwiseOps:
             return _elementwise().apply_rotary(x, cos, sin, interleaved, spec)
 
 
-class TritonBackend(ElementwiseOps, SequenceOps, FoundationOps, Backend):
+class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Backend):
     name = "triton"
     device_types = ("cuda",)
     priority = 10

@@ -16,6 +16,11 @@ def _attn():
     return attention
 
 
+def _attn_backward():
+    from hal.kernels.triton import attention_backward
+    return attention_backward
+
+
 def _gdn():
     from hal.kernels.triton import gated_delta_rule
     return gated_delta_rule
@@ -47,3 +52,18 @@ class SequenceOps:
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
         with self.launch_on(x):
             return _gdn().causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+
+
+class TrainingOps:
+    """Backward kernels (deterministic, not strict), found by ``hal.attention._VarlenFn.backward``; the
+    triton backend only (the Ascend variant keeps hal's torch backward)."""
+
+    def flash_attn_varlen_backward(self, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window,
+                                   gout, glse):
+        """(dq, dk, dv), or None for head dims the kernels do not serve (hal's torch backward then)."""
+        bwd = _attn_backward()
+        if q.shape[-1] > bwd.MAX_HEAD_DIM:
+            return None
+        with self.launch_on(q):
+            return bwd.flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal,
+                                                  window, gout, glse)

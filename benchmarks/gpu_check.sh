@@ -6,8 +6,10 @@
 # Writes to OUT_DIR: env.txt, lint.txt (PTX/TTIR lint with the GPU's own Triton), conformance.json /
 # conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
 # (lockstep triton vs stock torch, CUDA events, median), log.txt, conformance_seq.* and bench_seq.* (attention /
-# GDN kernels, benchmarks/triton_attn_bench.py), exact.txt, fast_lint.txt / fast.txt / fast.csv /
-# conformance_fast.* (the fast policy, benchmarks/fast_bench.py), rl_parity.txt (and jax.txt). Every step is time-boxed; a failing
+# GDN kernels, benchmarks/triton_attn_bench.py), attn_train.txt / attn_train.csv (attention forward + the
+# deterministic backward kernels vs flash-attn or SDPA, benchmarks/attn_train_bench.py), exact.txt,
+# fast_lint.txt / fast.txt / fast.csv / conformance_fast.* (the fast policy, benchmarks/fast_bench.py), rl_parity.txt
+# (and jax.txt). Every step is time-boxed; a failing
 # step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
 # and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
 set -u
@@ -46,6 +48,12 @@ if [ "${SEQ:-1}" = 1 ]; then
   step conformance-seq "${SEQ_CONF_TIMEOUT:-200}" conformance_seq.txt "$PY" -m hal.cli conformance run \
     --backend triton --device cuda --ops attention gated_delta_rule gdn_layer --quick --json "$OUT/conformance_seq.json"
   step bench-seq "${SEQ_BENCH_TIMEOUT:-150}" bench_seq.txt "$PY" -m benchmarks.triton_attn_bench --csv "$OUT/bench_seq.csv"
+fi
+# Attention training step: strict forward + deterministic backward kernels vs flash-attn (else SDPA), T 1k / 4k,
+# with an on-GPU determinism (raw bits) and float64-error check of the backward. ATTN_TRAIN=0 skips it.
+if [ "${ATTN_TRAIN:-1}" = 1 ]; then
+  step attn-train "${ATTN_TRAIN_TIMEOUT:-240}" attn_train.txt "$PY" -m benchmarks.attn_train_bench \
+    --csv "$OUT/attn_train.csv"
 fi
 # The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu

@@ -232,20 +232,31 @@ def _backward_math(q, k, v, cu_q, cu_k, scale, causal, window, gout, glse):
 
 
 class _VarlenFn(torch.autograd.Function):
+    """Backward: the backend's ``flash_attn_varlen_backward`` kernels when it has them (triton), else
+    :func:`_backward_math`. Neither is a spec: only the forward's bits are fixed; both are deterministic."""
+
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, s, impl):
         out, lse = impl.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, s)
-        ctx.save_for_backward(q, k, v, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
         ctx.args = (scale, causal, window)
+        ctx.maxes = (max_q, max_k)
+        ctx.impl = impl
         return out, lse
 
     @staticmethod
     def backward(ctx, gout, glse):
-        q, k, v, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
         if gout is None:
             gout = torch.zeros_like(q)
-        gq, gk, gv = _backward_math(q, k, v, cu_q, cu_k, *ctx.args, gout, glse)
-        return gq, gk, gv, None, None, None, None, None, None, None, None, None
+        kernels = getattr(ctx.impl, "flash_attn_varlen_backward", None)
+        grads = None
+        # double backward (create_graph) needs differentiable math: the torch backward then
+        if kernels is not None and not torch.is_grad_enabled():  # None back: a case the kernels do not serve
+            grads = kernels(q, k, v, out, lse, cu_q, cu_k, *ctx.maxes, *ctx.args, gout, glse)
+        if grads is None:
+            grads = _backward_math(q, k, v, cu_q, cu_k, *ctx.args, gout, glse)
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,

@@ -1,4 +1,4 @@
-"""Runs tests/triton_seq_check.py checks in a TRITON_INTERPRET=1 subprocess (shared by the two test files)."""
+"""Runs tests/triton_seq_check.py (or another check script's) checks in a TRITON_INTERPRET=1 subprocess."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,7 @@ def interpreter_ok() -> bool:
 
 
 def run_checks(*names: str, script: str = SCRIPT) -> str:
+    """Run the named checks of ``script`` (default tests/triton_seq_check.py); every result line must say ok."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, script, *names], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -26,6 +26,14 @@ def test_strict_kernel_passes_lint(case, target):
     assert lint.lint(case, target) == []
 
 
+@pytest.mark.parametrize("case", lint.backward_kernels(full=False), ids=lambda c: c.name)
+@pytest.mark.parametrize("target", ["sm80", "sm90"])
+def test_backward_kernel_passes_backward_lint(case, target):
+    assert lint.lint(case, target) == []
+    if "preprocess" not in case.name:  # bf16 products on tensor cores, as intended (not a strict kernel)
+        assert "mma" in lint.compile_case(case, target, True).asm["ptx"]
+
+
 # ------------------------------------------------------------------ negative controls
 
 
@@ -104,6 +112,14 @@ def _case(fn, dtype="fp32", block=128):
 def test_lint_catches_bad_kernel(fn, dtype, block, target, expect):
     problems = lint.lint(_case(fn, dtype, block), target)
     assert any(expect in p for p in problems), problems
+
+
+def test_backward_lint_catches_float_atomics_only():
+    atomic = lint.KernelCase("atomic_sum", _atomic_sum, _case(_atomic_sum).signature, {"BLOCK": 128}, strict=False)
+    assert any("float atomic" in p for p in lint.lint(atomic, "sm90")), "a float atomic_add must be caught"
+    dot = lint.KernelCase("bf16_dot", _bf16_dot, _case(_bf16_dot, "bf16").signature, {"BLOCK": 16}, strict=False)
+    assert lint.lint(dot, "sm80") == []  # tensor cores are allowed under the backward rules
+    assert any("mma" in p for p in lint.lint(_case(_bf16_dot, "bf16", 16), "sm80"))  # not under the strict ones
 
 
 def test_lint_catches_fp_fusion():

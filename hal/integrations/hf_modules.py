@@ -1,8 +1,9 @@
 """Per-instance forwards that route an HF model's computation through lockstep's ops.
 
-Each function here is installed as ``module.__dict__["forward"]`` (see hf_patch) and mirrors the
+Each function here is installed as ``module.__dict__["forward"]`` (see transformers.py) and mirrors the
 HF class's forward line by line, with every op that rounds replaced by lockstep's: linears
-(hal.linear), norms (hal.rms_norm), activations (hal.silu_mul, hal.sigmoid), rotary
+(hal.linear under the patch's matmul spec, hf_matmul.py), norms (hal.rms_norm), activations
+(hal.silu_mul, hal.sigmoid), rotary
 (hal.rotary_cos_sin, hal.apply_rotary), attention (the "lockstep" attention function), and the
 Qwen3-Next Gated DeltaNet layer (hal.gdn_causal_conv1d, hal.gdn_gating, hal.*_gated_delta_rule).
 What stays torch is exact: reshapes, gathers, concatenation, residual adds and products of two
@@ -16,12 +17,14 @@ import hal
 from ..errors import UnsupportedError
 from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
                            several_sequences_per_row, visibility)
+from .hf_matmul import DEFAULT
 
 # ---------------------------------------------------------------- linear, norms, MLP, rotary
 
 
-def linear(mod, x):
-    return hal.linear(x, mod.weight, mod.bias)
+def linear(mod, x, *, mm=DEFAULT):
+    """``nn.Linear`` under the patch's matmul spec (``mm``: hf_matmul.PatchMatmul; weights prepared once if exact)."""
+    return mm.linear(x, mod.weight, mod.bias, key=(id(mod), "weight"))
 
 
 def rms_norm(mod, x):
@@ -240,10 +243,13 @@ def decoder_position_hook(layer, args, kwargs):
 # ---------------------------------------------------------------- Qwen3-Next MoE
 
 
-def router(mod, hidden_states):
+def router(mod, hidden_states, *, mm=DEFAULT):
     """Top-k router: softmax (hal), top-k with ties broken by lower expert index, normalised in k order."""
     h = hidden_states.reshape(-1, mod.hidden_dim)
-    logits = hal.linear(h, mod.weight if mod.weight.dtype == h.dtype else mod.weight.to(h.dtype))
+    if mod.weight.dtype == h.dtype:
+        logits = mm.linear(h, mod.weight, key=(id(mod), "weight"))
+    else:  # a converted copy: a temporary, not cached
+        logits = mm.linear(h, mod.weight.to(h.dtype))
     probs = hal.softmax(logits.float(), -1)
     vals, idx = torch.sort(probs, dim=-1, descending=True, stable=True)  # stable: equal probs keep index order
     vals, idx = vals[:, :mod.top_k], idx[:, :mod.top_k]
@@ -255,7 +261,7 @@ def router(mod, hidden_states):
     return logits, vals.to(logits.dtype), idx
 
 
-def experts(mod, hidden_states, top_k_index, top_k_weights):
+def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
     """Each token's expert outputs, weighted and summed in rank order (rank 0 first)."""
     if getattr(mod, "has_bias", False):
         raise UnsupportedError(f"{type(mod).__name__} with expert biases is not supported")
@@ -267,8 +273,9 @@ def experts(mod, hidden_states, top_k_index, top_k_weights):
             if e < 0 or e >= mod.num_experts:
                 continue
             rows = (col == e).nonzero()[:, 0]
-            gate, up = hal.linear(hidden_states[rows], mod.gate_up_proj[e]).chunk(2, dim=-1)
-            y = hal.linear(hal.silu_mul(gate, up), mod.down_proj[e])
+            gate_up = mm.linear(hidden_states[rows], mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e))
+            gate, up = gate_up.chunk(2, dim=-1)
+            y = mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
         out = out + acc
     return out

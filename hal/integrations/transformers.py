@@ -6,6 +6,7 @@
     with lt.patch(model):                             # or p = lt.apply(model); ...; p.revert()
         out = model.generate(...)                     # sampler
         loss.backward()                               # trainer
+    lt.patch(model, matmul_spec=ExactMatmulSpec(slices=4))  # linears under the exact policy, weights prepared
     report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
     lt.audit(model, input_ids)                        # what still computes outside hal
 
@@ -16,6 +17,7 @@ when one of these functions is called, never at ``import hal``. See docs/integra
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -23,6 +25,7 @@ import torch
 import hal
 from ..errors import InputError, UnsupportedError
 from . import hf_modules as M
+from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
 
 __all__ = ["register", "patch", "apply", "Patch", "token_logprobs", "verify", "audit", "check_version",
@@ -97,17 +100,23 @@ _FORWARDS = {"linear": M.linear, "norm": M.rms_norm, "norm1p": M.rms_norm_one_pl
              "norm_gated": M.rms_norm_gated, "attention": M.attention, "mlp": M.mlp, "rotary": M.rotary,
              "gdn": M.gated_delta_net, "moe": M.sparse_moe_block, "router": M.router, "experts": M.experts}
 
+_USES_MATMUL = {"linear", "router", "experts"}  # forwards that call hal.linear themselves: given the patch's matmul
+
 _MISSING = object()
 
 
 class Patch:
     """Handle of an applied patch: ``revert()`` puts every module's forward back as it was.
 
-    Also a context manager (``with lt.patch(model): ...``). ``patched`` lists (module name, kind).
+    Also a context manager (``with lt.patch(model): ...``). ``patched`` lists (module name, kind);
+    ``matmul`` (hf_matmul.PatchMatmul) holds the matmul spec of every patched linear
+    (``matmul.spec``), the LM head's token_logprobs spec (``matmul.logprobs_spec``) and, under the
+    exact policy, the weights prepared for them.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, matmul: PatchMatmul | None = None):
         self.model = model
+        self.matmul = matmul if matmul is not None else PatchMatmul()
         self.patched: list[tuple[str, str]] = []
         self._undo: list[tuple[torch.nn.Module, str, object]] = []
         self._hooks = []
@@ -118,6 +127,9 @@ class Patch:
         mod.__dict__[attr] = value
 
     def _set_forward(self, mod, fn, kind, name):
+        if kind in _USES_MATMUL:
+            fn = functools.partial(fn, mm=self.matmul)
+
         def forward(*args, **kwargs):
             return fn(mod, *args, **kwargs)
         forward.__lockstep__ = kind
@@ -135,6 +147,7 @@ class Patch:
         for _, mod in self.model.named_modules():
             mod.__dict__.pop("_lockstep_position_ids", None)
         self._undo, self._hooks, self.active = [], [], False
+        self.matmul.clear()  # the prepared slices (as much memory as the weights under s = 4 and float32)
         self.model.__dict__.pop("_lockstep_patch", None)
 
     def __enter__(self):
@@ -145,7 +158,7 @@ class Patch:
         return False
 
 
-def _validate(model, unknown: str):
+def _validate(model, unknown: str, matmul: PatchMatmul):
     """Everything that can refuse, checked before any module is touched."""
     if unknown not in ("raise", "ignore"):
         raise InputError(f"unknown must be 'raise' or 'ignore', got {unknown!r}")
@@ -166,6 +179,9 @@ def _validate(model, unknown: str):
     unknown_mods = []
     for name, mod in model.named_modules():
         kind = _kind(mod)
+        if kind in _USES_MATMUL:
+            for pname, prm in mod.named_parameters(recurse=False):
+                matmul.check_weight(f"{name}.{pname}", prm)
         if kind == "rotary":
             rt = getattr(mod, "rope_type", "default")
             if rt not in _STATIC_ROPE:
@@ -195,17 +211,23 @@ def _inside_handled(model, name: str) -> bool:
     return False
 
 
-def apply(model, *, unknown: str = "raise", allow_untested: bool = False) -> Patch:
+def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bool = False) -> Patch:
     """Patch ``model`` in place (per-instance forwards); returns a :class:`Patch` with ``revert()``.
 
+    ``matmul_spec``: the spec of every linear (LM head, router and experts included) -- None for the
+    default strict spec, or a matmul spec / its id, e.g. ``ExactMatmulSpec(slices=4)``
+    ("matmul.exact.s4.v2"), whose bits do not depend on tiling, split-K, threads or TP degree. Under
+    an exact spec each weight is sliced once and re-sliced when torch reports it changed (an
+    optimizer step); :func:`token_logprobs` then uses the matching exact token_logprobs spec.
     Refuses (before touching anything) models with sliding-window attention, dynamic RoPE, non-SiLU
     MLPs, and modules of classes it does not know (norms included) unless ``unknown='ignore'``.
     Beam search is refused at ``generate`` time (its cache reordering would not move lockstep's
     Gated DeltaNet states).
     """
+    matmul = PatchMatmul(matmul_spec)  # a bad spec is a SpecError before anything else
     check_version(allow_untested)
-    _validate(model, unknown)
-    p = Patch(model)
+    _validate(model, unknown, matmul)
+    p = Patch(model, matmul)
     for name, mod in model.named_modules():
         kind = _kind(mod)
         if kind is not None:
@@ -243,14 +265,21 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     """float32 ``log p(tokens | hidden)`` with the model's LM head (hal.token_logprobs).
 
     ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
-    ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens.
+    ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens. On a model patched
+    with ``matmul_spec``, the token_logprobs spec whose logits use that dot (exact s ->
+    ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
     """
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise InputError("model has no output embedding (LM head) with a weight")
     if getattr(head, "bias", None) is not None:
         raise UnsupportedError("LM heads with a bias are not supported by hal.token_logprobs")
-    return hal.token_logprobs(hidden, head.weight, tokens, temperature)
+    p = model.__dict__.get("_lockstep_patch")
+    if p is None:
+        return hal.token_logprobs(hidden, head.weight, tokens, temperature)
+    mm = p.matmul
+    return hal.token_logprobs(hidden, mm.weight(head.weight, (id(head), "weight")), tokens, temperature,
+                              spec=mm.logprobs_spec)
 
 
 from .hf_verify import audit, verify  # noqa: E402  (verify uses the names above)

@@ -12,6 +12,10 @@ PTX rules (a strict kernel may only use correctly rounded IEEE operations):
 TTIR / metadata rules: compiled with fp fusion off (the launcher's options), and no ``tt.dot`` whose
 accumulator is not a zero constant (Triton's combiner folds ``acc + dot`` into one chain across tiles).
 
+Backward rules (deterministic, not strict: the attention backward kernels, ``KernelCase(strict=False)``,
+compiled with Triton's default options as ``launch(strict=False)`` launches them): tensor cores, fusion
+and approximations are allowed; float atomics are not (their sum order changes from run to run).
+
 Needs triton only (no CUDA driver): ``triton.compile(ASTSource(...), target=GPUTarget(...))``.
 Not available under TRITON_INTERPRET=1 (kernels are then interpreter objects, not compilable).
 """
@@ -43,18 +47,20 @@ PTX_RULES = [
     ("float atomic (order-dependent sum)",
      re.compile(rf"^\s*(?:@!?%p\d+\s+)?(?:atom|red)(?:\.[a-z0-9_]+)*\.{_FLOAT_TYPES}\b", re.M)),
 ]
+#: the one rule the deterministic, non-strict kernels keep
+BACKWARD_PTX_RULES = [rule for rule in PTX_RULES if rule[0].startswith("float atomic")]
 _ARITH = re.compile(rf"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|fma|mad)(?:\.[a-z0-9_]+)*\.{_FLOAT_TYPES})\b", re.M)
 
 
-def ptx_problems(ptx: str) -> list[str]:
-    """Each rule the PTX breaks, with the first offending instruction."""
+def ptx_problems(ptx: str, strict: bool = True) -> list[str]:
+    """Each rule the PTX breaks, with the first offending instruction (strict=False: the backward rules)."""
     out = []
-    for what, rx in PTX_RULES:
+    for what, rx in (PTX_RULES if strict else BACKWARD_PTX_RULES):
         m = rx.search(ptx)
         if m:
             line = ptx[ptx.rfind("\n", 0, m.start()) + 1: ptx.find("\n", m.end())].strip()
             out.append(f"{what}: {line}")
-    for m in _ARITH.finditer(ptx):
+    for m in _ARITH.finditer(ptx) if strict else ():
         if ".rn." not in m.group(1) + ".":
             out.append(f"float arithmetic without .rn (may be contracted): {m.group(1)}")
             break
@@ -84,6 +90,7 @@ class KernelCase:
     fn: object
     signature: dict
     constexprs: dict = field(default_factory=dict)
+    strict: bool = True  # False: a deterministic, non-strict kernel (the backward rules)
 
     def source(self) -> ASTSource:
         sig = dict(self.signature)
@@ -98,7 +105,11 @@ def compile_case(case: KernelCase, target: str, fp_fusion: bool = False):
 
 
 def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> list[str]:
-    """Problems of one kernel on one target (compiled with the launcher's STRICT_OPTIONS)."""
+    """Problems of one kernel on one target (compiled with the launcher's options: STRICT_OPTIONS for a
+    strict kernel, Triton's defaults (fusion on) for a non-strict one)."""
+    if not case.strict:
+        return ptx_problems(compile_case(case, target, True if options_fusion is None else options_fusion).asm["ptx"],
+                            strict=False)
     fusion = STRICT_OPTIONS["enable_fp_fusion"] if options_fusion is None else options_fusion
     k = compile_case(case, target, fusion)
     return ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion)) + ptx_problems(k.asm["ptx"])
@@ -187,19 +198,26 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
     return cases
 
 
+def backward_kernels(full: bool = False) -> list[KernelCase]:
+    """The deterministic, non-strict kernels (attention backward), linted with the backward rules."""
+    from . import seq_lint_cases
+    return seq_lint_cases.backward_cases(KernelCase, full)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hal.kernels.triton.lint", description=__doc__.split("\n")[0])
     p.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
     p.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
     args = p.parse_args(argv)
     bad = 0
-    for case in strict_kernels(args.full):
+    for case in strict_kernels(args.full) + backward_kernels(args.full):
         for target in args.targets:
             t0 = time.perf_counter()
             problems = lint(case, target)
             bad += bool(problems)
             state = "ok" if not problems else "FAIL"
-            print(f"{state:4} {case.name:<28} {target}  ({time.perf_counter() - t0:.1f} s)")
+            rules = "" if case.strict else "  [backward rules]"
+            print(f"{state:4} {case.name:<28} {target}  ({time.perf_counter() - t0:.1f} s){rules}")
             for pr in problems:
                 print(f"     - {pr}")
     return 1 if bad else 0

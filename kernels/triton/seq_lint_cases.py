@@ -4,7 +4,8 @@
 module does not import the linter): lint.py's ``strict_kernels`` adds ``seq_lint_cases.cases(KernelCase,
 full)``. Representative Qwen-like shapes. The CI set (``full=False``) holds the split-KV paged attention
 kernel, the merge kernel and the small GDN kernels; ``full`` adds the chunked GDN kernel (~30 s to
-compile per target) and every attention mode and dtype.
+compile per target) and every attention mode and dtype. ``backward_cases``: the attention backward kernels
+(deterministic, not strict: lint.py's backward rules), bf16 in CI, fp32 / fp16 with ``full``.
 """
 from __future__ import annotations
 
@@ -54,4 +55,31 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
         consts = dict(consts, NPU=npu)
         sig = {k: v for k, v in _sig(fn, dict(types, **grid), "*fp32").items() if k not in consts}
         out.append(KernelCase(name, fn, sig, consts))
+    return out
+
+
+def _tiles(cfg: dict) -> dict:
+    """The constexprs of a launch config (num_warps / num_stages are launch options, not kernel arguments)."""
+    return {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
+
+
+def backward_cases(KernelCase, full: bool = False) -> list:
+    """The attention backward kernels (kernels/triton/attention_backward.py) at D 128 with their GPU tiles."""
+    from . import attention_backward as B
+    ints = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_t", "stride_h", "n_rows", "causal",
+            "left", "right", "n_blk")
+    types = {n: "*i32" for n in ("Q_ROW0", "QLEN", "KLEN", "K_ROW0")}
+    types.update({n: "i32" for n in ints}, scale="fp32", LSE="*fp32", DELTA="*fp32", DLSE="*fp32")
+    out = []
+    dtypes = (("bf16", B.torch.bfloat16),) + ((("fp32", B.F32), ("fp16", B.torch.float16)) if full else ())
+    for dt, torch_dt in dtypes:
+        types.update({n: f"*{dt}" for n in ("Q", "K", "V", "DO", "O", "DK", "DV", "DQ")})
+        cfg = B._config(128, torch_dt)
+        meta = dict(GROUP=4, D=128, BLOCK_D=cfg["BLOCK_D"], IEEE=dt == "fp32")
+        for name, fn, consts in (("attention_bwd.preprocess", B._preprocess_kernel,
+                                  dict(HAS_DLSE=True, D=128, BLOCK_R=16, BLOCK_D=cfg["BLOCK_D"])),
+                                 ("attention_bwd.dkdv", B._dkdv_kernel, dict(meta, **_tiles(cfg["kv"]))),
+                                 ("attention_bwd.dq", B._dq_kernel, dict(meta, **_tiles(cfg["q"])))):
+            sig = {k: v for k, v in _sig(fn, types, "*fp32").items() if k not in consts}
+            out.append(KernelCase(f"{name}[{dt}]", fn, sig, consts, strict=False))
     return out

@@ -1,0 +1,102 @@
+"""The matmul spec of a patched HF model, and its weights prepared once under the exact policy.
+
+Every linear of a patched model (``nn.Linear`` incl. the LM head, the MoE router and experts) runs
+``hal.linear(..., spec=matmul.spec)`` through one :class:`PatchMatmul`. Under an exact spec
+(``ExactMatmulSpec``) a weight is sliced once (``hal.exact_weight``) and the slices are reused until
+torch reports the weight changed: the cache entry remembers the weight's ``_version`` (bumped by
+every in-place write torch counts: an optimizer step, ``load_state_dict``, ``w.mul_()``) and
+``data_ptr()`` (``w.data = t`` rebinds it). A write torch does not count -- through ``w.data``
+(``w.data.copy_(t)``) or through another tensor over the same storage -- is not seen: call
+``patch.matmul.clear()`` after such writes (kernels/exact/prepared.py has the same blind spot).
+"""
+from __future__ import annotations
+
+import torch
+
+import hal
+from .. import spec as specs
+from ..errors import InputError, SpecError
+from ..kernels.exact import core as exact_core
+from ..kernels.exact.prepared import ExactWeight
+
+
+def resolve(matmul_spec) -> specs.OpSpec:
+    """``matmul_spec`` (None: the default strict spec; a matmul spec object or id) -> the spec; SpecError else."""
+    if matmul_spec is not None and not isinstance(matmul_spec, (str, specs.OpSpec)):
+        raise SpecError(f"matmul_spec must be a matmul spec (MatmulSpec / ExactMatmulSpec), its id string, or None, "
+                        f"got {type(matmul_spec).__name__}")
+    try:
+        return specs.resolve("matmul", matmul_spec)
+    except SpecError as e:
+        raise SpecError(f"matmul_spec: {e}") from None
+
+
+def logprobs_spec(matmul_spec: specs.OpSpec) -> specs.TokenLogprobsSpec:
+    """The token_logprobs spec whose logits use the dot of ``matmul_spec``.
+
+    Default strict matmul -> the default token_logprobs spec; ``ExactMatmulSpec(s)`` ->
+    ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``; a strict/fast ``MatmulSpec(k_tile=t)`` ->
+    ``TokenLogprobsSpec(hidden_tile=t)`` with its policy.
+    """
+    if matmul_spec == specs.DEFAULTS["matmul"]:
+        return specs.DEFAULTS["token_logprobs"]
+    if isinstance(matmul_spec, specs.ExactMatmulSpec):
+        return specs.TokenLogprobsSpec(matmul=matmul_spec)
+    if isinstance(matmul_spec, specs.MatmulSpec):
+        return specs.TokenLogprobsSpec(policy=matmul_spec.policy, hidden_tile=matmul_spec.k_tile)
+    raise SpecError(f"matmul_spec {matmul_spec.id}: no token_logprobs spec computes its logits with this dot")
+
+
+def _stamp(t: torch.Tensor) -> tuple:
+    return t._version, t.data_ptr(), t.shape, t.dtype, t.device
+
+
+class PatchMatmul:
+    """One patch's matmul spec (``spec``), the matching ``logprobs_spec``, and its prepared weights.
+
+    ``slicings`` counts the weights sliced so far (tests and docs read it).
+    """
+
+    def __init__(self, matmul_spec=None):
+        self.spec = resolve(matmul_spec)
+        self.logprobs_spec = logprobs_spec(self.spec)
+        self.exact = self.spec.policy == specs.EXACT
+        self._prepared: dict[object, tuple[tuple, ExactWeight]] = {}
+        self.slicings = 0
+
+    def check_weight(self, name: str, w: torch.Tensor) -> None:
+        """Refuse (at patch time) a weight the spec cannot take."""
+        if self.exact and w.dtype not in exact_core.DTYPES:
+            raise InputError(f"{name}: the exact matmul policy takes float32, bfloat16 or float16 weights, got "
+                             f"{w.dtype}; convert the model or pass another matmul_spec")
+
+    def weight(self, w: torch.Tensor, key):
+        """What ``hal.linear`` gets for weight ``w`` (a parameter, or a fixed view of one named by ``key``).
+
+        Not exact: ``w``. Exact: an ExactWeight over ``w`` whose slices are re-made only when ``w``'s
+        stamp changed. ``key`` names the weight across calls (``w`` may be a new view object each call).
+        """
+        if not self.exact:
+            return w
+        stamp = _stamp(w)
+        hit = self._prepared.get(key)
+        if hit is None or hit[0] != stamp:
+            hit = (stamp, hal.exact_weight(w, spec=self.spec))
+            self._prepared[key] = hit
+            self.slicings += 1
+        ew = hit[1]
+        if ew.source is not w:  # same values, another view object: autograd must reach the caller's tensor
+            ew = ExactWeight(w, ew.spec, ew.layout, ew.sliced)
+        return ew
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, bias=None, key=None) -> torch.Tensor:
+        """``hal.linear`` under the patch's spec. ``key`` names a model weight (prepared once under an exact
+        spec); None: a temporary (e.g. a dtype-converted weight), sliced in this call."""
+        return hal.linear(x, w if key is None else self.weight(w, key), bias, spec=self.spec)
+
+    def clear(self) -> None:
+        """Drop every prepared weight (after writes torch does not count, e.g. ``w.data.copy_(t)``)."""
+        self._prepared.clear()
+
+
+DEFAULT = PatchMatmul()  # the default strict spec (never prepares): forwards called outside a patch
