@@ -18,10 +18,11 @@ from importlib import metadata
 import torch
 
 from hal.backend import LEVELS, Backend
-from hal.spec import STRICT
+from hal.spec import FAST, STRICT
 
 from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps, TrainingOps
 
+FAST_DTYPES = (torch.bfloat16, torch.float16)
 MIN_TRITON = (3, 6)        # GPU: enable_fp_fusion launch option, tl.fma, div_rn, sqrt_rn
 MIN_INTERPRETER = (3, 9)   # CPU interpreter: tl.fma rounds once only since 3.9
 
@@ -54,6 +55,14 @@ def _kernels():
     return matmul, rms_norm, softmax, token_logprobs
 
 
+def _matmul_kernels(spec):
+    """kernels/triton/matmul.py (strict) or fast_matmul.py (tensor cores, FastMatmulSpec)."""
+    if spec.policy == FAST:
+        from hal.kernels.triton import fast_matmul
+        return fast_matmul
+    return _kernels()[0]
+
+
 @contextlib.contextmanager
 def _on(t: torch.Tensor):
     """Launch on the tensor's GPU (Triton launches on the current device)."""
@@ -84,11 +93,11 @@ class FoundationOps:
 
     def matmul(self, a, b, spec):
         with self.launch_on(a):
-            return _kernels()[0].matmul(a, b, spec)
+            return _matmul_kernels(spec).matmul(a, b, spec)
 
     def linear(self, x, weight, bias, spec):
         with self.launch_on(x):
-            return _kernels()[0].linear(x, weight, bias.contiguous() if bias is not None else None, spec)
+            return _matmul_kernels(spec).linear(x, weight, bias.contiguous() if bias is not None else None, spec)
 
     def rms_norm(self, x, weight, eps, residual, spec):
         with self.launch_on(x):
@@ -157,6 +166,21 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
     #: GDN kernels add theirs here).
     families = FoundationOps.families | _SEQ_FAMILIES | ElementwiseOps.families
     launch_on = staticmethod(_on)
+    policies = (STRICT, FAST)  # fast: matmul / linear on tensor cores (FastMatmulSpec, docs/fast_policy.md)
+    #: fast-policy families and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
+    fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}), "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
+
+    def supports(self, op, spec, dtype, device):
+        reasons = super().supports(op, spec, dtype, device)
+        if spec.policy == FAST and dtype not in FAST_DTYPES:
+            reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} "
+                           "(float32 is refused rather than run as tf32: use the strict spec, or cast)")
+        return reasons
+
+    def claimed_levels(self, family, spec):
+        if spec.policy == FAST:
+            return self.fast_levels.get(family, frozenset())
+        return super().claimed_levels(family, spec)
 
     def unavailable_reason(self) -> str | None:
         version = installed_triton()

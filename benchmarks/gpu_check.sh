@@ -7,7 +7,8 @@
 # conformance.txt (--backend triton --device cuda against the stored goldens), bench.csv / bench.txt
 # (lockstep triton vs stock torch, CUDA events, median), log.txt, conformance_seq.* and bench_seq.* (attention /
 # GDN kernels, benchmarks/triton_attn_bench.py), attn_train.txt / attn_train.csv (attention forward + the
-# deterministic backward kernels vs flash-attn or SDPA, benchmarks/attn_train_bench.py), exact.txt, rl_parity.txt
+# deterministic backward kernels vs flash-attn or SDPA, benchmarks/attn_train_bench.py), exact.txt,
+# fast_lint.txt / fast.txt / fast.csv / conformance_fast.* (the fast policy, benchmarks/fast_bench.py), rl_parity.txt
 # (and jax.txt). Every step is time-boxed; a failing
 # step is logged and the next one runs. Other kernel families join through FAMILIES (conformance)
 # and benchmarks/triton_bench.py PROVIDERS (benchmark rows).
@@ -56,6 +57,12 @@ if [ "${ATTN_TRAIN:-1}" = 1 ]; then
 fi
 # The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu
+# The fast policy (tensor cores, FastMatmulSpec / FastAttentionSpec): matmul batch invariance in raw bits on the
+# device, speed vs cuBLAS and flash-attn / SDPA; then the fast conformance families (L0-L3 + A, no L4).
+step fast-lint 60 fast_lint.txt "$PY" -m hal.kernels.triton.fast_lint
+step fast "${FAST_TIMEOUT:-90}" fast.txt "$PY" -m benchmarks.fast_bench --csv "$OUT/fast.csv"
+step conformance-fast "${FAST_CONF_TIMEOUT:-60}" conformance_fast.txt "$PY" -m hal.cli conformance run \
+  --backend triton --device cuda --ops matmul_fast attention_fast --quick --json "$OUT/conformance_fast.json"
 # End to end: the RL sampler/trainer example on CUDA (lockstep ops are served by the triton backend).
 step rl-parity "${RL_TIMEOUT:-90}" rl_parity.txt "$PY" -m examples.rl_parity --device cuda
 # JAX (hal.jax) on XLA:GPU, when the jax benchmark module is present.

@@ -58,7 +58,9 @@ class OpSpec:
         if self.policy not in POLICIES:
             raise SpecError(f"{type(self).__name__}: policy must be one of {POLICIES}, got {self.policy!r}")
         if self.policy not in self.policies:
-            hint = " (use ExactMatmulSpec(slices=...))" if self.policy == EXACT else ""
+            hint = {EXACT: " (use ExactMatmulSpec(slices=...))",
+                    FAST: {"matmul": " (use FastMatmulSpec(...))",
+                           "attention": " (use FastAttentionSpec(...))"}.get(self.family, "")}.get(self.policy, "")
             raise SpecError(f"{type(self).__name__}: policy {self.policy!r} not available for this spec; "
                             f"one of {self.policies}{hint}")
         for f in dataclasses.fields(self):
@@ -113,6 +115,8 @@ class MatmulSpec(OpSpec):
     """``out[m, n] = sum_k a[m, k] * b[k, n]`` (+ bias), accumulated in float32."""
 
     family: ClassVar[str] = "matmul"
+    #: fast matmul has its own fields (tile shape, warps, stages): FastMatmulSpec
+    policies: ClassVar[tuple[str, ...]] = (STRICT,)
     k_tile: int = tile(64)
 
     def _id_parts(self):
@@ -125,6 +129,58 @@ class MatmulSpec(OpSpec):
             _reduction_words("K", self.k_tile),
             "linear: bias (float32) added once after the K reduction",
             "output rounded once to the input dtype",
+        ]
+
+
+@dataclass(frozen=True)
+class FastMatmulSpec(OpSpec):
+    """matmul / linear on tensor cores (``tl.dot``, float32 accumulation) with the tiling fixed here.
+
+    Bits hold across calls, batch sizes and processes on one GPU model with one Triton version
+    (L0-L3); across GPU models or vendors nothing is promised (no L4, no goldens). Every knob that
+    can change the bits is a field and part of the id, so no heuristic (batch size, autotuner) can
+    choose it. docs/fast_policy.md.
+    """
+
+    family: ClassVar[str] = "matmul"
+    policies: ClassVar[tuple[str, ...]] = (FAST,)
+    policy: str = FAST
+    version: int = 2
+    # defaults sized for H100/H200 (bf16 wgmma): a 128x128 output tile, K in steps of 64
+    block_m: int = tile(128)
+    block_n: int = tile(128)
+    block_k: int = tile(64)
+    num_warps: int = tile(8)
+    num_stages: int = tile(3)
+
+    def _validate(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise SpecError(f"FastMatmulSpec.{name} must be a power of two >= 16 (tl.dot's smallest tile), "
+                                f"got {v}")
+        if self.num_warps & (self.num_warps - 1):
+            raise SpecError(f"FastMatmulSpec.num_warps must be a power of two, got {self.num_warps}")
+
+    def _id_parts(self):
+        return [f"m{self.block_m}", f"n{self.block_n}", f"k{self.block_k}", f"w{self.num_warps}",
+                f"s{self.num_stages}"]
+
+    def describe(self):
+        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        return [
+            "policy fast: the GPU's matrix unit does the products and the sums inside an instruction; what "
+            "decides the bits outside it is fixed here. Same GPU model + same Triton version + same spec => "
+            "same bits (L0-L3); across GPU models, vendors or Triton versions nothing is promised (no L4)",
+            "dtypes: bfloat16 and float16 only (float32 is refused, not silently run as tf32)",
+            f"output tile {bm} x {bn} per program, {self.num_warps} warps, {self.num_stages} pipeline stages; "
+            "every output row depends only on its own row of A (rows are independent: batch invariance)",
+            f"K reduction: K padded with zeros to a multiple of {bk}; one accumulator from +0.0, "
+            f"acc = tl.dot(a_tile, b_tile, acc) over K tiles of {bk} in increasing order (one chain, no split-K); "
+            "inside a tile the hardware decides (wgmma / mma, float32 accumulation)",
+            "linear: bias widened to float32 and added once after the K reduction (one float32 addition)",
+            "output rounded once to the input dtype, round-to-nearest-even by integer operations (no flush to "
+            "zero); every NaN output is the canonical NaN of its dtype (bfloat16 0x7FC0, float16 0x7E00)",
         ]
 
 
@@ -288,6 +344,8 @@ class AttentionSpec(OpSpec):
     """
 
     family: ClassVar[str] = "attention"
+    #: fast attention has its own fields (query tile, warps, stages): FastAttentionSpec
+    policies: ClassVar[tuple[str, ...]] = (STRICT,)
     kv_block: int = tile(64)
     kv_split: int = tile(256)
     dot_tile: int = tile(64)
@@ -335,6 +393,66 @@ class AttentionSpec(OpSpec):
             "a query with no visible key: out = 0, lse = -inf",
         ]
 
+
+
+@dataclass(frozen=True)
+class FastAttentionSpec(OpSpec):
+    """Softmax attention on tensor cores (``tl.dot``: Q.K^T and P.V), every bit-deciding knob fixed here.
+
+    The structure is the strict spec's (keys in splits of ``kv_split`` and blocks of ``kv_block``
+    anchored at key 0, split partials merged in split order whatever ``num_splits`` says), so prefill,
+    chunked prefill, decode, paged KV and any ``num_splits`` give the same bits on one GPU model
+    (L0-L3); no L4. docs/fast_policy.md.
+    """
+
+    family: ClassVar[str] = "attention"
+    policies: ClassVar[tuple[str, ...]] = (FAST,)
+    policy: str = FAST
+    version: int = 2
+    block_m: int = tile(128)   # query rows per program (also for decode: the tensor-core tile)
+    kv_block: int = tile(64)
+    kv_split: int = tile(512)
+    num_warps: int = tile(8)
+    num_stages: int = tile(2)
+
+    def _validate(self):
+        for name in ("block_m", "kv_block"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise SpecError(f"FastAttentionSpec.{name} must be a power of two >= 16 (tl.dot's smallest tile), "
+                                f"got {v}")
+        if self.kv_split % self.kv_block:
+            raise SpecError(f"FastAttentionSpec: kv_split ({self.kv_split}) must be a multiple of kv_block "
+                            f"({self.kv_block})")
+        if self.num_warps & (self.num_warps - 1):
+            raise SpecError(f"FastAttentionSpec.num_warps must be a power of two, got {self.num_warps}")
+
+    def _id_parts(self):
+        return [f"m{self.block_m}", f"b{self.kv_block}", f"s{self.kv_split}", f"w{self.num_warps}",
+                f"st{self.num_stages}"]
+
+    def describe(self):
+        b, s = self.kv_block, self.kv_split
+        return [
+            "policy fast: the GPU's matrix unit and its exp decide the bits inside an instruction; the structure "
+            "is fixed here. Same GPU model + same Triton version + same spec => same bits (L0-L3); across GPU "
+            "models, vendors or Triton versions nothing is promised (no L4)",
+            "dtypes: bfloat16 and float16 (float32 refused); GQA: query head h reads kv head h // (Hq / Hkv); "
+            "visible keys as the strict attention spec (absolute positions, bottom-right causal, window)",
+            f"query rows in tiles of {self.block_m} per program ({self.num_warps} warps, {self.num_stages} stages); "
+            "head dim zero-padded to a power of two >= 16; rows are independent",
+            f"keys in splits of {s} anchored at key 0, blocks of {b} inside a split; a block with no visible key "
+            "for a row leaves that row's state untouched (exact skip)",
+            "per block: S = tl.dot(Q, K^T) (float32, from +0.0) * float32(scale); m' = max(m, max of the row's "
+            "visible finite scores) (exact); p = tl.exp(S - m') for visible keys, 0 otherwise; "
+            "l = l * alpha + tl.sum(p) (the device's reduction tree of the fixed block shape); "
+            "acc = tl.dot(p rounded to the input dtype, V, acc * alpha), alpha = tl.exp(m - m')",
+            "split partials merged in split order, then out = ACC / L rounded once to the input dtype and "
+            "lse = M + log(L): the strict spec's merge and finish (lsm1, correctly rounded division)",
+            "non-finite inputs: a row with a visible score that is not finite, or a visible key whose V row holds "
+            "NaN/inf, outputs the canonical NaN (out and lse); invisible keys never affect a row (their V is "
+            "zeroed where not finite); a row with no visible key: out = 0, lse = -inf",
+        ]
 
 
 GDN_VARIANTS = ("serial", "chunked")
@@ -517,6 +635,8 @@ def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
 
 
 register(MatmulSpec(), default=True)
+register(FastMatmulSpec())  # tensor cores (triton backend): docs/fast_policy.md
+register(FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2))  # small tiles: CI, many K tiles
 register(ExactMatmulSpec(slices=3))  # selectable, not default: docs/exact_matmul.md has the measurements
 register(ExactMatmulSpec(slices=4))
 register(RMSNormSpec(), default=True)
@@ -527,6 +647,8 @@ register(AttentionSpec(), default=True)
 register(AttentionSpec(kv_block=16, kv_split=64))  # small tiles: many blocks/splits at short lengths
 register(AttentionSpec(p_precision="input"))
 register(AttentionSpec(kv_block=16, kv_split=64, p_precision="input"))
+register(FastAttentionSpec())  # tensor cores (triton backend): docs/fast_policy.md
+register(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4))  # small tiles: CI, many blocks/splits
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
 register(ElementwiseSpec(), default=True)

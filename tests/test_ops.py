@@ -92,7 +92,7 @@ def test_wrong_spec_family_and_unknown_spec():
 
 
 def test_unsupported_spec_backend_combination_lists_reasons():
-    fast = hal.spec.MatmulSpec(policy="fast")
+    fast = hal.spec.FastMatmulSpec()
     with pytest.raises(UnsupportedError) as e:
         hal.matmul(torch.ones(2, 2), torch.ones(2, 2), spec=fast, backend="reference")
     assert "policies ['strict', 'exact'], not 'fast'" in str(e.value) and e.value.reasons

@@ -22,11 +22,11 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs"]
+FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast"]  # matmul_fast: no L4, ~15 s
 # elementwise / rotary: their bits are checked by tests/test_triton_elementwise.py in seconds; the suite's quick
 # sets (~1-3 min each here) run with LOCKSTEP_FULL=1
 if os.environ.get("LOCKSTEP_FULL", "") not in ("", "0"):
-    FAMILIES += ["elementwise", "rotary"]
+    FAMILIES += ["elementwise", "rotary", "attention_fast"]  # attention_fast quick: ~6 min here
 
 
 def _interpreter_ok():

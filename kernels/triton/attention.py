@@ -27,6 +27,8 @@ Ascend variant, which also takes the NPU substitutes (division, log, fp16 roundi
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -291,8 +293,18 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     out = torch.zeros_like(q)
     if n_seq == 0 or q.shape[0] == 0 or max_q == 0:
         return out
-    bd = triton.next_power_of_2(d)
-    bm = _block_m(max_q, bd, spec.kv_block)
+    if spec.policy == "fast":  # tensor-core block step (fast_attention.py); grid, workspace, merge as here
+        from . import fast_attention
+        from .interpreter_dot import sequential_dot
+        cfg = fast_attention.launch_config(spec, d)
+        kernel, bm, bd, spec_args, options = (cfg["kernel"], cfg["block_m"], cfg["block_d"], cfg["constexprs"],
+                                              cfg["options"])
+        dots = sequential_dot()
+    else:
+        kernel, bd = _attn_kernel, triton.next_power_of_2(d)
+        bm = _block_m(max_q, bd, spec.kv_block)
+        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input")
+        options, dots = {}, contextlib.nullcontext()
     n_tiles = -(-max_q // bm)
     paged = block_table is not None
     dummy = qlen  # an int32 tensor never read where it stands in (no allocation per call)
@@ -306,9 +318,8 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     # tiles, where (sequence, head) programs alone would leave most of the GPU idle; bits are the same
     one_split = n_splits > 1 and (num_splits > 1 or (num_splits == 0 and max_q <= 16))
     meta = dict(HQ=hq, D=d, BLOCK_M=bm, BLOCK_D=bd)
-    common = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
-                  OUT=_TL[q.dtype], PAGED=paged, GROUP=group, **meta)
-    n_rows = n_tiles * bm
+    common = dict(OUT=_TL[q.dtype], PAGED=paged, GROUP=group, **spec_args, **meta)
+    n_rows = max_q  # workspace rows per (sequence, head): row i < qlen <= max_q
     if one_split:
         # one program per split (num_splits only sets parallelism: all splits run at once here)
         bh = n_seq * hq
@@ -320,10 +331,11 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         wm = wl = wa = lse  # never read without ONE_SPLIT
         wn = dummy
     grid = (n_tiles, n_seq * hq, n_splits if one_split else 1)
-    launch(_attn_kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
-                       q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
-                       bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
-                       ONE_SPLIT=one_split, **common, persistent=True)
+    with dots:
+        launch(kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
+               q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
+               bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
+               ONE_SPLIT=one_split, **common, **options, persistent=True)
     if one_split:
         launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
                                              q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,

@@ -1,0 +1,139 @@
+"""The fast policy (tensor cores) on a GPU: matmul speed vs cuBLAS, attention prefill vs flash-attn / SDPA,
+and matmul batch invariance in raw bits.
+
+    python -m benchmarks.fast_bench --csv fast.csv          # CUDA (H200: < 1 minute)
+
+Speed rows: ``hal.linear(x, w, spec=FastMatmulSpec())`` vs ``F.linear`` (cuBLAS) on bf16, 4096^3 and
+decode shapes M = 1..16 (K = N = 4096); ratio = cuBLAS time / fast time (target from issue #8:
+>= 0.8 on 4096^3), CUDA events, median (benchmarks/triton_bench.time_call), and the share of the bf16
+dense tensor-core peak (--bf16-peak, H200 ~989 TFLOP/s). Bits rows: each of a few rows computed alone
+and at several positions of batches of 1..4096 rows must give the same raw bits (L1 on the device);
+cuBLAS runs the same comparison as the negative control (its kernel choice follows M).
+Attention rows: causal varlen prefill (4k and 8k tokens, GQA 32/8, D 128) under FastAttentionSpec() vs
+flash-attn's flash_attn_varlen_func when importable, else SDPA (target: >= 0.7x flash attention); the
+"cublas_s" column then holds the reference kernel's time.
+Refuses to run without CUDA (exit 2): the interpreter measures nothing about speed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal.conformance.bits import first_divergence
+from hal.spec import FastAttentionSpec, FastMatmulSpec
+
+from .triton_bench import _randn, time_call
+
+SPEED_SHAPES = [(4096, 4096, 4096), (1, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (8192, 4096, 14336)]
+BATCHES = (1, 7, 16, 64, 333, 4096)
+
+
+def _speed(spec, repeats, max_seconds, peak):
+    out = []
+    for m, k, n in SPEED_SHAPES:
+        x, w = _randn((m, k), torch.bfloat16, "cuda", 1), _randn((n, k), torch.bfloat16, "cuda", 2, k ** -0.5)
+        t_fast = time_call(lambda: hal.linear(x, w, spec=spec, backend="triton"), "cuda", 3, repeats, max_seconds)
+        t_cublas = time_call(lambda: F.linear(x, w), "cuda", 3, repeats, max_seconds)
+        share = 2.0 * m * k * n / t_fast / peak
+        out.append({"kind": "speed", "shape": f"M{m} K{k} N{n} bf16", "fast_s": f"{t_fast:.6g}",
+                    "cublas_s": f"{t_cublas:.6g}", "speed_vs_cublas": f"{t_cublas / t_fast:.3g}",
+                    "bf16_peak_share": f"{share:.3g}", "result": ""})
+        print(f"linear fast  M{m:<5} K{k} N{n:<6} fast {t_fast * 1e3:8.3f} ms  cuBLAS {t_cublas * 1e3:8.3f} ms  "
+              f"speed {t_cublas / t_fast:5.3f}x  bf16-peak {share:.2f}", flush=True)
+    return out
+
+
+def _attention(spec, repeats, max_seconds, peak):
+    """Causal prefill (varlen, one sequence) vs flash-attn when importable, else SDPA (flash backend)."""
+    try:
+        from flash_attn import flash_attn_varlen_func as fa_varlen
+        ref_name = "flash-attn"
+    except ImportError:
+        fa_varlen, ref_name = None, "SDPA"
+    out = []
+    for n, hq, hkv, d in ((4096, 32, 8, 128), (8192, 32, 8, 128)):
+        q = _randn((n, hq, d), torch.bfloat16, "cuda", 5)
+        k, v = (_randn((n, hkv, d), torch.bfloat16, "cuda", s) for s in (6, 7))
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        fast = lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, n, n, causal=True, spec=spec,  # noqa: E731
+                                                  backend="triton")
+        if fa_varlen is not None:
+            ref = lambda: fa_varlen(q, k, v, cu, cu, n, n, causal=True)  # noqa: E731
+        else:
+            qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            ref = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
+        t_fast = time_call(fast, "cuda", 3, repeats, max_seconds)
+        t_ref = time_call(ref, "cuda", 3, repeats, max_seconds)
+        share = 2.0 * 2 * n * n * hq * d / 2 / t_fast / peak  # causal: half of QK^T and PV
+        out.append({"kind": f"attention prefill vs {ref_name}", "shape": f"N{n} Hq{hq} Hkv{hkv} D{d} causal bf16",
+                    "fast_s": f"{t_fast:.6g}", "cublas_s": f"{t_ref:.6g}", "speed_vs_cublas": f"{t_ref / t_fast:.3g}",
+                    "bf16_peak_share": f"{share:.3g}", "result": ""})
+        print(f"attention prefill N{n} Hq{hq} Hkv{hkv} D{d}  fast {t_fast * 1e3:8.3f} ms  {ref_name} "
+              f"{t_ref * 1e3:8.3f} ms  speed {t_ref / t_fast:5.3f}x  bf16-peak {share:.2f}", flush=True)
+    return out
+
+
+def _bits(spec):
+    """Rows 0..2 of x alone, and inside batches of every size in BATCHES at two positions: same bits."""
+    k = n = 4096
+    x, w = _randn((max(BATCHES), k), torch.bfloat16, "cuda", 3), _randn((n, k), torch.bfloat16, "cuda", 4, k ** -0.5)
+    probe = x[:3]
+    out = []
+    for name, fn in (("fast", lambda a: hal.linear(a, w, spec=spec, backend="triton")), ("cuBLAS (negative control)",
+                                                                                        lambda a: F.linear(a, w))):
+        alone = fn(probe)
+        div = None
+        for b in BATCHES:
+            for at in sorted({0, max(0, b - 3)}):
+                batch = x[:b].clone()
+                batch[at:at + 3] = probe[: min(3, b - at)]
+                got = fn(batch)[at:at + 3]
+                div = div or first_divergence(f"rows-in-batch-{b}-at-{at}", alone[: got.shape[0]], got)
+        res = "same bits" if div is None else f"DIFFERS: {div}"
+        print(f"batch invariance {name:<26} {res}", flush=True)
+        out.append({"kind": "bits", "shape": f"{name}: rows alone vs in batches {BATCHES}", "result": res})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--csv", default="bench-results/fast_bench.csv")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--max-seconds", type=float, default=2.0)
+    p.add_argument("--bf16-peak", type=float, default=989e12, help="bf16 dense tensor-core peak (H200 ~989e12)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("fast_bench needs a CUDA GPU and TRITON_INTERPRET unset (the interpreter measures no speed)",
+              file=sys.stderr)
+        return 2
+    torch.set_grad_enabled(False)
+    spec = FastMatmulSpec()
+    print(f"spec {spec.id} on {torch.cuda.get_device_name()}", flush=True)
+    rows = _bits(spec) + _speed(spec, args.repeats, args.max_seconds, args.bf16_peak)
+    try:
+        rows += _attention(FastAttentionSpec(), args.repeats, args.max_seconds, args.bf16_peak)
+    except Exception as e:  # the matmul rows stand on their own
+        print(f"attention rows failed: {type(e).__name__}: {e}", file=sys.stderr)
+        rows.append({"kind": "attention prefill", "result": f"error: {type(e).__name__}: {str(e)[:200]}"})
+    os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+    fields = ["kind", "shape", "fast_s", "cublas_s", "speed_vs_cublas", "bf16_peak_share", "result"]
+    with open(args.csv, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=fields + ["device", "torch", "triton"])
+        wr.writeheader()
+        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": __import__("triton").__version__}
+        for r in rows:
+            wr.writerow({**{k: r.get(k, "") for k in fields}, **env})
+    print(f"wrote {args.csv} ({len(rows)} rows)")
+    return 1 if any(r["kind"] == "bits" and r["shape"].startswith("fast") and r["result"] != "same bits"
+                    for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

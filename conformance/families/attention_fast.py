@@ -1,0 +1,53 @@
+"""attention under the fast policy (FastAttentionSpec, tensor cores): L0, L1, L2, L3, A; never L4.
+
+The attention family's inputs, calls and checks unchanged -- sequences alone / reordered / among NaN
+neighbours (L1); chunked prefill at and around block and split boundaries, token-by-token decode,
+mixed batches, paged vs contiguous, num_splits 1..8, prefix reuse (L2); the autograd forward (L3) --
+with fast specs and bf16/fp16 only. L2 holds because the fast spec keeps the strict structure: key
+blocks and splits anchored at key 0, split partials merged in split order, a block a row cannot see
+skipped exactly. No goldens: the report shows "-" for L4. On CPU the kernels run in the Triton
+interpreter with the deterministic ``tl.dot`` stand-in (kernels/triton/interpreter_dot.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from hal.spec import AttentionSpec, FastAttentionSpec, get
+
+from ..family import Case
+from .attention import CONFIGS, FAMILY as STRICT_FAMILY, AttentionFamily
+
+FAST_DTYPES = (torch.bfloat16, torch.float16)
+DEFAULT = get(FastAttentionSpec().id)
+SMALL = get(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4).id)  # many blocks and splits
+
+
+class AttentionFastFamily(AttentionFamily):
+    def cases(self):
+        out = []
+        for name, spec, lens, hq, hkv, d, causal, window, scale in CONFIGS:
+            if spec is not None and spec.p_precision != "fp32":
+                continue  # P is always rounded to the input dtype for the tensor-core P.V under fast
+            params = (("lens", lens), ("hq", hq), ("hkv", hkv), ("d", d), ("causal", causal), ("window", window),
+                      ("scale", scale))
+            out += [Case("attention_fast", name, dt, DEFAULT if spec is None else SMALL, params) for dt in FAST_DTYPES]
+        return out
+
+    def budget(self, case, output, x, exact):
+        # The strict bound of the same structure with P rounded to the input dtype and one dot chain over
+        # the (padded) head dim, four times over: the matrix unit's in-instruction sums, the vendor exp.
+        spec = case.spec
+        d_pad = max(16, 1 << (case.p["d"] - 1).bit_length())
+        shadow = AttentionSpec(kv_block=spec.kv_block, kv_split=spec.kv_split, dot_tile=d_pad, p_precision="input")
+        return 4 * super().budget(dataclasses.replace(case, spec=shadow), output, x, exact)
+
+
+FAMILY = AttentionFastFamily(
+    # quick (the interpreter): 90 keys cross the small spec's 16-key blocks and 64-key split, NaN inputs; and
+    # the default spec (128-row tiles, 64-key blocks) on GQA with a head dim padded 72 -> 128, non-causal
+    quick=("nan_gqa_h2kv1_d32.bf16", "gqa_h4kv2_d72_noncausal.fp16"),
+    name="attention_fast", ops=STRICT_FAMILY.ops, levels=("L0", "L1", "L2", "L3", "A"),
+    checks={k: v for k, v in STRICT_FAMILY.checks.items()},
+)

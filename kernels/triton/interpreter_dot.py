@@ -1,0 +1,55 @@
+"""A deterministic stand-in for ``tl.dot`` in the Triton interpreter (TRITON_INTERPRET=1), for the fast kernels.
+
+The interpreter's own ``tl.dot`` is ``np.matmul`` (BLAS: its summation order may follow the shapes and
+the thread count) and reads bfloat16 tiles as their raw uint16 bits. On the GPU, a tensor-core dot's
+output element depends only on its row of A, its column of B, the accumulator and the K tile; the
+stand-in has exactly that property and nothing more: per output element, a sequential float32 chain
+from +0.0 over the tile's K in increasing order (products of bfloat16/float16 values are exact in
+float32), then added to the accumulator. So a fast kernel's *structure* (which tiles, in what order,
+what decides them) is testable on CPU: L0-L3 checks fail when a tile size, a split or the K order
+follows the batch. The hardware's own in-tile arithmetic is only measured on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+_lock = threading.Lock()
+
+
+def _as_float32(handle) -> np.ndarray:
+    import triton.language as tl
+    data = handle.data
+    if handle.dtype.scalar == tl.bfloat16:  # stored as uint16 bits
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    return data.astype(np.float32)
+
+
+def _chain_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    from triton.runtime.interpreter import TensorHandle
+    a32, b32 = _as_float32(a), _as_float32(b)
+    part = np.zeros(d.data.shape, dtype=np.float32)
+    with np.errstate(all="ignore"):  # NaN/inf inputs propagate as IEEE says; no warnings
+        for k in range(a32.shape[-1]):
+            part = part + a32[..., :, k:k + 1] * b32[..., k:k + 1, :]
+        out = d.data.astype(np.float32) + part
+    return TensorHandle(out, d.dtype.scalar)
+
+
+@contextlib.contextmanager
+def sequential_dot():
+    """Inside: the interpreter's ``tl.dot`` is the sequential chain above (no-op outside the interpreter)."""
+    from .launch import interpreting
+    if not interpreting():
+        yield
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+    with _lock:
+        saved = InterpreterBuilder.create_dot
+        InterpreterBuilder.create_dot = _chain_dot
+        try:
+            yield
+        finally:
+            InterpreterBuilder.create_dot = saved

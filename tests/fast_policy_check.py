@@ -1,0 +1,217 @@
+"""Fast-policy Triton kernels (tensor-core tl.dot) in the interpreter: structure checks on raw bits.
+
+Run in a subprocess with TRITON_INTERPRET=1 by tests/test_fast_policy.py. The interpreter's ``tl.dot``
+is replaced by the deterministic stand-in of kernels/triton/interpreter_dot.py (per output element:
+its row, its column, the accumulator, the K tile), so these check what the kernel decides: which
+tiles, in which order, chosen by what. Usage: python tests/fast_policy_check.py [CHECK...];
+prints "CHECK: ok ..." / "CHECK: FAIL ..." lines. LOCKSTEP_FULL=1 runs every spec x dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
+import torch  # noqa: E402
+
+import hal  # noqa: E402
+from hal.kernels.triton import fast_matmul  # noqa: E402
+from hal.spec import FastAttentionSpec, FastMatmulSpec  # noqa: E402
+from triton_seq_check import FAILED, FULL, _differs, _gen, _pick, _same  # noqa: E402
+
+SMALL = FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
+MM_CASES = [(SMALL, torch.bfloat16), (FastMatmulSpec(), torch.float16), (SMALL, torch.float16),
+            (FastMatmulSpec(), torch.bfloat16)]
+# M = 150 rows: 3 row tiles of 64 (SMALL), 2 of 128 (default); K = 100: a short last K tile for both
+M, K, N = 150, 100, 40
+
+
+def _inputs(dt, seed=0):
+    r = _gen(seed)
+    return r(M, K).to(dt), r(N, K, scale=K ** -0.5).to(dt), r(N).to(dt)
+
+
+def _acc(x, w, b, spec):
+    """The kernel's float32 accumulator (+ bias) before the output rounding: the bits its structure decides
+    (rounding to bf16/fp16 would hide most one-ulp float32 differences)."""
+    return fast_matmul._mm2d(x, w.t(), b, spec, torch.float32)
+
+
+def _subsets():
+    g = torch.Generator().manual_seed(1)
+    return {"row-7-alone": [7], "first-3": [0, 1, 2], "random-17": sorted(torch.randperm(M, generator=g)[:17].tolist()),
+            "rows-60-to-189-wrapped": [(60 + i) % M for i in range(130)], "reversed": list(range(M - 1, -1, -1))}
+
+
+def mm_batch_invariance():
+    """L1: a row's bits do not depend on the batch (size, position, neighbours) nor on the public op used."""
+    for spec, dt in _pick(MM_CASES):
+        x, w, b = _inputs(dt)
+        base = hal.linear(x, w, b, spec=spec, backend="triton")
+        pairs = []
+        acc = _acc(x, w, b, spec)
+        for name, idx in _subsets().items():
+            i = torch.tensor(idx)
+            pairs.append((name, base[i], hal.linear(x[i], w, b, spec=spec, backend="triton")))
+            pairs.append((f"{name}:float32-accumulator", acc[i], _acc(x[i], w, b, spec)))
+        nob = hal.linear(x, w, None, spec=spec, backend="triton")
+        pairs.append(("matmul-3d-vs-linear", nob.reshape(3, 50, N),
+                      hal.matmul(x.reshape(3, 50, K), w.t(), spec=spec, backend="triton")))
+        pairs.append(("repeat", base, hal.linear(x, w, b, spec=spec, backend="triton")))
+        _same(f"mm-batch-invariance[{spec.id},{dt}]", pairs)
+
+
+def mm_tiles_from_batch_negative():
+    """Negative control: block_k chosen from the batch size (as a library heuristic would) is caught."""
+    for spec, dt in _pick(MM_CASES):
+        x, w, b = _inputs(dt)
+        def heuristic(rows):  # noqa: E306 -- the wrong variant: small batches get a shorter K tile
+            s = spec if rows.shape[0] > 16 else FastMatmulSpec(block_m=spec.block_m, block_n=spec.block_n,
+                                                                block_k=spec.block_k // 2)
+            return _acc(rows, w, b, s)
+        base = heuristic(x)
+        idx = torch.tensor(_subsets()["random-17"][:8])
+        _differs(f"mm-block-k-from-batch-negative[{spec.id},{dt}]", [("rows", base[idx], heuristic(x[idx]))])
+
+
+def mm_split_k_negative():
+    """Negative control: split-K for small batches (two K halves accumulated apart, then added) is caught."""
+    for spec, dt in _pick(MM_CASES):
+        x, w, _ = _inputs(dt)
+        base = _acc(x, w, None, spec)
+        rows = x[:4]
+        h = K // 2  # split-K in two halves, as a library picks for few rows (not on the spec's K-tile grid)
+        parts = [_acc(rows[:, s].contiguous(), w[:, s].contiguous(), None, spec) for s in (slice(0, h), slice(h, K))]
+        split = parts[0] + parts[1]
+        _differs(f"mm-split-k-negative[{spec.id},{dt}]", [("rows", base[:4], split)])
+
+
+def mm_nonfinite():
+    """NaN / inf inputs: canonical NaN, the same bits alone and in a batch."""
+    for spec, dt in _pick(MM_CASES):
+        x, w, b = _inputs(dt)
+        x[3, 5], x[9, 90], w[2, 7] = float("nan"), float("inf"), float("-inf")
+        y = hal.linear(x, w, b, spec=spec, backend="triton")
+        nan_bits = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}[dt]
+        raw = y.view(torch.int16).int() & 0xFFFF
+        ok = bool((raw[torch.isnan(y)] == nan_bits).all()) and bool(torch.isnan(y[3]).all()) and not bool(torch.isfinite(y[:, 2]).any())
+        if not ok:
+            FAILED.append("mm-nonfinite")
+            print(f"mm-nonfinite[{spec.id},{dt}]: FAIL (NaN not canonical, or row 3 not NaN, or column 2 finite)")
+        _same(f"mm-nonfinite[{spec.id},{dt}]", [("rows-3-9", y[[3, 9]], hal.linear(x[[3, 9]], w, b, spec=spec,
+                                                                                       backend="triton"))])
+
+
+# ------------------------------------------------------------------ attention
+
+ATTN_SMALL = FastAttentionSpec(block_m=16, kv_block=16, kv_split=32, num_warps=4)
+ATTN_CASES = [(ATTN_SMALL, torch.bfloat16, 24), (FastAttentionSpec(block_m=32, kv_block=16, kv_split=48), torch.float16, 40)]
+L_SEQ, HQ, HKV = 70, 4, 2  # 70 keys: 5 blocks of 16 (the last short), 3 splits of 32 / 2 of 48
+
+
+def _attn_inputs(dt, d, seed=5):
+    r = _gen(seed)
+    return r(L_SEQ, HQ, d).to(dt), r(L_SEQ, HKV, d).to(dt), r(L_SEQ, HKV, d).to(dt)
+
+
+def _prefill(q, k, v, spec):
+    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    return hal.flash_attn_varlen_func(q, k, v, cu, cu, q.shape[0], q.shape[0], causal=True, return_lse=True,
+                                      spec=spec, backend="triton")
+
+
+def _from_cache(q, k, v, n_keys, spec, num_splits=0, page=None):
+    """Rows q against the first n_keys keys held in a KV cache (contiguous, or paged with pages of ``page``)."""
+    kc, vc = k.unsqueeze(0).contiguous(), v.unsqueeze(0).contiguous()
+    table = None
+    if page:
+        n_pages = -(-L_SEQ // page)
+        pad = n_pages * page - L_SEQ
+        kp = torch.cat([kc[0], kc[0][:pad]]).reshape(n_pages, page, HKV, -1)
+        vp = torch.cat([vc[0], vc[0][:pad]]).reshape(n_pages, page, HKV, -1)
+        perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(3))
+        kc, vc = kp[perm].contiguous(), vp[perm].contiguous()  # shuffled pages: logical page i is at inv[i]
+        table = torch.argsort(perm).to(torch.int32).unsqueeze(0)
+    out, lse = hal.flash_attn_with_kvcache(q.unsqueeze(0), kc, vc, cache_seqlens=torch.tensor([n_keys], dtype=torch.int32),
+                                           block_table=table, causal=True, num_splits=num_splits, return_lse=True,
+                                           spec=spec, backend="triton")
+    return out[0], lse[0]
+
+
+def attn_split_invariance():
+    """L2: prefill == chunked prefill at block / split boundaries == decode with 1 and 8 splits ==
+    paged (shuffled pages of 7); out (input dtype) and lse (float32) in raw bits."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        pairs = []
+        for c in sorted({1, spec.kv_block, spec.kv_split + 1}):
+            o, l = _from_cache(q[c:], k, v, L_SEQ, spec)
+            pairs += [(f"chunk-from-{c}:out", out[c:], o), (f"chunk-from-{c}:lse", lse[:, c:], l)]
+        for t in (spec.kv_split, L_SEQ - 1):
+            for ns in (1, 8):
+                o, l = _from_cache(q[t:t + 1], k, v, t + 1, spec, num_splits=ns)
+                pairs += [(f"decode-{t}-splits{ns}:out", out[t:t + 1], o), (f"decode-{t}-splits{ns}:lse", lse[:, t:t + 1], l)]
+        o, l = _from_cache(q[40:], k, v, L_SEQ, spec, page=7)
+        pairs += [("paged-7:out", out[40:], o), ("paged-7:lse", lse[:, 40:], l)]
+        _same(f"attn-split-invariance[{spec.id},{dt}]", pairs)
+
+
+def attn_batch_invariance():
+    """L1: a sequence alone == packed after another sequence and among NaN neighbours (varlen)."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        q2, k2, v2 = _attn_inputs(dt, d, seed=9)
+        nan = torch.full((5, HQ, d), float("nan"), dtype=dt)
+        nan_kv = torch.full((5, HKV, d), float("nan"), dtype=dt)
+        qq, kk, vv = torch.cat([q2[:33], nan, q]), torch.cat([k2[:33], nan_kv, k]), torch.cat([v2[:33], nan_kv, v])
+        cu = torch.tensor([0, 33, 38, 38 + L_SEQ], dtype=torch.int32)
+        o, l = hal.flash_attn_varlen_func(qq, kk, vv, cu, cu, L_SEQ, L_SEQ, causal=True, return_lse=True, spec=spec,
+                                          backend="triton")
+        _same(f"attn-batch-invariance[{spec.id},{dt}]", [("packed:out", out, o[38:]), ("packed:lse", lse, l[:, 38:])])
+
+
+def attn_reverse_merge_negative():
+    """Negative control: split partials merged in reverse order (split-KV decode path) is caught."""
+    from hal.kernels.triton import attention as tri_attn
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        tri_attn._REVERSE_MERGE_FOR_TESTS = True
+        try:
+            o, l = _from_cache(q[40:], k, v, L_SEQ, spec, num_splits=8)  # 30 rows x 4 heads, 2-3 splits each
+            pairs = [("rows-40-69:lse", lse[:, 40:], l), ("rows-40-69:out", out[40:], o)]
+        finally:
+            tri_attn._REVERSE_MERGE_FOR_TESTS = False
+        _differs(f"attn-reverse-merge-negative[{spec.id},{dt}]", pairs)
+
+
+def attn_block_from_length_negative():
+    """Negative control: the key block chosen from the query count (short chunks get bigger blocks) is caught."""
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        wrong = dataclasses.replace(spec, kv_block=spec.kv_block * 2, kv_split=spec.kv_split * 2)
+        o, l = _from_cache(q[50:], k, v, L_SEQ, wrong)
+        _differs(f"attn-block-from-length-negative[{spec.id},{dt}]", [("lse", lse[:, 50:], l), ("out", out[50:], o)])
+
+
+CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
+                                  mm_nonfinite, attn_split_invariance, attn_batch_invariance,
+                                  attn_reverse_merge_negative, attn_block_from_length_negative)}
+
+if __name__ == "__main__":
+    from hal.kernels.triton.launch import interpreter_problem
+    problem = interpreter_problem()
+    if problem:
+        print(f"SKIP: {problem}")
+        sys.exit(3)
+    for name in sys.argv[1:] or list(CHECKS):
+        t0 = time.time()
+        CHECKS[name]()
+        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
+    sys.exit(1 if FAILED else 0)

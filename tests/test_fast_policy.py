@@ -1,0 +1,122 @@
+"""The fast policy (FastMatmulSpec, FastAttentionSpec: Triton tensor cores), verified without a GPU.
+
+* spec: every knob that decides bits is in the id; float32 and the strict-only backends are refused clearly;
+* interpreter (tests/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
+  bits across batch compositions, two wrong variants caught (block_k chosen from the batch, split-K);
+  attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
+  merged in reverse) caught; LOCKSTEP_FULL=1 adds attention L1 and a second wrong variant, every spec x dtype;
+* conformance: matmul_fast (and, with LOCKSTEP_FULL=1, attention_fast) run in tests/test_triton_interpreter.py;
+  here the stock backend (negative control) fails matmul_fast (L0, L1) and attention_fast (L2);
+* fast lint: the kernel compiled for sm_80/sm_90 uses mma/wgmma and no float atomics; the strict matmul
+  kernel fails that lint, and the strict lint rejects the fast kernel (each lint is kept to its policy).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import hal
+from hal.errors import SpecError, UnsupportedError
+from hal.spec import AttentionSpec, FastAttentionSpec, FastMatmulSpec, MatmulSpec
+
+from _triton_seq_run import ROOT, interpreter_ok, run_checks
+
+SCRIPT = os.path.join(ROOT, "tests", "fast_policy_check.py")
+
+
+def test_fast_spec_id_names_every_knob():
+    assert FastMatmulSpec().id == "matmul.fast.m128.n128.k64.w8.s3.v2"
+    assert FastMatmulSpec(block_k=32).id != FastMatmulSpec().id
+    assert FastMatmulSpec(num_stages=4).id != FastMatmulSpec().id
+    assert hal.spec.get("matmul.fast.m64.n64.k32.w4.s2.v2") == FastMatmulSpec(block_m=64, block_n=64, block_k=32,
+                                                                               num_warps=4, num_stages=2)
+    words = "\n".join(FastMatmulSpec().describe())
+    assert "no L4" in words and "no split-K" in words and "float32 is refused" in words
+
+
+def test_fast_spec_validation():
+    with pytest.raises(SpecError, match="block_k must be a power of two >= 16"):
+        FastMatmulSpec(block_k=24)
+    with pytest.raises(SpecError, match="use FastMatmulSpec"):
+        MatmulSpec(policy="fast")
+    with pytest.raises(SpecError, match="positive int"):
+        FastMatmulSpec(num_stages=0)
+    with pytest.raises(SpecError, match="use FastAttentionSpec"):
+        AttentionSpec(policy="fast")
+    with pytest.raises(SpecError, match="multiple of kv_block"):
+        FastAttentionSpec(kv_block=64, kv_split=96)
+    assert FastAttentionSpec().id == "attention.fast.m128.b64.s512.w8.st2.v2"
+
+
+def test_fast_refusals_name_the_reason():
+    x, w = torch.ones(2, 32), torch.ones(4, 32)
+    with pytest.raises(UnsupportedError, match="fast policy runs bfloat16/float16 tensor cores only"):
+        hal.linear(x, w, spec=FastMatmulSpec(), backend="triton")
+    with pytest.raises(UnsupportedError, match="not 'fast'"):  # no goldens, no fast reference
+        hal.linear(x.bfloat16(), w.bfloat16(), spec=FastMatmulSpec(), backend="reference")
+    with pytest.raises(UnsupportedError, match="not 'fast'"):
+        hal.linear(x.bfloat16(), w.bfloat16(), spec=FastMatmulSpec(), backend="cpu")
+
+
+def test_fast_attention_refuses_float32():
+    q = torch.ones(4, 2, 16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(UnsupportedError, match="fast policy runs bfloat16/float16"):
+        hal.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, causal=True, spec=FastAttentionSpec(), backend="triton")
+    with pytest.raises(UnsupportedError, match="not 'fast'"):
+        hal.flash_attn_varlen_func(q.bfloat16(), q.bfloat16(), q.bfloat16(), cu, cu, 4, 4, spec=FastAttentionSpec(),
+                                   backend="reference")
+
+
+def test_triton_claims_no_L4_for_fast():
+    be = hal.get_backend("triton")
+    assert be.claimed_levels("attention_fast", FastAttentionSpec()) == frozenset({"L0", "L1", "L2", "L3", "A"})
+    assert be.claimed_levels("matmul_fast", FastMatmulSpec()) == frozenset({"L0", "L1", "L3", "A"})
+    assert "L4" in be.claimed_levels("matmul", MatmulSpec())
+
+
+@pytest.mark.skipif(not interpreter_ok(), reason="the Triton interpreter before 3.9 rounds tl.fma twice")
+def test_fast_kernels_structure_in_interpreter():
+    pytest.importorskip("triton")
+    full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
+    ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
+          "attn_split_invariance", "attn_reverse_merge_negative"]
+    out = run_checks(*([] if full else ci), script=SCRIPT)  # ~45 s here; every check: LOCKSTEP_FULL=1
+    assert out.count("wrong variant caught") >= 3 and "outputs identical" in out
+
+
+def test_stock_fails_the_fast_family():
+    from hal.conformance import runner
+    recs = runner.run(["stock"], ["matmul_fast"], dtypes=["bf16"], quick=True)
+    failed = {r.level for r in recs if r.status == "fail"}
+    assert "L1" in failed and not any(r.claimed for r in recs), [(r.level, r.status) for r in recs]
+    assert all(r.level != "L4" for r in recs)  # the family has no L4: the report shows "-"
+    recs = runner.run(["stock"], ["attention_fast"], dtypes=["bf16"], quick=True)  # SDPA per call
+    assert {r.level for r in recs if r.status == "fail"} == {"L2"} and not any(r.claimed for r in recs)
+
+
+needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                    reason="the lint compiles kernels; under TRITON_INTERPRET=1 they are interpreter objects")
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["sm80", "sm90"])
+def test_fast_kernel_uses_tensor_cores(target):
+    pytest.importorskip("triton")
+    from hal.kernels.triton import fast_lint, lint
+    for case, warps, stages in fast_lint.fast_kernels()[:1] + fast_lint.fast_kernels()[-1:]:  # matmul, decode attention
+        assert fast_lint.lint(case, target, warps, stages) == [], case.name
+    case, warps, stages = fast_lint.fast_kernels()[0]
+    # the strict lint must reject it (tensor cores): the two lints are never swapped
+    assert any("tensor-core" in p for p in lint.lint(case, target))
+
+
+@needs_compiler
+def test_fast_lint_rejects_the_strict_kernel():
+    pytest.importorskip("triton")
+    from hal.kernels.triton import fast_lint, lint
+    strict = next(c for c in lint.strict_kernels() if c.name == "matmul[bf16]")
+    problems = fast_lint.lint(strict, "sm90")
+    assert any("no tensor-core instruction" in p for p in problems) and any("no tt.dot" in p for p in problems)
