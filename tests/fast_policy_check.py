@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import hal  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
 from hal.spec import FastAttentionSpec, FastMatmulSpec  # noqa: E402
-from triton_seq_check import FAILED, FULL, _differs, _gen, _pick, _same  # noqa: E402
+from triton_seq_check import FAILED, _differs, _gen, _pick, _same  # noqa: E402
 
 SMALL = FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
 MM_CASES = [(SMALL, torch.bfloat16), (FastMatmulSpec(), torch.float16), (SMALL, torch.float16),
