@@ -1,0 +1,128 @@
+"""Backward of the gated delta rule ops: a chunked forward in plain torch, differentiated by autograd.
+
+The forward of ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule`` gives the spec's
+bits; the gradients need not match any bits, only be correct and deterministic. Recomputing the
+token-by-token recurrence under autograd (``kernels/oracle/gated_delta_rule.py``, still the
+readable definition and selectable with ``LOCKSTEP_GDN_BACKWARD=recurrent``) builds O(T) tiny
+graph nodes. Here the same function is written in the WY/UT chunk form (C = 64 rows per chunk),
+so the graph holds O(T / C) batched matmuls and one batched triangular solve, and autograd
+differentiates that. Every op used has a deterministic backward on CPU and CUDA (matmul,
+cumsum, triangular solve, slicing; no scatter/index_add), so two runs give the same bits.
+
+Per chunk with start state S and in-chunk log-decay sums ``D[i, j] = g_(j+1) + ... + g_i``
+(``j <= i``) and ``G_i = g_0 + ... + g_i``, the recurrence unrolls to
+
+    (I + L) u = beta v - beta exp(G) K S,    L_ij = beta_i exp(D[i, j]) k_i.k_j   (j < i)
+    o_i = exp(G_i) S^T q_i + sum_(j <= i) exp(D[i, j]) (q_i.k_j) u_j
+    S_end = exp(G_last) S + sum_j exp(D[last, j]) k_j u_j^T
+
+so ``u = U - W S`` with ``U, W`` from one triangular solve that does not depend on S: all of it is
+batched over chunks, and only the three S products run in a Python loop over chunks. ``D`` is
+built by summing ``g`` forward from each row (never as a difference of prefix sums), so
+``g = -inf`` gives decays of exactly 0 and no ``inf - inf``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from hal.kernels.oracle.gated_delta_rule import _expand, _l2
+from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as recurrent
+from hal.kernels.reference.gated_delta_rule import from_padded, to_padded
+
+C = 64  # rows per chunk
+F32, F64 = torch.float32, torch.float64
+
+
+def _chunks(q, k, v, g, beta, S):
+    """The chunk form. q (scaled), k [N, HV, L, dk]; v [N, HV, L, dv]; g, beta [N, HV, L]; L % C == 0;
+    S [N, HV, dk, dv]. Rows with g = beta = 0 are inert (no update, no decay). Returns (o, S_end)."""
+    n, hv, length, dk = k.shape
+    nc = length // C
+    q, k, v = (x.reshape(n, hv, nc, C, x.shape[-1]) for x in (q, k, v))
+    g, beta = (x.reshape(n, hv, nc, C) for x in (g, beta))
+    ones = torch.ones(C, C, dtype=torch.bool, device=g.device)
+    later, below = ones.triu(1), ones.tril()  # [j, l]: l > j;  [i, j]: j <= i
+    # D[.., i, j]: for each j, g summed over l = j+1 .. i (a cumsum of the rows after j; where, not a
+    # multiply by a mask, so that -inf stays -inf instead of becoming nan)
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    D = torch.where(later, g.unsqueeze(-2), zero).cumsum(-1).transpose(-1, -2)
+    decay = torch.where(below, D, torch.full((), float("-inf"), dtype=g.dtype, device=g.device)).exp()
+    gamma = g.cumsum(-1).exp()                                   # exp(G_i): the start state's decay at row i
+    tail = decay[..., C - 1, :]                                  # exp(D[last, j]): row j's decay to the chunk end
+    kb = k * beta.unsqueeze(-1)
+    lower = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
+    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    rhs = torch.cat([v * beta.unsqueeze(-1), kb * gamma.unsqueeze(-1)], -1)
+    UW = torch.linalg.solve_triangular(lower + eye, rhs, upper=False, unitriangular=True)
+    U, W = UW[..., : v.shape[-1]], UW[..., v.shape[-1]:]
+    attn = (q @ k.transpose(-1, -2)) * decay                     # causal: decay is 0 above the diagonal
+    qg = q * gamma.unsqueeze(-1)
+    kt = (k * tail.unsqueeze(-1)).transpose(-1, -2)
+    end = gamma[..., C - 1, None, None]
+    outs = []
+    for c in range(nc):
+        u = U[:, :, c] - W[:, :, c] @ S
+        outs.append(qg[:, :, c] @ S + attn[:, :, c] @ u)
+        S = end[:, :, c] * S + kt[:, :, c] @ u
+    return torch.stack(outs, 2).reshape(n, hv, length, -1), S
+
+
+def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, S0=None, cu_seqlens: list[int] | None = None,
+                             l2: bool = False, dtype=F32):
+    """Same arguments and results as the oracle's ``gated_delta_rule`` (o [B, T, HV, dv], final
+    [N, HV, dk, dv] in ``dtype``), computed in the chunk form. Packed sequences (``cu_seqlens``) are
+    padded into a batch, each starting its own chunk grid at its first token."""
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    if l2:
+        q, k = _l2(q), _l2(k)
+    hv, dk, dv = v.shape[2], q.shape[-1], v.shape[-1]
+    q, k = _expand(q, hv) * scale, _expand(k, hv)
+    xs = [to_padded(x, cu_seqlens) for x in (q, k, v, g, beta)]  # [N, Lmax, ...], zeros after each end
+    n, lmax = xs[0].shape[:2]
+    pad = -lmax % C  # inert rows (g = beta = 0) up to a whole chunk: the end state is unchanged
+    q, k, v = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in xs[:3])
+    g, beta = (F.pad(x.transpose(1, 2), (0, pad)) for x in xs[3:])
+    S = torch.zeros((n, hv, dk, dv), dtype=dtype, device=v.device) if S0 is None else S0.to(dtype)
+    o, S = _chunks(q, k, v, g, beta, S)
+    return from_padded(o[:, :, :lmax].transpose(1, 2), cu_seqlens), S
+
+
+def open_rows_state(parts, scale: float, dtype):
+    """The state after the last consumed token of a chunked-spec state object: the materialised
+    boundary state advanced over its open rows (zero rows past ``position % C`` are inert)."""
+    zq = torch.zeros_like(parts.open_k)
+    with torch.no_grad():
+        _, S = chunked_gated_delta_rule(zq, parts.open_k, parts.open_v, parts.open_g, parts.open_beta, scale,
+                                        parts.S, None, False, dtype)
+    return S
+
+
+def form() -> str:
+    """``chunked`` (default) or ``recurrent`` (token by token), from ``LOCKSTEP_GDN_BACKWARD``."""
+    name = os.environ.get("LOCKSTEP_GDN_BACKWARD", "chunked")
+    if name not in ("chunked", "recurrent"):
+        from hal.errors import InputError
+        raise InputError(f"LOCKSTEP_GDN_BACKWARD must be 'chunked' or 'recurrent', got {name!r}")
+    return name
+
+
+def grads(inputs, S0, start, scale: float, cu, l2: bool, do, dfinal):
+    """Gradients of (o, final) w.r.t. (q, k, v, g, beta, S0) for incoming (do, dfinal).
+
+    ``inputs`` = the saved (q, k, v, g, beta); ``S0`` the bare initial state tensor (differentiated)
+    or None, then ``start`` is the state to begin from (no gradient). Computes in float32 (float64
+    for float64 inputs); returns six gradients in the inputs' dtypes (None for S0 when not given).
+    """
+    acc = F64 if inputs[2].dtype == F64 else F32
+    fn = chunked_gated_delta_rule if form() == "chunked" else recurrent
+    with torch.enable_grad():
+        leaves = [x.detach().to(acc).requires_grad_(True) for x in inputs]
+        s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else start.to(acc)
+        o, fin = fn(*leaves, scale, s0, cu, l2, acc)
+        wrt = leaves + ([s0] if S0 is not None else [])
+        got = torch.autograd.grad((o, fin), wrt, (do.to(acc), dfinal.to(acc)), allow_unused=True)
+    out = [None if gr is None else gr.to(x.dtype) for gr, x in zip(got, (*inputs, S0))]
+    return out + [None] * (6 - len(out))
