@@ -195,3 +195,34 @@ def test_recurrent_fallback_agrees_and_bad_setting_is_an_input_error(monkeypatch
     o, _ = hal.chunk_gated_delta_rule(*leaves)
     with pytest.raises(InputError, match="LOCKSTEP_GDN_BACKWARD"):
         o.sum().backward()
+
+
+# ops that torch documents as nondeterministic on CUDA (forward or backward), by their autograd node
+CUDA_NONDETERMINISTIC = ("Cumsum", "IndexSelect", "Gather", "Scatter", "IndexAdd", "IndexPut", "Index",
+                         "RepeatInterleave", "Put")
+
+
+def _graph_ops(roots):
+    seen, todo, names = set(), [r.grad_fn for r in roots], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(type(fn).__name__.removesuffix("Backward0").removesuffix("Backward1"))
+        todo.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+def test_the_recompute_graph_has_no_op_that_is_nondeterministic_on_cuda():
+    """The CUDA half of the determinism claim, checked on CPU: no node of the differentiated graph
+    is one of torch's documented nondeterministic CUDA ops (a changed torch.cumsum would show)."""
+    x = [t.requires_grad_(True) for t in _inputs(T=140, H=1, HV=2)]
+    S0 = torch.randn(2, 2, 16, 8, requires_grad=True)
+    o, fin = gdn_backward.chunked_gated_delta_rule(*x, 0.25, S0, [0, 70, 140], True, F32)
+    ops = _graph_ops([o, fin])
+    assert {"Bmm", "Exp", "Stack", "Diagonal"} <= ops  # the walk reaches the whole graph
+    assert not ops & set(CUDA_NONDETERMINISTIC), ops & set(CUDA_NONDETERMINISTIC)
+    # negative control: the same walk sees a cumsum and an index_select
+    bad = _graph_ops([x[3].cumsum(-1), x[0].index_select(1, torch.tensor([0, 2]))])
+    assert {"Cumsum", "IndexSelect"} <= bad
