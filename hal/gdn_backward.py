@@ -41,9 +41,10 @@ F32, F64 = torch.float32, torch.float64
 def _prefix_sums(x):
     """Inclusive prefix sums along the last dim as a chain of adds (torch.cumsum is not
     deterministic on CUDA for floating point)."""
-    acc = [x[..., 0]]
-    for i in range(1, x.shape[-1]):
-        acc.append(acc[-1] + x[..., i])
+    cols = x.unbind(-1)  # (not x[..., i]: each select's backward would add a full-size zero gradient)
+    acc = [cols[0]]
+    for col in cols[1:]:
+        acc.append(acc[-1] + col)
     return torch.stack(acc, -1)
 
 
@@ -66,7 +67,7 @@ def _unit_lower_inverse(L):
         m = n // (2 * b)
         blocks = torch.diagonal(L.reshape(*lead, m, 2 * b, m, 2 * b), dim1=-4, dim2=-2).movedim(-1, -3)
         pair = inv.reshape(*lead, m, 2, b, b)
-        a_inv, d_inv = pair[..., 0, :, :], pair[..., 1, :, :]
+        a_inv, d_inv = pair.unbind(-3)
         low = -(d_inv @ blocks[..., b:, :b] @ a_inv)
         inv = torch.cat([torch.cat([a_inv, torch.zeros_like(a_inv)], -1), torch.cat([low, d_inv], -1)], -2)
         b *= 2
