@@ -229,14 +229,6 @@ def _start_parts(initial_state, layout, n, dtype, device, s):
 # ---------------------------------------------------------------- autograd
 
 
-def _exact_start(parts, scale, dtype):
-    """The state after the last consumed token (the open chunk's rows applied), without grad."""
-    if parts.open_k is None:
-        return parts.S.to(dtype)
-    from .gdn_backward import open_rows_state
-    return open_rows_state(parts, scale, dtype)
-
-
 class _GDNFn(torch.autograd.Function):
     """Forward: the backend's bits. Backward (every backend): autograd through a chunked torch
     recompute in float32 (float64 for float64 inputs) -- correct and deterministic (hal/gdn_backward.py)."""
@@ -254,9 +246,7 @@ class _GDNFn(torch.autograd.Function):
         from .gdn_backward import grads
         q, k, v, g, beta, S0 = ctx.saved_tensors
         scale, parts, cu, l2 = ctx.meta
-        acc = F64 if v.dtype == F64 else F32
-        start = None if S0 is not None else _exact_start(parts, scale, acc)
-        out = grads((q, k, v, g, beta), S0, start, scale, cu, l2, do, dfinal)
+        out = grads((q, k, v, g, beta), S0, parts, scale, cu, l2, do, dfinal)
         return (*out, None, None, None, None, None, None, None, None)
 
 

@@ -129,9 +129,11 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, S0=None, cu_seqlens
     return from_padded(o[:, :, :lmax].transpose(1, 2), cu_seqlens), S
 
 
-def open_rows_state(parts, scale: float, dtype):
-    """The state after the last consumed token of a chunked-spec state object: the materialised
+def start_state(parts, scale: float, dtype):
+    """The state after the last consumed token, without gradient: a chunked-spec state object's
     boundary state advanced over its open rows (zero rows past ``position % C`` are inert)."""
+    if parts.open_k is None:
+        return parts.S.to(dtype)
     zq = torch.zeros_like(parts.open_k)
     with torch.no_grad():
         _, S = chunked_gated_delta_rule(zq, parts.open_k, parts.open_v, parts.open_g, parts.open_beta, scale,
@@ -148,18 +150,18 @@ def form() -> str:
     return name
 
 
-def grads(inputs, S0, start, scale: float, cu, l2: bool, do, dfinal):
+def grads(inputs, S0, parts, scale: float, cu, l2: bool, do, dfinal):
     """Gradients of (o, final) w.r.t. (q, k, v, g, beta, S0) for incoming (do, dfinal).
 
     ``inputs`` = the saved (q, k, v, g, beta); ``S0`` the bare initial state tensor (differentiated)
-    or None, then ``start`` is the state to begin from (no gradient). Computes in float32 (float64
+    or None, then the call began from the kernel ``parts`` (no gradient). Computes in float32 (float64
     for float64 inputs); returns six gradients in the inputs' dtypes (None for S0 when not given).
     """
     acc = F64 if inputs[2].dtype == F64 else F32
     fn = chunked_gated_delta_rule if form() == "chunked" else recurrent
     with torch.enable_grad():
         leaves = [x.detach().to(acc).requires_grad_(True) for x in inputs]
-        s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else start.to(acc)
+        s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else start_state(parts, scale, acc)
         o, fin = fn(*leaves, scale, s0, cu, l2, acc)
         wrt = leaves + ([s0] if S0 is not None else [])
         got = torch.autograd.grad((o, fin), wrt, (do.to(acc), dfinal.to(acc)), allow_unused=True)
