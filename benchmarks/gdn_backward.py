@@ -5,8 +5,8 @@ torch_chunk_gated_delta_rule forward + autograd backward (the stock comparison),
     python -m benchmarks.gdn_backward [--device cpu|cuda] [--T 512 4096] [--repeats 3] [--no-recurrent]
 
 B=1, H_v=4, H_qk=2, d_k=d_v=128, fp32, in-kernel L2 norm, loss = sum(o * do) + sum(final * dfinal).
-Prints median seconds per forward+backward (a call over 20 s is timed once) and the ratios to the
-stock forward+backward row; forward-only rows for context. Figures are for this
+Prints seconds per call (median and min over interleaved rounds; the token-by-token row is timed once)
+and the ratio of the mins to the stock forward+backward row; forward-only rows for context. Figures are for this
 machine only; compare ratios, not seconds.
 """
 from __future__ import annotations
@@ -32,20 +32,32 @@ def _inputs(T, device, B=1, H=2, HV=4, d=128):
     return [x.to(device) for x in (q, k, v, g, beta)], do.to(device), dfin.to(device)
 
 
-def _timed(fn, repeats, device):
-    """(median seconds, samples)."""
-    def once():
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+def _seconds(fn, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _timed_rows(rows, repeats, device):
+    """{name: [seconds...]}: one untimed warm-up call per row, then ``repeats`` rounds that call
+    every row once in turn (so a busy machine slows all rows alike). A row marked single (the
+    token-by-token backward: minutes at long T) is timed once, without warm-up, after the others
+    have warmed the shared paths."""
+    times = {name: [] for name, _, _ in rows}
+    many = [(name, fn) for name, fn, single in rows if not single]
+    for _, fn in many:
         fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-    first = once()  # warm-up (compiles, caches)
-    if first > 20:  # the token-by-token backward at long T: one sample is enough
-        return first, 1
-    return statistics.median(once() for _ in range(repeats)), repeats
+    for _ in range(repeats):
+        for name, fn in many:
+            times[name].append(_seconds(fn, device))
+    for name, fn, single in rows:
+        if single:
+            times[name].append(_seconds(fn, device))
+    return times
 
 
 def _step(forward, x, do, dfin):
@@ -92,22 +104,24 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-recurrent", action="store_true", help="skip the token-by-token backward (slow)")
     args = p.parse_args(argv)
-    print(f"device {args.device}, torch threads {torch.get_num_threads()}, B1 H2/4 D128 fp32, median of "
-          f"{args.repeats}, seconds per forward+backward")
-    print(f"{'T':>6} {'row':<28} {'seconds':>9} {'/ stock':>8}")
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, B1 H2/4 D128 fp32, {args.repeats} "
+          f"interleaved rounds; seconds per call (median, min); ratio of the mins to stock forward+backward")
+    print(f"{'T':>6} {'row':<28} {'median':>9} {'min':>9} {'/ stock':>8}")
     for T in args.T:
         x, do, dfin = _inputs(T, args.device)
-        rows = [("stock (transformers chunk)", lambda: _step(_stock, x, do, dfin)),
-                ("stock forward only", lambda: _no_grad(_stock, x)),
-                ("lockstep forward only", lambda: _no_grad(_lockstep, x)),
-                ("lockstep chunked backward", _with_form("chunked", lambda: _step(_lockstep, x, do, dfin)))]
+        rows = [("stock (transformers chunk)", lambda: _step(_stock, x, do, dfin), False),
+                ("stock forward only", lambda: _no_grad(_stock, x), False),
+                ("lockstep forward only", lambda: _no_grad(_lockstep, x), False),
+                ("lockstep chunked backward", _with_form("chunked", lambda: _step(_lockstep, x, do, dfin)), False)]
         if not args.no_recurrent:
-            rows.append(("lockstep token-by-token bwd", _with_form("recurrent", lambda: _step(_lockstep, x, do, dfin))))
-        stock = None
-        for name, fn in rows:
-            t, n = _timed(fn, args.repeats, args.device)
-            stock = stock or t
-            print(f"{T:>6} {name:<28} {t:>9.4f} {t / stock:>8.2f}" + ("  (1 sample)" if n == 1 else ""), flush=True)
+            rows.append(("lockstep token-by-token bwd",
+                         _with_form("recurrent", lambda: _step(_lockstep, x, do, dfin)), True))
+        times = _timed_rows(rows, args.repeats, args.device)
+        stock = min(times[rows[0][0]])
+        for name, ts in times.items():
+            note = "  (1 sample)" if len(ts) == 1 else ""
+            print(f"{T:>6} {name:<28} {statistics.median(ts):>9.4f} {min(ts):>9.4f} {min(ts) / stock:>8.2f}{note}",
+                  flush=True)
     return 0
 
 
