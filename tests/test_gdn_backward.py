@@ -102,6 +102,16 @@ def test_fused_recurrent_op_has_the_same_backward():
         assert_same_bits(ga, gb, n)
 
 
+def test_every_backend_shares_the_backward():
+    """The backward is backend-neutral: the reference and cpu backends give the same gradient bits
+    (their forwards differ only in speed; the recompute reads the inputs, not the forward's outputs)."""
+    x = _inputs(T=100, H=1, HV=2)
+    a, _ = _hal_grads(x, backend="reference")
+    b, _ = _hal_grads(x, backend="cpu")
+    for n, ga, gb in zip(NAMES, a, b):
+        assert_same_bits(ga, gb, n)
+
+
 @pytest.mark.parametrize("spec", ["chunked", "serial"])
 def test_continuation_from_a_state_object_with_an_open_chunk(spec):
     s = GatedDeltaRuleSpec(variant=spec)
