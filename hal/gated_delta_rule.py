@@ -229,28 +229,9 @@ def _start_parts(initial_state, layout, n, dtype, device, s):
 # ---------------------------------------------------------------- autograd
 
 
-def _exact_start(parts, scale, dtype):
-    """The state after the last consumed token (the open chunk's rows applied), without grad."""
-    if parts.open_k is None:
-        return parts.S.to(dtype)
-    from hal.kernels.oracle.gated_delta_rule import recurrence
-    n, C = parts.open_k.shape[:2]
-    out = []
-    with torch.no_grad():
-        for i in range(n):
-            m = int(parts.position[i]) % C
-            S = parts.S[i: i + 1].to(dtype)
-            if m:
-                zq = torch.zeros_like(parts.open_k[i: i + 1, :m])
-                rows = [t[i: i + 1, :m] for t in (parts.open_k, parts.open_v, parts.open_g, parts.open_beta)]
-                _, S = recurrence(zq, *rows, scale, S, False, dtype)
-            out.append(S)
-    return torch.cat(out)
-
-
 class _GDNFn(torch.autograd.Function):
-    """Forward: the backend's bits. Backward: autograd through the token-by-token recurrence
-    recomputed in float32 (float64 for float64 inputs) -- correct and deterministic."""
+    """Forward: the backend's bits. Backward (every backend): autograd through a chunked torch
+    recompute in float32 (float64 for float64 inputs) -- correct and deterministic (hal/gdn_backward.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, op, impl, s, scale, parts, cu, l2, box):
@@ -262,20 +243,11 @@ class _GDNFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as recompute
+        from .gdn_backward import grads
         q, k, v, g, beta, S0 = ctx.saved_tensors
         scale, parts, cu, l2 = ctx.meta
-        acc = F64 if v.dtype == F64 else F32
-        with torch.enable_grad():
-            leaves = [x.detach().to(acc).requires_grad_(True) for x in (q, k, v, g, beta)]
-            s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else _exact_start(parts, scale, acc)
-            o, fin = recompute(*leaves, scale, s0, cu, l2, acc)
-            wrt = leaves + ([s0] if S0 is not None else [])
-            grads = torch.autograd.grad((o, fin), wrt, (do.to(acc), dfinal.to(acc)), allow_unused=True)
-        out = [None if gr is None else gr.to(x.dtype) for gr, x in zip(grads, (q, k, v, g, beta, S0))]
-        if S0 is None:
-            out.append(None)
-        return (*out[:6], None, None, None, None, None, None, None, None)
+        out = grads((q, k, v, g, beta), S0, parts, scale, cu, l2, do, dfinal)
+        return (*out, None, None, None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------- the two public ops
