@@ -7,7 +7,8 @@
 # Writes to OUT_DIR: env.txt (versions, `hal info`), lint.txt (API subset of the Ascend variant),
 # math.txt (strict math on the NPU vs the reference bits), conformance.json / conformance.txt
 # (--backend ascend --device npu against the stored goldens), bench.csv / bench.txt (vs stock torch /
-# torch_npu ops, npu_fusion_attention for attention), rl_parity.txt (examples.rl_parity --device npu), log.txt. Every step is time-boxed; a failing step is logged, the next one runs.
+# torch_npu ops, npu_fusion_attention for attention), rl_parity.txt (examples.rl_parity --device npu), log.txt. Every step is
+# time-boxed; a failing step is logged, the next one runs; STEPS="lint math ..." runs only the named steps.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:-ascend-check-out}}"
@@ -21,15 +22,8 @@ unset TRITON_INTERPRET
 # any torch op around lockstep's, deterministic HCCL reductions for multi-device runs
 export HCCL_DETERMINISTIC="${HCCL_DETERMINISTIC:-true}"
 
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
-step() {  # step NAME SECONDS OUTFILE CMD...
-  local name=$1 secs=$2 file=$3; shift 3
-  log "start $name (limit ${secs}s)"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$secs" "$@" > "$OUT/$file" 2>&1
-  local rc=$?
-  log "end $name rc=$rc ($((SECONDS - t0))s)$([ $rc = 124 ] && echo ' TIMED OUT')"
-}
+# shellcheck source=benchmarks/check_steps.sh
+source benchmarks/check_steps.sh
 
 { npu-smi info || true
   "$PY" -c "import sys, torch, torch_npu; from importlib import metadata as m; print(sys.version); print('torch', torch.__version__, 'torch_npu', torch_npu.__version__); print('triton package owned by', m.packages_distributions().get('triton'))"
