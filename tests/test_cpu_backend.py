@@ -321,7 +321,7 @@ def test_parallel_and_serial_drivers_same_bits():
             outs = []
             for fn, t in ((par, 64), (ser, 64), (ser, 32)):
                 out = np.zeros((m, 300), np.float32)
-                fn(*args, out, t)
+                fn(*args, out, t, km._NO_BIAS)
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None
             assert first_divergence(name + " other tile", outs[0], outs[2]) is not None
