@@ -331,6 +331,23 @@ def test_parallel_and_serial_drivers_same_bits():
     same("matmul across tasks", *both(hal.matmul, a, w.t()))
 
 
+def test_elementwise_serial_and_prange_drivers_same_bits():
+    """Elementwise maps run a serial driver up to _SERIAL_MAX elements and the prange driver above:
+    a large input's leading elements equal the same elements computed alone, and the reference
+    (specials included). Stock torch silu, checked the same way, must differ."""
+    from hal.kernels.cpu import elementwise as ke
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(11)
+    x = randn(g, ke._SERIAL_MAX + 4099, scale=8.0)
+    x[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    for op in (hal.silu, hal.sigmoid, hal.softplus):
+        big = op(x, backend="cpu")
+        same(f"{op.__name__} prange vs serial", op(x[:1000], backend="cpu"), big[:1000])
+        same(f"{op.__name__} prange vs reference", op(x, backend="reference"), big)
+    same("silu_mul prange vs reference", *both(hal.silu_mul, x, x.flip(0)))
+    assert first_divergence("stock silu", canon(F.silu(x)), hal.silu(x, backend="cpu")) is not None
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 def test_host_canonical_nan_matches_reference(dt):
     """The compiled in-place NaN pass against the reference's torch.where on random bit patterns

@@ -8,7 +8,7 @@ from running independent chains (other output columns / rows) together.
   panel as float32 [T, cols] (B stored [K, N] or, for linear's weight, [N, K]: the transpose and
   the bf16/fp16 widening happen here, so the host never copies the weight), then runs four rows
   at a time; the innermost loop runs over the panel's contiguous columns with independent
-  accumulators (it vectorises) and advances every chain by two k steps per accumulator load/store.
+  accumulators (it vectorises) and advances every chain by four k steps per accumulator load/store.
 * ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
   scalar chains in flight (latency hiding). For linear with few rows (decode), where packing the
   weight would cost as much as the product.
