@@ -32,6 +32,7 @@ _FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "ga
              "elementwise", "rotary", "matmul_exact", "token_logprobs_exact")
 
 
+@functools.cache
 def _kernel(module: str):
     return importlib.import_module(f"hal.kernels.cpu.{module}")
 
@@ -41,18 +42,33 @@ def _exact():
 
 
 _lock = threading.Lock()
+_numba = None  # (numba, host.check_fp_environment) once numba's threading layer is chosen (the first call)
+_threads = threading.local()  # numba's thread count is per calling thread: what this backend last set there
+
+
+def _start_numba():
+    global _numba
+    import numba
+    from hal.kernels.cpu.host import check_fp_environment
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
+    _numba = numba, check_fp_environment
+    return _numba
 
 
 def _strict(fn):
-    """Check the FP environment and set numba's thread count before a compiled call."""
+    """Check the FP environment and set numba's thread count before a compiled call.
+
+    Per-call work is kept to a few attribute reads (a small kernel takes microseconds): numba's
+    thread count is set only when torch's differs from what this thread last set."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        import numba
-        from hal.kernels.cpu.host import check_fp_environment
-        if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
-            numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
+        numba, check_fp_environment = _numba or _start_numba()
         with _lock:
-            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+            n = torch.get_num_threads()
+            if getattr(_threads, "n", None) != n:
+                numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+                _threads.n = n
             check_fp_environment()
             return fn(self, *args, **kwargs)
     return wrapper

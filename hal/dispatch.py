@@ -39,6 +39,9 @@ _lock = threading.Lock()
 _backends: dict[str, Backend] | None = None
 _load_errors: dict[str, str] = {}
 _fallback_logged: set[tuple] = set()
+#: (op, id(spec), dtype, device, request) -> (spec, backend): repeated calls skip the search (see select)
+_chosen: dict[tuple, tuple[OpSpec, Backend]] = {}
+_chosen_for: dict | None = None  # the registry _chosen was filled from
 _current: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("lockstep_backend", default=())
 
 
@@ -73,10 +76,12 @@ def register_backend(backend: Backend) -> None:
     if not backend.name:
         raise ValueError("a backend needs a name")
     backends()[backend.name] = backend
+    _chosen.clear()
 
 
 def unregister_backend(name: str) -> None:
     backends().pop(name, None)
+    _chosen.clear()
 
 
 def load_errors() -> dict[str, str]:
@@ -115,16 +120,44 @@ def requested_backend() -> tuple[str | None, str]:
 
 
 def common_device(tensors: dict[str, torch.Tensor]) -> torch.device:
-    devices = {name: t.device for name, t in tensors.items() if isinstance(t, torch.Tensor)}
-    distinct = set(devices.values())
-    if len(distinct) > 1:
-        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise InputError(f"tensors are on different devices ({listing}); move them to one device")
-    return next(iter(distinct))
+    device = None
+    for t in tensors.values():
+        if isinstance(t, torch.Tensor):
+            d = t.device
+            if device is None:
+                device = d
+            elif d != device:
+                listing = ", ".join(f"{n} on {t.device}" for n, t in tensors.items() if isinstance(t, torch.Tensor))
+                raise InputError(f"tensors are on different devices ({listing}); move them to one device")
+    return device
 
 
 def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, backend: str | Backend | None = None) -> Backend:
-    """The backend that serves this call (see module docstring)."""
+    """The backend that serves this call (see module docstring).
+
+    The answer is remembered per (op, spec, dtype, device, request): a per-call search costs more
+    than a small kernel. What may change between calls is checked again on every hit: the
+    request (``hal.use`` / ``HAL_BACKEND``, read each call), the registry (register/unregister
+    clear the memo; a replaced registry drops it) and the chosen backend's availability. Only a
+    backend that needed no fallback is remembered, so the automatic choice stays the first
+    capable backend by priority."""
+    global _chosen_for
+    request = backend if backend not in (None, "auto") else requested_backend()[0]
+    key = (op, id(spec), dtype, device, request)
+    hit = _chosen.get(key)
+    if hit is not None and hit[0] is spec and _chosen_for is _backends and hit[1].unavailable_reason() is None:
+        return hit[1]
+    chosen, first_choice = _select(op, spec, dtype, device, backend)
+    if _chosen_for is not _backends:
+        _chosen.clear()
+        _chosen_for = _backends
+    if first_choice and len(_chosen) < 4096:  # bounded: a program uses a handful of (op, spec, dtype) combinations
+        _chosen[key] = (spec, chosen)
+    return chosen
+
+
+def _select(op, spec, dtype, device, backend) -> tuple[Backend, bool]:
+    """The search itself: (backend, whether it is the first choice, i.e. no fallback)."""
     if isinstance(backend, Backend):
         name, source = backend.name, "backend="
         chosen = backend
@@ -136,7 +169,7 @@ def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, back
         if reasons:
             raise UnsupportedError(f"backend {name!r} (requested by {source}) cannot run {op} with spec "
                                    f"{spec.id}, {dtype}, device {device}", reasons)
-        return chosen
+        return chosen, True
     candidates = sorted((b for b in backends().values() if b.auto and device.type in b.device_types),
                         key=lambda b: -b.priority)
     reasons: list[str] = []
@@ -149,7 +182,7 @@ def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, back
                     _fallback_logged.add(key)
                     log.warning("lockstep: %s on %s falls back to backend %r: %s", op, device.type, b.name,
                                 "; ".join(reasons))
-            return b
+            return b, i == 0
         reasons.extend(why)
     if not candidates:
         reasons.append(f"no registered backend serves device type {device.type!r}")

@@ -54,6 +54,19 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens: torch.Tensor, block_table: 
     v_cache[rows, cols] = v
 
 
+def _used_pages(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor, max_len: int):
+    """(pages [batch, n_pages], page size): the physical page of each logical page of the first
+    ``max_len`` tokens; pages at or past a sequence's length read page 0 (unused table entries may be -1)."""
+    bsz = seqlens.shape[0]
+    page = int(cache.shape[1])
+    n_pages = -(-max_len // page)
+    col = torch.arange(n_pages, device=cache.device).clamp_max(max(block_table.shape[1] - 1, 0))
+    pages = block_table.to(torch.int64)[:, col] if n_pages else \
+        torch.zeros((bsz, 0), dtype=torch.int64, device=cache.device)
+    used = (col * page).reshape(1, -1) < seqlens.to(torch.int64).reshape(-1, 1)
+    return torch.where(used, pages, 0).clamp(0, cache.shape[0] - 1), page
+
+
 def gather_kv(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor | None, max_len: int):
     """The first ``max_len`` tokens of every sequence as a contiguous ``[batch, max_len, Hkv, D]``.
 
@@ -62,15 +75,20 @@ def gather_kv(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Ten
     bsz = seqlens.shape[0]
     if block_table is None:
         return cache[:bsz, :max_len]
-    page = int(cache.shape[1])
-    n_pages = -(-max_len // page)
     # whole pages, not tokens: one index per page (a per-token gather costs ~18 ms at a 4k cache here)
-    col = torch.arange(n_pages, device=cache.device).clamp_max(max(block_table.shape[1] - 1, 0))
-    pages = block_table.to(torch.int64)[:, col] if n_pages else \
-        torch.zeros((bsz, 0), dtype=torch.int64, device=cache.device)
-    used = (col * page).reshape(1, -1) < seqlens.to(torch.int64).reshape(-1, 1)
-    pages = torch.where(used, pages, 0).clamp(0, cache.shape[0] - 1)  # unused table entries may be -1
-    return cache[pages].reshape(bsz, n_pages * page, *cache.shape[2:])[:, :max_len]
+    pages, page = _used_pages(cache, seqlens, block_table, max_len)
+    return cache[pages].reshape(bsz, pages.shape[1] * page, *cache.shape[2:])[:, :max_len]
+
+
+def kv_rows(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor | None, max_len: int):
+    """int64 ``[batch, max_len]``: the row of ``cache.reshape(-1, Hkv, D)`` holding token j of sequence b
+    (what :func:`gather_kv` would copy there), for kernels that read the cache in place."""
+    bsz = seqlens.shape[0]
+    j = torch.arange(max_len, device=cache.device)
+    if block_table is None:
+        return torch.arange(bsz, device=cache.device).reshape(-1, 1) * cache.shape[1] + j
+    pages, page = _used_pages(cache, seqlens, block_table, max_len)
+    return pages.repeat_interleave(page, 1)[:, :max_len] * page + j % page
 
 
 # ------------------------------------------------------------------ KVCache

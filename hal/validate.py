@@ -38,6 +38,15 @@ def integer(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def same_dtype(**tensors: torch.Tensor) -> torch.dtype:
+    first = None
+    for t in tensors.values():  # the common case (one dtype) in a plain loop: this runs on every call
+        if t is not None:
+            if first is None:
+                first = t.dtype
+            elif t.dtype is not first:  # torch dtypes are singletons
+                break
+    else:
+        return first
     dtypes = {n: t.dtype for n, t in tensors.items() if t is not None}
     if len(set(dtypes.values())) > 1:
         listing = ", ".join(f"{n}: {d}" for n, d in dtypes.items())

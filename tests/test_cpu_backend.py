@@ -321,7 +321,7 @@ def test_parallel_and_serial_drivers_same_bits():
             outs = []
             for fn, t in ((par, 64), (ser, 64), (ser, 32)):
                 out = np.zeros((m, 300), np.float32)
-                fn(*args, out, t)
+                fn(*args, out, t, km._NO_BIAS)
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None
             assert first_divergence(name + " other tile", outs[0], outs[2]) is not None
@@ -329,6 +329,23 @@ def test_parallel_and_serial_drivers_same_bits():
         numba.set_num_threads(old)
     same("linear across tasks", *both(hal.linear, a, w))
     same("matmul across tasks", *both(hal.matmul, a, w.t()))
+
+
+def test_elementwise_serial_and_prange_drivers_same_bits():
+    """Elementwise maps run a serial driver up to _SERIAL_MAX elements and the prange driver above:
+    a large input's leading elements equal the same elements computed alone, and the reference
+    (specials included). Stock torch silu, checked the same way, must differ."""
+    from hal.kernels.cpu import elementwise as ke
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(11)
+    x = randn(g, ke._SERIAL_MAX + 4099, scale=8.0)
+    x[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    for op in (hal.silu, hal.sigmoid, hal.softplus):
+        big = op(x, backend="cpu")
+        same(f"{op.__name__} prange vs serial", op(x[:1000], backend="cpu"), big[:1000])
+        same(f"{op.__name__} prange vs reference", op(x, backend="reference"), big)
+    same("silu_mul prange vs reference", *both(hal.silu_mul, x, x.flip(0)))
+    assert first_divergence("stock silu", canon(F.silu(x)), hal.silu(x, backend="cpu")) is not None
 
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -158,3 +158,40 @@ def test_importing_hal_imports_no_optional_dependency():
     code = "import sys, hal, hal.backends.reference, hal.conformance.runner; print([m for m in ('triton','jax','torch_npu') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+class Flaky(Recording):
+    """Available until told otherwise (availability checked on every call, as a backend may lose a device)."""
+
+    def __init__(self, name, priority):
+        super().__init__(name, priority)
+        self.down = False
+
+    def unavailable_reason(self):
+        return "switched off (test)" if self.down else None
+
+
+def test_remembered_choice_follows_request_registry_and_availability(temp_backends, monkeypatch):
+    """select() remembers its answer per call signature; whatever may change between calls must still
+    change the answer: hal.use, HAL_BACKEND, a newly registered backend, a backend becoming unavailable."""
+    top = temp_backends(Flaky("top", priority=1000))
+    for _ in range(2):  # the second call is served from the memo
+        _mm()
+    assert top.calls == 2
+    with hal.use("reference"):
+        _mm()
+    monkeypatch.setenv("HAL_BACKEND", "reference")
+    _mm()
+    monkeypatch.delenv("HAL_BACKEND")
+    assert top.calls == 2  # neither request reached it
+    _mm()
+    assert top.calls == 3  # the memo answers for the automatic choice again
+    higher = temp_backends(Recording("higher", priority=2000))
+    _mm()
+    assert (higher.calls, top.calls) == (1, 3)  # registering cleared the memo
+    hal.unregister_backend("higher")
+    _mm()
+    assert top.calls == 4  # remembered again
+    top.down = True  # the remembered backend became unavailable: the next choice is searched again
+    _mm()
+    assert top.calls == 4

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hal.attention import key_visibility, kvcache_via_padded, query_positions, varlen_via_padded
+from hal.attention import key_visibility, query_positions, varlen_via_padded
+from hal.kv_cache import kv_rows
 
 from .host import F32, finish, parallel_worth, raw
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
@@ -25,12 +26,12 @@ _P_MODE = {torch.bfloat16: P_BF16, torch.float16: P_FP16}
 
 
 @njit(inline="always", cache=True)
-def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
-    """sc[j - b0] = (q . k_j) * scale for keys b0..b1-1, kt [D, K] the head's keys transposed: per key
-    the canonical tiled chain over the head dim (tile partials added in order from +0.0). The keys
-    of a block are independent chains advanced together, so the loop over keys vectorises."""
+def _block_scores(qv, tile, w, dt, scale, sc, tmp):
+    """sc[j] = (q . k_j) * scale for the block's keys j < w, tile [D, kv_block] their keys transposed
+    (_keys_by_dim): per key the canonical tiled chain over the head dim (tile partials added in order
+    from +0.0). The keys of a block are independent chains advanced together, so the loop over keys
+    vectorises."""
     d = qv.shape[0]
-    w = b1 - b0
     for j in range(w):
         sc[j] = ZERO
     for c0 in range(0, d, dt):
@@ -38,7 +39,7 @@ def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
             tmp[j] = ZERO
         for c in range(c0, min(c0 + dt, d)):
             x = qv[c]
-            row = kt[c, b0:b1]
+            row = tile[c, :w]
             for j in range(w):
                 tmp[j] = fma(x, widen(row[j]), tmp[j])
         for j in range(w):
@@ -48,8 +49,9 @@ def _block_scores(qv, kt, b0, b1, dt, scale, sc, tmp):
 
 
 @njit(inline="always", cache=True)
-def _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task):
-    """One (sequence, query row, head) triple: its output row and lse."""
+def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
+    """One (sequence, query row, head) triple: its output row and lse. Values are read in place:
+    key j of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
@@ -93,7 +95,7 @@ def _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task):
                 nonempty = nonempty or vrow[j]
             m_blk = NEG_INF
             if nonempty:
-                _block_scores(qv, kth, b0, b1, dt, scale, sc, tmp)
+                _block_scores(qv, kth[b0 // kb], b1 - b0, dt, scale, sc, tmp)
                 for j in range(b0, b1):
                     if vrow[j]:
                         m_blk = nanmax(m_blk, sc[j - b0])
@@ -110,7 +112,7 @@ def _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task):
                             pv = round_bf16(p)
                         elif p_mode == P_FP16:
                             pv = round_f16(p)
-                        vr = v[b, j, hk]
+                        vr = v[rows[b, j], hk]
                         for c in range(d):
                             acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
                 alpha = exp(m_run - m_new)
@@ -138,52 +140,67 @@ def _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task):
 
 
 @njit(parallel=True, cache=True)
-def _attend_par(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+def _attend_par(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
     bsz, nq, hq, _ = q.shape
     for task in prange(bsz * nq * hq):
-        _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(cache=True)
-def _attend_ser(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse):
+def _attend_ser(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
     bsz, nq, hq, _ = q.shape
     for task in range(bsz * nq * hq):
-        _attend_task(q, kt, v, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(cache=True)
-def _keys_by_dim(k, kt):
-    """kt[b, h, c, j] = k[b, j, h, c] (stored values, any dtype): each (sequence, kv head)'s keys
-    as [D, K], so a block's scores vectorise over keys. O(K*D), in blocks of 16 keys that stay in
-    cache (torch's strided permute copy cost more than the attention itself on a long cache)."""
-    bsz, nk, hkv, d = k.shape
+def _keys_by_dim(k, rows, kt):
+    """kt[b, h, n, c, i] = k[rows[b, n * kb + i], h, c] (stored values, any dtype; k [R, Hkv, D], e.g.
+    a paged cache read in place; kb = kt.shape[-1], the spec's kv_block): each (sequence, kv head)'s
+    keys as one [D, kb] tile per block (blocks start at multiples of kb: a split is a multiple of it),
+    so a block's scores vectorise over keys and the copy writes one small tile at a time (a [D, K]
+    layout writes D streams K floats apart: twice the time at a 4k cache)."""
+    bsz, nk = rows.shape
+    hkv, d = k.shape[1], k.shape[2]
+    kb = kt.shape[4]
     for task in range(bsz * hkv):  # a copy: one thread streams it about as fast as two
         b = task // hkv
         h = task % hkv
-        for j0 in range(0, nk, 16):
-            j1 = min(j0 + 16, nk)
+        for n in range(kt.shape[2]):
+            j0 = n * kb
+            w = min(kb, nk - j0)
             for c in range(d):
-                dst = kt[b, h, c]
-                for j in range(j0, j1):
-                    dst[j] = k[b, j, h, c]
+                dst = kt[b, h, n, c]
+                for i in range(w):
+                    dst[i] = k[rows[b, j0 + i], h, c]
 
 
-def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
-    """As the reference's attend_padded: q [b, Q, Hq, D], k, v [b, K, Hkv, D] -> out (q's dtype), lse f32."""
+def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
+    """As the reference's attend_padded, with key j of sequence b at row rows[b, j] of k, v [R, Hkv, D]:
+    q [b, Q, Hq, D] -> out (q's dtype), lse f32 [b, Q, Hq]."""
     bsz, n_q, hq, d = q.shape
     qpos, qvalid = query_positions(qlen, klen, n_q)
-    vis = key_visibility(qpos, qvalid, klen, k.shape[1], causal, window)
+    vis = key_visibility(qpos, qvalid, klen, rows.shape[1], causal, window)
     out = torch.empty((bsz, n_q, hq, d), dtype=F32)
     lse = torch.empty((bsz, n_q, hq), dtype=F32)
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
-        kr = raw(k)
-        kt = np.empty((bsz, kr.shape[2], d, kr.shape[1]), kr.dtype)
-        _keys_by_dim(kr, kt)
+        kr, r = raw(k), rows.contiguous().numpy()
+        kb = spec.kv_block
+        kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // kb), d, kb), kr.dtype)
+        _keys_by_dim(kr, r, kt)
         attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
-        attend(raw(q), kt, raw(v), vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
+        attend(raw(q), kt, raw(v), r, vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
                spec.dot_tile, p_mode, out.numpy(), lse.numpy())
     return finish(out, q.dtype), lse
+
+
+def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
+    """As the reference's attend_padded: q [b, Q, Hq, D], k, v [b, K, Hkv, D] -> out (q's dtype), lse f32."""
+    bsz, nk = k.shape[:2]
+    rows = torch.arange(bsz * nk, dtype=torch.int64).reshape(bsz, nk)
+    return _attend(q, k.reshape(bsz * nk, *k.shape[2:]), v.reshape(bsz * nk, *v.shape[2:]), rows, qlen, klen,
+                   scale, causal, window, spec)
 
 
 def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
@@ -191,7 +208,14 @@ def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, win
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):
-    # num_splits changes how a split-KV kernel schedules work, never the bits: the splits are
-    # merged in the spec's order either way, so this kernel ignores it.
-    return kvcache_via_padded(attend_padded, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
-                              spec)
+    """As hal.attention.kvcache_via_padded, but the cache is read in place (kv_rows: the row of each
+    cached token) instead of gathered into a padded copy (two copies of the cache cost about as much
+    as the decode itself). num_splits changes how a split-KV kernel schedules work, never the bits:
+    the splits are merged in the spec's order either way, so this kernel ignores it."""
+    bsz, sq = q.shape[:2]
+    max_k = int(seqlens_k.max()) if bsz else 0
+    rows = kv_rows(k_cache, seqlens_k, block_table, max_k)
+    flat = (-1, *k_cache.shape[2:])
+    out, lse = _attend(q, k_cache.reshape(flat), v_cache.reshape(flat), rows, torch.full((bsz,), sq, dtype=torch.int64),
+                       seqlens_k, scale, causal, window, spec)
+    return out, lse.transpose(1, 2).contiguous()

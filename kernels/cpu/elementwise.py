@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from hal.kernels.reference.elementwise import inv_freq as _inv_freq_table
 
-from .host import F32, finish, raw
+from .host import F32, empty, finish, raw
 from .strict_math import NEG_INF, ONE, ZERO, canon, exp, fma, log, sincos, widen
 
 _BLOCK = 4096  # elements per task
@@ -52,34 +52,61 @@ def _unary(kind, x):
     return softplus_f32(x)
 
 
-@njit(parallel=True, cache=True)
-def _map_unary(kind, x, out):
-    n = x.shape[0]
-    for blk in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
-            out[i] = _unary(kind, widen(x[i]))
+@njit(inline="always", cache=True)
+def _unary_block(kind, x, out, blk):
+    for i in range(blk * _BLOCK, min(x.shape[0], (blk + 1) * _BLOCK)):
+        out[i] = _unary(kind, widen(x[i]))
 
 
 @njit(parallel=True, cache=True)
-def _map_silu_mul(a, b, out):
-    n = a.shape[0]
-    for blk in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
-            out[i] = silu_f32(widen(a[i])) * widen(b[i])
+def _map_unary_par(kind, x, out):
+    for blk in prange((x.shape[0] + _BLOCK - 1) // _BLOCK):
+        _unary_block(kind, x, out, blk)
+
+
+@njit(cache=True)
+def _map_unary_ser(kind, x, out):
+    for blk in range((x.shape[0] + _BLOCK - 1) // _BLOCK):
+        _unary_block(kind, x, out, blk)
+
+
+@njit(inline="always", cache=True)
+def _silu_mul_block(a, b, out, blk):
+    for i in range(blk * _BLOCK, min(a.shape[0], (blk + 1) * _BLOCK)):
+        out[i] = silu_f32(widen(a[i])) * widen(b[i])
+
+
+@njit(parallel=True, cache=True)
+def _map_silu_mul_par(a, b, out):
+    for blk in prange((a.shape[0] + _BLOCK - 1) // _BLOCK):
+        _silu_mul_block(a, b, out, blk)
+
+
+@njit(cache=True)
+def _map_silu_mul_ser(a, b, out):
+    for blk in range((a.shape[0] + _BLOCK - 1) // _BLOCK):
+        _silu_mul_block(a, b, out, blk)
+
+
+#: up to this many elements the serial driver runs: numba compiles the prange driver's loop ~1.4x
+#: faster here (measured, one thread: 16k silu_mul 76 vs 117 us), but its launch costs ~40 us
+_SERIAL_MAX = 16384
 
 
 def unary(name: str, x: torch.Tensor) -> torch.Tensor:
     """sigmoid / silu / softplus of x, rounded once to x's dtype."""
-    out = torch.empty(x.shape, dtype=F32)
+    out, o = empty(*x.shape)
     if x.numel():
-        _map_unary(_KIND[name], raw(x).reshape(-1), out.numpy().reshape(-1))
+        fn = _map_unary_ser if x.numel() <= _SERIAL_MAX else _map_unary_par
+        fn(_KIND[name], raw(x).reshape(-1), o.reshape(-1))
     return finish(out, x.dtype)
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(a.shape, dtype=F32)
+    out, o = empty(*a.shape)
     if a.numel():
-        _map_silu_mul(raw(a).reshape(-1), raw(b).reshape(-1), out.numpy().reshape(-1))
+        fn = _map_silu_mul_ser if a.numel() <= _SERIAL_MAX else _map_silu_mul_par
+        fn(raw(a).reshape(-1), raw(b).reshape(-1), o.reshape(-1))
     return finish(out, a.dtype)
 
 

@@ -8,7 +8,7 @@ from running independent chains (other output columns / rows) together.
   panel as float32 [T, cols] (B stored [K, N] or, for linear's weight, [N, K]: the transpose and
   the bf16/fp16 widening happen here, so the host never copies the weight), then runs four rows
   at a time; the innermost loop runs over the panel's contiguous columns with independent
-  accumulators (it vectorises) and advances every chain by two k steps per accumulator load/store.
+  accumulators (it vectorises) and advances every chain by four k steps per accumulator load/store.
 * ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
   scalar chains in flight (latency hiding). For linear with few rows (decode), where packing the
   weight would cost as much as the product.
@@ -25,7 +25,7 @@ import torch
 from numba import njit, prange, uint64
 
 from .host import F32, finish, parallel_worth, raw
-from .strict_math import ZERO, fma, widen
+from .strict_math import ZERO, canon, fma, widen
 
 _NC = 128  # columns per task: a packed tile panel (T x 128 float32) stays in L1/L2
 _MG = 64  # rows per task (a panel is packed once per task and K tile)
@@ -59,7 +59,19 @@ def _pack(B, nk, k0, k1, n0, n1, P):
 
 
 @njit(inline="always", cache=True)
-def _gemm_task(A, B, nk, C, T, task, P, acc):
+def _finish_row(c, bias, n0, has_bias):
+    """c (row segment from column n0) after its last tile: + bias (once, after the K reduction, as
+    the reference) and canonical NaNs (a select per element: the loop vectorises)."""
+    if has_bias:
+        for n in range(c.shape[0]):
+            c[n] = canon(c[n] + bias[n0 + n])
+    else:
+        for n in range(c.shape[0]):
+            c[n] = canon(c[n])
+
+
+@njit(inline="always", cache=True)
+def _gemm_task(A, B, nk, C, T, bias, task, P, acc):
     M, K = A.shape
     N = C.shape[1]
     nnb = (N + _NC - 1) // _NC
@@ -80,18 +92,23 @@ def _gemm_task(A, B, nk, C, T, task, P, acc):
             a2[:] = ZERO
             a3[:] = ZERO
             k = k0
-            while k + 2 <= k1:  # two steps of every chain per pass: fma(k+1) after fma(k), as the spec
+            # four steps of every chain per pass over the accumulators, in k order as the spec: the
+            # 16 row values stay in registers, so each pass is 16 fmas per 4 panel loads and one
+            # load / store of each accumulator (with fewer steps the stores bound the loop)
+            while k + 4 <= k1:
                 x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
                 y0, y1, y2, y3 = widen(r0[k + 1]), widen(r1[k + 1]), widen(r2[k + 1]), widen(r3[k + 1])
-                p, q = P[k - k0, :w], P[k + 1 - k0, :w]
+                u0, u1, u2, u3 = widen(r0[k + 2]), widen(r1[k + 2]), widen(r2[k + 2]), widen(r3[k + 2])
+                v0, v1, v2, v3 = widen(r0[k + 3]), widen(r1[k + 3]), widen(r2[k + 3]), widen(r3[k + 3])
+                p, q, pu, pv = P[k - k0, :w], P[k + 1 - k0, :w], P[k + 2 - k0, :w], P[k + 3 - k0, :w]
                 for n in range(w):
-                    pn, qn = p[n], q[n]
-                    a0[n] = fma(y0, qn, fma(x0, pn, a0[n]))
-                    a1[n] = fma(y1, qn, fma(x1, pn, a1[n]))
-                    a2[n] = fma(y2, qn, fma(x2, pn, a2[n]))
-                    a3[n] = fma(y3, qn, fma(x3, pn, a3[n]))
-                k += 2
-            if k < k1:  # odd tile length: the last step alone
+                    pn, qn, un, vn = p[n], q[n], pu[n], pv[n]
+                    a0[n] = fma(v0, vn, fma(u0, un, fma(y0, qn, fma(x0, pn, a0[n]))))
+                    a1[n] = fma(v1, vn, fma(u1, un, fma(y1, qn, fma(x1, pn, a1[n]))))
+                    a2[n] = fma(v2, vn, fma(u2, un, fma(y2, qn, fma(x2, pn, a2[n]))))
+                    a3[n] = fma(v3, vn, fma(u3, un, fma(y3, qn, fma(x3, pn, a3[n]))))
+                k += 4
+            while k < k1:  # the tile's last 1-3 steps, one at a time
                 x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
                 p = P[k - k0, :w]
                 for n in range(w):
@@ -100,11 +117,14 @@ def _gemm_task(A, B, nk, C, T, task, P, acc):
                     a1[n] = fma(x1, pn, a1[n])
                     a2[n] = fma(x2, pn, a2[n])
                     a3[n] = fma(x3, pn, a3[n])
+                k += 1
             for i in range(min(4, m_hi - m0)):
                 c = C[m0 + i, n0:n1]
                 ai = acc[i, :w]
                 for n in range(w):
                     c[n] += ai[n]
+    for m in range(m_lo, m_hi):
+        _finish_row(C[m, n0:n1], bias, n0, bias.shape[0] > 0)
 
 
 @njit(inline="always", cache=True)
@@ -113,21 +133,21 @@ def _gemm_tasks(M, N):
 
 
 @njit(parallel=True, cache=True)
-def _gemm_par(A, B, nk, C, T):
+def _gemm_par(A, B, nk, C, T, bias):
     for task in prange(_gemm_tasks(A.shape[0], C.shape[1])):
         P = np.empty((min(T, A.shape[1]), _NC), np.float32)  # one K tile's panel (a tile may exceed K)
-        _gemm_task(A, B, nk, C, T, task, P, np.empty((4, _NC), np.float32))
+        _gemm_task(A, B, nk, C, T, bias, task, P, np.empty((4, _NC), np.float32))
 
 
 @njit(cache=True)
-def _gemm_ser(A, B, nk, C, T):
+def _gemm_ser(A, B, nk, C, T, bias):
     P, acc = np.empty((min(T, A.shape[1]), _NC), np.float32), np.empty((4, _NC), np.float32)
     for task in range(_gemm_tasks(A.shape[0], C.shape[1])):
-        _gemm_task(A, B, nk, C, T, task, P, acc)
+        _gemm_task(A, B, nk, C, T, bias, task, P, acc)
 
 
 @njit(inline="always", cache=True)
-def _dots_task(a, b, c, M, N, K, T, blk):
+def _dots_task(a, b, c, M, N, K, T, bias, blk):
     nnb = (N + 7) // 8
     m = blk // nnb
     n0 = (blk % nnb) * 8
@@ -161,6 +181,12 @@ def _dots_task(a, b, c, M, N, K, T, blk):
         t5 += s5
         t6 += s6
         t7 += s7
+    if bias.shape[0] > 0:  # once, after the K reduction (columns past N read the clamped last one)
+        t0 += bias[n0]
+        t1, t2, t3 = t1 + bias[min(n0 + 1, N - 1)], t2 + bias[min(n0 + 2, N - 1)], t3 + bias[min(n0 + 3, N - 1)]
+        t4, t5 = t4 + bias[min(n0 + 4, N - 1)], t5 + bias[min(n0 + 5, N - 1)]
+        t6, t7 = t6 + bias[min(n0 + 6, N - 1)], t7 + bias[min(n0 + 7, N - 1)]
+    t0, t1, t2, t3, t4, t5, t6, t7 = canon(t0), canon(t1), canon(t2), canon(t3), canon(t4), canon(t5), canon(t6), canon(t7)
     o = m * N + n0
     c[o] = t0
     if n0 + 7 < N:
@@ -172,57 +198,60 @@ def _dots_task(a, b, c, M, N, K, T, blk):
 
 
 @njit(parallel=True, cache=True)
-def _dots_par(A, B, C, T):
+def _dots_par(A, B, C, T, bias):
     M, K = A.shape
     N = B.shape[0]
     a, b, c = A.ravel(), B.ravel(), C.ravel()
     for blk in prange(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk)
 
 
 @njit(cache=True)
-def _dots_ser(A, B, C, T):
+def _dots_ser(A, B, C, T, bias):
     M, K = A.shape
     N = B.shape[0]
     a, b, c = A.ravel(), B.ravel(), C.ravel()
     for blk in range(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk)
 
 
-def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int) -> torch.Tensor:
+_NO_BIAS = np.empty(0, np.float32)
+
+
+def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int, bias: np.ndarray) -> np.ndarray:
     m, k = a2.shape
-    n = b.shape[0] if nk else b.shape[1]
-    out = torch.zeros((m, n), dtype=F32)
-    if out.numel():
-        (_gemm_par if parallel_worth(m * n * k) else _gemm_ser)(a2, b, nk, out.numpy(), t)
+    out = np.zeros((m, b.shape[0] if nk else b.shape[1]), np.float32)
+    if out.size:
+        (_gemm_par if parallel_worth(out.size * k) else _gemm_ser)(a2, b, nk, out, t, bias)
     return out
 
 
-def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int) -> torch.Tensor:
-    """[M, K] . [K, N] -> float32 tensor [M, N] in the canonical tiled order (operands from host.raw)."""
-    return _gemm(a2, b_kn, False, t)
+def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
+    """[M, K] . [K, N] (+ bias [N]) -> float32 [M, N] in the canonical tiled order, NaNs canonical
+    (operands from host.raw; bias float32, or empty for none)."""
+    return _gemm(a2, b_kn, False, t, bias)
 
 
-def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int) -> torch.Tensor:
-    """[M, K] . [N, K]^T -> float32 tensor [M, N] in the canonical tiled order (operands from host.raw)."""
+def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
+    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`."""
     m, k = a2.shape
     if m >= _FEW_ROWS:
-        return _gemm(a2, b_nk, True, t)
-    out = torch.zeros((m, b_nk.shape[0]), dtype=F32)
-    if out.numel():
-        (_dots_par if parallel_worth(out.numel() * k) else _dots_ser)(a2, b_nk, out.numpy(), t)
+        return _gemm(a2, b_nk, True, t, bias)
+    out = np.zeros((m, b_nk.shape[0]), np.float32)
+    if out.size:
+        (_dots_par if parallel_worth(out.size * k) else _dots_ser)(a2, b_nk, out, t, bias)
     return out
 
 
+# The host side is kept to a few cheap steps (a 16x256x256 product takes tens of microseconds):
+# reshapes are numpy's, on arrays sharing the tensors' memory (torch's cost microseconds each), and
+# the kernels store canonical NaNs, so a float32 result needs no further pass.
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
-    lead, k = a.shape[:-1], a.shape[-1]
-    out = dot_rows_kn(raw(a.reshape(math.prod(lead), k)), raw(b), spec.k_tile)
-    return finish(out, a.dtype).reshape(*lead, b.shape[1])
+    out = dot_rows_kn(raw(a).reshape(math.prod(a.shape[:-1]), a.shape[-1]), raw(b), spec.k_tile)
+    return finish(torch.from_numpy(out.reshape(*a.shape[:-1], b.shape[1])), a.dtype, nan_done=True)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
-    lead, k = x.shape[:-1], x.shape[-1]
-    acc = dot_rows_nk(raw(x.reshape(math.prod(lead), k)), raw(weight), spec.k_tile)
-    if bias is not None:
-        acc += bias.to(F32)  # once, after the K reduction (as the reference)
-    return finish(acc, x.dtype).reshape(*lead, weight.shape[0])
+    b32 = _NO_BIAS if bias is None else raw(bias.to(F32))
+    acc = dot_rows_nk(raw(x).reshape(math.prod(x.shape[:-1]), x.shape[-1]), raw(weight), spec.k_tile, b32)
+    return finish(torch.from_numpy(acc.reshape(*x.shape[:-1], weight.shape[0])), x.dtype, nan_done=True)

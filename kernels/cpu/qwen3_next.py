@@ -7,29 +7,35 @@ import torch
 from numba import njit, prange
 
 from .elementwise import sigmoid_f32, silu_f32, softplus_f32
-from .host import F32, canonical_nan, finish, raw
-from .strict_math import ZERO, exp, fma, widen
+from .host import F32, canonical_nan, empty, finish, raw
+from .strict_math import ZERO, canon, exp, fma, widen
+
+
+@njit(inline="always", cache=True)
+def _gating_row(A_log, a, dt_bias, b, g, beta, r):
+    """Row r: a, b [rows, HV] (raw); A_log, dt_bias [HV] -> g, beta [rows, HV] float32, NaNs canonical."""
+    for h in range(a.shape[1]):
+        A = exp(widen(A_log[h]))
+        g[r, h] = canon(-(A * softplus_f32(widen(a[r, h]) + widen(dt_bias[h]))))
+        beta[r, h] = canon(sigmoid_f32(widen(b[r, h])))
 
 
 @njit(parallel=True, cache=True)
-def _gating(A_log, a, dt_bias, b, g, beta):
-    """a, b [rows, HV] (raw); A_log, dt_bias [HV] -> g, beta [rows, HV] float32."""
-    rows, hv = a.shape
-    for r in prange(rows):
-        for h in range(hv):
-            A = exp(widen(A_log[h]))
-            g[r, h] = -(A * softplus_f32(widen(a[r, h]) + widen(dt_bias[h])))
-            beta[r, h] = sigmoid_f32(widen(b[r, h]))
+def _gating_par(A_log, a, dt_bias, b, g, beta):
+    for r in prange(a.shape[0]):
+        _gating_row(A_log, a, dt_bias, b, g, beta, r)
 
 
 def gdn_gating(A_log, a, dt_bias, b):
     hv = A_log.shape[0]
-    g = torch.empty(a.shape, dtype=F32)
-    beta = torch.empty(a.shape, dtype=F32)
+    g, g2 = empty(*a.shape)
+    beta, beta2 = empty(*a.shape)
     if a.numel():
-        _gating(raw(A_log), raw(a).reshape(-1, hv), raw(dt_bias), raw(b).reshape(-1, hv),
-                g.numpy().reshape(-1, hv), beta.numpy().reshape(-1, hv))
-    return canonical_nan(g), canonical_nan(beta)
+        # always the prange driver: a serial loop around the same row body measured ~4x slower here
+        # (512x32: 0.52 vs 0.13 ms at one thread), more than a launch costs
+        _gating_par(raw(A_log), raw(a).reshape(-1, hv), raw(dt_bias), raw(b).reshape(-1, hv), g2.reshape(-1, hv),
+                    beta2.reshape(-1, hv))
+    return g, beta
 
 
 @njit(parallel=True, cache=True)

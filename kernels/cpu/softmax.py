@@ -104,13 +104,13 @@ def _softmax_rows(x, t, kind, out):
 
 def _run(x, spec, kind):
     n = x.shape[-1]
-    x2 = raw(x.reshape(math.prod(x.shape[:-1]), n))
-    out = torch.empty((x2.shape[0], 1 if kind == LOGSUMEXP else n), dtype=F32)
-    if x2.shape[0] and (n or kind == LOGSUMEXP):
-        _softmax_rows(x2, spec.tile, kind, out.numpy())
-    if kind == LOGSUMEXP:
-        return finish(out, x.dtype).reshape(x.shape[:-1])
-    return finish(out, x.dtype).reshape(x.shape)
+    rows = math.prod(x.shape[:-1])
+    x2 = raw(x).reshape(rows, n)  # numpy's reshape: torch's costs microseconds
+    out = np.empty((rows, 1 if kind == LOGSUMEXP else n), np.float32)
+    if rows and (n or kind == LOGSUMEXP):
+        _softmax_rows(x2, spec.tile, kind, out)
+    out = torch.from_numpy(out.reshape(x.shape[:-1] if kind == LOGSUMEXP else x.shape))
+    return finish(out, x.dtype, nan_done=True)  # every output goes through canon
 
 
 def softmax(x, spec):
@@ -172,5 +172,5 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
         logits = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
-        logprob_rows(logits.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+        logprob_rows(logits, c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
     return out.reshape(tokens.shape)
