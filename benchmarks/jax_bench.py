@@ -128,11 +128,11 @@ def run_cpu(quick: bool) -> list[dict]:
     import jax
     results = []
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; median seconds per call (jitted, compile excluded)")
-    print(f"{'op':<16}{'shape':<24}{'hal.jax':>12}{'jax.numpy':>12}{'ratio':>9}")
+    print(f"{'op':<28}{'shape':<36}{'hal.jax':>12}{'jax.numpy':>12}{'ratio':>9}")
     for op, shape, ours, stock in rows(quick):
         t_o, t_s = median_time(ours), median_time(stock)
         results.append({"op": op, "shape": shape, "hal_jax_s": t_o, "stock_s": t_s, "ratio": t_o / t_s})
-        print(f"{op:<16}{shape:<24}{t_o:>12.5f}{t_s:>12.5f}{t_o / t_s:>8.1f}x", flush=True)
+        print(f"{op:<28}{shape:<36}{t_o:>12.5f}{t_s:>12.5f}{t_o / t_s:>8.1f}x", flush=True)
     return results
 
 
