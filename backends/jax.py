@@ -243,15 +243,14 @@ def _pad_to(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim)
 
 
+def _bucket(n: int) -> int:
+    from hal.jax._api import bucket
+    return bucket(n)
+
+
 def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""
-    n = t.shape[dim]
-    target = 1 << max(0, (n - 1).bit_length())
-    if target == n:
-        return t
-    shape = list(t.shape)
-    shape[dim] = target - n
-    return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim)
+    return _pad_to(t, dim, _bucket(t.shape[dim]))
 
 
 # conformance family -> one op of it (a family is claimed when the backend implements its ops)

@@ -66,7 +66,31 @@ def rows(quick: bool = False):
         return jnp.take_along_axis(lp, t[:, None], -1)[:, 0]
     out.append(("token_logprobs", f"N{tn} H{th} V{tv} fp32", ready(jax.jit(hj.token_logprobs), h, W, tok),
                 ready(jax.jit(stock_tlp), h, W, tok)))
+    out += _attention_rows(quick, ready)
     out += _gdn_rows(quick, ready)
+    return out
+
+
+def _attention_rows(quick: bool, ready):
+    """Causal GQA prefill (varlen, one sequence) and decode (contiguous cache) against
+    jax.nn.dot_product_attention (XLA's own softmax attention)."""
+    import jax
+    import jax.numpy as jnp
+    import hal.jax as hj
+    t, hq, hkv, d = (128 if quick else 1024), 4, 2, 64
+    q, k, v = _arr((t, hq, d), 12), _arr((t, hkv, d), 13), _arr((t, hkv, d), 14)
+    cu = jnp.asarray([0, t], jnp.int32)
+    out = [("attention prefill", f"T{t} Hq{hq} Hkv{hkv} D{d} causal fp32",
+            ready(jax.jit(lambda q, k, v, cu: hj.flash_attn_varlen_func(q, k, v, cu, cu, t, t, causal=True)), q, k, v, cu),
+            ready(jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]),
+                  q, k, v))]
+    b = 8
+    qd, kc, vc = _arr((b, 1, hq, d), 15), _arr((b, t, hkv, d), 16), _arr((b, t, hkv, d), 17)
+    lens = jnp.full((b,), t, jnp.int32)
+    out.append(("attention decode", f"B{b} K{t} Hq{hq} Hkv{hkv} D{d} fp32",
+                ready(jax.jit(lambda q, kc, vc, n: hj.flash_attn_with_kvcache(q, kc, vc, n, max_seqlen_k=t)), qd, kc, vc, lens),
+                ready(jax.jit(lambda q, kc, vc, n: jax.nn.dot_product_attention(q, kc, vc, key_value_seq_lengths=n)),
+                      qd, kc, vc, lens)))
     return out
 
 
@@ -104,11 +128,11 @@ def run_cpu(quick: bool) -> list[dict]:
     import jax
     results = []
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; median seconds per call (jitted, compile excluded)")
-    print(f"{'op':<16}{'shape':<24}{'hal.jax':>12}{'jax.numpy':>12}{'ratio':>9}")
+    print(f"{'op':<28}{'shape':<36}{'hal.jax':>12}{'jax.numpy':>12}{'ratio':>9}")
     for op, shape, ours, stock in rows(quick):
         t_o, t_s = median_time(ours), median_time(stock)
         results.append({"op": op, "shape": shape, "hal_jax_s": t_o, "stock_s": t_s, "ratio": t_o / t_s})
-        print(f"{op:<16}{shape:<24}{t_o:>12.5f}{t_s:>12.5f}{t_o / t_s:>8.1f}x", flush=True)
+        print(f"{op:<28}{shape:<36}{t_o:>12.5f}{t_s:>12.5f}{t_o / t_s:>8.1f}x", flush=True)
     return results
 
 

@@ -130,6 +130,8 @@ QUICK_CASES = {
     "elementwise": ["silu_mul_n7_w129.bf16", "softplus_n7_w129.fp32"],
     "rotary": ["apply_interleaved_t17_h2_d80_r32.bf16"],
     "gdn_layer": ["b2_t9_d8_k4_hv2.bf16"],
+    # varlen (packing, chunked prefill) and paged kv-cache (decode, prefix reuse, num_splits) at every level
+    "attention": ["nan_gqa_h2kv1_d32.fp32"],
     # both specs (the case id is the same): splits, decode, mixed batches, NaN inputs, goldens
     "gated_delta_rule": ["nan_gva_h1v2_d16.fp32", "nan_gva_h1v2_d16.fp32"],
 }

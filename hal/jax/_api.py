@@ -15,6 +15,14 @@ from hal.errors import BackendUnavailable
 from . import strict_math as sm
 
 
+def bucket(n: int) -> int:
+    """The smallest power of two >= n (at least 1): a static size rounded up so that calls whose
+    sizes differ a little share one XLA compilation. Callers pad only with rows/keys/sequences
+    that the spec computes independently and whose results are discarded (never multiplied by 0),
+    so the bits of the real ones cannot change."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def ensure_environment() -> None:
     why = sm.check_environment()
     if why:

@@ -6,6 +6,9 @@ invisible key, an empty block and an empty split are skipped by ``where``, never
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -13,7 +16,7 @@ from hal import spec as specs
 from hal.attention import mask_causal_window
 
 from . import strict_math as sm
-from ._api import strict_op
+from ._api import bucket, strict_op
 
 _NEG_INF = -jnp.inf
 F32 = jnp.float32
@@ -149,6 +152,45 @@ def _to_packed(xp, cu, total: int, fill):
     return jnp.where(inside.reshape(-1, *([1] * (got.ndim - 1))), got, jnp.asarray(fill, xp.dtype))
 
 
+# Shapes: the strict kernel (_attend_padded) is the one expensive compilation (seconds); it is
+# keyed only by the padded layout (sequences, query rows, keys), each rounded up (:func:`_sizes`) so
+# that calls of nearby sizes share it. Moving packed rows or cache pages into that layout and back
+# is bits only, in small separately jitted programs that compile in a fraction of a second.
+
+
+def _sizes(b: int, n_q: int, n_k: int, spec):
+    """(sequences, query rows, keys) of the padded layout: powers of two, keys a power-of-two number
+    of kv_split splits (the kernel pads the keys to whole splits anyway). Exact: a padded sequence
+    has no query, a padded query row is invalid (its results are discarded) and a padded key is
+    invisible to every query, skipped by ``where`` like any masked key."""
+    return bucket(b), bucket(n_q), spec.kv_split * bucket(-(-max(1, n_k) // spec.kv_split))
+
+
+def _pad_seqs(x, b: int, fill=0):
+    """x [n, ...] with ``fill`` rows appended up to b."""
+    return jnp.concatenate([x, jnp.full((b - x.shape[0], *x.shape[1:]), fill, x.dtype)]) if b > x.shape[0] else x
+
+
+@functools.partial(jax.jit, static_argnames=("b", "n_q", "n_k"))
+def _varlen_in(q, k, v, cq, ck, *, b: int, n_q: int, n_k: int):
+    cq, ck = _pad_seqs(cq, b + 1, cq[-1]), _pad_seqs(ck, b + 1, ck[-1])  # empty sequences
+    qp, qlen = _to_padded(q, cq, n_q)
+    kp, klen = _to_padded(k, ck, n_k)
+    vp, _ = _to_padded(v, ck, n_k)
+    return qp, kp, vp, qlen, klen
+
+
+@functools.partial(jax.jit, static_argnames=("total",))
+def _varlen_out(out, lse, cq, *, total: int):
+    cq = _pad_seqs(cq, out.shape[0] + 1, cq[-1])
+    return _to_packed(out, cq, total, 0.0), _to_packed(lse, cq, total, -jnp.inf).T
+
+
+def _static(softmax_scale, d: int, causal, window_size, spec):
+    return dict(scale=_scale(softmax_scale, d), causal=bool(causal), window=tuple(int(w) for w in window_size),
+                spec=spec)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                            softmax_scale=None, causal: bool = False, window_size=(-1, -1), return_lse: bool = False,
                            *, spec=None):
@@ -156,28 +198,35 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     ``max_seqlen_q`` / ``max_seqlen_k`` must be Python ints (they fix shapes under jit)."""
     s = specs.resolve("attention", spec)
     cq, ck = jnp.asarray(cu_seqlens_q, jnp.int32), jnp.asarray(cu_seqlens_k, jnp.int32)
-    qp, qlen = _to_padded(q, cq, int(max_seqlen_q))
-    kp, klen = _to_padded(k, ck, int(max_seqlen_k))
-    vp, _ = _to_padded(v, ck, int(max_seqlen_k))
-    out, lse = _attend_padded(qp, kp, vp, qlen, klen, n_q=int(max_seqlen_q), n_k=int(max_seqlen_k),
-                              scale=_scale(softmax_scale, q.shape[-1]), causal=bool(causal),
-                              window=tuple(int(w) for w in window_size), spec=s)
-    out = _to_packed(out, cq, q.shape[0], 0.0)
-    if not return_lse:
-        return out
-    return out, _to_packed(lse, cq, q.shape[0], -jnp.inf).T
+    b, n_q, n_k = _sizes(cq.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k), s)
+    qp, kp, vp, qlen, klen = _varlen_in(q, k, v, cq, ck, b=b, n_q=n_q, n_k=n_k)
+    out, lse = _attend_padded(qp, kp, vp, qlen, klen, n_q=n_q, n_k=n_k,
+                              **_static(softmax_scale, q.shape[-1], causal, window_size, s))
+    out, lse = _varlen_out(out, lse, cq, total=q.shape[0])
+    return (out, lse) if return_lse else out
 
 
 def gather_kv(cache, seqlens, block_table, max_len: int):
-    """The first ``max_len`` tokens of every sequence, [batch, max_len, Hkv, D] (paged or contiguous)."""
-    if block_table is None:
-        return cache[: seqlens.shape[0], :max_len]
-    page = cache.shape[1]
+    """[batch, max_len, Hkv, D] of every sequence's keys (paged or contiguous); positions at or past a
+    sequence's length hold arbitrary cache entries (they are invisible)."""
     j = jnp.arange(max_len)
+    if block_table is None:
+        return cache[: seqlens.shape[0], jnp.clip(j, 0, cache.shape[1] - 1)]
+    page = cache.shape[1]
     pages = block_table[:, jnp.clip(j // page, 0, block_table.shape[1] - 1)]
     valid = j[None, :] < seqlens[:, None]
     pages = jnp.clip(jnp.where(valid, pages, 0), 0, cache.shape[0] - 1)  # unused entries may be -1
     return cache[pages, jnp.broadcast_to(j % page, pages.shape)]
+
+
+@functools.partial(jax.jit, static_argnames=("b", "n_q", "n_k"))
+def _kvcache_in(q, k_cache, v_cache, seqlens, block_table, *, b: int, n_q: int, n_k: int):
+    kp = gather_kv(k_cache, seqlens, block_table, n_k)
+    vp = gather_kv(v_cache, seqlens, block_table, n_k)
+    pad = lambda x: _pad_seqs(x, b)  # noqa: E731  (sequences without queries or keys)
+    qp = jnp.pad(q, [(0, 0), (0, n_q - q.shape[1]), (0, 0), (0, 0)])
+    qlen = jnp.full((q.shape[0],), q.shape[1], jnp.int32)
+    return pad(qp), pad(kp), pad(vp), pad(qlen), pad(seqlens)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
@@ -192,10 +241,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None
     seq = jnp.asarray(cache_seqlens, jnp.int32)
     bsz, sq = q.shape[:2]
     cap = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    n_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cap)
-    kp = gather_kv(k_cache, seq, block_table, n_k)
-    vp = gather_kv(v_cache, seq, block_table, n_k)
-    out, lse = _attend_padded(q, kp, vp, jnp.full((bsz,), sq, jnp.int32), seq, n_q=sq, n_k=n_k,
-                              scale=_scale(softmax_scale, q.shape[-1]), causal=bool(causal),
-                              window=tuple(int(w) for w in window_size), spec=s)
+    b, n_q, n_k = _sizes(bsz, sq, int(max_seqlen_k) if max_seqlen_k is not None else int(cap), s)
+    qp, kp, vp, qlen, klen = _kvcache_in(q, k_cache, v_cache, seq, block_table, b=b, n_q=n_q, n_k=n_k)
+    out, lse = _attend_padded(qp, kp, vp, qlen, klen, n_q=n_q, n_k=n_k,
+                              **_static(softmax_scale, q.shape[-1], causal, window_size, s))
+    out, lse = out[:bsz, :sq], lse[:bsz, :sq]
     return (out, jnp.transpose(lse, (0, 2, 1))) if return_lse else out
