@@ -19,27 +19,13 @@ No CPU path: the interpreter checks live in tests/test_triton_attention_backward
 from __future__ import annotations
 
 import argparse
-import csv
-import statistics
 import sys
 
 import torch
 
+from benchmarks.harness import median_seconds, randn, write_csv
+
 H200_BF16_PEAK = 989e12  # FLOP/s, dense bf16 tensor cores (NVIDIA H200 SXM datasheet)
-
-
-def _time(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 def _stock(hq, hkv):
@@ -64,11 +50,10 @@ def _stock(hq, hkv):
 
 
 def _rand(shape, seed, dev):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randn(shape, generator=g).to(device=dev, dtype=torch.bfloat16)
+    return randn(shape, torch.bfloat16, dev, seed)
 
 
-def rows(T, hq, hkv, d, reps, dev=None, timer=_time):
+def rows(T, hq, hkv, d, reps, dev=None, timer=median_seconds):
     import hal
     from hal.attention import _backward_math
     from hal.conformance.bits import first_divergence
@@ -138,10 +123,7 @@ def main(argv=None) -> int:
             print(f"{row['row']:22} {row['shape']:30} {row['hal_ms']:9.3f} {row['stock_ms']:9.3f} {row['ratio']:7.3f} "
                   f"{row['bf16_peak_share']:9.1%}  {row['stock']}", flush=True)
     if args.csv and out:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out[0]))
-            w.writeheader()
-            w.writerows(out)
+        write_csv(args.csv, out)
     return 0
 
 

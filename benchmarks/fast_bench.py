@@ -28,7 +28,8 @@ import hal
 from hal.conformance.bits import first_divergence
 from hal.spec import FastAttentionSpec, FastMatmulSpec
 
-from .triton_bench import _randn, time_call
+from .harness import randn
+from .triton_bench import time_call
 
 SPEED_SHAPES = [(4096, 4096, 4096), (1, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (8192, 4096, 14336)]
 BATCHES = (1, 7, 16, 64, 333, 4096)
@@ -37,7 +38,7 @@ BATCHES = (1, 7, 16, 64, 333, 4096)
 def _speed(spec, repeats, max_seconds, peak):
     out = []
     for m, k, n in SPEED_SHAPES:
-        x, w = _randn((m, k), torch.bfloat16, "cuda", 1), _randn((n, k), torch.bfloat16, "cuda", 2, k ** -0.5)
+        x, w = randn((m, k), torch.bfloat16, "cuda", 1), randn((n, k), torch.bfloat16, "cuda", 2, k ** -0.5)
         t_fast = time_call(lambda: hal.linear(x, w, spec=spec, backend="triton"), "cuda", 3, repeats, max_seconds)
         t_cublas = time_call(lambda: F.linear(x, w), "cuda", 3, repeats, max_seconds)
         share = 2.0 * m * k * n / t_fast / peak
@@ -58,8 +59,8 @@ def _attention(spec, repeats, max_seconds, peak):
         fa_varlen, ref_name = None, "SDPA"
     out = []
     for n, hq, hkv, d in ((4096, 32, 8, 128), (8192, 32, 8, 128)):
-        q = _randn((n, hq, d), torch.bfloat16, "cuda", 5)
-        k, v = (_randn((n, hkv, d), torch.bfloat16, "cuda", s) for s in (6, 7))
+        q = randn((n, hq, d), torch.bfloat16, "cuda", 5)
+        k, v = (randn((n, hkv, d), torch.bfloat16, "cuda", s) for s in (6, 7))
         cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
         fast = lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, n, n, causal=True, spec=spec,  # noqa: E731
                                                   backend="triton")
@@ -82,7 +83,7 @@ def _attention(spec, repeats, max_seconds, peak):
 def _bits(spec):
     """Rows 0..2 of x alone, and inside batches of every size in BATCHES at two positions: same bits."""
     k = n = 4096
-    x, w = _randn((max(BATCHES), k), torch.bfloat16, "cuda", 3), _randn((n, k), torch.bfloat16, "cuda", 4, k ** -0.5)
+    x, w = randn((max(BATCHES), k), torch.bfloat16, "cuda", 3), randn((n, k), torch.bfloat16, "cuda", 4, k ** -0.5)
     probe = x[:3]
     out = []
     for name, fn in (("fast", lambda a: hal.linear(a, w, spec=spec, backend="triton")), ("cuBLAS (negative control)",

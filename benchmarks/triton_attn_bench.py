@@ -19,42 +19,20 @@ kernels run on fp32 FMA units by design; FLOPs counted as 2 per fma of the spec'
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import statistics
 import sys
-import time
 
 import torch
+
+from benchmarks.harness import median_seconds, randn, write_csv
 
 H200_FP32_PEAK = 67e12  # FLOP/s, FMA = 2 FLOPs (NVIDIA H200 SXM datasheet)
 
 
 def _timer(device):
-    if device.type == "cuda":
-        def run(fn, reps):
-            fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            return statistics.median(times)
-    else:
-        def run(fn, reps):
-            t = time.perf_counter()
-            fn()
-            return time.perf_counter() - t
-    return run
-
-
-def _rand(shape, dtype, device, seed, scale=1.0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(shape, generator=g) * scale).to(device=device, dtype=dtype)
+    """(fn, reps) -> seconds: the median of CUDA-event timings after a warm-up call; on CPU one host-timed call."""
+    cuda = device.type == "cuda"
+    return lambda fn, reps: median_seconds(fn, reps if cuda else 1, cuda, warmup=1 if cuda else 0)
 
 
 def decode_rows(device, smoke):
@@ -66,10 +44,10 @@ def decode_rows(device, smoke):
     dt = torch.bfloat16
     for bsz in ((2,) if smoke else (16, 32, 64)):
         pages = bsz * (ctx // page)
-        kc, vc = _rand((pages, page, hkv, d), dt, device, 1), _rand((pages, page, hkv, d), dt, device, 2)
+        kc, vc = randn((pages, page, hkv, d), dt, device, 1), randn((pages, page, hkv, d), dt, device, 2)
         table = torch.randperm(pages, generator=torch.Generator().manual_seed(3)).reshape(bsz, -1).to(device, torch.int32)
         lens = torch.full((bsz,), ctx, dtype=torch.int32, device=device)
-        q = _rand((bsz, 1, hq, d), dt, device, 4)
+        q = randn((bsz, 1, hq, d), dt, device, 4)
         kk = kc[table.long()].reshape(bsz, ctx, hkv, d).transpose(1, 2).contiguous()
         vv = vc[table.long()].reshape(bsz, ctx, hkv, d).transpose(1, 2).contiguous()
         qt = q.transpose(1, 2)
@@ -91,7 +69,7 @@ def prefill_rows(device, smoke):
     spec = AttentionSpec()
     T, hq, hkv, d = (40, 2, 1, 16) if smoke else (4096, 8, 2, 128)
     dt = torch.bfloat16
-    q, k, v = (_rand((T, h, d), dt, device, s) for s, h in ((5, hq), (6, hkv), (7, hkv)))
+    q, k, v = (randn((T, h, d), dt, device, s) for s, h in ((5, hq), (6, hkv), (7, hkv)))
     cu = torch.tensor([0, T], dtype=torch.int32, device=device)
 
     def ours():
@@ -112,10 +90,10 @@ def gdn_rows(device, smoke):
     from hal.spec import GatedDeltaRuleSpec
     B, T, H, HV, d = (1, 40, 1, 2, 16) if smoke else (1, 4096, 16, 32, 128)
     dt = torch.bfloat16
-    q, k = _rand((B, T, H, d), dt, device, 8), _rand((B, T, H, d), dt, device, 9)
-    v = _rand((B, T, HV, d), dt, device, 10)
-    g = -_rand((B, T, HV), torch.float32, device, 11).abs()
-    beta = torch.sigmoid(_rand((B, T, HV), torch.float32, device, 12)).to(dt)
+    q, k = randn((B, T, H, d), dt, device, 8), randn((B, T, H, d), dt, device, 9)
+    v = randn((B, T, HV, d), dt, device, 10)
+    g = -randn((B, T, HV), torch.float32, device, 11).abs()
+    beta = torch.sigmoid(randn((B, T, HV), torch.float32, device, 12)).to(dt)
     zero = Parts(torch.zeros(B, dtype=torch.int64), torch.zeros(B, HV, d, d, device=device), None, None, None, None, None)
     chunked = GatedDeltaRuleSpec(variant="chunked")
 
@@ -132,11 +110,12 @@ def gdn_rows(device, smoke):
 
     nb = 2 if smoke else 32
     serial = GatedDeltaRuleSpec(variant="serial")
-    S = _rand((nb, HV, d, d), torch.float32, device, 13, 0.1)
+    S = randn((nb, HV, d, d), torch.float32, device, 13, 0.1)
     st = Parts(torch.full((nb,), 100, dtype=torch.int64), S, None, None, None, None, S)
-    x1 = [_rand((nb, 1, H, d), dt, device, 14), _rand((nb, 1, H, d), dt, device, 15), _rand((nb, 1, HV, d), dt, device, 16)]
-    g1 = -_rand((nb, 1, HV), torch.float32, device, 17).abs()
-    b1 = torch.sigmoid(_rand((nb, 1, HV), torch.float32, device, 18)).to(dt)
+    x1 = [randn((nb, 1, H, d), dt, device, 14), randn((nb, 1, H, d), dt, device, 15),
+          randn((nb, 1, HV, d), dt, device, 16)]
+    g1 = -randn((nb, 1, HV), torch.float32, device, 17).abs()
+    b1 = torch.sigmoid(randn((nb, 1, HV), torch.float32, device, 18)).to(dt)
 
     def ours_decode():
         tri.gated_delta_rule(*x1, g1, b1, d ** -0.5, st, None, True, serial, True)
@@ -174,10 +153,7 @@ def main(argv=None) -> int:
             print(f"{name:34} {shape:28} {row['lockstep_ms']:12.3f} {row['stock_ms']:10.3f} {row['ratio']:7.3f} "
                   f"{share:9.1%}", flush=True)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out[0]))
-            w.writeheader()
-            w.writerows(out)
+        write_csv(args.csv, out)
     return 0
 
 

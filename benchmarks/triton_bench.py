@@ -16,7 +16,6 @@ Other kernel families add rows through PROVIDERS: a module with ``rows(device, q
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import os
 import platform
@@ -30,6 +29,7 @@ from typing import Callable
 import torch
 
 import hal
+from benchmarks.harness import call_seconds, randn, write_csv
 
 #: modules that contribute rows: this one, and e.g. "benchmarks.triton_attn_bench" (attention / GDN)
 PROVIDERS = ["benchmarks.triton_bench"]  # attention / GDN rows: benchmarks.triton_attn_bench (its own step)
@@ -42,11 +42,6 @@ class Row:
     ours: Callable[[], object]
     stock: Callable[[], object]
     flops: float = 0.0  # fp32 FMA work of the strict kernel (2 per fma), 0 when not compute-bound
-
-
-def _randn(shape, dtype, device, seed, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
 
 
 def rows(device: str, quick: bool) -> list[Row]:
@@ -64,21 +59,21 @@ def rows(device: str, quick: bool) -> list[Row]:
         soft = [(16, 32768), (1024, 32768), (64, 152064)]
         lm = [(16, 4096, 32000), (16, 4096, 152064), (256, 4096, 152064)]
     for m, k, n in lin:
-        x, w = _randn((m, k), bf, device, 1), _randn((n, k), bf, device, 2, k ** -0.5)
+        x, w = randn((m, k), bf, device, 1), randn((n, k), bf, device, 2, k ** -0.5)
         kind = "decode GEMV" if m <= 16 else "prefill"
         out.append(Row(f"linear ({kind})", f"M{m} K{k} N{n} bf16", lambda x=x, w=w: hal.linear(x, w, **tri),
                        lambda x=x, w=w: hal.linear(x, w, **sto), 2.0 * m * k * n))
     for r, h in norms:
-        x, w = _randn((r, h), bf, device, 3), _randn((h,), bf, device, 4)
+        x, w = randn((r, h), bf, device, 3), randn((h,), bf, device, 4)
         out.append(Row("rms_norm", f"{r}x{h} bf16", lambda x=x, w=w: hal.rms_norm(x, w, **tri),
                        lambda x=x, w=w: hal.rms_norm(x, w, **sto)))
     for r, n in soft:
-        x = _randn((r, n), bf, device, 5, 4.0)
+        x = randn((r, n), bf, device, 5, 4.0)
         out.append(Row("softmax", f"{r}x{n} bf16", lambda x=x: hal.softmax(x, **tri), lambda x=x: hal.softmax(x, **sto)))
         out.append(Row("log_softmax", f"{r}x{n} bf16", lambda x=x: hal.log_softmax(x, **tri),
                        lambda x=x: hal.log_softmax(x, **sto)))
     for nt, h, v in lm:
-        hid, w = _randn((nt, h), bf, device, 6), _randn((v, h), bf, device, 7, 4 * h ** -0.5)
+        hid, w = randn((nt, h), bf, device, 6), randn((v, h), bf, device, 7, 4 * h ** -0.5)
         tok = (torch.arange(nt) * 7919 % v).to(device)
         # strict: the logits are computed twice (max pass, then sum pass) + the token's logit
         out.append(Row("token_logprobs", f"N{nt} H{h} V{v} bf16",
@@ -94,17 +89,7 @@ def time_call(fn, device: str, warmup: int, repeats: int, max_seconds: float) ->
     times = []
     start = time.perf_counter()
     while len(times) < repeats and (len(times) < 2 or time.perf_counter() - start < max_seconds):
-        if device == "cuda":
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            fn()
-            t1.record()
-            torch.cuda.synchronize()
-            times.append(t0.elapsed_time(t1) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(call_seconds(fn, device == "cuda"))
     return statistics.median(times)
 
 
@@ -163,11 +148,7 @@ def main(argv=None) -> int:
     env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.machine(),
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "interpreter": os.environ.get("TRITON_INTERPRET", "0")}
-    with open(args.csv, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=[*results[0].keys(), *env.keys()] if results else list(env))
-        wr.writeheader()
-        for r in results:
-            wr.writerow({**r, **env})
+    write_csv(args.csv, [{**r, **env} for r in results], [*results[0].keys(), *env.keys()] if results else env)
     print(f"wrote {args.csv} ({len(results)} rows, {sum(r['status'] != 'ok' for r in results)} failed)")
     return 0
 

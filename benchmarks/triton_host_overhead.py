@@ -20,7 +20,6 @@ means anything; the other columns are "-".
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -30,33 +29,29 @@ import torch
 import torch.nn.functional as F
 
 import hal
-
-
-def _t(shape, dtype, device, seed, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+from benchmarks.harness import host_seconds, median_seconds, randn, write_csv
 
 
 def cases(device: str, quick: bool) -> list[tuple[str, Callable, Callable]]:
     bf = torch.bfloat16
     tri, sto = dict(backend="triton"), dict(backend="stock")
     h, v, hq, hkv, d = (64, 64, 2, 1, 32) if quick else (4096, 4096, 32, 8, 128)
-    x1 = _t((1, h), bf, device, 1)
-    w = _t((v, h), bf, device, 2, 0.02)
-    nw = _t((h,), bf, device, 3)
-    logits = _t((4, 512 if quick else 32000), bf, device, 4)
-    gate, up = _t((4, h), bf, device, 5), _t((4, h), bf, device, 6)
+    x1 = randn((1, h), bf, device, 1)
+    w = randn((v, h), bf, device, 2, 0.02)
+    nw = randn((h,), bf, device, 3)
+    logits = randn((4, 512 if quick else 32000), bf, device, 4)
+    gate, up = randn((4, h), bf, device, 5), randn((4, h), bf, device, 6)
     pos = torch.arange(4, device=device)
-    q1 = _t((4, 8, hq, d), bf, device, 7)
+    q1 = randn((4, 8, hq, d), bf, device, 7)
     cos, sin = hal.rotary_cos_sin(pos, d, backend="triton")
     cos4, sin4 = cos[None, :, None, :].expand(4, 4, 1, d // 2), sin[None, :, None, :].expand(4, 4, 1, d // 2)
     q1 = q1[:, :4]
     cap = 64 if quick else 4096
-    kc, vc = _t((4, cap, hkv, d), bf, device, 8), _t((4, cap, hkv, d), bf, device, 9)
+    kc, vc = randn((4, cap, hkv, d), bf, device, 8), randn((4, cap, hkv, d), bf, device, 9)
     lens = torch.full((4,), cap // 2, dtype=torch.int32, device=device)
-    qd = _t((4, 1, hq, d), bf, device, 10)
+    qd = randn((4, 1, hq, d), bf, device, 10)
     cu = torch.tensor([0, 5, 9, 17], dtype=torch.int32, device=device)
-    qv, kv = _t((17, hq, d), bf, device, 11), _t((17, hkv, d), bf, device, 12)
+    qv, kv = randn((17, hq, d), bf, device, 11), randn((17, hkv, d), bf, device, 12)
     return [
         ("linear decode GEMV", lambda: hal.linear(x1, w, **tri), lambda: F.linear(x1, w)),
         ("rms_norm 1 row", lambda: hal.rms_norm(x1, nw, 1e-6, **tri), lambda: hal.rms_norm(x1, nw, 1e-6, **sto)),
@@ -71,13 +66,12 @@ def cases(device: str, quick: bool) -> list[tuple[str, Callable, Callable]]:
     ]
 
 
-def _median(fn, reps: int) -> float:
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e6
+def _median_us(fn, reps: int, sync) -> float:
+    """Median host microseconds of a call, the device synchronised before and after each (what a loop pays)."""
+    def wall():
+        sync()
+        return host_seconds(lambda: (fn(), sync()))
+    return statistics.median(wall() for _ in range(reps)) * 1e6
 
 
 def measure(name, ours, stock, cuda: bool, reps: int) -> dict:
@@ -85,28 +79,11 @@ def measure(name, ours, stock, cuda: bool, reps: int) -> dict:
     for _ in range(3):  # compile and warm caches
         ours()
     sync()
-    row = {"op": name}
-
-    def wall():
-        sync()
-        t0 = time.perf_counter()
-        ours()
-        sync()
-        return time.perf_counter() - t0
-    row["wall_us"] = f"{statistics.median(wall() for _ in range(reps)) * 1e6:.1f}"
+    row = {"op": name, "wall_us": f"{_median_us(ours, reps, sync):.1f}"}
     if cuda:
         sync()
-        row["host_us"] = f"{_median(ours, reps):.1f}"  # no sync inside: host-side time only
-        sync()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            ours()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        row["gpu_us"] = f"{statistics.median(times):.1f}"
+        row["host_us"] = f"{median_seconds(ours, reps, cuda=False, warmup=0) * 1e6:.1f}"  # no sync: host side only
+        row["gpu_us"] = f"{median_seconds(ours, reps, cuda=True, warmup=0) * 1e6:.1f}"
         try:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -129,13 +106,7 @@ def measure(name, ours, stock, cuda: bool, reps: int) -> dict:
         row.update(host_us="-", gpu_us="-", graph_us="-")
     row["stock_wall_us"] = "-"
     if stock() is not None:
-        def stock_wall():
-            sync()
-            t0 = time.perf_counter()
-            stock()
-            sync()
-            return time.perf_counter() - t0
-        row["stock_wall_us"] = f"{statistics.median(stock_wall() for _ in range(reps)) * 1e6:.1f}"
+        row["stock_wall_us"] = f"{_median_us(stock, reps, sync):.1f}"
     return row
 
 
@@ -156,11 +127,7 @@ def main(argv=None) -> int:
             rows.append({"op": name, "wall_us": f"error: {type(e).__name__}: {e}"})
         print("  ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     if args.csv:
-        keys = ["op", "wall_us", "host_us", "gpu_us", "graph_us", "stock_wall_us"]
-        with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=keys, restval="")
-            wr.writeheader()
-            wr.writerows(rows)
+        write_csv(args.csv, rows, ["op", "wall_us", "host_us", "gpu_us", "graph_us", "stock_wall_us"])
     return 1 if any(str(r.get("wall_us", "")).startswith("error") for r in rows) else 0
 
 

@@ -21,7 +21,6 @@ substitutes); LOCKSTEP_FULL=1 adds matmul, token_logprobs, attention, gated_delt
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -34,24 +33,9 @@ import hal
 from hal.backends import ascend
 from hal.spec import DEFAULTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _triton_seq_run import ROOT, interpreter_env, interpreter_ok, needs_interpreter, run_quick_conformance
+
 NPU = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only once torch_npu is imported
-
-
-def _triton_interpreter_ok():
-    try:
-        import triton
-    except ImportError:
-        return False
-    major, minor = (int("".join(c for c in p if c.isdigit()) or 0) for p in triton.__version__.split(".")[:2])
-    return (major, minor) >= (3, 9)
-
-
-needs_interpreter = pytest.mark.skipif(not _triton_interpreter_ok(), reason="needs community triton >= 3.9")
-
-
-def _env(**extra):
-    return dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", PYTHONPATH=ROOT, **extra)
 
 
 # ---- registration, selection, lazy import ----------------------------------------------------------
@@ -183,12 +167,12 @@ def test_reason_in_the_interpreter():
                        env=dict(os.environ, TRITON_INTERPRET="1"))
     assert r.returncode == 0, r.stderr
     why = r.stdout.strip()
-    assert why == "None" if _triton_interpreter_ok() else "triton" in why, why
+    assert why == "None" if interpreter_ok() else "triton" in why, why
 
 
 def test_triton_owner_detection_reads_distribution_metadata():
     owners = ascend.triton_owners()
-    if _triton_interpreter_ok():
+    if interpreter_ok():
         assert "triton" in owners  # this venv: community triton
 
 
@@ -213,24 +197,25 @@ def test_persistent_grid_is_capped_only_in_the_variant():
 @needs_interpreter
 def test_npu_substitutes_match_reference_bits():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu"], cwd=ROOT,
-                       env=_env(), capture_output=True, text=True, timeout=600)
+                       env=interpreter_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = {ln.split(":")[0]: ln for ln in r.stdout.splitlines() if " inputs, " in ln}
     for name in ("log", "log(|x|)", "div", "div(subnormal results)", "sqrt", "fp16"):
         assert lines[name].endswith(" 0 differ"), lines[name]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu", "--variant",
-                        "div_seed"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+                        "div_seed"], cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and int(r.stdout.split(" inputs, ")[1].split()[0]) > 0, r.stdout + r.stderr
 
 
 @needs_interpreter
 def test_variant_with_npu_tiles_and_persistent_loops_gives_reference_bits():
     script = os.path.join(ROOT, "tests", "ascend_variant_check.py")
-    r = subprocess.run([sys.executable, script], cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
+    r = subprocess.run([sys.executable, script], cwd=ROOT, env=interpreter_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("same bits"), r.stdout + r.stderr
-    neg = subprocess.run([sys.executable, script, "--short-work"], cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
-                         capture_output=True, text=True, timeout=900)
+    neg = subprocess.run([sys.executable, script, "--short-work"], cwd=ROOT,
+                         env=interpreter_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"), capture_output=True, text=True,
+                         timeout=900)
     assert neg.returncode == 1 and "outputs differ" in neg.stdout, neg.stdout + neg.stderr
 
 
@@ -241,7 +226,8 @@ def test_sequence_kernels_ascend_variant_give_reference_bits():
     # launch dropped must be caught (tests/triton_seq_check.py --ascend)
     script = os.path.join(ROOT, "tests", "triton_seq_check.py")
     r = subprocess.run([sys.executable, script, "--ascend", "attn-varlen", "gdn-chunked", "persistent-negative"],
-                       cwd=ROOT, env=_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"), capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, env=interpreter_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"), capture_output=True, text=True,
+                       timeout=900)
     lines = [ln for ln in r.stdout.splitlines() if ": ok" in ln or ": FAIL" in ln]
     assert r.returncode == 0 and len(lines) == 6 and all(": ok" in ln for ln in lines), r.stdout + r.stderr
     assert sum("wrong variant caught" in ln for ln in lines) == 2, r.stdout
@@ -254,15 +240,4 @@ QUICK_FAMILIES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs", "attent
 @needs_interpreter
 @pytest.mark.parametrize("family", QUICK_FAMILIES)
 def test_quick_conformance_in_interpreter(family, tmp_path):
-    out = tmp_path / "report.json"
-    r = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "run", "--backend", "ascend", "--device",
-                        "cpu", "--quick", "--quiet", "--ops", family, "--json", str(out)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    records = json.loads(out.read_text())["records"]
-    from hal.conformance import families
-    by_level = {}
-    for rec in records:
-        assert rec["claimed"] and rec["status"] == "pass", rec
-        by_level[rec["level"]] = by_level.get(rec["level"], 0) + rec["cases"]
-    assert set(by_level) == set(families.get(family).levels) and all(n > 0 for n in by_level.values()), by_level
+    run_quick_conformance("ascend", family, tmp_path)

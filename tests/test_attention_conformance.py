@@ -15,14 +15,8 @@ from hal.spec import AttentionSpec
 FAM = families.get("attention")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Rows are thread-count invariant (L0 still runs 1 and 2 threads); one thread keeps the
-    elementwise-heavy reference fast when another process shares the two cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# rows are thread-count invariant (L0 still runs 1 and 2 threads): one thread keeps the reference fast
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cases(name, dtypes=("fp32", "bf16", "fp16")):

@@ -19,23 +19,17 @@ import hal  # noqa: E402
 from hal.conformance.bits import assert_same_bits, same_bits  # noqa: E402
 from hal.integrations import hf_matmul  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
 from hal.kernels.exact.prepared import ExactWeight  # noqa: E402
 from hal.spec import ExactMatmulSpec, MatmulSpec, OpSpec, RMSNormSpec, TokenLogprobsSpec  # noqa: E402
 
 EXACT = ExactMatmulSpec(slices=4)
-VOCAB = 128
 LLAMA_LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer + the LM head
 
 lt.register()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def ids(seed=0, shape=(2, 7)):

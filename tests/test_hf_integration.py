@@ -13,22 +13,15 @@ pytest.importorskip("transformers")
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
 
 KINDS = ["llama", "qwen3", "qwen3_next"]
-VOCAB = 128
 LENGTHS = {"llama": (6, 3, 8), "qwen3": (6, 3, 8), "qwen3_next": (6, 3, 8)}
 
 lt.register()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared CI machine (measured 2-8x)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def same(a, b, label="x"):

@@ -9,13 +9,9 @@ Default: the first case of each check (CI); LOCKSTEP_FULL=1 pytest ... runs ever
 """
 from __future__ import annotations
 
-import pytest
+from _triton_seq_run import needs_interpreter, run_checks
 
-pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[triton]')")
-
-from _triton_seq_run import interpreter_ok, run_checks  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not interpreter_ok(), reason="the Triton interpreter before 3.9 rounds tl.fma twice")
+pytestmark = needs_interpreter
 
 
 def test_varlen_bits_equal_reference():

@@ -21,7 +21,8 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _triton_seq_run import ROOT, interpreter_env, needs_interpreter, run_quick_conformance  # noqa: E402
+
 FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast"]  # matmul_fast: no L4, ~15 s
 # elementwise / rotary: their bits are checked by tests/test_triton_elementwise.py in seconds; the suite's quick
 # sets (~1-3 min each here) run with LOCKSTEP_FULL=1
@@ -29,43 +30,18 @@ if os.environ.get("LOCKSTEP_FULL", "") not in ("", "0"):
     FAMILIES += ["elementwise", "rotary", "attention_fast"]  # attention_fast quick: ~6 min here
 
 
-def _interpreter_ok():
-    import triton
-    major, minor = (int("".join(c for c in p if c.isdigit()) or 0) for p in triton.__version__.split(".")[:2])
-    return (major, minor) >= (3, 9)
-
-
-pytestmark = pytest.mark.skipif(not _interpreter_ok(), reason="the Triton interpreter before 3.9 rounds tl.fma twice")
-
-
-def _env():
-    return dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", PYTHONPATH=ROOT)
+pytestmark = needs_interpreter
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_quick_conformance_in_interpreter(family, tmp_path):
-    out = tmp_path / "report.json"
-    r = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "run", "--backend", "triton", "--device",
-                        "cpu", "--quick", "--quiet", "--ops", family, "--json", str(out)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    records = json.loads(out.read_text())["records"]
-    assert records, "no records"
-    from hal.conformance import families
-    levels = set(families.get(family).levels)
-    by_level = {}
-    for rec in records:
-        assert rec["claimed"], rec  # the backend claims every level of its families
-        assert rec["status"] == "pass", rec
-        by_level.setdefault(rec["level"], 0)
-        by_level[rec["level"]] += rec["cases"]
-    assert set(by_level) == levels and all(n > 0 for n in by_level.values()), by_level
+    run_quick_conformance("triton", family, tmp_path)
 
 
 def test_wrong_summation_order_is_caught(tmp_path):
     out = tmp_path / "neg.json"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_negative_backend.py"), str(out)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=900)
     records = json.loads(out.read_text())
     failed = {(rec["op"], rec["level"]) for rec in records if rec["status"] == "fail"}
     assert ("softmax", "L4") in failed, records
@@ -76,7 +52,7 @@ def test_benchmark_smoke_in_interpreter(tmp_path):
     csv_path = tmp_path / "bench.csv"
     r = subprocess.run([sys.executable, "-m", "benchmarks.triton_bench", "--device", "cpu", "--quick",
                         "--only", "linear", "rms_norm", "--csv", str(csv_path)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     import csv
     rows = list(csv.DictReader(csv_path.open()))
@@ -112,6 +88,6 @@ print("\n".join(bad) or "same bits")
 def test_gpu_and_interpreter_layouts_give_reference_bits():
     # the conformance run above uses the register layout (REG) in the interpreter; the GPU layout
     # runs here on a NaN / -inf / tile-crossing case, both against the reference
-    r = subprocess.run([sys.executable, "-c", _LAYOUTS], cwd=ROOT, env=_env(), capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _LAYOUTS], cwd=ROOT, env=interpreter_env(), capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0 and r.stdout.strip() == "same bits", r.stdout + r.stderr

@@ -44,21 +44,17 @@ def _slash_div(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_exp(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+def _unary(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr, OP: tl.constexpr):
+    """tl.exp / tl.sqrt / tl.floor (OP): each lowers to an instruction a strict kernel must not use."""
     i = tl.arange(0, BLOCK)
-    tl.store(out_ptr + i, tl.exp(tl.load(x_ptr + i)))
-
-
-@triton.jit
-def _tl_sqrt(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
-    tl.store(out_ptr + i, tl.sqrt(tl.load(x_ptr + i)))
-
-
-@triton.jit
-def _tl_floor(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
-    tl.store(out_ptr + i, tl.floor(tl.load(x_ptr + i)))
+    x = tl.load(x_ptr + i)
+    if OP == "exp":
+        y = tl.exp(x)
+    elif OP == "sqrt":
+        y = tl.sqrt(x)
+    else:
+        y = tl.floor(x)
+    tl.store(out_ptr + i, y)
 
 
 @triton.jit
@@ -95,22 +91,22 @@ def _dot_chain(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, acc)
 
 
-def _case(fn, dtype="fp32", block=128):
+def _case(fn, dtype="fp32", block=128, **constexprs):
     return lint.KernelCase(fn.__name__, fn, {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "out_ptr": "*fp32"},
-                           {"BLOCK": block})
+                           {"BLOCK": block, **constexprs})
 
 
-@pytest.mark.parametrize("fn, dtype, block, target, expect", [
-    (_slash_div, "fp32", 128, "sm90", "div.full"),
-    (_tl_exp, "fp32", 128, "sm90", "ex2"),
-    (_tl_sqrt, "fp32", 128, "sm90", ".approx"),
-    (_tl_floor, "fp32", 128, "sm90", ".ftz"),
-    (_atomic_sum, "fp32", 128, "sm80", "float atomic"),
-    (_bf16_dot, "bf16", 16, "sm80", "mma"),
-    (_dot_chain, "fp32", 16, "sm80", "non-zero accumulator"),
+@pytest.mark.parametrize("fn, dtype, block, constexprs, target, expect", [
+    (_slash_div, "fp32", 128, {}, "sm90", "div.full"),
+    (_unary, "fp32", 128, {"OP": "exp"}, "sm90", "ex2"),
+    (_unary, "fp32", 128, {"OP": "sqrt"}, "sm90", ".approx"),
+    (_unary, "fp32", 128, {"OP": "floor"}, "sm90", ".ftz"),
+    (_atomic_sum, "fp32", 128, {}, "sm80", "float atomic"),
+    (_bf16_dot, "bf16", 16, {}, "sm80", "mma"),
+    (_dot_chain, "fp32", 16, {}, "sm80", "non-zero accumulator"),
 ], ids=["slash-div", "tl.exp", "tl.sqrt", "tl.floor", "atomic-add", "bf16-dot", "dot-accumulator"])
-def test_lint_catches_bad_kernel(fn, dtype, block, target, expect):
-    problems = lint.lint(_case(fn, dtype, block), target)
+def test_lint_catches_bad_kernel(fn, dtype, block, constexprs, target, expect):
+    problems = lint.lint(_case(fn, dtype, block, **constexprs), target)
     assert any(expect in p for p in problems), problems
 
 

@@ -6,7 +6,9 @@ import torch
 KINDS = ("llama", "qwen3", "qwen3_next")
 EXTRA_KINDS = ("qwen2", "mistral")  # same adapters (Qwen2: q/k/v biases); checked by tests, not in the example
 
-_COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+VOCAB = 128  # token ids of the tiny models
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=False)
 
 

@@ -82,6 +82,43 @@ def _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt
 
 
 @triton.jit
+def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(m, l, acc, nonempty) of no key: the start of a split and of the merge."""
+    return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_D], tl.float32), tl.zeros([BLOCK_M], tl.int32))
+
+
+@triton.jit
+def _work_item(item, n1, n2, HQ: tl.constexpr):
+    """(row tile, sequence x head, sequence, head) of a work item of the logical grid (row tile, n1, n2)."""
+    pid_m = item // (n1 * n2)
+    bh = (item // n2) % n1
+    return pid_m, bh, bh // HQ, bh % HQ
+
+
+@triton.jit
+def _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh):
+    """Element offsets of head h of query rows i of sequence b (also those of the output)."""
+    return (tl.load(Q_ROW0 + b).to(tl.int64) + i.to(tl.int64)) * stride_qt + h * stride_qh
+
+
+@triton.jit
+def _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits):
+    """Workspace index of split sp of rows i of (sequence x head) bh."""
+    return (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+
+
+@triton.jit
+def _store_partial(WM, WL, WA, WN, w, valid, m, l, acc, ne, BLOCK_D: tl.constexpr):
+    """Write one split's partial (m, l, acc, nonempty) to the workspace for :func:`_merge_kernel`."""
+    dcol = tl.arange(0, BLOCK_D)
+    tl.store(WM + w, m, mask=valid)
+    tl.store(WL + w, l, mask=valid)
+    tl.store(WN + w, ne, mask=valid)
+    tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
+
+
+@triton.jit
 def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
@@ -89,10 +126,7 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
     """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    ne = tl.zeros([BLOCK_M], tl.int32)
+    m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
     D_FULL: tl.constexpr = (D // DT) * DT
     for kb0 in range((k_lo // KB) * KB, k_hi, KB):
         kj = kb0 + cols
@@ -201,14 +235,10 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
                  NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        pid_m = item // (n1 * n2)   # logical grid (row tile, sequence x head, split)
-        bh = (item // n2) % n1
-        b = bh // HQ
-        h = bh % HQ
+        pid_m, bh, b, h = _work_item(item, n1, n2, HQ)  # logical grid (row tile, sequence x head, split)
         i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
         if pid_m * BLOCK_M < qlen:
-            q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
-            q_off = (q_row0 + i.to(tl.int64)) * stride_qt + h * stride_qh
+            q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             hk_off = (h // GROUP).to(tl.int64) * stride_kh
             lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
             if ONE_SPLIT:
@@ -218,17 +248,10 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                 m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
                                        D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
-                w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
-                tl.store(WM + w, m, mask=valid)
-                tl.store(WL + w, l, mask=valid)
-                tl.store(WN + w, ne, mask=valid)
-                dcol = tl.arange(0, BLOCK_D)
-                tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
+                _store_partial(WM, WL, WA, WN, _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits), valid,
+                               m, l, acc, ne, BLOCK_D)
             else:
-                M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                L = tl.zeros([BLOCK_M], tl.float32)
-                ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                seen = tl.zeros([BLOCK_M], tl.int32)
+                M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
                 for s0 in range((lo // KS) * KS, hi, KS):
                     m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                            stride_kp, stride_kt, scale, causal, left, right,
@@ -246,26 +269,20 @@ def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   OUT: tl.constexpr, REVERSE: tl.constexpr, NPU: tl.constexpr):
     """Merge the split partials of a row tile in split order and write out / lse."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        pid_m = item // n1          # logical grid (row tile, sequence x head)
-        bh = item % n1
-        b = bh // HQ
-        h = bh % HQ
+        pid_m, bh, b, h = _work_item(item, n1, 1, HQ)  # logical grid (row tile, sequence x head)
         i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
         if pid_m * BLOCK_M < qlen:
             dcol = tl.arange(0, BLOCK_D)
-            M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            L = tl.zeros([BLOCK_M], tl.float32)
-            ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            seen = tl.zeros([BLOCK_M], tl.int32)
+            M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
             for k in range(0, n_ws_splits):
                 sp = n_ws_splits - 1 - k if REVERSE else k
-                w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
+                w = _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits)
                 m = tl.load(WM + w, mask=valid, other=float("-inf"))
                 l = tl.load(WL + w, mask=valid, other=0.0)
                 ne = tl.load(WN + w, mask=valid, other=0)
                 acc = tl.load(WA + w[:, None] * BLOCK_D + dcol[None, :], mask=valid[:, None], other=0.0)
                 M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
-            q_off = (tl.load(Q_ROW0 + b).to(tl.int64) + i.to(tl.int64)) * stride_qt + h * stride_qh
+            q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
             _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
 

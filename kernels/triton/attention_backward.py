@@ -63,6 +63,30 @@ def _query_range(n0, qlen, klen, causal, left, right, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _key_tiles(K, V, k_rows, kmask, hk_off, d, dmask, stride_kt):
+    """k, v tiles [keys, BLOCK_D] of key rows k_rows (int64) at kv head offset hk_off; their offsets and mask."""
+    kv_off = k_rows[:, None] * stride_kt + hk_off + d[None, :]
+    km = kmask[:, None] & dmask[None, :]
+    k = tl.load(K + kv_off, mask=km, other=0.0)
+    v = tl.load(V + kv_off, mask=km, other=0.0)
+    return k, v, kv_off, km
+
+
+@triton.jit
+def _row_tiles(Q, DO, LSE, DELTA, q_rows, valid, h, d, dmask, stride_qt, stride_qh, n_rows):
+    """q, dO tiles [rows, BLOCK_D] of query rows q_rows (int64) of head h, their offsets and mask, and the rows'
+    lse and delta."""
+    q_off = q_rows[:, None] * stride_qt + h * stride_qh + d[None, :]
+    qm = valid[:, None] & dmask[None, :]
+    q = tl.load(Q + q_off, mask=qm, other=0.0)
+    do = tl.load(DO + q_off, mask=qm, other=0.0)
+    lse_off = h.to(tl.int64) * n_rows + q_rows
+    lse = tl.load(LSE + lse_off, mask=valid, other=0.0)
+    delta = tl.load(DELTA + lse_off, mask=valid, other=0.0)
+    return q, do, lse, delta, q_off, qm
+
+
+@triton.jit
 def _preprocess_kernel(O, DO, DLSE, DELTA, n_rows, stride_t, stride_h,
                        HAS_DLSE: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta[h, r] = sum_d dO[r, h, d] O[r, h, d] - dlse[h, r] (float32)."""
@@ -98,10 +122,7 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, Q_ROW0, QLEN, KLEN, K_ROW0,
         kj = n0 + tl.arange(0, BLOCK_N)
         kmask = kj < klen
         k_rows = tl.load(K_ROW0 + b).to(tl.int64) + kj
-        kv_off = k_rows[:, None] * stride_kt + hk * stride_kh + d[None, :]
-        km = kmask[:, None] & dmask[None, :]
-        k = tl.load(K + kv_off, mask=km, other=0.0)
-        v = tl.load(V + kv_off, mask=km, other=0.0)
+        k, v, kv_off, km = _key_tiles(K, V, k_rows, kmask, hk * stride_kh, d, dmask, stride_kt)
         q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
         lo, hi = _query_range(n0, qlen, klen, causal, left, right, BLOCK_N)
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -112,14 +133,8 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, Q_ROW0, QLEN, KLEN, K_ROW0,
             for m0 in range((lo // BLOCK_M) * BLOCK_M, hi, BLOCK_M):
                 i = m0 + rows
                 valid = i < qlen
-                q_rows = q_row0 + i
-                q_off = q_rows[:, None] * stride_qt + h * stride_qh + d[None, :]
-                qm = valid[:, None] & dmask[None, :]
-                q = tl.load(Q + q_off, mask=qm, other=0.0)
-                do = tl.load(DO + q_off, mask=qm, other=0.0)
-                lse_off = h.to(tl.int64) * n_rows + q_rows
-                lse = tl.load(LSE + lse_off, mask=valid, other=0.0)
-                delta = tl.load(DELTA + lse_off, mask=valid, other=0.0)
+                q, do, lse, delta, _, _ = _row_tiles(Q, DO, LSE, DELTA, q_row0 + i, valid, h, d, dmask,
+                                                     stride_qt, stride_qh, n_rows)
                 # transposed tiles [keys, rows]: dK, dV accumulate without transposing P
                 vis = _visible(kj[:, None], (klen - qlen + i)[None, :], valid[None, :], klen, causal, left, right)
                 p_t = tl.where(vis, tl.exp(_dot(k, tl.trans(q), IEEE) * scale - lse[None, :]), 0.0)
@@ -142,14 +157,8 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, Q_ROW0, QLEN, KLEN, K_ROW0,
     if pid_m * BLOCK_M < qlen:
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
-        q_rows = tl.load(Q_ROW0 + b).to(tl.int64) + i
-        q_off = q_rows[:, None] * stride_qt + h * stride_qh + d[None, :]
-        qm = valid[:, None] & dmask[None, :]
-        q = tl.load(Q + q_off, mask=qm, other=0.0)
-        do = tl.load(DO + q_off, mask=qm, other=0.0)
-        lse_off = h.to(tl.int64) * n_rows + q_rows
-        lse = tl.load(LSE + lse_off, mask=valid, other=0.0)
-        delta = tl.load(DELTA + lse_off, mask=valid, other=0.0)
+        q, do, lse, delta, q_off, qm = _row_tiles(Q, DO, LSE, DELTA, tl.load(Q_ROW0 + b).to(tl.int64) + i, valid,
+                                                  h, d, dmask, stride_qt, stride_qh, n_rows)
         k_row0 = tl.load(K_ROW0 + b).to(tl.int64)
         hk_off = (h // GROUP) * stride_kh
         lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
@@ -157,10 +166,7 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, Q_ROW0, QLEN, KLEN, K_ROW0,
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):  # key blocks in order
             kj = n0 + cols
-            kv_off = (k_row0 + kj)[:, None] * stride_kt + hk_off + d[None, :]
-            km = (kj < klen)[:, None] & dmask[None, :]
-            k = tl.load(K + kv_off, mask=km, other=0.0)
-            v = tl.load(V + kv_off, mask=km, other=0.0)
+            k, v, _, _ = _key_tiles(K, V, k_row0 + kj, kj < klen, hk_off, d, dmask, stride_kt)
             vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
             p = tl.where(vis, tl.exp(_dot(q, tl.trans(k), IEEE) * scale - lse[:, None]), 0.0)
             ds = p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])

@@ -19,7 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import _finish, _key_offsets, _key_range, _merge, _rows, _visible
+from .attention import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows, _store_partial,
+                        _visible, _work_item, _ws_offsets)
 
 
 @triton.jit
@@ -30,10 +31,7 @@ def _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, pag
     """(m, l, acc, nonempty) of keys [k_lo, k_hi) of one split for the query tile q [BLOCK_M, BLOCK_D]."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    ne = tl.zeros([BLOCK_M], tl.int32)
+    m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
     bad = tl.zeros([BLOCK_M], tl.int32)
     for kb0 in range((k_lo // KB) * KB, k_hi, KB):
         kj = kb0 + cols
@@ -77,14 +75,10 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr, NPU: tl.constexpr):
     """The strict _attn_kernel's grid and workspace contract with the tensor-core block step."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):
-        pid_m = item // (n1 * n2)
-        bh = (item // n2) % n1
-        b = bh // HQ
-        h = bh % HQ
+        pid_m, bh, b, h = _work_item(item, n1, n2, HQ)
         i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
         if pid_m * BLOCK_M < qlen:
-            q_row0 = tl.load(Q_ROW0 + b).to(tl.int64)
-            q_off = (q_row0 + i.to(tl.int64)) * stride_qt + h * stride_qh
+            q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             dcol = tl.arange(0, BLOCK_D)
             q = tl.load(Q + q_off[:, None] + dcol[None, :], mask=valid[:, None] & (dcol[None, :] < D), other=0.0)
             hk_off = (h // GROUP).to(tl.int64) * stride_kh
@@ -95,16 +89,10 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                                             stride_kp, stride_kt, scale, causal, left, right,
                                             tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS),
                                             D, BLOCK_M, BLOCK_D, KB, PAGED)
-                w = (bh.to(tl.int64) * n_ws_rows + i) * n_ws_splits + sp
-                tl.store(WM + w, m, mask=valid)
-                tl.store(WL + w, l, mask=valid)
-                tl.store(WN + w, ne, mask=valid)
-                tl.store(WA + w[:, None] * BLOCK_D + dcol[None, :], acc, mask=valid[:, None])
+                _store_partial(WM, WL, WA, WN, _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits), valid,
+                               m, l, acc, ne, BLOCK_D)
             else:
-                M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                L = tl.zeros([BLOCK_M], tl.float32)
-                ACC = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                seen = tl.zeros([BLOCK_M], tl.int32)
+                M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
                 for s0 in range((lo // KS) * KS, hi, KS):
                     m, l, acc, ne = _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                                 stride_kp, stride_kt, scale, causal, left, right,

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 
-import triton
 import triton.language as tl
 
 from .launch import STRICT_OPTIONS
-from .lint import PTX_RULES, TARGETS, KernelCase, _ints, _ptrs
+from .lint import PTX_RULES, KernelCase, _ints, _ptrs, compile_case, run_cases
 
 _TENSOR_CORE = {"sm90": ("wgmma.mma_async", re.compile(r"^\s*(?:@!?%p\d+\s+)?wgmma\.mma_async\b", re.M)),
                 "sm80": ("mma.sync.aligned", re.compile(r"^\s*(?:@!?%p\d+\s+)?mma\.sync\.aligned\b", re.M))}
@@ -41,13 +39,8 @@ def fast_problems(ttir: str, ptx: str, target: str) -> list[str]:
     return out
 
 
-def compile_fast(case: KernelCase, target: str, num_warps: int, num_stages: int):
-    options = dict(STRICT_OPTIONS, num_warps=num_warps, num_stages=num_stages)
-    return triton.compile(case.source(), target=TARGETS[target], options=options)
-
-
 def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3) -> list[str]:
-    k = compile_fast(case, target, num_warps, num_stages)
+    k = compile_case(case, target, STRICT_OPTIONS["enable_fp_fusion"], num_warps, num_stages)
     return fast_problems(k.asm["ttir"], k.asm["ptx"], target)
 
 
@@ -84,15 +77,9 @@ def fast_kernels():
 
 
 def main(argv=None) -> int:
-    bad = 0
-    for case, warps, stages in fast_kernels():
-        for target in TARGETS:
-            t0 = time.perf_counter()
-            problems = lint(case, target, warps, stages)
-            bad += bool(problems)
-            print(f"{'ok' if not problems else 'FAIL':4} {case.name:<36} {target}  ({time.perf_counter() - t0:.1f} s)")
-            for p in problems:
-                print(f"     - {p}")
+    options = {case: (warps, stages) for case, warps, stages in fast_kernels()}
+    bad = run_cases([(case, "") for case in options], lambda case, target: lint(case, target, *options[case]),
+                    width=36)
     return 1 if bad else 0
 
 

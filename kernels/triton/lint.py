@@ -99,9 +99,28 @@ class KernelCase:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_case(case: KernelCase, target: str, fp_fusion: bool = False):
+def compile_case(case: KernelCase, target: str, fp_fusion: bool = False, num_warps: int | None = None,
+                 num_stages: int | None = None):
+    """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default)."""
     options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
+    options.update({k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None})
     return triton.compile(case.source(), target=TARGETS[target], options=options)
+
+
+def run_cases(items, check, targets=tuple(TARGETS), width: int = 28) -> int:
+    """Lint each (case, note) of ``items`` on each target with ``check(case, target)`` (its problems), print a
+    line each (and its problems); returns the number of failures (the CLI's exit status is ``bool`` of it)."""
+    bad = 0
+    for case, note in items:
+        for target in targets:
+            t0 = time.perf_counter()
+            problems = check(case, target)
+            bad += bool(problems)
+            print(f"{'ok' if not problems else 'FAIL':4} {case.name:<{width}} {target}  "
+                  f"({time.perf_counter() - t0:.1f} s){note}")
+            for pr in problems:
+                print(f"     - {pr}")
+    return bad
 
 
 def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> list[str]:
@@ -209,17 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
     p.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
     args = p.parse_args(argv)
-    bad = 0
-    for case in strict_kernels(args.full) + backward_kernels(args.full):
-        for target in args.targets:
-            t0 = time.perf_counter()
-            problems = lint(case, target)
-            bad += bool(problems)
-            state = "ok" if not problems else "FAIL"
-            rules = "" if case.strict else "  [backward rules]"
-            print(f"{state:4} {case.name:<28} {target}  ({time.perf_counter() - t0:.1f} s){rules}")
-            for pr in problems:
-                print(f"     - {pr}")
+    cases = strict_kernels(args.full) + backward_kernels(args.full)
+    bad = run_cases([(c, "" if c.strict else "  [backward rules]") for c in cases], lint, args.targets)
     return 1 if bad else 0
 
 
