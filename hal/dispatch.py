@@ -143,7 +143,8 @@ def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, back
     capable backend by priority."""
     global _chosen_for
     request = backend if backend not in (None, "auto") else requested_backend()[0]
-    key = (op, id(spec), dtype, device, request)
+    # a device by its type and index: torch.device is hashable, stand-in devices (tests, wrappers) may not be
+    key = (op, id(spec), dtype, getattr(device, "type", device), getattr(device, "index", None), request)
     hit = _chosen.get(key)
     if hit is not None and hit[0] is spec and _chosen_for is _backends and hit[1].unavailable_reason() is None:
         return hit[1]
