@@ -216,3 +216,27 @@ def test_triton_kernel_reads_prepared_weight():
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all-ok" in r.stdout and "control-caught" in r.stdout, r.stdout
+
+
+def test_conformance_prepared_weight_check_catches_wrong_slices(monkeypatch):
+    """The matmul_exact family's L2 'prepared-weight' check passes on the reference and catches slices
+    prepared from a weight one value off (raw bits)."""
+    from hal.conformance import families
+    from hal.conformance.bits import first_divergence
+    fam = families.get("matmul_exact")
+    mod = sys.modules[type(fam).__module__]
+    case = next(c for c in fam.cases() if c.id == "m7_k129_n33.fp32" and c.spec.slices == 4)
+    x = fam.make_inputs(case)
+    backend = hal.get_backend("reference")
+    base = mod._call(backend, case, x)
+    assert all(first_divergence(n, e, g) is None for n, e, g in mod._prepared_weight(backend, case, x, base))
+
+    real = hal.exact_weight
+
+    def off_by_one_value(w, **kw):
+        w2 = w.clone()
+        w2[0, 0] = -w2[0, 0]
+        return real(w2, **kw)
+
+    monkeypatch.setattr(hal, "exact_weight", off_by_one_value)
+    assert any(first_divergence(n, e, g) is not None for n, e, g in mod._prepared_weight(backend, case, x, base))

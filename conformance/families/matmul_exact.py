@@ -1,15 +1,17 @@
 """matmul / linear under the exact policy (ExactMatmulSpec): L0, L1, L2, L3, L4, A.
 
 L2 here is order freedom, observable through the public op: the same bits when K is permuted at
-random (the per-row scale is a maximum and the sum is exact, so the order of K cannot matter) and
-when K is padded with zeros to a random tile multiple (as a tiled kernel pads). The stock backend
-(F.linear) is caught by both. Random kernel tilings and split-K counts are checked against these
+random (the per-row scale is a maximum and the sum is exact, so the order of K cannot matter),
+when K is padded with zeros to a random tile multiple (as a tiled kernel pads), and with the weight
+sliced once (hal.exact_weight) instead of per call. The stock backend
+(F.linear) is caught by the first two. Random kernel tilings and split-K counts are checked against these
 bits in tests/test_exact_matmul.py and tests/test_exact_triton.py.
 """
 from __future__ import annotations
 
 import torch
 
+import hal
 from hal.spec import ExactMatmulSpec
 
 from .. import inputs as gen
@@ -78,13 +80,25 @@ def _k_zero_padded(backend, case, inputs, base):
         yield f"k-zero-padded-to-tile-{tile}:{key}", base[key], got[key]
 
 
+def _prepared_weight(backend, case, inputs, base):
+    """The weight sliced once (hal.exact_weight) gives the bits of the plain weight sliced per call."""
+    b = inputs["b"]
+    got = {"matmul": hal.matmul(inputs["a"], hal.exact_weight(b, spec=case.spec, layout="matmul"),
+                                spec=case.spec, backend=backend),
+           "linear": hal.linear(inputs["a"], hal.exact_weight(b.t(), spec=case.spec), inputs["bias"],
+                                spec=case.spec, backend=backend)}
+    for key in base:
+        yield f"prepared-weight:{key}", base[key], got[key]
+
+
 FAMILY = MatmulExactFamily(
     # quick (slow backends: jax compiles per shape, the Triton interpreter): decode row, NaN/Inf, K past 4096
     quick=("m1_k7_n5.fp32", "m6_k70_n9_nonfinite.bf16", "m3_k4097_n6.fp16"),
     name="matmul_exact", ops=("matmul", "linear"), levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={
         "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],
-        "L2": [("k-permutation", _k_permuted), ("k-zero-padding", _k_zero_padded)],
+        "L2": [("k-permutation", _k_permuted), ("k-zero-padding", _k_zero_padded),
+               ("prepared-weight", _prepared_weight)],
         "L3": autograd_check(_call, ("a", "b", "bias")),
     },
 )
