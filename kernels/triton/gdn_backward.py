@@ -112,13 +112,17 @@ def _scan_bwd_kernel(W, KT, END, UO, STARTS, DU, DSTARTS, DSEND, DUT, DW_PART, D
 # ------------------------------------------------------------------ host side
 
 
-def _blocks(dk: int, dv: int) -> tuple[int, int]:
-    """(BDK, BV): the state tile [BDK, BV] (speed only; a fixed choice per shape, so fixed bits). GPU: unmeasured
-    defaults that keep S, dS and the [C, d_k] operand tiles on chip; the interpreter: tl.dot's minimum tile of 16
+def _config(dk: int, dv: int) -> dict:
+    """Tiles and launch options (speed only; a fixed choice per shape, so fixed bits): the state tile
+    [BDK, BV]. GPU: unmeasured defaults that keep S, dS and the [C, d_k] operand tiles on chip; two
+    pipeline stages (Triton's default three would ask 160 / 202 KB of shared memory at d_k = 128, over
+    an A100's 163 KB; two: 88 / 114 KB), one at d_k 256. The interpreter: tl.dot's minimum tile of 16
     (so that d_v = 32 already has two column blocks and the partial sums are exercised)."""
     bdk = max(16, triton.next_power_of_2(dk))
-    bv = 16 if interpreting() or bdk > 128 else 32
-    return bdk, min(bv, max(16, triton.next_power_of_2(dv)))
+    if interpreting():
+        return dict(BDK=bdk, BV=16)
+    bv = min(32 if bdk <= 128 else 16, max(16, triton.next_power_of_2(dv)))
+    return dict(BDK=bdk, BV=bv, num_warps=4, num_stages=2 if bdk <= 128 else 1)
 
 
 def serves(U, W, S0) -> bool:
@@ -154,12 +158,12 @@ class _ScanFn(torch.autograd.Function):
         u = torch.empty_like(U)
         starts = torch.empty((n, hv, nc, dk, dv), dtype=F32, device=U.device)
         S_end = torch.empty_like(S0)
-        bdk, bv = _blocks(dk, dv)
+        cfg = _config(dk, dv)
         if nc == 0:
             S_end.copy_(S0)
         else:
-            launch(_scan_fwd_kernel, (n * hv, triton.cdiv(dv, bv)), U, W, kt, e, S0, u, starts, S_end, nc,
-                   DK=dk, DV=dv, C=c, BDK=bdk, BV=bv, strict=False)
+            launch(_scan_fwd_kernel, (n * hv, triton.cdiv(dv, cfg["BV"])), U, W, kt, e, S0, u, starts, S_end, nc,
+                   DK=dk, DV=dv, C=c, **cfg, strict=False)
         ctx.save_for_backward(W, kt, e, u, starts)
         ctx.end_shape = end.shape
         return u, starts, S_end
@@ -172,8 +176,8 @@ class _ScanFn(torch.autograd.Function):
         dk = W.shape[-1]
         du = torch.zeros_like(u) if du is None else du.contiguous()
         dS_end = torch.zeros((n, hv, dk, dv), dtype=F32, device=u.device) if dS_end is None else dS_end.contiguous()
-        bdk, bv = _blocks(dk, dv)
-        nb = triton.cdiv(dv, bv)
+        cfg = _config(dk, dv)
+        nb = triton.cdiv(dv, cfg["BV"])
         dU = torch.empty_like(u)
         dW = torch.empty((nb, *W.shape), dtype=F32, device=u.device)
         dkt = torch.empty((nb, *kt.shape), dtype=F32, device=u.device)
@@ -187,7 +191,7 @@ class _ScanFn(torch.autograd.Function):
                     launch(_scan_bwd_kernel, (n * hv, nb), W, kt, e, u, starts, du,
                        dstarts.contiguous() if has else starts,
                        dS_end, dU, dW, dkt, dend, dS0, nc, n * hv * nc, HAS_DSTARTS=has,
-                       DECAY=not _DROP_DECAY_FOR_TESTS, DK=dk, DV=dv, C=c, BDK=bdk, BV=bv, strict=False)
+                       DECAY=not _DROP_DECAY_FOR_TESTS, DK=dk, DV=dv, C=c, **cfg, strict=False)
         # the column blocks' partials, added in a fixed order (torch's sum over a dim: deterministic)
         return dU, dW.sum(0), dkt.sum(0), dend.sum(0).reshape(ctx.end_shape), dS0
 
