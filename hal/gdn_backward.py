@@ -160,11 +160,16 @@ def start_state(parts, scale: float, dtype):
     return S
 
 
+FORMS = ("chunked", "chunked-torch", "recurrent")
+
+
 def form() -> str:
-    """``chunked`` (default) or ``recurrent`` (token by token), from ``LOCKSTEP_GDN_BACKWARD``."""
+    """From ``LOCKSTEP_GDN_BACKWARD``: ``chunked`` (default; the chunk-state scan in the backend's kernels
+    when it offers them), ``chunked-torch`` (the chunk form with the torch scan on every backend: the
+    comparison row of benchmarks/gdn_backward.py) or ``recurrent`` (token by token)."""
     name = os.environ.get("LOCKSTEP_GDN_BACKWARD", "chunked")
-    if name not in ("chunked", "recurrent"):
-        raise InputError(f"LOCKSTEP_GDN_BACKWARD must be 'chunked' or 'recurrent', got {name!r}")
+    if name not in FORMS:
+        raise InputError(f"LOCKSTEP_GDN_BACKWARD must be one of {', '.join(map(repr, FORMS))}, got {name!r}")
     return name
 
 
@@ -191,12 +196,13 @@ def grads(inputs, S0, parts, scale: float, cu, l2: bool, do, dfinal, impl=None):
     when not given).
     """
     acc = F64 if inputs[2].dtype == F64 else F32
-    chunked = form() == "chunked"
+    how = form()
     with torch.enable_grad():
         leaves = [x.detach().to(acc).requires_grad_(True) for x in inputs]
         s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else start_state(parts, scale, acc)
-        if chunked:
-            o, fin = chunked_gated_delta_rule(*leaves, scale, s0, cu, l2, acc, scan=backend_scan(impl))
+        if how != "recurrent":
+            scan = backend_scan(impl) if how == "chunked" else state_scan
+            o, fin = chunked_gated_delta_rule(*leaves, scale, s0, cu, l2, acc, scan=scan)
         else:
             o, fin = recurrent(*leaves, scale, s0, cu, l2, acc)
         wrt = leaves + ([s0] if S0 is not None else [])

@@ -7,7 +7,7 @@ backend="triton")`` gradients (varlen, GQA, initial state, L2 norm) within 1e-5 
 oracle, the Triton scan counted, a second backward bit-identical; negative control: a backward that drops the
 end_c decay of dS fails both checks. Default ~45 s (CI); LOCKSTEP_FULL=1 adds more cases.
 Without the interpreter: the hook (a backend's ``gdn_state_scan`` is used, its None falls back to the torch
-scan, the token-by-token form skips it) and the kernels' input checks.
+scan, LOCKSTEP_GDN_BACKWARD=recurrent / chunked-torch skip it) and the kernels' input checks.
 """
 from __future__ import annotations
 
@@ -88,10 +88,14 @@ def test_backward_takes_the_backend_scan_and_its_none_fallback(monkeypatch):
     # negative control: a hooked scan that answers differently changes the gradients (the hook's answer is used)
     half_s0 = _hooked(lambda U, W, kt, end, S0: gdn_backward.state_scan(U, W, kt, end, S0 * 0.5))
     assert not all(same_bits(a, b) for a, b in zip(want, _grads(half_s0)))
-    # the token-by-token form has no scan
+    # the token-by-token form has no scan; chunked-torch keeps the torch scan (the reference's bits)
+    never = lambda *a: (_ for _ in ()).throw(AssertionError("backend scan called"))  # noqa: E731
     monkeypatch.setenv("LOCKSTEP_GDN_BACKWARD", "recurrent")
-    rec = _hooked(lambda *a: (_ for _ in ()).throw(AssertionError("scan called by the recurrent form")))
+    rec = _hooked(never)
     _grads(rec)
+    monkeypatch.setenv("LOCKSTEP_GDN_BACKWARD", "chunked-torch")
+    for n, a, b in zip(NAMES, want, _grads(rec)):
+        assert_same_bits(a, b, n)
     assert rec.calls == 0
 
 
