@@ -19,7 +19,9 @@ Per chunk with start state S and in-chunk log-decay sums ``D[i, j] = g_(j+1) + .
     S_end = exp(G_last) S + sum_j exp(D[last, j]) k_j u_j^T
 
 so ``u = U - W S`` with ``U, W`` from one triangular inverse that does not depend on S: all of it is
-batched over chunks, and only the products with the running S run in a Python loop over chunks. ``D`` is
+batched over chunks except the state carried from chunk to chunk (:func:`state_scan`, a loop over
+chunks in torch, or a backend's kernels: kernels/triton/gdn_backward.py); o then comes for every chunk
+at once from the states entering the chunks. ``D`` is
 built by summing ``g`` forward from each row (never as a difference of prefix sums), so
 ``g = -inf`` gives decays of exactly 0 and no ``inf - inf``.
 """
