@@ -21,6 +21,11 @@ def _attn_backward():
     return attention_backward
 
 
+def _gdn_backward():
+    from hal.kernels.triton import gdn_backward
+    return gdn_backward
+
+
 def _gdn():
     from hal.kernels.triton import gated_delta_rule
     return gated_delta_rule
@@ -55,8 +60,8 @@ class SequenceOps:
 
 
 class TrainingOps:
-    """Backward kernels (deterministic, not strict), found by ``hal.attention._VarlenFn.backward``; the
-    triton backend only (the Ascend variant keeps hal's torch backward)."""
+    """Backward kernels (deterministic, not strict), found by ``hal.attention._VarlenFn.backward`` and
+    ``hal.gdn_backward.grads``; the triton backend only (the Ascend variant keeps hal's torch backward)."""
 
     def flash_attn_varlen_backward(self, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window,
                                    gout, glse):
@@ -67,3 +72,13 @@ class TrainingOps:
         with self.launch_on(q):
             return bwd.flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal,
                                                   window, gout, glse)
+
+    def gdn_state_scan(self, U, W, kt, end, S0):
+        """``hal.gdn_backward.state_scan`` (the GDN backward's chunk-state recurrence) as Triton kernels:
+        (u, S_starts, S_end), differentiable; None for what they do not serve (float64, d_k or d_v > 256,
+        CPU tensors outside the interpreter): hal's torch scan then."""
+        scan = _gdn_backward()
+        if not scan.serves(U, W, S0):
+            return None
+        with self.launch_on(U):
+            return scan.state_scan(U, W, kt, end, S0)

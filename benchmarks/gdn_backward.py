@@ -1,6 +1,9 @@
 """Forward + backward time of the gated delta rule: lockstep's chunked backward (default), its
 token-by-token recompute (LOCKSTEP_GDN_BACKWARD=recurrent), and transformers'
 torch_chunk_gated_delta_rule forward + autograd backward (the stock comparison), same tensors, same run.
+On CUDA the lockstep rows run the triton backend, whose chunked backward takes the Triton state-scan
+kernels (kernels/triton/gdn_backward.py); one more row runs the same with the torch scan
+(LOCKSTEP_GDN_BACKWARD=chunked-torch) for comparison.
 
     python -m benchmarks.gdn_backward [--device cpu|cuda] [--T 512 4096] [--repeats 3] [--no-recurrent]
 
@@ -73,8 +76,12 @@ def _no_grad(forward, x):
         return forward(*x)
 
 
+BACKEND = None  # the lockstep rows' backend: "triton" on CUDA (set by main), automatic on the CPU
+
+
 def _lockstep(q, k, v, g, beta):
-    return hal.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    return hal.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                      backend=BACKEND)
 
 
 def _stock(q, k, v, g, beta):
@@ -104,8 +111,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-recurrent", action="store_true", help="skip the token-by-token backward (slow)")
     args = p.parse_args(argv)
-    print(f"device {args.device}, torch threads {torch.get_num_threads()}, B1 H2/4 D128 fp32, {args.repeats} "
-          f"interleaved rounds; seconds per call (median, min); ratio of the mins to stock forward+backward")
+    global BACKEND
+    BACKEND = "triton" if args.device == "cuda" else None
+    print(f"device {args.device}, lockstep backend {BACKEND or 'auto'}, torch threads {torch.get_num_threads()}, "
+          f"B1 H2/4 D128 fp32, {args.repeats} interleaved rounds; seconds per call (median, min); ratio of the "
+          "mins to stock forward+backward")
     print(f"{'T':>6} {'row':<28} {'median':>9} {'min':>9} {'/ stock':>8}")
     for T in args.T:
         x, do, dfin = _inputs(T, args.device)
@@ -113,6 +123,9 @@ def main(argv=None) -> int:
                 ("stock forward only", lambda: _no_grad(_stock, x), False),
                 ("lockstep forward only", lambda: _no_grad(_lockstep, x), False),
                 ("lockstep chunked backward", _with_form("chunked", lambda: _step(_lockstep, x, do, dfin)), False)]
+        if args.device == "cuda":  # the triton backend's scan kernels above; the torch scan here
+            rows.append(("  same, torch state scan",
+                         _with_form("chunked-torch", lambda: _step(_lockstep, x, do, dfin)), False))
         if not args.no_recurrent:
             rows.append(("lockstep token-by-token bwd",
                          _with_form("recurrent", lambda: _step(_lockstep, x, do, dfin)), True))

@@ -14,7 +14,8 @@
 #   conformance-seq   conformance_seq.*: attention, gated_delta_rule, gdn_layer quick sets
 #   bench-seq         bench_seq.*: attention / GDN kernels vs stock (benchmarks/triton_attn_bench.py)
 #   attn-train        attn_train.*: attention forward + deterministic backward kernels vs flash-attn / SDPA
-#   gdn-train         gdn_train.txt: GDN forward + chunked backward vs transformers' torch path, T 512 / 4096
+#   gdn-train         gdn_train.txt: GDN forward + chunked backward (Triton scan, and torch scan) vs transformers'
+#                     torch path, T 512 / 4096
 #   exact             exact.txt: the exact (int8) policy, GPU bits vs the CPU reference, speed vs cuBLAS bf16
 #   fast-lint, fast, conformance-fast   the fast policy: lint, speed vs cuBLAS / flash-attn, L0-L3 + A
 #   rl-parity         rl_parity.txt: examples.rl_parity on CUDA
@@ -53,8 +54,9 @@ step bench-seq "${SEQ_BENCH_TIMEOUT:-150}" bench_seq.txt "$PY" -m benchmarks.tri
 # with an on-GPU determinism (raw bits) and float64-error check of the backward.
 step attn-train "${ATTN_TRAIN_TIMEOUT:-240}" attn_train.txt "$PY" -m benchmarks.attn_train_bench \
   --csv "$OUT/attn_train.csv"
-# Gated delta rule training step: strict forward + the chunked (WY/UT) torch backward vs transformers' torch path.
-step gdn-train "${GDN_TRAIN_TIMEOUT:-120}" gdn_train.txt "$PY" -m benchmarks.gdn_backward --device cuda \
+# Gated delta rule training step: strict forward + the chunked (WY/UT) backward, its chunk-state scan in Triton
+# (and a torch-scan row), vs transformers' torch path.
+step gdn-train "${GDN_TRAIN_TIMEOUT:-180}" gdn_train.txt "$PY" -m benchmarks.gdn_backward --device cuda \
   --T 512 4096 --repeats 3 --no-recurrent
 # The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu

@@ -231,7 +231,8 @@ def _start_parts(initial_state, layout, n, dtype, device, s):
 
 class _GDNFn(torch.autograd.Function):
     """Forward: the backend's bits. Backward (every backend): autograd through a chunked torch
-    recompute in float32 (float64 for float64 inputs) -- correct and deterministic (hal/gdn_backward.py)."""
+    recompute in float32 (float64 for float64 inputs) -- correct and deterministic (hal/gdn_backward.py);
+    its chunk-state scan runs in the backend's kernels when it offers them (``gdn_state_scan``: triton)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, op, impl, s, scale, parts, cu, l2, box):
@@ -239,6 +240,7 @@ class _GDNFn(torch.autograd.Function):
         box.append(new)
         ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.meta = (scale, parts, cu, l2)
+        ctx.impl = impl
         return o, new.final
 
     @staticmethod
@@ -246,7 +248,7 @@ class _GDNFn(torch.autograd.Function):
         from .gdn_backward import grads
         q, k, v, g, beta, S0 = ctx.saved_tensors
         scale, parts, cu, l2 = ctx.meta
-        out = grads((q, k, v, g, beta), S0, parts, scale, cu, l2, do, dfinal)
+        out = grads((q, k, v, g, beta), S0, parts, scale, cu, l2, do, dfinal, ctx.impl)
         return (*out, None, None, None, None, None, None, None, None)
 
 

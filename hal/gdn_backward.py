@@ -19,7 +19,9 @@ Per chunk with start state S and in-chunk log-decay sums ``D[i, j] = g_(j+1) + .
     S_end = exp(G_last) S + sum_j exp(D[last, j]) k_j u_j^T
 
 so ``u = U - W S`` with ``U, W`` from one triangular inverse that does not depend on S: all of it is
-batched over chunks, and only the products with the running S run in a Python loop over chunks. ``D`` is
+batched over chunks except the state carried from chunk to chunk (:func:`state_scan`, a loop over
+chunks in torch, or a backend's kernels: kernels/triton/gdn_backward.py); o then comes for every chunk
+at once from the states entering the chunks. ``D`` is
 built by summing ``g`` forward from each row (never as a difference of prefix sums), so
 ``g = -inf`` gives decays of exactly 0 and no ``inf - inf``.
 """
@@ -75,9 +77,11 @@ def _unit_lower_inverse(L):
     return inv.reshape(*lead, n, n)
 
 
-def _chunks(q, k, v, g, beta, S):
+def _chunks(q, k, v, g, beta, S, scan=None):
     """The chunk form. q (scaled), k [N, HV, L, dk]; v [N, HV, L, dv]; g, beta [N, HV, L]; L % C == 0;
-    S [N, HV, dk, dv]. Rows with g = beta = 0 are inert (no update, no decay). Returns (o, S_end)."""
+    S [N, HV, dk, dv]. Rows with g = beta = 0 are inert (no update, no decay). ``scan``: a
+    :func:`state_scan` replacement (same arguments and results), or None for the torch loop.
+    Returns (o, S_end)."""
     n, hv, length, dk = k.shape
     nc = length // C
     q, k, v = (x.reshape(n, hv, nc, C, x.shape[-1]) for x in (q, k, v))
@@ -99,22 +103,38 @@ def _chunks(q, k, v, g, beta, S):
     attn = (q @ k.transpose(-1, -2)) * decay                     # causal: decay is 0 above the diagonal
     qg = q * gamma.unsqueeze(-1)
     kt = (k * tail.unsqueeze(-1)).transpose(-1, -2)
-    end = gamma[..., C - 1, None, None]
+    end = gamma[..., C - 1]
+    u, starts, S = (scan or state_scan)(U, W, kt, end, S)
+    o = qg @ starts + attn @ u                                   # every chunk at once, off the sequential path
+    return o.reshape(n, hv, length, -1), S
+
+
+def state_scan(U, W, kt, end, S0):
+    """The only sequential part of the chunk form: the state carried across chunks.
+
+    U [n, hv, nc, C, dv], W [n, hv, nc, C, dk], kt [n, hv, nc, dk, C], end [n, hv, nc] (each chunk's
+    decay of its start state), S0 [n, hv, dk, dv]. Per chunk c, from S = S0:
+    ``u_c = U_c - W_c S;  S <- end_c S + kt_c u_c``. Returns (u [n, hv, nc, C, dv], S_starts
+    [n, hv, nc, dk, dv] (the state entering each chunk), S_end [n, hv, dk, dv]). This torch loop,
+    differentiated by autograd, is the readable definition; a backend may offer a kernel for it
+    (``gdn_state_scan``, e.g. kernels/triton/gdn_backward.py).
+    """
+    S, us, starts = S0, [], []
     # per-chunk pieces by unbind: its backward is one stack, where indexing chunk c of a tensor in
     # the loop would give a backward that adds a zero-filled full-size gradient per chunk
-    outs = []
-    for U_c, W_c, qg_c, attn_c, kt_c, end_c in zip(*(x.unbind(2) for x in (U, W, qg, attn, kt, end))):
+    for U_c, W_c, kt_c, end_c in zip(*(x.unbind(2) for x in (U, W, kt, end[..., None, None]))):
+        starts.append(S)
         u = U_c - W_c @ S
-        outs.append(qg_c @ S + attn_c @ u)
+        us.append(u)
         S = end_c * S + kt_c @ u
-    return torch.stack(outs, 2).reshape(n, hv, length, -1), S
+    return torch.stack(us, 2), torch.stack(starts, 2), S
 
 
 def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, S0=None, cu_seqlens: list[int] | None = None,
-                             l2: bool = False, dtype=F32):
+                             l2: bool = False, dtype=F32, scan=None):
     """Same arguments and results as the oracle's ``gated_delta_rule`` (o [B, T, HV, dv], final
-    [N, HV, dk, dv] in ``dtype``), computed in the chunk form. Packed sequences (``cu_seqlens``) are
-    padded into a batch, each starting its own chunk grid at its first token."""
+    [N, HV, dk, dv] in ``dtype``), computed in the chunk form (``scan``: see :func:`_chunks`). Packed
+    sequences (``cu_seqlens``) are padded into a batch, each starting its own chunk grid at its first token."""
     q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
     if l2:
         q, k = _l2(q), _l2(k)
@@ -126,7 +146,7 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, S0=None, cu_seqlens
     q, k, v = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in xs[:3])
     g, beta = (F.pad(x.transpose(1, 2), (0, pad)) for x in xs[3:])
     S = torch.zeros((n, hv, dk, dv), dtype=dtype, device=v.device) if S0 is None else S0.to(dtype)
-    o, S = _chunks(q, k, v, g, beta, S)
+    o, S = _chunks(q, k, v, g, beta, S, scan)
     return from_padded(o[:, :, :lmax].transpose(1, 2), cu_seqlens), S
 
 
@@ -142,27 +162,51 @@ def start_state(parts, scale: float, dtype):
     return S
 
 
+FORMS = ("chunked", "chunked-torch", "recurrent")
+
+
 def form() -> str:
-    """``chunked`` (default) or ``recurrent`` (token by token), from ``LOCKSTEP_GDN_BACKWARD``."""
+    """From ``LOCKSTEP_GDN_BACKWARD``: ``chunked`` (default; the chunk-state scan in the backend's kernels
+    when it offers them), ``chunked-torch`` (the chunk form with the torch scan on every backend: the
+    comparison row of benchmarks/gdn_backward.py) or ``recurrent`` (token by token)."""
     name = os.environ.get("LOCKSTEP_GDN_BACKWARD", "chunked")
-    if name not in ("chunked", "recurrent"):
-        raise InputError(f"LOCKSTEP_GDN_BACKWARD must be 'chunked' or 'recurrent', got {name!r}")
+    if name not in FORMS:
+        raise InputError(f"LOCKSTEP_GDN_BACKWARD must be one of {', '.join(map(repr, FORMS))}, got {name!r}")
     return name
 
 
-def grads(inputs, S0, parts, scale: float, cu, l2: bool, do, dfinal):
+def backend_scan(impl):
+    """The state scan to use with backend ``impl``: its ``gdn_state_scan`` (differentiable; None back
+    for a shape or dtype it does not serve) when it has one, falling back to :func:`state_scan`."""
+    offered = getattr(impl, "gdn_state_scan", None)
+    if offered is None:
+        return state_scan
+
+    def scan(U, W, kt, end, S0):
+        got = offered(U, W, kt, end, S0)
+        return state_scan(U, W, kt, end, S0) if got is None else got
+    return scan
+
+
+def grads(inputs, S0, parts, scale: float, cu, l2: bool, do, dfinal, impl=None):
     """Gradients of (o, final) w.r.t. (q, k, v, g, beta, S0) for incoming (do, dfinal).
 
     ``inputs`` = the saved (q, k, v, g, beta); ``S0`` the bare initial state tensor (differentiated)
-    or None, then the call began from the kernel ``parts`` (no gradient). Computes in float32 (float64
-    for float64 inputs); returns six gradients in the inputs' dtypes (None for S0 when not given).
+    or None, then the call began from the kernel ``parts`` (no gradient). ``impl``: the backend that
+    ran the forward; its state-scan kernel, if any, runs the chunk form's sequential part. Computes in
+    float32 (float64 for float64 inputs); returns six gradients in the inputs' dtypes (None for S0
+    when not given).
     """
     acc = F64 if inputs[2].dtype == F64 else F32
-    fn = chunked_gated_delta_rule if form() == "chunked" else recurrent
+    how = form()
     with torch.enable_grad():
         leaves = [x.detach().to(acc).requires_grad_(True) for x in inputs]
         s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else start_state(parts, scale, acc)
-        o, fin = fn(*leaves, scale, s0, cu, l2, acc)
+        if how != "recurrent":
+            scan = backend_scan(impl) if how == "chunked" else state_scan
+            o, fin = chunked_gated_delta_rule(*leaves, scale, s0, cu, l2, acc, scan=scan)
+        else:
+            o, fin = recurrent(*leaves, scale, s0, cu, l2, acc)
         wrt = leaves + ([s0] if S0 is not None else [])
         got = torch.autograd.grad((o, fin), wrt, (do.to(acc), dfinal.to(acc)), allow_unused=True)
     out = [None if gr is None else gr.to(x.dtype) for gr, x in zip(got, (*inputs, S0))]

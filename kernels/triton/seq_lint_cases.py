@@ -5,7 +5,8 @@ module does not import the linter): lint.py's ``strict_kernels`` adds ``seq_lint
 full)``. Representative Qwen-like shapes. The CI set (``full=False``) holds the split-KV paged attention
 kernel, the merge kernel and the small GDN kernels; ``full`` adds the chunked GDN kernel (~30 s to
 compile per target) and every attention mode and dtype. ``backward_cases``: the attention backward kernels
-(deterministic, not strict: lint.py's backward rules), bf16 in CI, fp32 / fp16 with ``full``.
+(deterministic, not strict: lint.py's backward rules), bf16 in CI, fp32 / fp16 with ``full``, and the GDN
+backward's state-scan kernels (float32, d_k = d_v = 128).
 """
 from __future__ import annotations
 
@@ -82,4 +83,10 @@ def backward_cases(KernelCase, full: bool = False) -> list:
                                  ("attention_bwd.dq", B._dq_kernel, dict(meta, **_tiles(cfg["q"])))):
             sig = {k: v for k, v in _sig(fn, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"{name}[{dt}]", fn, sig, consts, strict=False))
+    from . import gdn_backward as G
+    tiles = dict(DK=128, DV=128, C=64, **{k: v for k, v in G._config(128, 128).items() if k.startswith("B")})
+    for name, fn, consts in (("gdn_bwd.scan_fwd", G._scan_fwd_kernel, tiles),
+                             ("gdn_bwd.scan_bwd", G._scan_bwd_kernel, dict(tiles, HAS_DSTARTS=True, DECAY=True))):
+        sig = {k: v for k, v in _sig(fn, {"nc": "i32", "n_ch": "i32"}, "*fp32").items() if k not in consts}
+        out.append(KernelCase(name, fn, sig, consts, strict=False))
     return out
