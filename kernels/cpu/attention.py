@@ -30,16 +30,26 @@ def _block_scores(qv, tile, w, dt, scale, sc, tmp):
     """sc[j] = (q . k_j) * scale for the block's keys j < w, tile [D, kv_block] their keys transposed
     (_keys_by_dim): per key the canonical tiled chain over the head dim (tile partials added in order
     from +0.0). The keys of a block are independent chains advanced together, so the loop over keys
-    vectorises."""
+    vectorises; four head dims per pass (one nested fma expression: the chain's order) read the
+    chain once per four steps instead of once per step."""
     d = qv.shape[0]
     for j in range(w):
         sc[j] = ZERO
     for c0 in range(0, d, dt):
+        c1 = min(c0 + dt, d)
         for j in range(w):
             tmp[j] = ZERO
-        for c in range(c0, min(c0 + dt, d)):
+        c = c0
+        while c + 4 <= c1:
+            x0, x1, x2, x3 = qv[c], qv[c + 1], qv[c + 2], qv[c + 3]
+            r0, r1, r2, r3 = tile[c], tile[c + 1], tile[c + 2], tile[c + 3]
+            for j in range(w):
+                tmp[j] = fma(x3, widen(r3[j]), fma(x2, widen(r2[j]), fma(x1, widen(r1[j]),
+                                                                            fma(x0, widen(r0[j]), tmp[j]))))
+            c += 4
+        for c in range(c, c1):
             x = qv[c]
-            row = tile[c, :w]
+            row = tile[c]
             for j in range(w):
                 tmp[j] = fma(x, widen(row[j]), tmp[j])
         for j in range(w):
@@ -49,107 +59,145 @@ def _block_scores(qv, tile, w, dt, scale, sc, tmp):
 
 
 @njit(inline="always", cache=True)
+def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
+    """acc[c] = chain of fma(p_j, v_j[c], .) over the block's visible keys idx[:nv], in key order: four
+    keys per pass as one nested fma expression (each acc[c] still one chain, key after key)."""
+    d = acc.shape[0]
+    for c in range(d):
+        acc[c] = ZERO
+    n = 0
+    while n + 4 <= nv:
+        j0, j1, j2, j3 = idx[n], idx[n + 1], idx[n + 2], idx[n + 3]
+        p0, p1, p2, p3 = p[j0 - b0], p[j1 - b0], p[j2 - b0], p[j3 - b0]
+        v0, v1, v2, v3 = v[rows[b, j0], hk], v[rows[b, j1], hk], v[rows[b, j2], hk], v[rows[b, j3], hk]
+        for c in range(d):
+            acc[c] = fma(p3, widen(v3[c]), fma(p2, widen(v2[c]), fma(p1, widen(v1[c]),
+                                                                      fma(p0, widen(v0[c]), acc[c]))))
+        n += 4
+    for n in range(n, nv):
+        j = idx[n]
+        pj = p[j - b0]
+        vr = v[rows[b, j], hk]
+        for c in range(d):
+            acc[c] = fma(pj, widen(vr[c]), acc[c])
+
+
+@njit(inline="always", cache=True)
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
-    """One (sequence, query row, head) triple: its output row and lse. Values are read in place:
-    key j of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
+    """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
+    query heads. The heads of a group see the same keys, so they share the visible-key list and the
+    key / value loads (from cache); each head's chain stays its own. Values are read in place: key j
+    of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
-    b = task // (nq * hq)
-    i = (task // hq) % nq
-    h = task % hq
-    hk = h // group
+    b = task // (nq * hkv)
+    i = (task // hkv) % nq
+    hk = task % hkv
+    h0 = hk * group
     vrow = vis[b, i]
     last = -1
     for j in range(vrow.shape[0] - 1, -1, -1):
         if vrow[j]:
             last = j
             break
-    o = out[b, i, h]
     if last < 0:  # no visible key: out 0, lse -inf
-        o[:] = ZERO
-        lse[b, i, h] = NEG_INF
+        for g in range(group):
+            out[b, i, h0 + g, :] = ZERO
+            lse[b, i, h0 + g] = NEG_INF
         return
-    qv = np.empty(d, np.float32)
-    for c in range(d):
-        qv[c] = widen(q[b, i, h, c])
-    sc = np.empty(kb, np.float32)
+    qv = np.empty((group, d), np.float32)
+    for g in range(group):
+        for c in range(d):
+            qv[g, c] = widen(q[b, i, h0 + g, c])
+    sc = np.empty((group, kb), np.float32)
+    p = np.empty((group, kb), np.float32)
     tmp = np.empty(kb, np.float32)
+    idx = np.empty(kb, np.int64)
     kth = kt[b, hk]
     acc_blk = np.empty(d, np.float32)
-    acc = np.empty(d, np.float32)
-    acc_tot = np.zeros(d, np.float32)
-    m_tot = NEG_INF
-    l_tot = ZERO
+    acc = np.empty((group, d), np.float32)
+    acc_tot = np.zeros((group, d), np.float32)
+    m_run = np.empty(group, np.float32)
+    l_run = np.empty(group, np.float32)
+    m_tot = np.full(group, NEG_INF, np.float32)
+    l_tot = np.zeros(group, np.float32)
     seen = False
     for s0 in range(0, last + 1, ks):
         s1 = min(s0 + ks, last + 1)
-        m_run = NEG_INF
-        l_run = ZERO
+        m_run[:] = NEG_INF
+        l_run[:] = ZERO
         acc[:] = ZERO
         split_seen = False
         for b0 in range(s0, s1, kb):
             b1 = min(b0 + kb, s1)
-            nonempty = False
-            for j in range(b0, b1):
-                nonempty = nonempty or vrow[j]
-            m_blk = NEG_INF
-            if nonempty:
-                _block_scores(qv, kth[b0 // kb], b1 - b0, dt, scale, sc, tmp)
-                for j in range(b0, b1):
-                    if vrow[j]:
-                        m_blk = nanmax(m_blk, sc[j - b0])
-            m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
-            if nonempty:
+            nv = 0
+            for j in range(b0, b1):  # the block's visible keys, in key order
+                if vrow[j]:
+                    idx[nv] = j
+                    nv += 1
+            if nv == 0:  # m_run is unchanged by an empty block (cummax), nothing else moves
+                continue
+            for g in range(group):
+                sg, pg = sc[g], p[g]
+                _block_scores(qv[g], kth[b0 // kb], b1 - b0, dt, scale, sg, tmp)
+                m_blk = NEG_INF
+                for n in range(nv):
+                    m_blk = nanmax(m_blk, sg[idx[n] - b0])
+                m_new = nanmax(m_run[g], m_blk)  # running max after this block (cummax)
+                for j in range(b1 - b0):  # every key (branch-free, vectorises); only visible ones are used
+                    pg[j] = exp(sg[j] - m_new)
                 l_blk = ZERO
-                acc_blk[:] = ZERO
-                for j in range(b0, b1):
-                    if vrow[j]:
-                        p = exp(sc[j - b0] - m_new)
-                        l_blk = l_blk + p
-                        pv = p
-                        if p_mode == P_BF16:
-                            pv = round_bf16(p)
-                        elif p_mode == P_FP16:
-                            pv = round_f16(p)
-                        vr = v[rows[b, j], hk]
-                        for c in range(d):
-                            acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
-                alpha = exp(m_run - m_new)
-                l_run = fma(l_run, alpha, l_blk)
+                for n in range(nv):
+                    l_blk = l_blk + pg[idx[n] - b0]
+                if p_mode == P_BF16:
+                    for j in range(b1 - b0):
+                        pg[j] = round_bf16(pg[j])
+                elif p_mode == P_FP16:
+                    for j in range(b1 - b0):
+                        pg[j] = round_f16(pg[j])
+                _block_values(v, rows, b, hk, idx, nv, pg, b0, acc_blk)
+                alpha = exp(m_run[g] - m_new)
+                l_run[g] = fma(l_run[g], alpha, l_blk)
+                ag = acc[g]
                 for c in range(d):
-                    acc[c] = fma(acc[c], alpha, acc_blk[c])
-                split_seen = True
-            m_run = m_new
+                    ag[c] = fma(ag[c], alpha, acc_blk[c])
+                m_run[g] = m_new
+            split_seen = True
         if split_seen:  # merge this split into the total, in split order
-            m_new = nanmax(m_tot, m_run)
-            a = exp(m_tot - m_new)
-            cc = exp(m_run - m_new)
-            l_tot = fma(l_tot, a, l_run * cc)
-            for c in range(d):
-                acc_tot[c] = fma(acc_tot[c], a, acc[c] * cc)
-            m_tot = m_new
+            for g in range(group):
+                m_new = nanmax(m_tot[g], m_run[g])
+                a = exp(m_tot[g] - m_new)
+                cc = exp(m_run[g] - m_new)
+                l_tot[g] = fma(l_tot[g], a, l_run[g] * cc)
+                ag, tg = acc[g], acc_tot[g]
+                for c in range(d):
+                    tg[c] = fma(tg[c], a, ag[c] * cc)
+                m_tot[g] = m_new
             seen = True
-    if seen:
-        for c in range(d):
-            o[c] = canon(acc_tot[c] / l_tot)
-        lse[b, i, h] = canon(m_tot + log(l_tot))
-    else:
-        o[:] = ZERO
-        lse[b, i, h] = NEG_INF
+    for g in range(group):
+        o = out[b, i, h0 + g]
+        if seen:
+            tg = acc_tot[g]
+            for c in range(d):
+                o[c] = canon(tg[c] / l_tot[g])
+            lse[b, i, h0 + g] = canon(m_tot[g] + log(l_tot[g]))
+        else:
+            o[:] = ZERO
+            lse[b, i, h0 + g] = NEG_INF
 
 
 @njit(parallel=True, cache=True)
 def _attend_par(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq, hq, _ = q.shape
-    for task in prange(bsz * nq * hq):
+    bsz, nq = q.shape[:2]
+    for task in prange(bsz * nq * kt.shape[1]):
         _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(cache=True)
 def _attend_ser(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq, hq, _ = q.shape
-    for task in range(bsz * nq * hq):
+    bsz, nq = q.shape[:2]
+    for task in range(bsz * nq * kt.shape[1]):
         _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
