@@ -358,6 +358,31 @@ def test_parallel_and_serial_drivers_same_bits():
     same("matmul across tasks", *both(hal.matmul, a, w.t()))
 
 
+def test_attention_parallel_and_serial_drivers_same_bits(monkeypatch):
+    """Attention's prange driver (tasks = (sequence, query row, kv head), split over 2 threads) and its
+    serial driver run one task body: same bits as each other and as the reference (GQA groups of 4
+    and of 3, varlen with an empty sequence). Forcing the driver choice is the only change."""
+    import numba
+    from hal.kernels.cpu import attention as ka
+    g = torch.Generator().manual_seed(8)
+    cu = torch.tensor([0, 70, 70, 130], dtype=torch.int32)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for hq, hkv in ((8, 2), (3, 1)):
+            q, k, v = randn(g, 130, hq, 40), randn(g, 130, hkv, 40), randn(g, 130, hkv, 40)
+            args = (q, k, v, cu, cu, 70, 70)
+            outs = []
+            for par in (True, False):
+                monkeypatch.setattr(ka, "parallel_worth", lambda work, par=par: par)
+                outs.append(hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="cpu"))
+            same(f"attention H{hq}/{hkv} parallel vs serial", outs[0], outs[1])
+            same(f"attention H{hq}/{hkv} vs reference",
+                 hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference"), outs[0])
+    finally:
+        numba.set_num_threads(old)
+
+
 def test_elementwise_serial_and_prange_drivers_same_bits():
     """Elementwise maps run a serial driver up to _SERIAL_MAX elements and the prange driver above:
     a large input's leading elements equal the same elements computed alone, and the reference
