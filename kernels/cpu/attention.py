@@ -1,4 +1,4 @@
-"""Softmax attention under an AttentionSpec (strict), one (sequence, query row, head) per task.
+"""Softmax attention under an AttentionSpec (strict), one (sequence, query row, kv head) per task.
 
 The arithmetic is kernels/reference/attention.py's, written per query row: keys in splits of
 ``kv_split`` anchored at key 0, blocks of ``kv_block`` inside a split; per block the visible
@@ -8,6 +8,14 @@ alpha = exp(m_prev - m); splits are merged in order. Blocks and splits with no v
 skipped (so how many splits a call computes at once, ``num_splits``, never matters: the reference
 merges the same splits in the same order). Host-side layout (varlen <-> padded, paged gather,
 key visibility) is the shared code in hal/attention.py and hal/kv_cache.py.
+
+Speed without touching the order: a task runs all query heads of one kv head's group (GQA/MQA), since
+they see the same keys: one visible-key list, and heads in pairs share each load of a key or value
+(their chains stay separate). A split's scores are computed in one pass over its keys ([D, kv_split]
+key tiles: the keys are independent chains, so the loop over them vectorises), four head dims per
+nested fma expression; values go eight keys per nested expression. A nested expression
+fma(x3, k3, fma(x2, k2, fma(x1, k1, fma(x0, k0, acc)))) is the chain's own order, one rounding per
+step: it only reads and writes the partial once per four steps instead of each step.
 """
 from __future__ import annotations
 
