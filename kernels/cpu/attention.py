@@ -119,8 +119,8 @@ def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
 @njit(inline="always", cache=True)
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
     """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
-    query heads. The heads of a group see the same keys, so they share the visible-key list and the
-    key / value loads (from cache); each head's chain stays its own. Values are read in place: key j
+    query heads. The heads of a group see the same keys, so they share the visible-key list and, in
+    pairs, each load of a key tile; each head's chain stays its own. Values are read in place: key j
     of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
