@@ -69,6 +69,12 @@ def mask_causal_window(vis, j, p, causal: bool, window: tuple[int, int]):
     return vis
 
 
+def _uniform(cu: torch.Tensor, lens: torch.Tensor, max_len: int, total: int) -> bool:
+    """The packed rows are exactly [batch, max_len] (every sequence max_len long, in order, from row 0,
+    no trailing rows): packed and padded layouts are then the same memory."""
+    return total == lens.shape[0] * max_len and int(cu[0]) == 0 and bool((lens == max_len).all())
+
+
 def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
     """Packed ``x [total, ...]`` -> ``[batch, max_len, ...]`` and lengths; padding rows are copies (masked later)."""
     cu = cu.to(torch.int64)
@@ -76,6 +82,8 @@ def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
     bsz = lens.shape[0]
     if x.shape[0] == 0 or max_len == 0:
         return x.new_zeros((bsz, max_len, *x.shape[1:])), lens
+    if _uniform(cu, lens, max_len, x.shape[0]):  # already padded: a view, no copy
+        return x.reshape(bsz, max_len, *x.shape[1:]), lens
     i = torch.arange(max_len, device=x.device).reshape(1, -1)
     idx = torch.where(i < lens.reshape(-1, 1), cu[:-1].reshape(-1, 1) + i, 0).clamp_max(x.shape[0] - 1)
     return x[idx], lens
@@ -85,6 +93,8 @@ def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float
     """Inverse of :func:`varlen_to_padded`; rows of no sequence get ``fill``."""
     cu = cu.to(torch.int64)
     lens = cu[1:] - cu[:-1]
+    if xp.shape[1] and _uniform(cu, lens, xp.shape[1], total):  # every row is a real one: a view
+        return xp.reshape(total, *xp.shape[2:])
     out = xp.new_full((total, *xp.shape[2:]), fill)
     if xp.shape[1] == 0:
         return out

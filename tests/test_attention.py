@@ -346,3 +346,25 @@ def test_kv_cache_contiguous_subset_rows():
     o = cache.attend(q[None, 4:], k[None, 4:], v[None, 4:], rows=[2])
     assert same_bits(o[0], full[4:]) and cache.seqlens.tolist() == [0, 0, 6]
     assert same_bits(cache.keys(2), k) and int(cache.k[:2].abs().sum()) == 0
+
+
+def test_varlen_padded_layout_moves_uniform_fast_path():
+    """When every sequence is max_len long from row 0 (a single sequence, or equal lengths), packed
+    and padded layouts are the same memory and the moves are views. They must equal the general
+    gather / scatter, written out here by slices; a batch with a trailing row of no sequence (the
+    general path) is checked the same way, as is an empty sequence."""
+    from hal.attention import padded_to_varlen, varlen_to_padded
+    g = torch.Generator().manual_seed(3)
+    for lens, total in (([7], 7), ([5, 5, 5], 15), ([5, 5], 11), ([4, 0, 4], 8), ([3, 6], 9)):
+        x = torch.randn(total, 2, 3, generator=g)
+        cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+        max_len = max(lens)
+        xp, got_lens = varlen_to_padded(x, cu, max_len)
+        assert got_lens.tolist() == lens and tuple(xp.shape) == (len(lens), max_len, 2, 3)
+        for b, n in enumerate(lens):
+            assert same_bits(xp[b, :n], x[int(cu[b]):int(cu[b]) + n])
+        back = padded_to_varlen(xp * 2, cu, total, fill=-1.0)
+        want = torch.full_like(x, -1.0)
+        for b, n in enumerate(lens):
+            want[int(cu[b]):int(cu[b]) + n] = x[int(cu[b]):int(cu[b]) + n] * 2
+        assert same_bits(back, want)

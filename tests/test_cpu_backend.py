@@ -230,18 +230,44 @@ def test_negative_control_wrong_arithmetic_is_caught(kind):
 from hal.spec import AttentionSpec  # noqa: E402
 
 
+# (Hq, Hkv): GQA groups of 1, 2, 3 and 4 query heads (the kernel runs a group's heads in pairs, a lone
+# last head alone), MQA with an odd and an even group; head dims and dot tiles that are and are not
+# multiples of the kernel's four-dim passes; kv_split wider than the keys (one narrower tile) and not
+# a power of two.
+ATTN_HEADS = [(1, 1), (4, 2), (3, 1), (6, 2), (8, 2), (4, 1)]
+ATTN_TILES = [(16, 32, 64, "fp32"), (64, 256, 64, "fp32"), (16, 64, 8, "input"), (16, 48, 6, "fp32")]
+
+
+def _specials(g, x, frac=0.05):
+    """x with a few NaN / +-inf / huge entries (at random places, same count for every dtype)."""
+    x = x.clone()
+    flat = x.reshape(-1)
+    if flat.numel():
+        n = max(1, int(flat.numel() * frac))
+        at = torch.randint(0, flat.numel(), (n,), generator=g)
+        vals = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e4, -3e4])
+        flat[at] = vals[torch.randint(0, 5, (n,), generator=g)].to(x.dtype)
+    return x
+
+
 @HYP
 @given(lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 90)), min_size=1, max_size=3),
-       heads=st.sampled_from([(1, 1), (4, 2), (3, 1)]), d=st.sampled_from([8, 40, 64]),
+       heads=st.sampled_from(ATTN_HEADS), d=st.sampled_from([8, 37, 40, 64]),
        causal=st.booleans(), window=st.sampled_from([(-1, -1), (17, 0), (5, 3)]), dt=st.sampled_from(DTYPES),
-       tiles=st.sampled_from([(16, 32, 64, "fp32"), (64, 256, 64, "fp32"), (16, 64, 8, "input")]),
+       tiles=st.sampled_from(ATTN_TILES), special=st.sampled_from([None, "q", "k", "v"]),
        seed=st.integers(0, 2**16))
-def test_attention_varlen_bits(lens, heads, d, causal, window, dt, tiles, seed):
+def test_attention_varlen_bits(lens, heads, d, causal, window, dt, tiles, special, seed):
     g = torch.Generator().manual_seed(seed)
     lq = [min(a, b) for a, b in lens]  # queries are the last keys of their sequence
     lk = [b for _, b in lens]
     hq, hkv = heads
     q, k, v = randn(g, sum(lq), hq, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt), randn(g, sum(lk), hkv, d, dtype=dt)
+    if special == "q":
+        q = _specials(g, q)
+    elif special == "k":
+        k = _specials(g, k)
+    elif special == "v":
+        v = _specials(g, v)
     cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
     kb, ks, dtile, pp = tiles
@@ -253,10 +279,11 @@ def test_attention_varlen_bits(lens, heads, d, causal, window, dt, tiles, seed):
 
 @HYP
 @given(b=st.integers(1, 3), cached=st.integers(0, 150), sq=st.integers(1, 5), page=st.sampled_from([16, 48]),
-       splits=st.integers(0, 4), dt=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
-def test_attention_paged_kvcache_bits(b, cached, sq, page, splits, dt, seed):
+       splits=st.integers(0, 4), dt=st.sampled_from(DTYPES), heads=st.sampled_from(ATTN_HEADS),
+       seed=st.integers(0, 2**16))
+def test_attention_paged_kvcache_bits(b, cached, sq, page, splits, dt, heads, seed):
     g = torch.Generator().manual_seed(seed)
-    hq, hkv, d = 4, 2, 32
+    (hq, hkv), d = heads, 32
     pages_per_seq = -(-(cached + sq) // page)
     n_pages = b * pages_per_seq
     kc, vc = randn(g, n_pages, page, hkv, d, dtype=dt), randn(g, n_pages, page, hkv, d, dtype=dt)
@@ -272,7 +299,7 @@ def test_attention_paged_kvcache_bits(b, cached, sq, page, splits, dt, seed):
 def test_attention_negative_controls_are_caught():
     """The same comparison catches SDPA (stock) and a one-split variant of the merge arithmetic."""
     g = torch.Generator().manual_seed(5)
-    q, k, v = randn(g, 40, 2, 32), randn(g, 600, 2, 32), randn(g, 600, 2, 32)
+    q, k, v = randn(g, 40, 8, 32), randn(g, 600, 2, 32), randn(g, 600, 2, 32)  # GQA groups of 4
     cu_q, cu_k = torch.tensor([0, 40], dtype=torch.int32), torch.tensor([0, 600], dtype=torch.int32)
     args = (q, k, v, cu_q, cu_k, 40, 600)
     ref = hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference")
@@ -329,6 +356,31 @@ def test_parallel_and_serial_drivers_same_bits():
         numba.set_num_threads(old)
     same("linear across tasks", *both(hal.linear, a, w))
     same("matmul across tasks", *both(hal.matmul, a, w.t()))
+
+
+def test_attention_parallel_and_serial_drivers_same_bits(monkeypatch):
+    """Attention's prange driver (tasks = (sequence, query row, kv head), split over 2 threads) and its
+    serial driver run one task body: same bits as each other and as the reference (GQA groups of 4
+    and of 3, varlen with an empty sequence). Forcing the driver choice is the only change."""
+    import numba
+    from hal.kernels.cpu import attention as ka
+    g = torch.Generator().manual_seed(8)
+    cu = torch.tensor([0, 70, 70, 130], dtype=torch.int32)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for hq, hkv in ((8, 2), (3, 1)):
+            q, k, v = randn(g, 130, hq, 40), randn(g, 130, hkv, 40), randn(g, 130, hkv, 40)
+            args = (q, k, v, cu, cu, 70, 70)
+            outs = []
+            for par in (True, False):
+                monkeypatch.setattr(ka, "parallel_worth", lambda work, par=par: par)
+                outs.append(hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="cpu"))
+            same(f"attention H{hq}/{hkv} parallel vs serial", outs[0], outs[1])
+            same(f"attention H{hq}/{hkv} vs reference",
+                 hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference"), outs[0])
+    finally:
+        numba.set_num_threads(old)
 
 
 def test_elementwise_serial_and_prange_drivers_same_bits():

@@ -1,4 +1,4 @@
-"""Softmax attention under an AttentionSpec (strict), one (sequence, query row, head) per task.
+"""Softmax attention under an AttentionSpec (strict), one (sequence, query row, kv head) per task.
 
 The arithmetic is kernels/reference/attention.py's, written per query row: keys in splits of
 ``kv_split`` anchored at key 0, blocks of ``kv_block`` inside a split; per block the visible
@@ -8,6 +8,14 @@ alpha = exp(m_prev - m); splits are merged in order. Blocks and splits with no v
 skipped (so how many splits a call computes at once, ``num_splits``, never matters: the reference
 merges the same splits in the same order). Host-side layout (varlen <-> padded, paged gather,
 key visibility) is the shared code in hal/attention.py and hal/kv_cache.py.
+
+Speed without touching the order: a task runs all query heads of one kv head's group (GQA/MQA), since
+they see the same keys: one visible-key list, and heads in pairs share each load of a key or value
+(their chains stay separate). A split's scores are computed in one pass over its keys ([D, kv_split]
+key tiles: the keys are independent chains, so the loop over them vectorises), four head dims per
+nested fma expression; values go eight keys per nested expression. A nested expression
+fma(x3, k3, fma(x2, k2, fma(x1, k1, fma(x0, k0, acc)))) is the chain's own order, one rounding per
+step: it only reads and writes the partial once per four steps instead of each step.
 """
 from __future__ import annotations
 
@@ -26,149 +34,231 @@ _P_MODE = {torch.bfloat16: P_BF16, torch.float16: P_FP16}
 
 
 @njit(inline="always", cache=True)
-def _block_scores(qv, tile, w, dt, scale, sc, tmp):
-    """sc[j] = (q . k_j) * scale for the block's keys j < w, tile [D, kv_block] their keys transposed
-    (_keys_by_dim): per key the canonical tiled chain over the head dim (tile partials added in order
-    from +0.0). The keys of a block are independent chains advanced together, so the loop over keys
-    vectorises."""
-    d = qv.shape[0]
+def _split_scores(qa, qb, two, tile, w, dt, scale, sa, sb, tmp):
+    """sa[j] = (qa . k_j) * scale for the split's first w keys (and sb from qb when ``two``: the two
+    query heads share each load of the keys), tile [D, >= w] their keys transposed (_keys_by_dim):
+    per key the canonical tiled chain over the head dim (tile partials added in order from +0.0).
+    Keys are independent chains advanced together, so the loop over a split's keys vectorises (a
+    whole split per loop: a block's 64 keys made the loop set-up cost as much as the work); four
+    head dims per pass as one nested fma expression (the chain's own order) read and write each
+    partial once per four steps."""
+    d = qa.shape[0]
+    ta, tb = tmp[0], tmp[1]
     for j in range(w):
-        sc[j] = ZERO
+        sa[j] = ZERO
+        sb[j] = ZERO
     for c0 in range(0, d, dt):
+        c1 = min(c0 + dt, d)
         for j in range(w):
-            tmp[j] = ZERO
-        for c in range(c0, min(c0 + dt, d)):
-            x = qv[c]
-            row = tile[c, :w]
+            ta[j] = ZERO
+            tb[j] = ZERO
+        c = c0
+        while c + 4 <= c1:
+            x0, x1, x2, x3 = qa[c], qa[c + 1], qa[c + 2], qa[c + 3]
+            y0, y1, y2, y3 = qb[c], qb[c + 1], qb[c + 2], qb[c + 3]
+            r0, r1, r2, r3 = tile[c], tile[c + 1], tile[c + 2], tile[c + 3]
+            if two:
+                for j in range(w):
+                    k0, k1, k2, k3 = widen(r0[j]), widen(r1[j]), widen(r2[j]), widen(r3[j])
+                    ta[j] = fma(x3, k3, fma(x2, k2, fma(x1, k1, fma(x0, k0, ta[j]))))
+                    tb[j] = fma(y3, k3, fma(y2, k2, fma(y1, k1, fma(y0, k0, tb[j]))))
+            else:
+                for j in range(w):
+                    ta[j] = fma(x3, widen(r3[j]), fma(x2, widen(r2[j]), fma(x1, widen(r1[j]),
+                                                                              fma(x0, widen(r0[j]), ta[j]))))
+            c += 4
+        for c in range(c, c1):
+            x, y, row = qa[c], qb[c], tile[c]
             for j in range(w):
-                tmp[j] = fma(x, widen(row[j]), tmp[j])
+                k = widen(row[j])
+                ta[j] = fma(x, k, ta[j])
+                tb[j] = fma(y, k, tb[j])
         for j in range(w):
-            sc[j] = sc[j] + tmp[j]
+            sa[j] = sa[j] + ta[j]
+            sb[j] = sb[j] + tb[j]
     for j in range(w):
-        sc[j] = sc[j] * scale
+        sa[j] = sa[j] * scale
+        sb[j] = sb[j] * scale
+
+
+@njit(inline="always", cache=True)
+def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
+    """acc[c] = chain of fma(p_j, v_j[c], .) over the block's visible keys idx[:nv], in key order: eight
+    (then four) keys per pass as one nested fma expression (each acc[c] still one chain, key after
+    key), so each partial is read and written once per eight steps."""
+    d = acc.shape[0]
+    for c in range(d):
+        acc[c] = ZERO
+    n = 0
+    while n + 8 <= nv:
+        j0, j1, j2, j3 = idx[n], idx[n + 1], idx[n + 2], idx[n + 3]
+        j4, j5, j6, j7 = idx[n + 4], idx[n + 5], idx[n + 6], idx[n + 7]
+        p0, p1, p2, p3 = p[j0 - b0], p[j1 - b0], p[j2 - b0], p[j3 - b0]
+        p4, p5, p6, p7 = p[j4 - b0], p[j5 - b0], p[j6 - b0], p[j7 - b0]
+        v0, v1, v2, v3 = v[rows[b, j0], hk], v[rows[b, j1], hk], v[rows[b, j2], hk], v[rows[b, j3], hk]
+        v4, v5, v6, v7 = v[rows[b, j4], hk], v[rows[b, j5], hk], v[rows[b, j6], hk], v[rows[b, j7], hk]
+        for c in range(d):
+            t = fma(p3, widen(v3[c]), fma(p2, widen(v2[c]), fma(p1, widen(v1[c]), fma(p0, widen(v0[c]), acc[c]))))
+            acc[c] = fma(p7, widen(v7[c]), fma(p6, widen(v6[c]), fma(p5, widen(v5[c]), fma(p4, widen(v4[c]), t))))
+        n += 8
+    while n + 4 <= nv:
+        j0, j1, j2, j3 = idx[n], idx[n + 1], idx[n + 2], idx[n + 3]
+        p0, p1, p2, p3 = p[j0 - b0], p[j1 - b0], p[j2 - b0], p[j3 - b0]
+        v0, v1, v2, v3 = v[rows[b, j0], hk], v[rows[b, j1], hk], v[rows[b, j2], hk], v[rows[b, j3], hk]
+        for c in range(d):
+            acc[c] = fma(p3, widen(v3[c]), fma(p2, widen(v2[c]), fma(p1, widen(v1[c]), fma(p0, widen(v0[c]), acc[c]))))
+        n += 4
+    for n in range(n, nv):
+        j = idx[n]
+        pj = p[j - b0]
+        vr = v[rows[b, j], hk]
+        for c in range(d):
+            acc[c] = fma(pj, widen(vr[c]), acc[c])
 
 
 @njit(inline="always", cache=True)
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
-    """One (sequence, query row, head) triple: its output row and lse. Values are read in place:
-    key j of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
+    """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
+    query heads. The heads of a group see the same keys, so they share the visible-key list and, in
+    pairs, each load of a key tile; each head's chain stays its own. Values are read in place: key j
+    of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
-    b = task // (nq * hq)
-    i = (task // hq) % nq
-    h = task % hq
-    hk = h // group
+    b = task // (nq * hkv)
+    i = (task // hkv) % nq
+    hk = task % hkv
+    h0 = hk * group
     vrow = vis[b, i]
     last = -1
     for j in range(vrow.shape[0] - 1, -1, -1):
         if vrow[j]:
             last = j
             break
-    o = out[b, i, h]
     if last < 0:  # no visible key: out 0, lse -inf
-        o[:] = ZERO
-        lse[b, i, h] = NEG_INF
+        for g in range(group):
+            out[b, i, h0 + g, :] = ZERO
+            lse[b, i, h0 + g] = NEG_INF
         return
-    qv = np.empty(d, np.float32)
-    for c in range(d):
-        qv[c] = widen(q[b, i, h, c])
-    sc = np.empty(kb, np.float32)
-    tmp = np.empty(kb, np.float32)
+    qv = np.empty((group, d), np.float32)
+    for g in range(group):
+        for c in range(d):
+            qv[g, c] = widen(q[b, i, h0 + g, c])
+    tw = kt.shape[4]  # keys per tile: the split (or all keys when fewer)
+    sc = np.empty((group + 1, tw), np.float32)  # row group: scratch for an odd group's last pair
+    p = np.empty(kb, np.float32)
+    tmp = np.empty((2, tw), np.float32)
+    idx = np.empty(kb, np.int64)
     kth = kt[b, hk]
     acc_blk = np.empty(d, np.float32)
-    acc = np.empty(d, np.float32)
-    acc_tot = np.zeros(d, np.float32)
-    m_tot = NEG_INF
-    l_tot = ZERO
+    acc = np.empty((group, d), np.float32)
+    acc_tot = np.zeros((group, d), np.float32)
+    m_run = np.empty(group, np.float32)
+    l_run = np.empty(group, np.float32)
+    m_tot = np.full(group, NEG_INF, np.float32)
+    l_tot = np.zeros(group, np.float32)
     seen = False
     for s0 in range(0, last + 1, ks):
         s1 = min(s0 + ks, last + 1)
-        m_run = NEG_INF
-        l_run = ZERO
+        m_run[:] = NEG_INF
+        l_run[:] = ZERO
         acc[:] = ZERO
         split_seen = False
+        nvis = 0
+        for j in range(s0, s1):
+            nvis += vrow[j]
+        if nvis == 0:  # an empty split changes nothing
+            continue
+        for g in range(0, group, 2):  # heads in pairs; a lone last head's pair slot is scratch (row group)
+            _split_scores(qv[g], qv[min(g + 1, group - 1)], g + 1 < group, kth[s0 // ks], s1 - s0, dt, scale,
+                          sc[g], sc[g + 1], tmp)
         for b0 in range(s0, s1, kb):
             b1 = min(b0 + kb, s1)
-            nonempty = False
-            for j in range(b0, b1):
-                nonempty = nonempty or vrow[j]
-            m_blk = NEG_INF
-            if nonempty:
-                _block_scores(qv, kth[b0 // kb], b1 - b0, dt, scale, sc, tmp)
-                for j in range(b0, b1):
-                    if vrow[j]:
-                        m_blk = nanmax(m_blk, sc[j - b0])
-            m_new = nanmax(m_run, m_blk)  # running max after this block (cummax)
-            if nonempty:
+            nv = 0
+            for j in range(b0, b1):  # the block's visible keys, in key order
+                if vrow[j]:
+                    idx[nv] = j
+                    nv += 1
+            if nv == 0:  # m_run is unchanged by an empty block (cummax), nothing else moves
+                continue
+            for g in range(group):
+                sg, pg = sc[g], p
+                m_blk = NEG_INF
+                for n in range(nv):
+                    m_blk = nanmax(m_blk, sg[idx[n] - s0])
+                m_new = nanmax(m_run[g], m_blk)  # running max after this block (cummax)
+                for j in range(b0, b1):  # every key (branch-free, vectorises); only visible ones are used
+                    pg[j - b0] = exp(sg[j - s0] - m_new)
                 l_blk = ZERO
-                acc_blk[:] = ZERO
-                for j in range(b0, b1):
-                    if vrow[j]:
-                        p = exp(sc[j - b0] - m_new)
-                        l_blk = l_blk + p
-                        pv = p
-                        if p_mode == P_BF16:
-                            pv = round_bf16(p)
-                        elif p_mode == P_FP16:
-                            pv = round_f16(p)
-                        vr = v[rows[b, j], hk]
-                        for c in range(d):
-                            acc_blk[c] = fma(pv, widen(vr[c]), acc_blk[c])
-                alpha = exp(m_run - m_new)
-                l_run = fma(l_run, alpha, l_blk)
+                for n in range(nv):
+                    l_blk = l_blk + pg[idx[n] - b0]
+                if p_mode == P_BF16:
+                    for j in range(b1 - b0):
+                        pg[j] = round_bf16(pg[j])
+                elif p_mode == P_FP16:
+                    for j in range(b1 - b0):
+                        pg[j] = round_f16(pg[j])
+                _block_values(v, rows, b, hk, idx, nv, p, b0, acc_blk)
+                alpha = exp(m_run[g] - m_new)
+                l_run[g] = fma(l_run[g], alpha, l_blk)
+                ag = acc[g]
                 for c in range(d):
-                    acc[c] = fma(acc[c], alpha, acc_blk[c])
-                split_seen = True
-            m_run = m_new
+                    ag[c] = fma(ag[c], alpha, acc_blk[c])
+                m_run[g] = m_new
+            split_seen = True
         if split_seen:  # merge this split into the total, in split order
-            m_new = nanmax(m_tot, m_run)
-            a = exp(m_tot - m_new)
-            cc = exp(m_run - m_new)
-            l_tot = fma(l_tot, a, l_run * cc)
-            for c in range(d):
-                acc_tot[c] = fma(acc_tot[c], a, acc[c] * cc)
-            m_tot = m_new
+            for g in range(group):
+                m_new = nanmax(m_tot[g], m_run[g])
+                a = exp(m_tot[g] - m_new)
+                cc = exp(m_run[g] - m_new)
+                l_tot[g] = fma(l_tot[g], a, l_run[g] * cc)
+                ag, tg = acc[g], acc_tot[g]
+                for c in range(d):
+                    tg[c] = fma(tg[c], a, ag[c] * cc)
+                m_tot[g] = m_new
             seen = True
-    if seen:
-        for c in range(d):
-            o[c] = canon(acc_tot[c] / l_tot)
-        lse[b, i, h] = canon(m_tot + log(l_tot))
-    else:
-        o[:] = ZERO
-        lse[b, i, h] = NEG_INF
+    for g in range(group):
+        o = out[b, i, h0 + g]
+        if seen:
+            tg = acc_tot[g]
+            for c in range(d):
+                o[c] = canon(tg[c] / l_tot[g])
+            lse[b, i, h0 + g] = canon(m_tot[g] + log(l_tot[g]))
+        else:
+            o[:] = ZERO
+            lse[b, i, h0 + g] = NEG_INF
 
 
 @njit(parallel=True, cache=True)
 def _attend_par(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq, hq, _ = q.shape
-    for task in prange(bsz * nq * hq):
+    bsz, nq = q.shape[:2]
+    for task in prange(bsz * nq * kt.shape[1]):
         _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(cache=True)
 def _attend_ser(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq, hq, _ = q.shape
-    for task in range(bsz * nq * hq):
+    bsz, nq = q.shape[:2]
+    for task in range(bsz * nq * kt.shape[1]):
         _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(cache=True)
 def _keys_by_dim(k, rows, kt):
-    """kt[b, h, n, c, i] = k[rows[b, n * kb + i], h, c] (stored values, any dtype; k [R, Hkv, D], e.g.
-    a paged cache read in place; kb = kt.shape[-1], the spec's kv_block): each (sequence, kv head)'s
-    keys as one [D, kb] tile per block (blocks start at multiples of kb: a split is a multiple of it),
-    so a block's scores vectorise over keys and the copy writes one small tile at a time (a [D, K]
-    layout writes D streams K floats apart: twice the time at a 4k cache)."""
+    """kt[b, h, n, c, i] = k[rows[b, n * tw + i], h, c] (stored values, any dtype; k [R, Hkv, D], e.g.
+    a paged cache read in place; tw = kt.shape[-1], the spec's kv_split or all keys when fewer): each
+    (sequence, kv head)'s keys as one [D, tw] tile per split, so a split's scores vectorise over its
+    keys and the copy writes one tile at a time (a [D, K] layout writes D streams K floats apart:
+    twice the time at a 4k cache)."""
     bsz, nk = rows.shape
     hkv, d = k.shape[1], k.shape[2]
-    kb = kt.shape[4]
+    tw = kt.shape[4]
     for task in range(bsz * hkv):  # a copy: one thread streams it about as fast as two
         b = task // hkv
         h = task % hkv
         for n in range(kt.shape[2]):
-            j0 = n * kb
-            w = min(kb, nk - j0)
+            j0 = n * tw
+            w = min(tw, nk - j0)
             for c in range(d):
                 dst = kt[b, h, n, c]
                 for i in range(w):
@@ -186,8 +276,8 @@ def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
         kr, r = raw(k), rows.contiguous().numpy()
-        kb = spec.kv_block
-        kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // kb), d, kb), kr.dtype)
+        tw = max(1, min(spec.kv_split, r.shape[1]))  # splits start at multiples of kv_split
+        kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // tw), d, tw), kr.dtype)
         _keys_by_dim(kr, r, kt)
         attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
         attend(raw(q), kt, raw(v), r, vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,

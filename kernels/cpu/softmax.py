@@ -51,16 +51,22 @@ def _row_max(x):
 
 
 @njit(inline="always", cache=True)
-def _row_stats(x, t, e):
-    """(shift, S, empty) of row x; fills e with exp(x - shift)."""
-    n = x.shape[0]
+def _row_shift(x):
+    """(shift, empty) of row x: its max; NaN when poisoned; 0 for a row of -inf only (empty)."""
     m, poisoned = _row_max(x)
     empty = (not poisoned) and m == NEG_INF
     if poisoned:
         m = NAN
     elif empty:
         m = ZERO
-    for i in range(n):
+    return m, empty
+
+
+@njit(inline="always", cache=True)
+def _row_stats(x, t, e):
+    """(shift, S, empty) of row x; fills e with exp(x - shift) (e must not be x: see _logprob_row)."""
+    m, empty = _row_shift(x)
+    for i in range(x.shape[0]):
         e[i] = exp(widen(x[i]) - m)
     return m, tiled_sum(e, t), empty
 
@@ -127,16 +133,19 @@ def logsumexp(x, spec):
 
 @njit(inline="always", cache=True)
 def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
-    """out[row0 + r] from row r of logits [C, V] (one token's logits per row; divided by the
-    temperature in place when scale)."""
+    """out[row0 + r] from row r of logits [C, V] (one token's logits per row, our scratch: divided by
+    the temperature in place when scale, then overwritten by exp(logit - shift) once the token's
+    logit is read: no V-wide buffer per row)."""
     v = logits.shape[1]
     row = logits[r]
     if scale:
         for i in range(v):
             row[i] = row[i] / temp
-    e = np.empty(v, np.float32)
-    m, s, empty = _row_stats(row, t, e)
-    out[row0 + r] = NEG_INF if empty else canon((row[tokens[row0 + r]] - m) - log(s))
+    x_tok = row[tokens[row0 + r]]
+    m, empty = _row_shift(row)
+    for i in range(v):  # in place, through one name: two names for one array fail the vectoriser's overlap check
+        row[i] = exp(row[i] - m)
+    out[row0 + r] = NEG_INF if empty else canon((x_tok - m) - log(tiled_sum(row, t)))
 
 
 @njit(parallel=True, cache=True)
