@@ -27,7 +27,7 @@ by a float reduction.
 Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
 head group[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
 Ascend variant, which also takes the NPU substitutes (division, log, fp16 rounding) and, through
-``_block_m``, row tiles that fit the unified buffer.
+``_tiles``, row tiles (packed heads counted) that fit the unified buffer.
 """
 from __future__ import annotations
 
