@@ -131,6 +131,63 @@ def attn_negative():
     _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
 
 
+GQA_SHAPES = ((2, 2), (4, 2), (8, 2), (3, 1))  # (Hq, Hkv): groups 1, 2, 4 and MQA with a group of 3 (padded tile)
+
+
+def _packed(max_q, hq, hkv, d, spec):
+    """The decode layout packs the whole GQA group into one program (else the check would miss the path)."""
+    bm, rows, pack = tri_attn._tiles(max_q, hq // hkv, triton_next_pow2(d), spec.kv_block)
+    assert pack == hq // hkv and rows * pack <= bm, (max_q, hq, hkv, bm, rows, pack)
+
+
+def triton_next_pow2(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def attn_gqa_packed():
+    """Decode-sized query tiles with a GQA group packed into the tile rows: varlen decode (an empty cache, a
+    cache shorter than a split, a 3-row verify step) and paged decode with num_splits 0 / 1 / 3."""
+    spec, d = ATTN_SMALL, 6  # d 6: a full and a short dot tile
+    dts = (torch.float32, torch.bfloat16) if FULL else (torch.float32,)
+    for n, (hq, hkv) in enumerate(GQA_SHAPES):
+        for dt in dts:
+            rnd = _gen(30 + n)
+            verify = FULL or hq // hkv == 4  # the 3-row verify step: group 4 in CI (interpreter time)
+            for lens_q, max_q in (((1, 1, 1, 0), 1), ((1, 3, 0, 2), 3))[:2 if verify else 1]:
+                _packed(max_q, hq, hkv, d, spec)
+                q, k, v, cq, ck = _varlen_inputs(rnd, dt, hq, hkv, d, lens_q=lens_q, lens_k=(0, 5, 3, 20))
+                args = (q, k, v, cq, ck, max_q, 20, 0.3, True, (-1, -1), spec)
+                o1, l1 = ref_attn.flash_attn_varlen_func(*args)
+                o2, l2 = tri_attn.flash_attn_varlen_func(*args)
+                _same(f"attn-gqa-varlen[Hq={hq},Hkv={hkv},{dt},max_q={max_q}]", [("out", o1, o2), ("lse", l1, l2)])
+            kc, vc, _, table, _ = _paged_inputs(rnd, dt, hkv, d)
+            seqlens = torch.tensor([33, 0, 5])  # long, empty, shorter than a split
+            q = rnd(3, 1, hq, d).to(dt)
+            _packed(1, hq, hkv, d, spec)
+            o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), 0, spec)
+            for ns in (0, 1, 3) if FULL else (1, 3):  # 0 is the split-KV path of 3 here
+                o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), ns, spec)
+                _same(f"attn-gqa-paged[Hq={hq},Hkv={hkv},{dt},num_splits={ns}]", [("out", o1, o2), ("lse", l1, l2)])
+
+
+def attn_gqa_negative():
+    """Packed rows that read the q of the wrong head of their group: the same comparison must catch it."""
+    spec, d, hq, hkv, dt = ATTN_SMALL, 6, 8, 2, torch.float32
+    rnd = _gen(40)
+    kc, vc, _, table, _ = _paged_inputs(rnd, dt, hkv, d)
+    seqlens = torch.tensor([33, 0, 5])
+    q = rnd(3, 1, hq, d).to(dt)
+    o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), 0, spec)
+    tri_attn._WRONG_HEAD_FOR_TESTS = True
+    try:
+        for ns in (1, 3):  # the in-kernel merge and the split-KV workspace + merge kernel
+            o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), ns, spec)
+            _differs(f"attn-gqa-negative-control[wrong head in group,num_splits={ns}]",
+                     [("out", o1, o2), ("lse", l1, l2)])
+    finally:
+        tri_attn._WRONG_HEAD_FOR_TESTS = False
+
+
 # ------------------------------------------------------------------ gated delta rule
 
 
@@ -246,8 +303,9 @@ def persistent_negative():
                                                                                 ("final", f1.final, f2.final)])
 
 
-CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, gdn_serial, gdn_chunked,
-                                                     gdn_negative, gdn_layer, persistent_negative)}
+CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
+                                                     attn_gqa_negative, gdn_serial, gdn_chunked, gdn_negative,
+                                                     gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

@@ -1,9 +1,12 @@
 """Strict softmax attention in Triton: ``AttentionSpec`` bits (kernels/reference/attention.py), fast layout.
 
-One program owns (query row tile, sequence x head) and either every split of its keys (splits
+One program owns (row tile, sequence x head group) and either every split of its keys (splits
 merged in-kernel, in split order) or, for split-KV decoding, one split (``num_splits`` > 1: the
-partials go to a workspace and :func:`_merge_kernel` merges them in split order). The spec's
-reduction orders are the loops here:
+partials go to a workspace and :func:`_merge_kernel` merges them in split order). A tile row is a
+(query row, query head) pair: ``PACK`` heads of one GQA group share the tile (row r is query row
+pid_m * ROWS + r // PACK of head group * PACK + r % PACK), so decode loads each K/V tile once for
+the whole group; PACK = 1 is one head per program (prefill). The spec's reduction orders are the
+loops here:
 
 * score s_j = tiled dot over the head dim (a sequential fma chain from +0.0 per ``dot_tile``
   tile, tile partials added in order from +0.0), then one multiply by float32(scale);
@@ -14,16 +17,17 @@ reduction orders are the loops here:
 
 Keys no row of the tile sees (before the window, after the causal diagonal or the sequence) are
 never loaded: skipping them is exact because the spec skips invisible keys by select. Rows are
-independent, so the row tile and the grid are speed knobs only.
+independent (each keeps its own q, out, lse, workspace offsets and visibility), so the row tile,
+the head packing and the grid are speed knobs only.
 
 The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
 by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
 by a float reduction.
 
 Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
-head[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
+head group[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
 Ascend variant, which also takes the NPU substitutes (division, log, fp16 rounding) and, through
-``_block_m``, row tiles that fit the unified buffer.
+``_tiles``, row tiles (packed heads counted) that fit the unified buffer.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ from .launch import launch
 F32 = torch.float32
 #: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
 _REVERSE_MERGE_FOR_TESTS = False
+#: Negative control for the tests only: packed rows read the q of the next head of their group (out, lse stay).
+_WRONG_HEAD_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -89,11 +95,12 @@ def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _work_item(item, n1, n2, HQ: tl.constexpr):
-    """(row tile, sequence x head, sequence, head) of a work item of the logical grid (row tile, n1, n2)."""
+def _work_item(item, n1, n2, NH: tl.constexpr):
+    """(row tile, sequence x head group, sequence, head group) of a work item of the logical grid
+    (row tile, n1, n2); NH head groups per sequence."""
     pid_m = item // (n1 * n2)
     bh = (item // n2) % n1
-    return pid_m, bh, bh // HQ, bh % HQ
+    return pid_m, bh, bh // NH, bh % NH
 
 
 @triton.jit
@@ -200,20 +207,25 @@ def _finish(O, LSE, o_off, lse_off, valid, M, L, ACC, seen, D: tl.constexpr, BLO
 
 
 @triton.jit
-def _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M: tl.constexpr):
+def _rows(pid_m, b, g, QLEN, KLEN, ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(query row i, head h, valid, position, qlen, klen) of the tile rows r of row tile pid_m, head group g:
+    i = pid_m * ROWS + r // PACK, h = g * PACK + r % PACK; rows r >= ROWS * PACK pad BLOCK_M to a power of 2."""
     qlen = tl.load(QLEN + b)
     klen = tl.load(KLEN + b)
-    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    valid = i < qlen
+    r = tl.arange(0, BLOCK_M)
+    i = pid_m * ROWS + r // PACK
+    h = g * PACK + r % PACK
+    valid = (r < ROWS * PACK) & (i < qlen)
     pos = klen - qlen + i
-    return i, valid, pos, qlen, klen
+    return i, h, valid, pos, qlen, klen
 
 
 @triton.jit
-def _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M: tl.constexpr):
-    """[lo, hi): the keys some row of this tile may see (all others are invisible to every row)."""
-    p_min = klen - qlen + pid_m * BLOCK_M
-    p_max = klen - qlen + tl.minimum(qlen, (pid_m + 1) * BLOCK_M) - 1
+def _key_range(pid_m, qlen, klen, causal, left, right, ROWS: tl.constexpr):
+    """[lo, hi): the keys some row of this tile (query rows pid_m * ROWS ...) may see (all others are
+    invisible to every row)."""
+    p_min = klen - qlen + pid_m * ROWS
+    p_max = klen - qlen + tl.minimum(qlen, (pid_m + 1) * ROWS) - 1
     hi = klen
     if causal:
         hi = tl.minimum(hi, p_max + 1)
@@ -231,29 +243,33 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
                  scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2,
                  HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 ROWS: tl.constexpr, PACK: tl.constexpr,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                 NPU: tl.constexpr):
+                 NPU: tl.constexpr, WRONG_HEAD: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        pid_m, bh, b, h = _work_item(item, n1, n2, HQ)  # logical grid (row tile, sequence x head, split)
-        i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
-        if pid_m * BLOCK_M < qlen:
+        pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)  # grid (row tile, sequence x head group, split)
+        i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
+        if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
-            hk_off = (h // GROUP).to(tl.int64) * stride_kh
-            lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
+            qr_off = q_off  # where rows read q (out and lse go to q_off)
+            if WRONG_HEAD:  # negative control only: the next head of the group
+                qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)
+            hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)
+            lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, ROWS)
             if ONE_SPLIT:
                 sp = item % n2
                 s_lo = tl.maximum(lo, sp * KS)
                 s_hi = tl.minimum(hi, (sp + 1) * KS)
-                m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
                                        D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
-                _store_partial(WM, WL, WA, WN, _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits), valid,
+                _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
                 M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
                 for s0 in range((lo // KS) * KS, hi, KS):
-                    m, l, acc, ne = _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                    m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                            stride_kp, stride_kt, scale, causal, left, right,
                                            tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
                                            D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
@@ -265,18 +281,20 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
 @triton.jit(do_not_specialize=["n_ws_rows", "n_work", "n1"])  # counts that change per call: no recompiles
 def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits, n_work, n1,
-                  HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  OUT: tl.constexpr, REVERSE: tl.constexpr, NPU: tl.constexpr):
-    """Merge the split partials of a row tile in split order and write out / lse."""
+                  HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                  PACK: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr, REVERSE: tl.constexpr,
+                  NPU: tl.constexpr):
+    """Merge the split partials of a row tile in split order and write out / lse (the attention kernel's
+    tile rows: (query row, head) pairs)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        pid_m, bh, b, h = _work_item(item, n1, 1, HQ)  # logical grid (row tile, sequence x head)
-        i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
-        if pid_m * BLOCK_M < qlen:
+        pid_m, bg, b, g = _work_item(item, n1, 1, HQ // PACK)  # logical grid (row tile, sequence x head group)
+        i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
+        if pid_m * ROWS < qlen:
             dcol = tl.arange(0, BLOCK_D)
             M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
             for k in range(0, n_ws_splits):
                 sp = n_ws_splits - 1 - k if REVERSE else k
-                w = _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits)
+                w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)
                 m = tl.load(WM + w, mask=valid, other=float("-inf"))
                 l = tl.load(WL + w, mask=valid, other=0.0)
                 ne = tl.load(WN + w, mask=valid, other=0)
@@ -290,14 +308,25 @@ def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
 # ------------------------------------------------------------------ host side
 
 
-def _block_m(max_q: int, bd: int, kb: int) -> int:
-    """Query rows per program. Ascend variant: fit the unified buffer, whose live float32 tiles are ACC,
-    acc, acc_blk and the fma result [BM, BD] and the scores s, part, bits [BM, KB] (rows are independent,
-    so the block size never changes bits)."""
-    bm = max(1, min(32, triton.next_power_of_2(max(1, max_q))))
+#: decode-sized query tiles (max_q at most this) pack the query heads of a GQA group into one program
+PACK_MAX_Q = 16
+
+
+def _tiles(max_q: int, group: int, bd: int, kb: int) -> tuple[int, int, int]:
+    """(BLOCK_M, ROWS, PACK): tile rows, query rows and query heads per program (rows are independent, so
+    none of them changes bits). Decode-sized tiles pack PACK heads of a GQA group (the largest divisor of
+    the group that fits) so K/V tiles are loaded once for them; prefill keeps one head per program, whose
+    row tile already shares each K/V load among up to 32 query rows. The tile is at most 32 rows; the Ascend
+    variant also fits the unified buffer, whose live float32 tiles are ACC, acc, acc_blk and the fma
+    result [BM, BD] and the scores s, part, bits [BM, KB]."""
+    cap = 32
     if ascend_launch.npu_layout():
-        bm = ascend_launch.fit_block(bm, lambda b: [(b, bd)] * 4 + [(b, kb)] * 3)
-    return bm
+        cap = ascend_launch.fit_block(cap, lambda b: [(b, bd)] * 4 + [(b, kb)] * 3)
+    pack = 1
+    if max_q <= PACK_MAX_Q:
+        pack = max(p for p in range(1, min(group, cap) + 1) if group % p == 0)
+    rows = max(1, min(triton.next_power_of_2(max(1, max_q)), cap // triton.next_power_of_2(pack)))
+    return triton.next_power_of_2(rows * pack), rows, pack
 
 
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
@@ -316,13 +345,16 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         cfg = fast_attention.launch_config(spec, d)
         kernel, bm, bd, spec_args, options = (cfg["kernel"], cfg["block_m"], cfg["block_d"], cfg["constexprs"],
                                               cfg["options"])
+        rows, pack = bm, 1  # one head per program
         dots = sequential_dot()
     else:
         kernel, bd = _attn_kernel, triton.next_power_of_2(d)
-        bm = _block_m(max_q, bd, spec.kv_block)
-        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input")
+        bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
+        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
+                         ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
         options, dots = {}, contextlib.nullcontext()
-    n_tiles = -(-max_q // bm)
+    n_tiles = -(-max_q // rows)
+    n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
     paged = block_table is not None
     dummy = qlen  # an int32 tensor never read where it stands in (no allocation per call)
     bt = block_table if paged else dummy
@@ -347,17 +379,16 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     else:
         wm = wl = wa = lse  # never read without ONE_SPLIT
         wn = dummy
-    grid = (n_tiles, n_seq * hq, n_splits if one_split else 1)
+    grid = (n_tiles, n_groups, n_splits if one_split else 1)
     with dots:
         launch(kernel, grid, q, k, v, out, lse, wm, wl, wa, wn, q_row0, qlen, klen, krow, bt, lse_row0,
                q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
                bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
                ONE_SPLIT=one_split, **common, **options, persistent=True)
     if one_split:
-        launch(_merge_kernel, (n_tiles, n_seq * hq), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
-                                             q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
-                                             OUT=_TL[q.dtype], REVERSE=_REVERSE_MERGE_FOR_TESTS, **meta,
-                                             persistent=True)
+        launch(_merge_kernel, (n_tiles, n_groups), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
+               q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits, OUT=_TL[q.dtype],
+               REVERSE=_REVERSE_MERGE_FOR_TESTS, ROWS=rows, PACK=pack, **meta, persistent=True)
     return out
 
 

@@ -153,7 +153,7 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, Q_ROW0, QLEN, KLEN, K_ROW0,
     pid_m = tl.program_id(0) % n_blk  # grid (query block x sequence, query head)
     b = tl.program_id(0) // n_blk
     h = tl.program_id(1)
-    i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+    i, _h, valid, pos, qlen, klen = _rows(pid_m, b, h, QLEN, KLEN, BLOCK_M, 1, BLOCK_M)  # one head per program
     if pid_m * BLOCK_M < qlen:
         d = tl.arange(0, BLOCK_D)
         dmask = d < D

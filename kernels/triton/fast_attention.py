@@ -76,7 +76,7 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
     """The strict _attn_kernel's grid and workspace contract with the tensor-core block step."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):
         pid_m, bh, b, h = _work_item(item, n1, n2, HQ)
-        i, valid, pos, qlen, klen = _rows(pid_m, b, Q_ROW0, QLEN, KLEN, BLOCK_M)
+        i, _h, valid, pos, qlen, klen = _rows(pid_m, b, h, QLEN, KLEN, BLOCK_M, 1, BLOCK_M)  # one head per program
         if pid_m * BLOCK_M < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             dcol = tl.arange(0, BLOCK_D)
