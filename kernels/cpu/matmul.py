@@ -1,17 +1,21 @@
 """matmul / linear (strict, k-tiled): register/cache-blocked numba kernels.
 
 Both kernels compute each output as the spec's chain (reduce.py): per K tile a sequential fma chain
-from +0.0 in k order, tile partials added into the zeroed output in tile order. Speed comes only
-from running independent chains (other output columns / rows) together.
+from +0.0 in k order, tile partials added into a zeroed total in tile order, bias once after.
+Speed comes only from running independent chains (other rows / columns) together, and fma(a, b, c)
+is symmetric in a and b, so which operand is broadcast and which is vectorised never changes a bit.
 
-* ``_gemm_*``: a task owns up to ``_MG`` rows x ``_NC`` columns of C. Per K tile it packs B's tile
-  panel as float32 [T, cols] (B stored [K, N] or, for linear's weight, [N, K]: the transpose and
-  the bf16/fp16 widening happen here, so the host never copies the weight), then runs four rows
-  at a time; the innermost loop runs over the panel's contiguous columns with independent
-  accumulators (it vectorises) and advances every chain by four k steps per accumulator load/store.
+* ``_gemm_*``: C = A . P where P is the other operand packed once per call into float32 panels of
+  ``_L`` columns ([panels, K, _L]: the transpose and the bf16/fp16 widening happen here, so the host
+  never copies an operand). A task owns ``_R`` rows of A (read as stored, one value broadcast per
+  row and k) and a block of panels; its ``_R`` x ``_L`` accumulators are eight-float vectors
+  (simd.py) that stay in registers for a whole K tile: per k step two panel loads, ``_R``
+  broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
+  operand: x (few rows) is packed and the product computed as C^T = W . x^T, written transposed;
+  with more rows than the weight, the weight is packed. matmul packs B.
 * ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
-  scalar chains in flight (latency hiding). For linear with few rows (decode), where packing the
-  weight would cost as much as the product.
+  scalar chains in flight (latency hiding). For linear with few rows (decode), where a 16-column
+  panel of x would be mostly padding.
 
 Each kernel has a parallel (prange over tasks) and a serial driver around one task body:
 a parallel launch costs tens of microseconds, more than a small product (host.parallel_worth).
@@ -25,125 +29,131 @@ import torch
 from numba import njit, prange, uint64
 
 from .host import F32, finish, parallel_worth, raw
+from .simd import vadd, vfma, vload, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, fma, widen
 
-_NC = 128  # columns per task: a packed tile panel (T x 128 float32) stays in L1/L2
-_MG = 64  # rows per task (a panel is packed once per task and K tile)
+_L = 16  # panel width: two eight-float vectors per row
+_R = 8  # rows per task: 16 accumulator vectors (+2 panel vectors, a broadcast) of AVX-512's 32 registers
+_PB = 16  # panels per task (256 columns): a task's panels stay in L2 while its rows pass over them
 _FEW_ROWS = 4  # below this many rows linear runs on the weight as stored
 
 
 @njit(inline="always", cache=True)
-def _pack(B, nk, k0, k1, n0, n1, P):
-    """P[k - k0, n - n0] = B's (k, n) value as float32; B is [N, K] when nk else [K, N]."""
-    if nk:  # transposed in blocks of 8 columns: 8 sequential read streams, contiguous writes
-        for nb in range(n0, n1, 8):
-            if nb + 8 <= n1:
-                b0, b1, b2, b3 = B[nb, k0:k1], B[nb + 1, k0:k1], B[nb + 2, k0:k1], B[nb + 3, k0:k1]
-                b4, b5, b6, b7 = B[nb + 4, k0:k1], B[nb + 5, k0:k1], B[nb + 6, k0:k1], B[nb + 7, k0:k1]
-                j = nb - n0
-                for k in range(k1 - k0):
-                    p = P[k]
-                    p[j], p[j + 1], p[j + 2], p[j + 3] = widen(b0[k]), widen(b1[k]), widen(b2[k]), widen(b3[k])
-                    p[j + 4], p[j + 5], p[j + 6], p[j + 7] = widen(b4[k]), widen(b5[k]), widen(b6[k]), widen(b7[k])
+def _pack_panel(B, nk, P, b):
+    """P[b, k, j] = B's (k, b * _L + j) value as float32, +0.0 past B's last column (computed,
+    never stored); B is [cols, K] when nk else [K, cols]."""
+    K = P.shape[1]
+    c0 = b * _L
+    w = min(_L, (B.shape[0] if nk else B.shape[1]) - c0)
+    Pb = P[b]
+    if nk:  # one column at a time: a sequential read of B's row
+        for j in range(w):
+            row = B[c0 + j]
+            for k in range(K):
+                Pb[k, j] = widen(row[k])
+    else:
+        for k in range(K):
+            row = B[k]
+            for j in range(w):
+                Pb[k, j] = widen(row[c0 + j])
+    for k in range(K):
+        for j in range(w, _L):
+            Pb[k, j] = ZERO
+
+
+@njit(inline="always", cache=True)
+def _fma2(x, lo, hi, a, b):
+    """One k step of a row's 16 chains: (a, b) + x * (lo, hi)."""
+    s = vsplat(x)
+    return vfma(s, lo, a), vfma(s, hi, b)
+
+
+@njit(inline="always", cache=True)
+def _add_row(tot, i, a, b):
+    """Row i of the task's running total (tile partials in tile order) += (a, b)."""
+    o = i * _L
+    vstore(tot, o, vadd(vload(tot, o), a))
+    vstore(tot, o + 8, vadd(vload(tot, o + 8), b))
+
+
+@njit(inline="always", cache=True)
+def _store(C, tot, r, c0, trans, bias):
+    """The totals of rows r.. and columns c0.. (+ bias once, canonical NaN) into C, or into C^T
+    when ``trans`` (A is then the weight: the bias follows A's row)."""
+    rows, cols = (C.shape[1], C.shape[0]) if trans else (C.shape[0], C.shape[1])
+    has_bias = bias.shape[0] > 0
+    for i in range(min(_R, rows - r)):
+        for j in range(min(_L, cols - c0)):
+            v = tot[i * _L + j]
+            if trans:
+                C[c0 + j, r + i] = canon(v + bias[r + i] if has_bias else v)
             else:
-                for n in range(nb, n1):
-                    row = B[n, k0:k1]
-                    for k in range(k1 - k0):
-                        P[k, n - n0] = widen(row[k])
-    else:
-        for k in range(k0, k1):
-            row = B[k, n0:n1]
-            p = P[k - k0]
-            for n in range(n1 - n0):
-                p[n] = widen(row[n])
+                C[r + i, c0 + j] = canon(v + bias[c0 + j] if has_bias else v)
 
 
 @njit(inline="always", cache=True)
-def _finish_row(c, bias, n0, has_bias):
-    """c (row segment from column n0) after its last tile: + bias (once, after the K reduction, as
-    the reference) and canonical NaNs (a select per element: the loop vectorises)."""
-    if has_bias:
-        for n in range(c.shape[0]):
-            c[n] = canon(c[n] + bias[n0 + n])
-    else:
-        for n in range(c.shape[0]):
-            c[n] = canon(c[n])
+def _gemm_task(A, P, C, T, bias, trans, task, tot):
+    rows, K = A.shape
+    n_groups = (rows + _R - 1) // _R
+    r = (task % n_groups) * _R
+    b_lo = (task // n_groups) * _PB
+    last = rows - 1  # rows past the end are clamped: computed, never stored
+    x0, x1, x2, x3 = A[r], A[min(r + 1, last)], A[min(r + 2, last)], A[min(r + 3, last)]
+    x4, x5, x6, x7 = A[min(r + 4, last)], A[min(r + 5, last)], A[min(r + 6, last)], A[min(r + 7, last)]
+    p = P.reshape(-1)
+    for b in range(b_lo, min(b_lo + _PB, P.shape[0])):
+        tot[:] = ZERO
+        for k0 in range(0, K, T):
+            l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = vzero()  # columns 0-7 of the panel, rows 0-7
+            h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = vzero()  # columns 8-15
+            for k in range(k0, min(k0 + T, K)):
+                o = (b * K + k) * _L
+                lo, hi = vload(p, o), vload(p, o + 8)
+                l0, h0 = _fma2(widen(x0[k]), lo, hi, l0, h0)
+                l1, h1 = _fma2(widen(x1[k]), lo, hi, l1, h1)
+                l2, h2 = _fma2(widen(x2[k]), lo, hi, l2, h2)
+                l3, h3 = _fma2(widen(x3[k]), lo, hi, l3, h3)
+                l4, h4 = _fma2(widen(x4[k]), lo, hi, l4, h4)
+                l5, h5 = _fma2(widen(x5[k]), lo, hi, l5, h5)
+                l6, h6 = _fma2(widen(x6[k]), lo, hi, l6, h6)
+                l7, h7 = _fma2(widen(x7[k]), lo, hi, l7, h7)
+            _add_row(tot, 0, l0, h0)
+            _add_row(tot, 1, l1, h1)
+            _add_row(tot, 2, l2, h2)
+            _add_row(tot, 3, l3, h3)
+            _add_row(tot, 4, l4, h4)
+            _add_row(tot, 5, l5, h5)
+            _add_row(tot, 6, l6, h6)
+            _add_row(tot, 7, l7, h7)
+        _store(C, tot, r, b * _L, trans, bias)
 
 
 @njit(inline="always", cache=True)
-def _gemm_task(A, B, nk, C, T, bias, task, P, acc):
-    M, K = A.shape
-    N = C.shape[1]
-    nnb = (N + _NC - 1) // _NC
-    m_lo = (task // nnb) * _MG
-    m_hi = min(m_lo + _MG, M)
-    n0 = (task % nnb) * _NC
-    n1 = min(n0 + _NC, N)
-    w = n1 - n0
-    a0, a1, a2, a3 = acc[0, :w], acc[1, :w], acc[2, :w], acc[3, :w]
-    for k0 in range(0, K, T):
-        k1 = min(k0 + T, K)
-        _pack(B, nk, k0, k1, n0, n1, P)
-        for m0 in range(m_lo, m_hi, 4):
-            # rows past m_hi are clamped: computed, never stored
-            r0, r1, r2, r3 = A[m0], A[min(m0 + 1, m_hi - 1)], A[min(m0 + 2, m_hi - 1)], A[min(m0 + 3, m_hi - 1)]
-            a0[:] = ZERO
-            a1[:] = ZERO
-            a2[:] = ZERO
-            a3[:] = ZERO
-            k = k0
-            # four steps of every chain per pass over the accumulators, in k order as the spec: the
-            # 16 row values stay in registers, so each pass is 16 fmas per 4 panel loads and one
-            # load / store of each accumulator (with fewer steps the stores bound the loop)
-            while k + 4 <= k1:
-                x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
-                y0, y1, y2, y3 = widen(r0[k + 1]), widen(r1[k + 1]), widen(r2[k + 1]), widen(r3[k + 1])
-                u0, u1, u2, u3 = widen(r0[k + 2]), widen(r1[k + 2]), widen(r2[k + 2]), widen(r3[k + 2])
-                v0, v1, v2, v3 = widen(r0[k + 3]), widen(r1[k + 3]), widen(r2[k + 3]), widen(r3[k + 3])
-                p, q, pu, pv = P[k - k0, :w], P[k + 1 - k0, :w], P[k + 2 - k0, :w], P[k + 3 - k0, :w]
-                for n in range(w):
-                    pn, qn, un, vn = p[n], q[n], pu[n], pv[n]
-                    a0[n] = fma(v0, vn, fma(u0, un, fma(y0, qn, fma(x0, pn, a0[n]))))
-                    a1[n] = fma(v1, vn, fma(u1, un, fma(y1, qn, fma(x1, pn, a1[n]))))
-                    a2[n] = fma(v2, vn, fma(u2, un, fma(y2, qn, fma(x2, pn, a2[n]))))
-                    a3[n] = fma(v3, vn, fma(u3, un, fma(y3, qn, fma(x3, pn, a3[n]))))
-                k += 4
-            while k < k1:  # the tile's last 1-3 steps, one at a time
-                x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
-                p = P[k - k0, :w]
-                for n in range(w):
-                    pn = p[n]
-                    a0[n] = fma(x0, pn, a0[n])
-                    a1[n] = fma(x1, pn, a1[n])
-                    a2[n] = fma(x2, pn, a2[n])
-                    a3[n] = fma(x3, pn, a3[n])
-                k += 1
-            for i in range(min(4, m_hi - m0)):
-                c = C[m0 + i, n0:n1]
-                ai = acc[i, :w]
-                for n in range(w):
-                    c[n] += ai[n]
-    for m in range(m_lo, m_hi):
-        _finish_row(C[m, n0:n1], bias, n0, bias.shape[0] > 0)
-
-
-@njit(inline="always", cache=True)
-def _gemm_tasks(M, N):
-    return ((M + _MG - 1) // _MG) * ((N + _NC - 1) // _NC)
+def _gemm_shape(A, B, nk):
+    """(panels of B, tasks): tasks run panel block by panel block, each over every row group."""
+    panels = ((B.shape[0] if nk else B.shape[1]) + _L - 1) // _L
+    return panels, ((A.shape[0] + _R - 1) // _R) * ((panels + _PB - 1) // _PB)
 
 
 @njit(parallel=True, cache=True)
-def _gemm_par(A, B, nk, C, T, bias):
-    for task in prange(_gemm_tasks(A.shape[0], C.shape[1])):
-        P = np.empty((min(T, A.shape[1]), _NC), np.float32)  # one K tile's panel (a tile may exceed K)
-        _gemm_task(A, B, nk, C, T, bias, task, P, np.empty((4, _NC), np.float32))
+def _gemm_par(A, B, nk, C, T, bias, trans):
+    panels, tasks = _gemm_shape(A, B, nk)
+    P = np.empty((panels, A.shape[1], _L), np.float32)
+    for b in prange(panels):
+        _pack_panel(B, nk, P, b)
+    for task in prange(tasks):
+        _gemm_task(A, P, C, T, bias, trans, task, np.empty(_R * _L, np.float32))
 
 
 @njit(cache=True)
-def _gemm_ser(A, B, nk, C, T, bias):
-    P, acc = np.empty((min(T, A.shape[1]), _NC), np.float32), np.empty((4, _NC), np.float32)
-    for task in range(_gemm_tasks(A.shape[0], C.shape[1])):
-        _gemm_task(A, B, nk, C, T, bias, task, P, acc)
+def _gemm_ser(A, B, nk, C, T, bias, trans):
+    panels, tasks = _gemm_shape(A, B, nk)
+    P = np.empty((panels, A.shape[1], _L), np.float32)
+    for b in range(panels):
+        _pack_panel(B, nk, P, b)
+    tot = np.empty(_R * _L, np.float32)
+    for task in range(tasks):
+        _gemm_task(A, P, C, T, bias, trans, task, tot)
 
 
 @njit(inline="always", cache=True)
@@ -220,9 +230,14 @@ _NO_BIAS = np.empty(0, np.float32)
 
 def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int, bias: np.ndarray) -> np.ndarray:
     m, k = a2.shape
-    out = np.zeros((m, b.shape[0] if nk else b.shape[1]), np.float32)
+    n = b.shape[0] if nk else b.shape[1]
+    out = np.empty((m, n), np.float32)  # every element is stored by a task
     if out.size:
-        (_gemm_par if parallel_worth(out.size * k) else _gemm_ser)(a2, b, nk, out, t, bias)
+        drive = _gemm_par if parallel_worth(out.size * k) else _gemm_ser
+        if nk and m <= n:  # pack x, the smaller operand: C^T = W . x^T
+            drive(b, a2, True, out, t, bias, True)
+        else:
+            drive(a2, b, nk, out, t, bias, False)
     return out
 
 
