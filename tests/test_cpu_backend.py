@@ -114,7 +114,7 @@ def test_token_logprobs_bits(n, h, v, dt, temp, ht, vt, seed):
 # the gemm's operand choice and panel edges (matmul._gemm): x packed (M <= N) with one and two
 # 16-row panels, the weight packed (M > N) with a short last panel, exact multiples, M at the
 # switch to the scalar-chain kernel (_FEW_ROWS), 3-D x, K not a multiple of the tile or of 8
-PACKING_SHAPES = [((4, 37, 5), 7), ((16, 64, 16), 64), ((17, 70, 33), 16), ((3, 9, 21), 64),
+PACKING_SHAPES = [((4, 37, 5), 7), ((16, 64, 16), 64), ((17, 70, 33), 16), ((1, 9, 21), 64),
                   ((2, 33, 40), 64), ((40, 65, 20), 64), ((9, 130, 8), 64)]
 
 
