@@ -329,8 +329,7 @@ def test_concurrent_calls_from_python_threads():
 def test_parallel_and_serial_drivers_same_bits():
     """Each kernel's parallel driver (taken for large work at > 1 thread) and serial driver (small
     work, or 1 thread) run one task body: same bits, across task boundaries (rows past _R, panels
-    past _PB, columns past a panel, short last tiles), the weight packed or x packed (C written
-    transposed). A different k tile, checked the same way, must differ."""
+    past _PB, columns past a panel, short last tiles), the weight packed or x packed (C^T computed). A different k tile, checked the same way, must differ."""
     import numba
     from hal.kernels.cpu import matmul as km
     g = torch.Generator().manual_seed(7)
@@ -346,18 +345,17 @@ def test_parallel_and_serial_drivers_same_bits():
                                      ("gemm nk, x packed", km._gemm_par, km._gemm_ser, (w2, a2, True)),
                                      ("gemm kn", km._gemm_par, km._gemm_ser, (a2, wt2, False)),
                                      ("dots", km._dots_par, km._dots_ser, (a2[:3], w2))):
-            trans = name.endswith("x packed")
-            m = args[1].shape[0] if trans else args[0].shape[0]
+            xpacked = name.endswith("x packed")  # C^T = W . x^T, the bias following C^T's rows
             outs = []
             for fn, t in ((par, 64), (ser, 64), (ser, 32)):
-                out = np.zeros((m, 300), np.float32)
-                fn(*args, out, t, km._NO_BIAS, *((trans,) if name.startswith("gemm") else ()))
-                outs.append(torch.from_numpy(out))
+                out = np.zeros((args[0].shape[0], 300 if not xpacked else 70), np.float32)
+                fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
+                outs.append(torch.from_numpy(out.T.copy() if xpacked else out))
             assert first_divergence(name, outs[0], outs[1]) is None
             assert first_divergence(name + " other tile", outs[0], outs[2]) is not None
             if name == "gemm nk":
                 plain = outs[0]
-            elif trans:  # the two orientations of one linear: same bits
+            elif xpacked:  # the two orientations of one linear: same bits
                 assert first_divergence("x packed vs weight packed", plain, outs[0]) is None
     finally:
         numba.set_num_threads(old)

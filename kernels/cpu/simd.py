@@ -109,3 +109,15 @@ def vadd(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fadd(*args)
     return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def vcanon(typingctx, v):
+    """v with every NaN lane replaced by the canonical NaN (0x7FC00000): a compare and a blend."""
+    if v != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        nan = builder.bitcast(ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0x7FC00000] * LANES), _VEC)
+        return builder.select(builder.fcmp_unordered("uno", args[0], args[0]), nan, args[0])
+    return f32x8(f32x8), codegen
