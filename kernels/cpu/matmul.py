@@ -11,7 +11,7 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   row and k) and a block of panels; its ``_R`` x ``_L`` accumulators are eight-float vectors
   (simd.py) that stay in registers for a whole K tile: per k step two panel loads, ``_R``
   broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
-  operand: x (few rows) is packed and the product computed as C^T = W . x^T, then copied transposed;
+  operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
   with more rows than the weight, the weight is packed. matmul packs B.
 * ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
   scalar chains in flight (latency hiding). For linear with one row (decode), where a 16-column
@@ -152,27 +152,45 @@ def _gemm_shape(A, B, nk):
     return panels, ((A.shape[0] + _R - 1) // _R) * ((panels + _PB - 1) // _PB)
 
 
+@njit(inline="always", cache=True)
+def _transpose_rows(CT, C, m0, m1):
+    """C[m, :] = CT[:, m] for m in [m0, m1): each row of C written contiguously, once (tiles writing
+    C^T straight into C hit one cache set per tile row when C's rows are 4 KiB apart; a version
+    blocked over columns measured slower, numpy's transposing copy about the same plus a call)."""
+    for m in range(m0, m1):
+        c = C[m]
+        for n in range(C.shape[1]):
+            c[n] = CT[n, m]
+
+
 @njit(parallel=True, cache=True)
-def _gemm_par(A, B, nk, C, T, bias, bias_rows):
+def _gemm_par(A, B, nk, C, T, bias, xpacked):
     panels, tasks = _gemm_shape(A, B, nk)
     P = np.empty((panels, A.shape[1], _L), np.float32)
     for b in prange(panels):
         _pack_panel(B, nk, P, b)
-    a, p, c = A.ravel(), P.ravel(), C.ravel()
+    CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C  # tasks write C^T, then
+    a, p, c = A.ravel(), P.ravel(), CT.ravel()
     for task in prange(tasks):
-        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, C.shape[1], T, bias, bias_rows, task,
+        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task,
                    np.empty(_R * _L, np.float32))
+    if xpacked:
+        for blk in prange((C.shape[0] + _L - 1) // _L):
+            _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
 
 
 @njit(cache=True)
-def _gemm_ser(A, B, nk, C, T, bias, bias_rows):
+def _gemm_ser(A, B, nk, C, T, bias, xpacked):
     panels, tasks = _gemm_shape(A, B, nk)
     P = np.empty((panels, A.shape[1], _L), np.float32)
     for b in range(panels):
         _pack_panel(B, nk, P, b)
-    a, p, c, tot = A.ravel(), P.ravel(), C.ravel(), np.empty(_R * _L, np.float32)
+    CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C
+    a, p, c, tot = A.ravel(), P.ravel(), CT.ravel(), np.empty(_R * _L, np.float32)
     for task in range(tasks):
-        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, C.shape[1], T, bias, bias_rows, task, tot)
+        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task, tot)
+    if xpacked:
+        _transpose_rows(CT, C, 0, C.shape[0])
 
 
 @njit(inline="always", cache=True)
@@ -249,17 +267,13 @@ _NO_BIAS = np.empty(0, np.float32)
 
 def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int, bias: np.ndarray) -> np.ndarray:
     m, k = a2.shape
-    n = b.shape[0] if nk else b.shape[1]
-    if m * n == 0:
-        return np.empty((m, n), np.float32)
-    drive = _gemm_par if parallel_worth(m * n * k) else _gemm_ser
-    if nk and m <= n:  # pack x, the smaller operand: C^T = W . x^T, then one transposing copy (C^T's
-        # rows are C's columns; writing C directly from a tile hit one cache set per tile row)
-        out_t = np.empty((n, m), np.float32)
-        drive(b, a2, True, out_t, t, bias, True)
-        return np.ascontiguousarray(out_t.T)
-    out = np.empty((m, n), np.float32)  # every element is stored by a task
-    drive(a2, b, nk, out, t, bias, False)
+    out = np.empty((m, b.shape[0] if nk else b.shape[1]), np.float32)  # every element is stored
+    if out.size:
+        drive = _gemm_par if parallel_worth(out.size * k) else _gemm_ser
+        if nk and m <= out.shape[1]:  # pack x, the smaller operand: C^T = W . x^T (bias along its rows)
+            drive(b, a2, True, out, t, bias, True)
+        else:
+            drive(a2, b, nk, out, t, bias, False)
     return out
 
 
