@@ -113,9 +113,10 @@ def test_token_logprobs_bits(n, h, v, dt, temp, ht, vt, seed):
 
 # the gemm's operand choice and panel edges (matmul._gemm): x packed (M <= N) with one and two
 # 16-row panels, the weight packed (M > N) with a short last panel, exact multiples, M at the
-# switch to the scalar-chain kernel (_FEW_ROWS), 3-D x, K not a multiple of the tile or of 8
+# switch to the one-row kernel (_FEW_ROWS; its eight-step blocks and 1-7 step tails, N not a
+# multiple of 8), 3-D x, K not a multiple of the tile or of 8
 PACKING_SHAPES = [((4, 37, 5), 7), ((16, 64, 16), 64), ((17, 70, 33), 16), ((1, 9, 21), 64),
-                  ((2, 33, 40), 64), ((40, 65, 20), 64), ((9, 130, 8), 64)]
+                  ((1, 150, 19), 64), ((2, 33, 40), 64), ((40, 65, 20), 64), ((9, 130, 8), 64)]
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=str)
@@ -137,7 +138,7 @@ def test_linear_operand_packing_edges(dt):
 # ------------------------------------------------------------------ invariances (by construction; shown)
 
 def test_linear_row_alone_equals_row_in_batch():
-    # one row runs the scalar-chain kernel on the weight as stored, a batch of 33 rows the gemm with
+    # one row runs the one-row kernel on the weight as stored, a batch of 33 rows the gemm with
     # x packed, a batch of 100 rows the gemm with the weight packed: same bits for every row
     g = torch.Generator().manual_seed(1)
     x, w = randn(g, 100, 300), randn(g, 70, 300)

@@ -13,9 +13,9 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
   operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
   with more rows than the weight, the weight is packed. matmul packs B.
-* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
-  scalar chains in flight (latency hiding). For linear with one row (decode), where a 16-column
-  panel of x would be mostly padding.
+* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight chains in the
+  lanes of one vector (eight k steps of eight weight rows transposed in registers). For linear
+  with one row (decode), where a 16-column panel of x would be mostly padding.
 
 Each kernel has a parallel (prange over tasks) and a serial driver around one task body:
 a parallel launch costs tens of microseconds, more than a small product (host.parallel_worth).
@@ -29,14 +29,15 @@ import torch
 from numba import njit, prange, uint64
 
 from .host import F32, finish, parallel_worth, raw
-from .simd import vadd, vcanon, vfma, vload, vsplat, vstore, vzero
-from .strict_math import ZERO, canon, fma, widen
+from .simd import transpose8, vadd, vcanon, vfma, vload, vload_wide, vsplat, vstore, vzero
+from .strict_math import ZERO, canon, widen
 
 _L = 16  # panel width: two eight-float vectors per row
 _R = 8  # rows per task: 16 accumulator vectors (+2 panel vectors, a broadcast) of AVX-512's 32 registers
 _PB = 16  # panels per task (256 columns): a task's panels stay in L2 while its rows pass over them
 _FEW_ROWS = 2  # below this many rows (decode) linear runs on the weight as stored: at 2 rows the gemm
-# (x padded to a 16-row panel) already matched the scalar chains at K = N = 256 and was 2.4x faster at 4096
+# (x padded to a 16-row panel) was 2.4x faster than eight scalar chains at K = N = 4096 and even at 256;
+# against the transposed-vector _dots about even (at 256 the gemm ~30% slower, at 4096 about the same)
 
 
 @njit(inline="always", cache=True)
@@ -194,54 +195,59 @@ def _gemm_ser(A, B, nk, C, T, bias, xpacked):
 
 
 @njit(inline="always", cache=True)
-def _dots_task(a, b, c, M, N, K, T, bias, blk):
+def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
+    """Step k of eight weight rows (row offsets o0..o7) as one vector, through tmp (a tile's last
+    1-7 steps, when the tile is not a multiple of eight)."""
+    tmp[0], tmp[1], tmp[2], tmp[3] = widen(b[o0 + k]), widen(b[o1 + k]), widen(b[o2 + k]), widen(b[o3 + k])
+    tmp[4], tmp[5], tmp[6], tmp[7] = widen(b[o4 + k]), widen(b[o5 + k]), widen(b[o6 + k]), widen(b[o7 + k])
+    return vload(tmp, 0)
+
+
+@njit(inline="always", cache=True)
+def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
+    """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
+    k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
+    step is one vector fma in k order (the lanes never meet)."""
     nnb = (N + 7) // 8
     m = blk // nnb
     n0 = (blk % nnb) * 8
-    # unsigned offsets: numba then skips negative-index wraparound in the inner loop; columns past
-    # N are clamped (computed, never stored)
-    ra = uint64(m * K)
-    b0, b1 = uint64(n0 * K), uint64(min(n0 + 1, N - 1) * K)
-    b2, b3 = uint64(min(n0 + 2, N - 1) * K), uint64(min(n0 + 3, N - 1) * K)
-    b4, b5 = uint64(min(n0 + 4, N - 1) * K), uint64(min(n0 + 5, N - 1) * K)
-    b6, b7 = uint64(min(n0 + 6, N - 1) * K), uint64(min(n0 + 7, N - 1) * K)
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = ZERO
+    # unsigned offsets: no negative-index wraparound in the inner loop; rows past N are clamped
+    # (computed, never stored)
+    uk, last = uint64(K), N - 1
+    ra = uint64(m) * uk
+    o0, o1, o2, o3 = uint64(n0) * uk, uint64(min(n0 + 1, last)) * uk, uint64(min(n0 + 2, last)) * uk, uint64(min(n0 + 3, last)) * uk
+    o4, o5, o6, o7 = uint64(min(n0 + 4, last)) * uk, uint64(min(n0 + 5, last)) * uk, uint64(min(n0 + 6, last)) * uk, uint64(min(n0 + 7, last)) * uk
+    tot = vzero()
     for k0 in range(0, K, T):
         k1 = min(k0 + T, K)
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO
-        for kk in range(k0, k1):
+        acc = vzero()
+        kk = k0
+        while kk + 8 <= k1:
             k = uint64(kk)
-            x = widen(a[ra + k])
-            s0 = fma(x, widen(b[b0 + k]), s0)
-            s1 = fma(x, widen(b[b1 + k]), s1)
-            s2 = fma(x, widen(b[b2 + k]), s2)
-            s3 = fma(x, widen(b[b3 + k]), s3)
-            s4 = fma(x, widen(b[b4 + k]), s4)
-            s5 = fma(x, widen(b[b5 + k]), s5)
-            s6 = fma(x, widen(b[b6 + k]), s6)
-            s7 = fma(x, widen(b[b7 + k]), s7)
-        t0 += s0
-        t1 += s1
-        t2 += s2
-        t3 += s3
-        t4 += s4
-        t5 += s5
-        t6 += s6
-        t7 += s7
-    if bias.shape[0] > 0:  # once, after the K reduction (columns past N read the clamped last one)
-        t0 += bias[n0]
-        t1, t2, t3 = t1 + bias[min(n0 + 1, N - 1)], t2 + bias[min(n0 + 2, N - 1)], t3 + bias[min(n0 + 3, N - 1)]
-        t4, t5 = t4 + bias[min(n0 + 4, N - 1)], t5 + bias[min(n0 + 5, N - 1)]
-        t6, t7 = t6 + bias[min(n0 + 6, N - 1)], t7 + bias[min(n0 + 7, N - 1)]
-    t0, t1, t2, t3, t4, t5, t6, t7 = canon(t0), canon(t1), canon(t2), canon(t3), canon(t4), canon(t5), canon(t6), canon(t7)
-    o = m * N + n0
-    c[o] = t0
-    if n0 + 7 < N:
-        c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[o + 5], c[o + 6], c[o + 7] = t1, t2, t3, t4, t5, t6, t7
-    else:  # the last, short block of columns
-        for i, ti in ((1, t1), (2, t2), (3, t3), (4, t4), (5, t5), (6, t6)):
-            if n0 + i < N:
-                c[o + i] = ti
+            w0, w1, w2, w3, w4, w5, w6, w7 = transpose8(
+                vload_wide(b, o0 + k), vload_wide(b, o1 + k), vload_wide(b, o2 + k), vload_wide(b, o3 + k),
+                vload_wide(b, o4 + k), vload_wide(b, o5 + k), vload_wide(b, o6 + k), vload_wide(b, o7 + k))
+            x = ra + k
+            acc = vfma(vsplat(widen(a[x])), w0, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(1)])), w1, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(2)])), w2, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(3)])), w3, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(4)])), w4, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(5)])), w5, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(6)])), w6, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(7)])), w7, acc)
+            kk += 8
+        while kk < k1:
+            k = uint64(kk)
+            acc = vfma(vsplat(widen(a[ra + k])), _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp), acc)
+            kk += 1
+        tot = vadd(tot, acc)
+    vstore(tmp, 0, tot)
+    for i in range(min(8, N - n0)):  # + bias once, after the K reduction
+        v = tmp[i]
+        if bias.shape[0] > 0:
+            v += bias[n0 + i]
+        c[m * N + n0 + i] = canon(v)
 
 
 @njit(parallel=True, cache=True)
@@ -250,16 +256,16 @@ def _dots_par(A, B, C, T, bias):
     N = B.shape[0]
     a, b, c = A.ravel(), B.ravel(), C.ravel()
     for blk in prange(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk, np.empty(8, np.float32))
 
 
 @njit(cache=True)
 def _dots_ser(A, B, C, T, bias):
     M, K = A.shape
     N = B.shape[0]
-    a, b, c = A.ravel(), B.ravel(), C.ravel()
+    a, b, c, tmp = A.ravel(), B.ravel(), C.ravel(), np.empty(8, np.float32)
     for blk in range(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk, tmp)
 
 
 _NO_BIAS = np.empty(0, np.float32)
