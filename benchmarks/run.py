@@ -1,7 +1,7 @@
 """Time lockstep ops against the stock torch op on the same device in the same run.
 
     python -m benchmarks.run [--ops foundation attention gated_delta_rule cpu] [--quick] [--csv FILE]
-                             [--backend NAME] [--threads 1 2] [--plot [PNG]]
+                             [--backend NAME] [--threads 1 2] [--plot [PNG]] [--only linear ...]
 
 Prints a table (median seconds per call, ratio lockstep / stock) and writes a CSV; ``--plot`` also
 draws the ratio per op (one bar per thread count) into a PNG. ``--backend`` runs the lockstep side
@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default="bench-results/benchmarks.csv")
     p.add_argument("--backend", default="auto", help="backend of the lockstep side (default: by device)")
     p.add_argument("--threads", nargs="*", type=int, default=None, help="thread counts to run at (default: torch's)")
+    p.add_argument("--only", nargs="*", default=None, metavar="OP",
+                   help="time only the rows whose op name is one of these (e.g. --only linear)")
     p.add_argument("--plot", nargs="?", const="bench-results/ratios.png", default=None,
                    help="also write a PNG chart of the ratios (default path bench-results/ratios.png)")
     args = p.parse_args(argv)
@@ -66,6 +68,8 @@ def main(argv=None) -> int:
             ctx = hal.use(backend) if backend != "auto" else _nullcontext()
             with ctx:
                 for op, shape, ours, stock in mod.rows(args.quick):
+                    if args.only and op not in args.only:
+                        continue
                     t_ours = median_time(ours, args.repeats)
                     t_stock = median_time(stock, args.repeats)
                     results.append((op, shape, t_ours, t_stock, t_ours / t_stock, backend, threads))

@@ -111,15 +111,42 @@ def test_token_logprobs_bits(n, h, v, dt, temp, ht, vt, seed):
     same("token_logprobs", *both(hal.token_logprobs, hid, w, tok, temperature=temp, spec=spec))
 
 
+# the gemm's operand choice and panel edges (matmul._gemm): x packed (M <= N) with one and two
+# 16-row panels, the weight packed (M > N) with a short last panel, exact multiples, M at the
+# switch to the one-row kernel (_FEW_ROWS; its eight-step blocks and 1-7 step tails, N not a
+# multiple of 8), 3-D x, K not a multiple of the tile or of 8
+PACKING_SHAPES = [((4, 37, 5), 7), ((16, 64, 16), 64), ((17, 70, 33), 16), ((1, 9, 21), 64),
+                  ((1, 150, 19), 64), ((2, 33, 40), 64), ((40, 65, 20), 64), ((9, 130, 8), 64)]
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+def test_linear_operand_packing_edges(dt):
+    g = torch.Generator().manual_seed(5)
+    for (m, k, n), tile in PACKING_SHAPES:
+        x, w, b = randn(g, m, k, dtype=dt), randn(g, n, k, dtype=dt), randn(g, n, dtype=dt, scale=4.0)
+        x[0, k // 2], w[n - 1, 0], w[0, k - 1] = float("nan"), float("inf"), -float("inf")
+        x[m - 1, 1] = 0.0
+        w[1 % n, 1] = float("inf")  # inf * 0 = NaN in the last row's chain
+        spec = MatmulSpec(k_tile=tile)
+        for bias in (None, b):
+            same(f"linear {m}x{k}x{n}", *both(hal.linear, x, w, bias, spec=spec))
+        if m % 2 == 0:
+            same(f"linear 3-D {m}x{k}x{n}", *both(hal.linear, x.reshape(2, m // 2, k), w, b, spec=spec))
+        same(f"matmul {m}x{k}x{n}", *both(hal.matmul, x, w.t(), spec=spec))
+
+
 # ------------------------------------------------------------------ invariances (by construction; shown)
 
 def test_linear_row_alone_equals_row_in_batch():
-    # one row runs the [N, K] scalar-chain kernel, a batch the [K, N] vector kernel: same bits
+    # one row runs the one-row kernel on the weight as stored, a batch of 33 rows the gemm with
+    # x packed, a batch of 100 rows the gemm with the weight packed: same bits for every row
     g = torch.Generator().manual_seed(1)
-    x, w = randn(g, 33, 300), randn(g, 70, 300)
-    batch = hal.linear(x, w, backend="cpu")
+    x, w = randn(g, 100, 300), randn(g, 70, 300)
+    big, batch = hal.linear(x, w, backend="cpu"), hal.linear(x[:33], w, backend="cpu")
     for i in (0, 5, 32):
         div = first_divergence(f"row {i}", batch[i:i + 1], hal.linear(x[i:i + 1], w, backend="cpu"))
+        assert div is None, str(div)
+        div = first_divergence(f"row {i} of 100", big[i:i + 1], batch[i:i + 1])
         assert div is None, str(div)
     # negative control: torch's own linear is not batch invariant here
     stock = torch.nn.functional.linear
@@ -329,8 +356,8 @@ def test_concurrent_calls_from_python_threads():
 
 def test_parallel_and_serial_drivers_same_bits():
     """Each kernel's parallel driver (taken for large work at > 1 thread) and serial driver (small
-    work, or 1 thread) run one task body: same bits, across task boundaries (rows past _MG, columns
-    past _NC, short last tiles). A different k tile, checked the same way, must differ."""
+    work, or 1 thread) run one task body: same bits, across task boundaries (rows past _R, panels
+    past _PB, columns past a panel, short last tiles), the weight packed or x packed (C^T computed). A different k tile, checked the same way, must differ."""
     import numba
     from hal.kernels.cpu import matmul as km
     g = torch.Generator().manual_seed(7)
@@ -338,20 +365,26 @@ def test_parallel_and_serial_drivers_same_bits():
     w = randn(g, 300, 130, dtype=torch.bfloat16)
     a2, w2 = km.raw(a), km.raw(w)
     wt2 = km.raw(w.t())
+    assert 300 > km._L * km._PB and 70 % km._R and 300 % km._L  # the boundaries named above are crossed
     old = numba.get_num_threads()
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:
         for name, par, ser, args in (("gemm nk", km._gemm_par, km._gemm_ser, (a2, w2, True)),
+                                     ("gemm nk, x packed", km._gemm_par, km._gemm_ser, (w2, a2, True)),
                                      ("gemm kn", km._gemm_par, km._gemm_ser, (a2, wt2, False)),
                                      ("dots", km._dots_par, km._dots_ser, (a2[:3], w2))):
-            m = args[0].shape[0]
+            xpacked = name.endswith("x packed")  # C^T = W . x^T inside, then transposed
             outs = []
             for fn, t in ((par, 64), (ser, 64), (ser, 32)):
-                out = np.zeros((m, 300), np.float32)
-                fn(*args, out, t, km._NO_BIAS)
+                out = np.zeros((3 if name == "dots" else 70, 300), np.float32)
+                fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None
             assert first_divergence(name + " other tile", outs[0], outs[2]) is not None
+            if name == "gemm nk":
+                plain = outs[0]
+            elif xpacked:  # the two orientations of one linear: same bits
+                assert first_divergence("x packed vs weight packed", plain, outs[0]) is None
     finally:
         numba.set_num_threads(old)
     same("linear across tasks", *both(hal.linear, a, w))

@@ -1,17 +1,21 @@
 """matmul / linear (strict, k-tiled): register/cache-blocked numba kernels.
 
 Both kernels compute each output as the spec's chain (reduce.py): per K tile a sequential fma chain
-from +0.0 in k order, tile partials added into the zeroed output in tile order. Speed comes only
-from running independent chains (other output columns / rows) together.
+from +0.0 in k order, tile partials added into a zeroed total in tile order, bias once after.
+Speed comes only from running independent chains (other rows / columns) together, and fma(a, b, c)
+is symmetric in a and b, so which operand is broadcast and which is vectorised never changes a bit.
 
-* ``_gemm_*``: a task owns up to ``_MG`` rows x ``_NC`` columns of C. Per K tile it packs B's tile
-  panel as float32 [T, cols] (B stored [K, N] or, for linear's weight, [N, K]: the transpose and
-  the bf16/fp16 widening happen here, so the host never copies the weight), then runs four rows
-  at a time; the innermost loop runs over the panel's contiguous columns with independent
-  accumulators (it vectorises) and advances every chain by four k steps per accumulator load/store.
-* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight independent
-  scalar chains in flight (latency hiding). For linear with few rows (decode), where packing the
-  weight would cost as much as the product.
+* ``_gemm_*``: C = A . P where P is the other operand packed once per call into float32 panels of
+  ``_L`` columns ([panels, K, _L]: the transpose and the bf16/fp16 widening happen here, so the host
+  never copies an operand). A task owns ``_R`` rows of A (read as stored, one value broadcast per
+  row and k) and a block of panels; its ``_R`` x ``_L`` accumulators are eight-float vectors
+  (simd.py) that stay in registers for a whole K tile: per k step two panel loads, ``_R``
+  broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
+  operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
+  with more rows than the weight, the weight is packed. matmul packs B.
+* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight chains in the
+  lanes of one vector (eight k steps of eight weight rows transposed in registers). For linear
+  with one row (decode), where a 16-column panel of x would be mostly padding.
 
 Each kernel has a parallel (prange over tasks) and a serial driver around one task body:
 a parallel launch costs tens of microseconds, more than a small product (host.parallel_worth).
@@ -25,176 +29,225 @@ import torch
 from numba import njit, prange, uint64
 
 from .host import F32, finish, parallel_worth, raw
-from .strict_math import ZERO, canon, fma, widen
+from .simd import transpose8, vadd, vcanon, vfma, vload, vload_wide, vsplat, vstore, vzero
+from .strict_math import ZERO, canon, widen
 
-_NC = 128  # columns per task: a packed tile panel (T x 128 float32) stays in L1/L2
-_MG = 64  # rows per task (a panel is packed once per task and K tile)
-_FEW_ROWS = 4  # below this many rows linear runs on the weight as stored
+_L = 16  # panel width: two eight-float vectors per row
+_R = 8  # rows per task: 16 accumulator vectors (+2 panel vectors, a broadcast) of AVX-512's 32 registers
+_PB = 16  # panels per task (256 columns): a task's panels stay in L2 while its rows pass over them
+_FEW_ROWS = 2  # below this many rows (decode) linear runs on the weight as stored: at 2 rows the gemm
+# (x padded to a 16-row panel) was 2.4x faster than eight scalar chains at K = N = 4096 and even at 256;
+# against the transposed-vector _dots about even (at 256 the gemm ~30% slower, at 4096 about the same)
 
 
 @njit(inline="always", cache=True)
-def _pack(B, nk, k0, k1, n0, n1, P):
-    """P[k - k0, n - n0] = B's (k, n) value as float32; B is [N, K] when nk else [K, N]."""
-    if nk:  # transposed in blocks of 8 columns: 8 sequential read streams, contiguous writes
-        for nb in range(n0, n1, 8):
-            if nb + 8 <= n1:
-                b0, b1, b2, b3 = B[nb, k0:k1], B[nb + 1, k0:k1], B[nb + 2, k0:k1], B[nb + 3, k0:k1]
-                b4, b5, b6, b7 = B[nb + 4, k0:k1], B[nb + 5, k0:k1], B[nb + 6, k0:k1], B[nb + 7, k0:k1]
-                j = nb - n0
-                for k in range(k1 - k0):
-                    p = P[k]
-                    p[j], p[j + 1], p[j + 2], p[j + 3] = widen(b0[k]), widen(b1[k]), widen(b2[k]), widen(b3[k])
-                    p[j + 4], p[j + 5], p[j + 6], p[j + 7] = widen(b4[k]), widen(b5[k]), widen(b6[k]), widen(b7[k])
-            else:
-                for n in range(nb, n1):
-                    row = B[n, k0:k1]
-                    for k in range(k1 - k0):
-                        P[k, n - n0] = widen(row[k])
+def _pack_panel(B, nk, P, b):
+    """P[b, k, j] = B's (k, b * _L + j) value as float32, +0.0 past B's last column (computed,
+    never stored); B is [cols, K] when nk else [K, cols]."""
+    K = P.shape[1]
+    c0 = b * _L
+    w = min(_L, (B.shape[0] if nk else B.shape[1]) - c0)
+    Pb = P[b]
+    if nk:  # one column at a time: a sequential read of B's row
+        for j in range(w):
+            row = B[c0 + j]
+            for k in range(K):
+                Pb[k, j] = widen(row[k])
     else:
-        for k in range(k0, k1):
-            row = B[k, n0:n1]
-            p = P[k - k0]
-            for n in range(n1 - n0):
-                p[n] = widen(row[n])
+        for k in range(K):
+            row = B[k]
+            for j in range(w):
+                Pb[k, j] = widen(row[c0 + j])
+    for k in range(K):
+        for j in range(w, _L):
+            Pb[k, j] = ZERO
 
 
 @njit(inline="always", cache=True)
-def _finish_row(c, bias, n0, has_bias):
-    """c (row segment from column n0) after its last tile: + bias (once, after the K reduction, as
-    the reference) and canonical NaNs (a select per element: the loop vectorises)."""
-    if has_bias:
-        for n in range(c.shape[0]):
-            c[n] = canon(c[n] + bias[n0 + n])
-    else:
-        for n in range(c.shape[0]):
-            c[n] = canon(c[n])
+def _fma2(x, lo, hi, a, b):
+    """One k step of a row's 16 chains: (a, b) + x * (lo, hi)."""
+    s = vsplat(x)
+    return vfma(s, lo, a), vfma(s, hi, b)
 
 
 @njit(inline="always", cache=True)
-def _gemm_task(A, B, nk, C, T, bias, task, P, acc):
-    M, K = A.shape
-    N = C.shape[1]
-    nnb = (N + _NC - 1) // _NC
-    m_lo = (task // nnb) * _MG
-    m_hi = min(m_lo + _MG, M)
-    n0 = (task % nnb) * _NC
-    n1 = min(n0 + _NC, N)
-    w = n1 - n0
-    a0, a1, a2, a3 = acc[0, :w], acc[1, :w], acc[2, :w], acc[3, :w]
-    for k0 in range(0, K, T):
-        k1 = min(k0 + T, K)
-        _pack(B, nk, k0, k1, n0, n1, P)
-        for m0 in range(m_lo, m_hi, 4):
-            # rows past m_hi are clamped: computed, never stored
-            r0, r1, r2, r3 = A[m0], A[min(m0 + 1, m_hi - 1)], A[min(m0 + 2, m_hi - 1)], A[min(m0 + 3, m_hi - 1)]
-            a0[:] = ZERO
-            a1[:] = ZERO
-            a2[:] = ZERO
-            a3[:] = ZERO
-            k = k0
-            # four steps of every chain per pass over the accumulators, in k order as the spec: the
-            # 16 row values stay in registers, so each pass is 16 fmas per 4 panel loads and one
-            # load / store of each accumulator (with fewer steps the stores bound the loop)
-            while k + 4 <= k1:
-                x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
-                y0, y1, y2, y3 = widen(r0[k + 1]), widen(r1[k + 1]), widen(r2[k + 1]), widen(r3[k + 1])
-                u0, u1, u2, u3 = widen(r0[k + 2]), widen(r1[k + 2]), widen(r2[k + 2]), widen(r3[k + 2])
-                v0, v1, v2, v3 = widen(r0[k + 3]), widen(r1[k + 3]), widen(r2[k + 3]), widen(r3[k + 3])
-                p, q, pu, pv = P[k - k0, :w], P[k + 1 - k0, :w], P[k + 2 - k0, :w], P[k + 3 - k0, :w]
-                for n in range(w):
-                    pn, qn, un, vn = p[n], q[n], pu[n], pv[n]
-                    a0[n] = fma(v0, vn, fma(u0, un, fma(y0, qn, fma(x0, pn, a0[n]))))
-                    a1[n] = fma(v1, vn, fma(u1, un, fma(y1, qn, fma(x1, pn, a1[n]))))
-                    a2[n] = fma(v2, vn, fma(u2, un, fma(y2, qn, fma(x2, pn, a2[n]))))
-                    a3[n] = fma(v3, vn, fma(u3, un, fma(y3, qn, fma(x3, pn, a3[n]))))
-                k += 4
-            while k < k1:  # the tile's last 1-3 steps, one at a time
-                x0, x1, x2, x3 = widen(r0[k]), widen(r1[k]), widen(r2[k]), widen(r3[k])
-                p = P[k - k0, :w]
-                for n in range(w):
-                    pn = p[n]
-                    a0[n] = fma(x0, pn, a0[n])
-                    a1[n] = fma(x1, pn, a1[n])
-                    a2[n] = fma(x2, pn, a2[n])
-                    a3[n] = fma(x3, pn, a3[n])
-                k += 1
-            for i in range(min(4, m_hi - m0)):
-                c = C[m0 + i, n0:n1]
-                ai = acc[i, :w]
-                for n in range(w):
-                    c[n] += ai[n]
-    for m in range(m_lo, m_hi):
-        _finish_row(C[m, n0:n1], bias, n0, bias.shape[0] > 0)
+def _add_row(tot, i, a, b):
+    """Row i of the task's running total (tile partials in tile order) += (a, b)."""
+    o = i * _L
+    vstore(tot, o, vadd(vload(tot, o), a))
+    vstore(tot, o + 8, vadd(vload(tot, o + 8), b))
 
 
 @njit(inline="always", cache=True)
-def _gemm_tasks(M, N):
-    return ((M + _MG - 1) // _MG) * ((N + _NC - 1) // _NC)
+def _store(c, ncols, tot, ni, r, c0, bias_rows, bias):
+    """The totals of ni rows from r, columns from c0, into c (C [., ncols] flat) + bias once,
+    canonical NaN. The bias follows C's column, or its row when ``bias_rows`` (C is then C^T of a
+    linear: A is the weight). A full tile row moves as two vectors."""
+    has_bias = bias.shape[0] > 0
+    for i in range(ni):
+        o = uint64(r + i) * uint64(ncols) + uint64(c0)
+        if c0 + _L <= ncols:
+            lo, hi = vload(tot, i * _L), vload(tot, i * _L + 8)
+            if has_bias:
+                if bias_rows:
+                    b = vsplat(bias[r + i])
+                    lo, hi = vadd(lo, b), vadd(hi, b)
+                else:
+                    lo, hi = vadd(lo, vload(bias, c0)), vadd(hi, vload(bias, c0 + 8))
+            vstore(c, o, vcanon(lo))
+            vstore(c, o + uint64(8), vcanon(hi))
+        else:  # the last, short panel
+            for j in range(ncols - c0):
+                v = tot[i * _L + j]
+                if has_bias:
+                    v += bias[r + i] if bias_rows else bias[c0 + j]
+                c[o + uint64(j)] = canon(v)
+
+
+@njit(inline="always", cache=True)
+def _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot):
+    """_R rows of A (a: [rows, K] flat) times a block of panels (p: [panels, K, _L] flat) into C
+    (c: [rows, ncols] flat). Flat arrays with unsigned offsets: a row view costs reference counting
+    (~40 ns each, ~a third of a 16x256x256 product over its 32 tasks) and signed indices a
+    negative-index check."""
+    n_groups = (rows + _R - 1) // _R
+    r = (task % n_groups) * _R
+    b_lo = (task // n_groups) * _PB
+    last = rows - 1  # rows past the end are clamped: computed, never stored
+    uk = uint64(K)
+    x0, x1, x2, x3 = uint64(r) * uk, uint64(min(r + 1, last)) * uk, uint64(min(r + 2, last)) * uk, uint64(min(r + 3, last)) * uk
+    x4, x5, x6, x7 = uint64(min(r + 4, last)) * uk, uint64(min(r + 5, last)) * uk, uint64(min(r + 6, last)) * uk, uint64(min(r + 7, last)) * uk
+    for b in range(b_lo, min(b_lo + _PB, panels)):
+        for i in range(_R * _L):
+            tot[i] = ZERO
+        for k0 in range(0, K, T):
+            l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = vzero()  # columns 0-7 of the panel, rows 0-7
+            h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = vzero()  # columns 8-15
+            for kk in range(k0, min(k0 + T, K)):
+                k = uint64(kk)
+                o = (uint64(b) * uk + k) * uint64(_L)
+                lo, hi = vload(p, o), vload(p, o + uint64(8))
+                l0, h0 = _fma2(widen(a[x0 + k]), lo, hi, l0, h0)
+                l1, h1 = _fma2(widen(a[x1 + k]), lo, hi, l1, h1)
+                l2, h2 = _fma2(widen(a[x2 + k]), lo, hi, l2, h2)
+                l3, h3 = _fma2(widen(a[x3 + k]), lo, hi, l3, h3)
+                l4, h4 = _fma2(widen(a[x4 + k]), lo, hi, l4, h4)
+                l5, h5 = _fma2(widen(a[x5 + k]), lo, hi, l5, h5)
+                l6, h6 = _fma2(widen(a[x6 + k]), lo, hi, l6, h6)
+                l7, h7 = _fma2(widen(a[x7 + k]), lo, hi, l7, h7)
+            _add_row(tot, 0, l0, h0)
+            _add_row(tot, 1, l1, h1)
+            _add_row(tot, 2, l2, h2)
+            _add_row(tot, 3, l3, h3)
+            _add_row(tot, 4, l4, h4)
+            _add_row(tot, 5, l5, h5)
+            _add_row(tot, 6, l6, h6)
+            _add_row(tot, 7, l7, h7)
+        _store(c, ncols, tot, min(_R, rows - r), r, b * _L, bias_rows, bias)
+
+
+@njit(inline="always", cache=True)
+def _gemm_shape(A, B, nk):
+    """(panels of B, tasks): tasks run panel block by panel block, each over every row group."""
+    panels = ((B.shape[0] if nk else B.shape[1]) + _L - 1) // _L
+    return panels, ((A.shape[0] + _R - 1) // _R) * ((panels + _PB - 1) // _PB)
+
+
+@njit(inline="always", cache=True)
+def _transpose_rows(CT, C, m0, m1):
+    """C[m, :] = CT[:, m] for m in [m0, m1): each row of C written contiguously, once (tiles writing
+    C^T straight into C hit one cache set per tile row when C's rows are 4 KiB apart; a version
+    blocked over columns measured slower, numpy's transposing copy about the same plus a call)."""
+    for m in range(m0, m1):
+        c = C[m]
+        for n in range(C.shape[1]):
+            c[n] = CT[n, m]
 
 
 @njit(parallel=True, cache=True)
-def _gemm_par(A, B, nk, C, T, bias):
-    for task in prange(_gemm_tasks(A.shape[0], C.shape[1])):
-        P = np.empty((min(T, A.shape[1]), _NC), np.float32)  # one K tile's panel (a tile may exceed K)
-        _gemm_task(A, B, nk, C, T, bias, task, P, np.empty((4, _NC), np.float32))
+def _gemm_par(A, B, nk, C, T, bias, xpacked):
+    panels, tasks = _gemm_shape(A, B, nk)
+    P = np.empty((panels, A.shape[1], _L), np.float32)
+    for b in prange(panels):
+        _pack_panel(B, nk, P, b)
+    CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C  # tasks write C^T, then
+    a, p, c = A.ravel(), P.ravel(), CT.ravel()
+    for task in prange(tasks):
+        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task,
+                   np.empty(_R * _L, np.float32))
+    if xpacked:
+        for blk in prange((C.shape[0] + _L - 1) // _L):
+            _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
 
 
 @njit(cache=True)
-def _gemm_ser(A, B, nk, C, T, bias):
-    P, acc = np.empty((min(T, A.shape[1]), _NC), np.float32), np.empty((4, _NC), np.float32)
-    for task in range(_gemm_tasks(A.shape[0], C.shape[1])):
-        _gemm_task(A, B, nk, C, T, bias, task, P, acc)
+def _gemm_ser(A, B, nk, C, T, bias, xpacked):
+    panels, tasks = _gemm_shape(A, B, nk)
+    P = np.empty((panels, A.shape[1], _L), np.float32)
+    for b in range(panels):
+        _pack_panel(B, nk, P, b)
+    CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C
+    a, p, c, tot = A.ravel(), P.ravel(), CT.ravel(), np.empty(_R * _L, np.float32)
+    for task in range(tasks):
+        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task, tot)
+    if xpacked:
+        _transpose_rows(CT, C, 0, C.shape[0])
 
 
 @njit(inline="always", cache=True)
-def _dots_task(a, b, c, M, N, K, T, bias, blk):
+def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
+    """Step k of eight weight rows (row offsets o0..o7) as one vector, through tmp (a tile's last
+    1-7 steps, when the tile is not a multiple of eight)."""
+    tmp[0], tmp[1], tmp[2], tmp[3] = widen(b[o0 + k]), widen(b[o1 + k]), widen(b[o2 + k]), widen(b[o3 + k])
+    tmp[4], tmp[5], tmp[6], tmp[7] = widen(b[o4 + k]), widen(b[o5 + k]), widen(b[o6 + k]), widen(b[o7 + k])
+    return vload(tmp, 0)
+
+
+@njit(inline="always", cache=True)
+def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
+    """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
+    k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
+    step is one vector fma in k order (the lanes never meet)."""
     nnb = (N + 7) // 8
     m = blk // nnb
     n0 = (blk % nnb) * 8
-    # unsigned offsets: numba then skips negative-index wraparound in the inner loop; columns past
-    # N are clamped (computed, never stored)
-    ra = uint64(m * K)
-    b0, b1 = uint64(n0 * K), uint64(min(n0 + 1, N - 1) * K)
-    b2, b3 = uint64(min(n0 + 2, N - 1) * K), uint64(min(n0 + 3, N - 1) * K)
-    b4, b5 = uint64(min(n0 + 4, N - 1) * K), uint64(min(n0 + 5, N - 1) * K)
-    b6, b7 = uint64(min(n0 + 6, N - 1) * K), uint64(min(n0 + 7, N - 1) * K)
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = ZERO
+    # unsigned offsets: no negative-index wraparound in the inner loop; rows past N are clamped
+    # (computed, never stored)
+    uk, last = uint64(K), N - 1
+    ra = uint64(m) * uk
+    o0, o1, o2, o3 = uint64(n0) * uk, uint64(min(n0 + 1, last)) * uk, uint64(min(n0 + 2, last)) * uk, uint64(min(n0 + 3, last)) * uk
+    o4, o5, o6, o7 = uint64(min(n0 + 4, last)) * uk, uint64(min(n0 + 5, last)) * uk, uint64(min(n0 + 6, last)) * uk, uint64(min(n0 + 7, last)) * uk
+    tot = vzero()
     for k0 in range(0, K, T):
         k1 = min(k0 + T, K)
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO
-        for kk in range(k0, k1):
+        acc = vzero()
+        kk = k0
+        while kk + 8 <= k1:
             k = uint64(kk)
-            x = widen(a[ra + k])
-            s0 = fma(x, widen(b[b0 + k]), s0)
-            s1 = fma(x, widen(b[b1 + k]), s1)
-            s2 = fma(x, widen(b[b2 + k]), s2)
-            s3 = fma(x, widen(b[b3 + k]), s3)
-            s4 = fma(x, widen(b[b4 + k]), s4)
-            s5 = fma(x, widen(b[b5 + k]), s5)
-            s6 = fma(x, widen(b[b6 + k]), s6)
-            s7 = fma(x, widen(b[b7 + k]), s7)
-        t0 += s0
-        t1 += s1
-        t2 += s2
-        t3 += s3
-        t4 += s4
-        t5 += s5
-        t6 += s6
-        t7 += s7
-    if bias.shape[0] > 0:  # once, after the K reduction (columns past N read the clamped last one)
-        t0 += bias[n0]
-        t1, t2, t3 = t1 + bias[min(n0 + 1, N - 1)], t2 + bias[min(n0 + 2, N - 1)], t3 + bias[min(n0 + 3, N - 1)]
-        t4, t5 = t4 + bias[min(n0 + 4, N - 1)], t5 + bias[min(n0 + 5, N - 1)]
-        t6, t7 = t6 + bias[min(n0 + 6, N - 1)], t7 + bias[min(n0 + 7, N - 1)]
-    t0, t1, t2, t3, t4, t5, t6, t7 = canon(t0), canon(t1), canon(t2), canon(t3), canon(t4), canon(t5), canon(t6), canon(t7)
-    o = m * N + n0
-    c[o] = t0
-    if n0 + 7 < N:
-        c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[o + 5], c[o + 6], c[o + 7] = t1, t2, t3, t4, t5, t6, t7
-    else:  # the last, short block of columns
-        for i, ti in ((1, t1), (2, t2), (3, t3), (4, t4), (5, t5), (6, t6)):
-            if n0 + i < N:
-                c[o + i] = ti
+            w0, w1, w2, w3, w4, w5, w6, w7 = transpose8(
+                vload_wide(b, o0 + k), vload_wide(b, o1 + k), vload_wide(b, o2 + k), vload_wide(b, o3 + k),
+                vload_wide(b, o4 + k), vload_wide(b, o5 + k), vload_wide(b, o6 + k), vload_wide(b, o7 + k))
+            x = ra + k
+            acc = vfma(vsplat(widen(a[x])), w0, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(1)])), w1, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(2)])), w2, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(3)])), w3, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(4)])), w4, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(5)])), w5, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(6)])), w6, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(7)])), w7, acc)
+            kk += 8
+        while kk < k1:
+            k = uint64(kk)
+            acc = vfma(vsplat(widen(a[ra + k])), _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp), acc)
+            kk += 1
+        tot = vadd(tot, acc)
+    vstore(tmp, 0, tot)
+    for i in range(min(8, N - n0)):  # + bias once, after the K reduction
+        v = tmp[i]
+        if bias.shape[0] > 0:
+            v += bias[n0 + i]
+        c[m * N + n0 + i] = canon(v)
 
 
 @njit(parallel=True, cache=True)
@@ -203,16 +256,16 @@ def _dots_par(A, B, C, T, bias):
     N = B.shape[0]
     a, b, c = A.ravel(), B.ravel(), C.ravel()
     for blk in prange(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk, np.empty(8, np.float32))
 
 
 @njit(cache=True)
 def _dots_ser(A, B, C, T, bias):
     M, K = A.shape
     N = B.shape[0]
-    a, b, c = A.ravel(), B.ravel(), C.ravel()
+    a, b, c, tmp = A.ravel(), B.ravel(), C.ravel(), np.empty(8, np.float32)
     for blk in range(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, blk)
+        _dots_task(a, b, c, M, N, K, T, bias, blk, tmp)
 
 
 _NO_BIAS = np.empty(0, np.float32)
@@ -220,9 +273,13 @@ _NO_BIAS = np.empty(0, np.float32)
 
 def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int, bias: np.ndarray) -> np.ndarray:
     m, k = a2.shape
-    out = np.zeros((m, b.shape[0] if nk else b.shape[1]), np.float32)
+    out = np.empty((m, b.shape[0] if nk else b.shape[1]), np.float32)  # every element is stored
     if out.size:
-        (_gemm_par if parallel_worth(out.size * k) else _gemm_ser)(a2, b, nk, out, t, bias)
+        drive = _gemm_par if parallel_worth(out.size * k) else _gemm_ser
+        if nk and m <= out.shape[1]:  # pack x, the smaller operand: C^T = W . x^T (bias along its rows)
+            drive(b, a2, True, out, t, bias, True)
+        else:
+            drive(a2, b, nk, out, t, bias, False)
     return out
 
 
@@ -253,5 +310,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     b32 = _NO_BIAS if bias is None else raw(bias.to(F32))
-    acc = dot_rows_nk(raw(x).reshape(math.prod(x.shape[:-1]), x.shape[-1]), raw(weight), spec.k_tile, b32)
-    return finish(torch.from_numpy(acc.reshape(*x.shape[:-1], weight.shape[0])), x.dtype, nan_done=True)
+    x2 = raw(x)
+    if x2.ndim != 2:  # (a 2-D x skips both reshapes: ~1 us each)
+        x2 = x2.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    acc = dot_rows_nk(x2, raw(weight), spec.k_tile, b32)
+    if x.ndim != 2:
+        acc = acc.reshape(*x.shape[:-1], weight.shape[0])
+    return finish(torch.from_numpy(acc), x.dtype, nan_done=True)

@@ -1,0 +1,175 @@
+"""Eight-float vectors for numba kernels: a numba type lowered to LLVM's ``<8 x float>``.
+
+numba vectorises loops, not straight-line code (its SLP vectoriser is off), and arrays in a loop
+are reloaded and stored on every pass (no alias information). A kernel that keeps a register tile
+of accumulators across a whole reduction (matmul.py's gemm) says so with these values: each
+``f32x8`` local is one 256-bit register. The arithmetic is lane-wise IEEE float32 exactly as the
+scalar code: :func:`vfma` is ``llvm.fma.v8f32`` (one rounding per lane, ``vfmadd...ps``),
+:func:`vadd` a lane-wise ``fadd``; no fastmath, nothing reassociated.
+
+Loads and stores are unchecked (no bounds, no negative-index wraparound): callers index arrays
+they allocated to fit.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+LANES = 8
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+
+
+class F32x8(types.Type):
+    def __init__(self):
+        super().__init__(name="f32x8")
+
+
+f32x8 = F32x8()
+
+
+@register_model(F32x8)
+class _F32x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _is_f32_array(arr, i):
+    return isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(i, types.Integer)
+
+
+def _lane_pointer(context, builder, arrty, arr, i):
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [i]), _VEC.as_pointer())
+
+
+@intrinsic
+def vzero(typingctx):
+    """Eight +0.0."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VEC, [0.0] * LANES)
+    return f32x8(), codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """x in every lane (a broadcast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        one = builder.insert_element(ir.Constant(_VEC, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC, ir.Undefined),
+                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+    return f32x8(x), codegen
+
+
+@intrinsic
+def vload(typingctx, arr, i):
+    """arr.flat[i : i + 8] of a C-contiguous float32 array (unchecked)."""
+    if not _is_f32_array(arr, i):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_lane_pointer(context, builder, sig.args[0], *args), align=4)
+    return f32x8(arr, i), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, i, v):
+    """arr.flat[i : i + 8] = v (unchecked)."""
+    if not (_is_f32_array(arr, i) and v == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _lane_pointer(context, builder, sig.args[0], args[0], args[1]), align=4)
+        return context.get_dummy_value()
+    return types.none(arr, i, v), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """Lane-wise a*b + c rounded once (IEEE fusedMultiplyAdd per lane)."""
+    if not (a == f32x8 and b == f32x8 and c == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v8f32")
+        return builder.call(fn, args)
+    return f32x8(f32x8, f32x8, f32x8), codegen
+
+
+@intrinsic
+def vadd(typingctx, a, b):
+    """Lane-wise a + b."""
+    if not (a == f32x8 and b == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(*args)
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def vcanon(typingctx, v):
+    """v with every NaN lane replaced by the canonical NaN (0x7FC00000): a compare and a blend."""
+    if v != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        nan = builder.bitcast(ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0x7FC00000] * LANES), _VEC)
+        return builder.select(builder.fcmp_unordered("uno", args[0], args[0]), nan, args[0])
+    return f32x8(f32x8), codegen
+
+
+@intrinsic
+def vload_wide(typingctx, arr, i):
+    """arr.flat[i : i + 8] widened exactly to float32 (unchecked): float32 as is, bf16 bits (int16)
+    shifted into the high half, fp16 bits (uint16) by ``fpext`` (strict_math.widen, eight at once)."""
+    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer)
+            and arr.dtype in (types.float32, types.int16, types.uint16)):
+        return None
+    dtype = arr.dtype
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.gep(data, [args[1]])
+        if dtype == types.float32:
+            return builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4)
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=2)
+        if dtype == types.int16:
+            i32 = ir.VectorType(ir.IntType(32), LANES)
+            return builder.bitcast(builder.shl(builder.zext(bits, i32), ir.Constant(i32, [16] * LANES)), _VEC)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), _VEC)
+    return f32x8(arr, i), codegen
+
+
+def _shuffle(mask):
+    """An intrinsic picking lanes of (a, b) by ``mask`` (0-7: a's lanes, 8-15: b's)."""
+    @intrinsic
+    def shuffle(typingctx, a, b):
+        if not (a == f32x8 and b == f32x8):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(ir.IntType(32), LANES), mask))
+        return f32x8(f32x8, f32x8), codegen
+    return shuffle
+
+
+_lo32, _hi32 = _shuffle([0, 8, 1, 9, 4, 12, 5, 13]), _shuffle([2, 10, 3, 11, 6, 14, 7, 15])
+_lo64, _hi64 = _shuffle([0, 1, 8, 9, 4, 5, 12, 13]), _shuffle([2, 3, 10, 11, 6, 7, 14, 15])
+_lo128, _hi128 = _shuffle([0, 1, 2, 3, 8, 9, 10, 11]), _shuffle([4, 5, 6, 7, 12, 13, 14, 15])
+
+
+@njit(inline="always", cache=True)
+def transpose8(r0, r1, r2, r3, r4, r5, r6, r7):
+    """The 8x8 transpose of eight row vectors: lane i of result j is lane j of row i (24 shuffles,
+    moves only: no arithmetic)."""
+    t0, t1, t2, t3 = _lo32(r0, r1), _hi32(r0, r1), _lo32(r2, r3), _hi32(r2, r3)
+    t4, t5, t6, t7 = _lo32(r4, r5), _hi32(r4, r5), _lo32(r6, r7), _hi32(r6, r7)
+    u0, u1, u2, u3 = _lo64(t0, t2), _hi64(t0, t2), _lo64(t1, t3), _hi64(t1, t3)
+    u4, u5, u6, u7 = _lo64(t4, t6), _hi64(t4, t6), _lo64(t5, t7), _hi64(t5, t7)
+    return (_lo128(u0, u4), _lo128(u1, u5), _lo128(u2, u6), _lo128(u3, u7),
+            _hi128(u0, u4), _hi128(u1, u5), _hi128(u2, u6), _hi128(u3, u7))
