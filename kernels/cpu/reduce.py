@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from .simd import LANES, transpose8, vadd, vlane, vload, vzero
 from .strict_math import ZERO, fma
 
 
@@ -66,8 +67,39 @@ def _tiled(x, y, t, dot):
 
 
 @njit(inline="always", cache=True)
+def _tiled_sum_lanes(x, t):
+    """_tiled(x, x, t, False) for a unit-stride row and t % 8 == 0, with the eight tiles of a group
+    in the eight lanes of one vector: eight consecutive elements of each tile are loaded and
+    transposed, so vector k holds element j + k of every tile and is added into the lane-wise
+    chains in element order. Each lane is its tile's sequential chain (the same adds in the same
+    order); the partials then go into the total in tile order, as in _tiled."""
+    n = x.shape[0]
+    full = n // t
+    total = ZERO
+    g = 0
+    while g + LANES <= full:
+        acc = vzero()
+        b = g * t
+        for j in range(b, b + t, LANES):
+            c0, c1, c2, c3, c4, c5, c6, c7 = transpose8(
+                vload(x, j), vload(x, j + t), vload(x, j + 2 * t), vload(x, j + 3 * t),
+                vload(x, j + 4 * t), vload(x, j + 5 * t), vload(x, j + 6 * t), vload(x, j + 7 * t))
+            acc = vadd(vadd(vadd(vadd(vadd(vadd(vadd(vadd(acc, c0), c1), c2), c3), c4), c5), c6), c7)
+        for lane in range(LANES):
+            total = total + vlane(acc, lane)
+        g += LANES
+    for i in range(g, full):
+        total = total + _sum_chain(x, x, i * t, i * t + t, False)
+    if full * t < n:
+        total = total + _sum_chain(x, x, full * t, n, False)
+    return total
+
+
+@njit(inline="always", cache=True)
 def tiled_sum(x, t, part=None):
     """sum of the float32 row x in the canonical order (``part``: unused, kept for old callers)."""
+    if t % LANES == 0 and x.strides[0] == 4:
+        return _tiled_sum_lanes(x, t)
     return _tiled(x, x, t, False)
 
 

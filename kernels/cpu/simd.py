@@ -112,6 +112,39 @@ def vadd(typingctx, a, b):
 
 
 @intrinsic
+def vmax(typingctx, m, v):
+    """Lane-wise v if v > m else m (an ordered compare: a NaN lane of v leaves m as it was)."""
+    if not (m == f32x8 and v == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[1], args[0]), args[1], args[0])
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def vkeep_nan(typingctx, acc, v):
+    """Lane-wise v if v is NaN else acc: acc ends NaN in every lane where some v was."""
+    if not (acc == f32x8 and v == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_unordered("uno", args[1], args[1]), args[1], args[0])
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def vlane(typingctx, v, i):
+    """Lane i of v (a float32)."""
+    if not (v == f32x8 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+    return types.float32(f32x8, i), codegen
+
+
+@intrinsic
 def vcanon(typingctx, v):
     """v with every NaN lane replaced by the canonical NaN (0x7FC00000): a compare and a blend."""
     if v != f32x8:

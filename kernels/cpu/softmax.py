@@ -15,6 +15,7 @@ from numba import njit, prange
 from .host import F32, finish, parallel_worth, raw
 from .matmul import dot_rows_nk
 from .reduce import tiled_sum
+from .simd import LANES, vkeep_nan, vlane, vload_wide, vmax, vsplat, vzero
 from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -51,9 +52,35 @@ def _row_max(x):
 
 
 @njit(inline="always", cache=True)
+def _row_max_lanes(x):
+    """_row_max of a unit-stride row on eight-float vectors (the max is order-free, so lanes and
+    the final fold may take any order): a NaN lane of a vector is kept aside, never compared."""
+    n = x.shape[0]
+    n8 = n - n % LANES
+    m = vsplat(NEG_INF)
+    nan = vzero()
+    for i in range(0, n8, LANES):
+        v = vload_wide(x, i)
+        m = vmax(m, v)
+        nan = vkeep_nan(nan, v)
+    mx = NEG_INF
+    poisoned = False
+    for lane in range(LANES):
+        ml = vlane(m, lane)
+        mx = ml if ml > mx else mx
+        nl = vlane(nan, lane)
+        poisoned = poisoned or nl != nl
+    for i in range(n8, n):
+        v = widen(x[i])
+        mx = v if v > mx else mx
+        poisoned = poisoned or v != v
+    return mx, poisoned or mx == POS_INF
+
+
+@njit(inline="always", cache=True)
 def _row_shift(x):
     """(shift, empty) of row x: its max; NaN when poisoned; 0 for a row of -inf only (empty)."""
-    m, poisoned = _row_max(x)
+    m, poisoned = _row_max_lanes(x) if x.strides[0] == x.itemsize else _row_max(x)
     empty = (not poisoned) and m == NEG_INF
     if poisoned:
         m = NAN
@@ -66,9 +93,16 @@ def _row_shift(x):
 def _row_stats(x, t, e):
     """(shift, S, empty) of row x; fills e with exp(x - shift) (e must not be x: see _logprob_row)."""
     m, empty = _row_shift(x)
+    _exp_shifted(x, m, e)
+    return m, tiled_sum(e, t), empty
+
+
+@njit(cache=True)
+def _exp_shifted(x, m, e):
+    """e[i] = exp(x[i] - m): a call of its own, where e is one array (inlined into _softmax_row, e
+    is `o` or a fresh buffer, and LLVM's vectoriser leaves the loop scalar)."""
     for i in range(x.shape[0]):
         e[i] = exp(widen(x[i]) - m)
-    return m, tiled_sum(e, t), empty
 
 
 @njit(inline="always", cache=True)
