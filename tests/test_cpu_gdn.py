@@ -66,7 +66,7 @@ def _take(args, cu_full, starts, lens):
 
 @HYP
 @given(lens=st.lists(st.integers(2, 24), min_size=1, max_size=3), heads=st.sampled_from(HEADS),
-       dk=st.sampled_from([4, 12, 20]), dv=st.sampled_from([3, 16]), dt=st.sampled_from(DTYPES),
+       dk=st.sampled_from([4, 12, 20]), dv=st.sampled_from([3, 16, 32]), dt=st.sampled_from(DTYPES),
        spec=st.sampled_from(SPECS), l2=st.booleans(), init=st.booleans(), nan=st.booleans(),
        data=st.data(), seed=st.integers(0, 2**16))
 def test_gdn_prefill_split_then_decode_bits(lens, heads, dk, dv, dt, spec, l2, init, nan, data, seed):
