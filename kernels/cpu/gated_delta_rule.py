@@ -112,6 +112,34 @@ def canon_copy(dst, src):
 
 
 @njit(inline="always", cache=True)
+def chain_rows(acc, coef, U, n):
+    """acc[c] = fma(coef[jj], U[jj, c], acc[c]) for jj = 0..n-1 in order (acc, U C-contiguous, U
+    [*, len(acc)]). With len(acc) % 32 == 0 each block of 32 columns keeps its chains in four
+    eight-lane registers over all jj (the scalar loop stores acc after every fma): same bits."""
+    dv = acc.shape[0]
+    if dv % 32 == 0:
+        for cb in range(0, dv, 32):
+            s0, s1, s2, s3 = vload(acc, cb), vload(acc, cb + 8), vload(acc, cb + 16), vload(acc, cb + 24)
+            for jj in range(n):
+                x = vsplat(coef[jj])
+                ub = jj * dv + cb
+                s0 = vfma(x, vload(U, ub), s0)
+                s1 = vfma(x, vload(U, ub + 8), s1)
+                s2 = vfma(x, vload(U, ub + 16), s2)
+                s3 = vfma(x, vload(U, ub + 24), s3)
+            vstore(acc, cb, s0)
+            vstore(acc, cb + 8, s1)
+            vstore(acc, cb + 16, s2)
+            vstore(acc, cb + 24, s3)
+    else:
+        for jj in range(n):
+            x = coef[jj]
+            urow = U[jj]
+            for c in range(dv):
+                acc[c] = fma(x, urow[c], acc[c])
+
+
+@njit(inline="always", cache=True)
 def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
     """Token tk, q/k head hk (raw q, k [tokens, H, dk]) -> xq = (l2norm(q) or q) * scale, xk = l2norm(k)
     or k, float32. Computed inside each (sequence, value head) task: a group of value heads repeats
@@ -209,7 +237,8 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
     U = np.empty((C, dv), np.float32)
     acc = np.empty(dv, np.float32)
     tmp = np.empty(max(C, dv), np.float32)
-    KD = np.empty((C, dk), np.float32)    # f_L,jj k_jj (k_L as is) for the state after row L
+    KD = np.empty((dk, C), np.float32)    # [a, jj]: f_L,jj k_jj (k_L as is), for the state after row L
+    coef = np.empty(C, np.float32)        # the coefficients of one row's fma chain over rows jj
     for ci in range((total + C - 1) // C):
         r0 = ci * C
         cnt = min(C, total - r0)
@@ -252,9 +281,8 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
             for c in range(dv):
                 acc[c] = fma(ng, W[i, c], V[i, c])
             for jj in range(i):
-                nc = -(F[i, jj] * KK[jj])
-                for c in range(dv):
-                    acc[c] = fma(nc, U[jj, c], acc[c])
+                coef[jj] = -(F[i, jj] * KK[jj])
+            chain_rows(acc, coef, U, i)
             for c in range(dv):
                 U[i, c] = bc[i] * acc[c]
             if i >= new0:                                     # a new row: its output
@@ -263,9 +291,8 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
                 for c in range(dv):
                     out[c] = gamma[i] * Y[i, c]
                 for jj in range(i + 1):
-                    p = QK[jj] if jj == i else F[i, jj] * QK[jj]
-                    for c in range(dv):
-                        out[c] = fma(p, U[jj, c], out[c])
+                    coef[jj] = QK[jj] if jj == i else F[i, jj] * QK[jj]
+                chain_rows(out, coef, U, i + 1)
                 for c in range(dv):
                     out[c] = canon(out[c])
         complete = cnt == C
@@ -277,33 +304,12 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
             for jj in range(L + 1):
                 fl = F[L, jj]
                 for a in range(dk):
-                    KD[jj, a] = K[jj, a] if jj == L else fl * K[jj, a]
+                    KD[a, jj] = K[jj, a] if jj == L else fl * K[jj, a]
             for a in range(dk):  # row by row of the state (each element's chain still runs jj = 0..L)
                 srow = Snew[a]
                 for c in range(dv):
                     srow[c] = S[a, c] * gL
-                if dv % 32 == 0:  # the same chains, 32 columns at a time in registers
-                    for cb in range(0, dv, 32):
-                        base = a * dv + cb
-                        s0, s1 = vload(Snew, base), vload(Snew, base + 8)
-                        s2, s3 = vload(Snew, base + 16), vload(Snew, base + 24)
-                        for jj in range(L + 1):
-                            ka = vsplat(KD[jj, a])
-                            ub = jj * dv + cb
-                            s0 = vfma(ka, vload(U, ub), s0)
-                            s1 = vfma(ka, vload(U, ub + 8), s1)
-                            s2 = vfma(ka, vload(U, ub + 16), s2)
-                            s3 = vfma(ka, vload(U, ub + 24), s3)
-                        vstore(Snew, base, s0)
-                        vstore(Snew, base + 8, s1)
-                        vstore(Snew, base + 16, s2)
-                        vstore(Snew, base + 24, s3)
-                    continue
-                for jj in range(L + 1):
-                    ka = KD[jj, a]
-                    urow = U[jj]
-                    for c in range(dv):
-                        srow[c] = fma(ka, urow[c], srow[c])
+                chain_rows(srow, KD[a], U, L + 1)
             if last_here and want_final:
                 canon_copy(final_out[s, j], Snew)
             if complete:
