@@ -66,7 +66,7 @@ def _take(args, cu_full, starts, lens):
 
 @HYP
 @given(lens=st.lists(st.integers(2, 24), min_size=1, max_size=3), heads=st.sampled_from(HEADS),
-       dk=st.sampled_from([4, 12, 20]), dv=st.sampled_from([3, 16]), dt=st.sampled_from(DTYPES),
+       dk=st.sampled_from([4, 12, 20]), dv=st.sampled_from([3, 16, 32]), dt=st.sampled_from(DTYPES),
        spec=st.sampled_from(SPECS), l2=st.booleans(), init=st.booleans(), nan=st.booleans(),
        data=st.data(), seed=st.integers(0, 2**16))
 def test_gdn_prefill_split_then_decode_bits(lens, heads, dk, dv, dt, spec, l2, init, nan, data, seed):
@@ -127,6 +127,28 @@ def test_gdn_thread_count_does_not_change_bits():
     finally:
         torch.set_num_threads(before)
     same("threads", outs[0], outs[1])
+
+
+def test_gdn_chunked_serial_and_prange_drivers_same_bits(monkeypatch):
+    """The chunked kernel's prange driver (2 threads) and its serial driver run one task body: same bits
+    as each other and as the reference, final state included. Forcing the driver is the only change."""
+    import numba
+    from hal.kernels.cpu import gated_delta_rule as kg
+    g = torch.Generator().manual_seed(5)
+    q, k, v, gg, beta, cu = _gdn_inputs(g, [40, 3, 21], (2, 4), 12, 32, torch.float32)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        outs = []
+        for par in (True, False):
+            monkeypatch.setattr(kg, "parallel_worth", lambda work, par=par: par)
+            outs.append(hal.chunk_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, output_final_state=True,
+                                                   backend="cpu"))
+    finally:
+        numba.set_num_threads(old)
+    same("parallel vs serial driver", outs[0], outs[1])
+    same("vs reference", hal.chunk_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, output_final_state=True,
+                                                    backend="reference"), outs[0])
 
 
 # ------------------------------------------------------------------ negative controls (GDN)
