@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from hal.kernels.reference.gated_delta_rule import EPS_L2, Parts
 
-from .host import F32, canonical_nan, empty, finish, parallel_worth, raw, zeros
+from .host import canonical_nan, empty, finish, parallel_worth, raw, zeros
 from .reduce import tiled_dot
 from .simd import vadd, vfma, vload, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, exp, fma, widen
