@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
 import torch  # noqa: E402
+from _check_cli import main, report as _report  # noqa: E402
 
 import hal  # noqa: E402
 from hal.attention import _backward_math  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.triton import attention_backward as bwd  # noqa: E402
 
-FAILED = []
 FULL = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
 #: max |grad - oracle| <= TOL * max |oracle| per gradient (bf16: P and dS go to the tensor cores in bf16,
 #: and the interpreter truncates fp32 -> bf16)
@@ -87,14 +86,6 @@ def _close(got, want, dt):
     return None
 
 
-def _report(label, problem):
-    if problem:
-        FAILED.append(label)
-        print(f"{label}: FAIL {problem}", flush=True)
-    else:
-        print(f"{label}: ok", flush=True)
-
-
 def _zero_rows(q, cq, causal, window, dq):
     """dq must be exactly +0.0 on padding rows and on queries that see no key."""
     zero = torch.zeros((), dtype=dq.dtype)
@@ -146,8 +137,4 @@ def negative():
 CHECKS = {"grads": grads, "negative": negative}
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or list(CHECKS):
-        t0 = time.time()
-        CHECKS[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    main(CHECKS)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
 import torch  # noqa: E402
+from _check_cli import main, report as _report  # noqa: E402
 
 import hal  # noqa: E402
 from hal import gdn_backward  # noqa: E402
@@ -28,7 +28,6 @@ from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as oracle  # noqa: E402
 from hal.kernels.triton import gdn_backward as kb  # noqa: E402
 
-FAILED = []
 FULL = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
 F32, F64 = torch.float32, torch.float64
 #: max |got - float64| <= TOL * max |float64| per tensor (float32 compute; measured <= 3.9e-7)
@@ -48,11 +47,6 @@ E2E_CASES = [  # B, T, H, HV, dk, dv, cu_seqlens (chunks of 64: the first sequen
 
 def _pick(cases):
     return cases if FULL else cases[:2]
-
-
-def _report(label, problem):
-    FAILED.append(label) if problem else None
-    print(f"{label}: {'FAIL ' + problem if problem else 'ok'}", flush=True)
 
 
 def _close(names, got, want):
@@ -192,8 +186,4 @@ def negative():
 CHECKS = {"scan": scan, "e2e": e2e, "negative": negative}
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or list(CHECKS):
-        t0 = time.time()
-        CHECKS[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    main(CHECKS)
