@@ -6,6 +6,13 @@ the interpreter), so sums in spec order are explicit loops. Two exact tricks mak
 * :func:`column` reads column j of a register tile through an *integer* masked sum of its bits:
   exactly one term is non-zero, so the integer sum is exact in any order and the float bits
   (including -0.0 and NaN payloads) come back unchanged.
+* :func:`eight` / :func:`four` split a [D0, D1, 8] / [D0, D1, 4] tile into its [D0, D1] slices through
+  ``tl.split``, which keeps a size-2 last dimension inside one thread: a thread that loads 16 consecutive
+  bytes with one vector load (8 bf16/fp16 or 4 float32) then runs them through its chain in order
+  (:func:`fma_steps`) with no shuffle and no shared memory.
+  It is the GPU layout of every sequential chain over a contiguous axis (decode GEMV, RMSNorm, softmax
+  sums): memory-coalesced vector loads, chains in registers (``python -m hal.kernels.triton.sass_profile``
+  shows the load widths and layout conversions of the compiled kernels).
 * :func:`row_max` is ``tl.max`` (max is exact and order-free) with the spec's rules made explicit:
   NaN or +inf anywhere poisons the row (NaN); -0.0 < +0.0 so the result never depends on order.
 """
@@ -23,6 +30,41 @@ def column(x, idx, j):
     bits = x.to(tl.int32, bitcast=True)
     picked = tl.where(idx[None, :] == j, bits, 0)
     return tl.sum(picked, axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def eight(x, D0: tl.constexpr, D1: tl.constexpr):
+    """x[:, :, 0], ..., x[:, :, 7] of a [D0, D1, 8] tile, in element order (moves only, exact).
+
+    Each tl.split halves the last axis (even / odd elements), so three levels of splits take element
+    4a + 2b + c to the leaf picked by c, then b, then a."""
+    even, odd = tl.split(tl.reshape(x, [D0, D1, 4, 2]))          # (0 2 4 6), (1 3 5 7)
+    e_lo, e_hi = tl.split(tl.reshape(even, [D0, D1, 2, 2]))      # (0 4), (2 6)
+    o_lo, o_hi = tl.split(tl.reshape(odd, [D0, D1, 2, 2]))       # (1 5), (3 7)
+    x0, x4 = tl.split(e_lo)
+    x2, x6 = tl.split(e_hi)
+    x1, x5 = tl.split(o_lo)
+    x3, x7 = tl.split(o_hi)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def four(x, D0: tl.constexpr, D1: tl.constexpr):
+    """x[:, :, 0], ..., x[:, :, 3] of a [D0, D1, 4] tile, in element order (see :func:`eight`)."""
+    even, odd = tl.split(tl.reshape(x, [D0, D1, 2, 2]))          # (0 2), (1 3)
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok0, ok1, ok2, ok3):
+    """Four steps of a sequential fma chain, part = fma(a_i, b_i, part) in order i = 0..3; a step whose ok_i
+    is False keeps part (skipped by select, exact)."""
+    part = tl.where(ok0, tl.fma(a0, b0, part), part)
+    part = tl.where(ok1, tl.fma(a1, b1, part), part)
+    part = tl.where(ok2, tl.fma(a2, b2, part), part)
+    return tl.where(ok3, tl.fma(a3, b3, part), part)
 
 
 @triton.jit

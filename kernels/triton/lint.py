@@ -91,20 +91,28 @@ class KernelCase:
     signature: dict
     constexprs: dict = field(default_factory=dict)
     strict: bool = True  # False: a deterministic, non-strict kernel (the backward rules)
+    #: int arguments that are multiples of 16 in a typical launch (row strides, K): with ``aligned`` they get
+    #: the divisibility hint a real launch gives them, as do all pointers (torch allocations are 16-byte aligned)
+    divisible: tuple = ()
 
-    def source(self) -> ASTSource:
+    def source(self, aligned: bool = False) -> ASTSource:
         sig = dict(self.signature)
         sig.update({k: "constexpr" for k in self.constexprs})
-        return ASTSource(self.fn, sig, dict(self.constexprs))
+        attrs = {}
+        if aligned:  # what Triton's launcher specializes on (backends/compiler.py: "tt.divisibility", 16)
+            names = [n for n, t in self.signature.items() if t.startswith("*")] + list(self.divisible)
+            attrs = {(self.fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
+        return ASTSource(self.fn, sig, dict(self.constexprs), attrs)
 
 
 @functools.lru_cache(maxsize=None)
 def compile_case(case: KernelCase, target: str, fp_fusion: bool = False, num_warps: int | None = None,
-                 num_stages: int | None = None):
-    """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default)."""
+                 num_stages: int | None = None, aligned: bool = False):
+    """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default; aligned:
+    pointers and ``case.divisible`` ints carry the launcher's divisibility-by-16 hint)."""
     options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
     options.update({k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None})
-    return triton.compile(case.source(), target=TARGETS[target], options=options)
+    return triton.compile(case.source(aligned), target=TARGETS[target], options=options)
 
 
 def run_cases(items, check, targets=tuple(TARGETS), width: int = 28) -> int:
@@ -157,7 +165,15 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             f"matmul.gemv_partials[{dt}]", matmul._gemv_partials_kernel,
             {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
              **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n", "n_work", "n1")},
-            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8, "NPU": npu}))
+            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8, "NPU": npu}, divisible=("K", "sa_m", "sb_k")))
+        if not npu:  # the Ascend variant keeps the element-per-step kernel
+            for bm in ((1,) + ((8,) if full else ())):
+                cases.append(KernelCase(
+                    f"matmul.gemv_vec[{dt},rows={bm}]", matmul._gemv_vec_kernel,
+                    {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
+                     **_ints("M", "N", "K", "n_kt", "n_tb", "sa_m", "sb_n", "n_work", "n1")},
+                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8, "NPU": npu},
+                    divisible=("K", "sa_m", "sb_n")))
         if full:
             cases.append(KernelCase(
                 f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,

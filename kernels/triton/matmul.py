@@ -4,7 +4,10 @@ Every output is its own sequential fma chain (common.dot_k_tiled), so the bits d
 BM/BN, the grid or the batch: block sizes are chosen for speed only. Up to 16 rows (decode) a
 second kernel pair also runs the K tiles of each output in parallel (independent chains, partials
 combined in tile order by a second kernel): the same operations in the same order, so the same
-bits; the conformance L1 row-subset checks compare the two paths (33 rows vs 1 / 16 of them). No ``tl.dot``: on bf16/fp16
+bits; the conformance L1 row-subset checks compare the two paths (33 rows vs 1 / 16 of them). When K is the
+contiguous axis of b (a linear layer's weight), the decode kernel gives each thread one (column, K tile)
+chain and feeds it 8 consecutive weights per 16-byte vector load (common.eight), so the weight streams
+through coalesced vector loads exactly once; otherwise step j loads element j of every K tile. No ``tl.dot``: on bf16/fp16
 it is a tensor-core tree, and even fp32 ``ieee`` dots get fused across K tiles by Triton's combiner.
 """
 from __future__ import annotations
@@ -67,6 +70,52 @@ def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_
         tl.store(part_ptr + offs, part, mask=ok)
 
 
+@triton.jit(do_not_specialize=["M", "n_work"])  # row counts change per call: no recompiles
+def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_work, n1,
+                     KT: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr,
+                     NPU: tl.constexpr):
+    """Decode GEMV with K contiguous in a and b: [BM, BN x NKT] chains, lane j = (column j // NKT, K tile
+    j % NKT); each step loads VEC consecutive k (16 bytes) of every lane's tile (one vector load per
+    thread; a's rows are shared by all columns, so their loads broadcast) and runs them through the chains
+    in k order (common.eight / four); a step past K or past the tile keeps the partial. Tile partials go to
+    scratch [n_kt, M, N] for _gemv_combine_kernel. Logical grid (column block x tile block, row block), row
+    block fastest, so the programs that share a weight tile run together."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        wb = item // n1
+        rows = (item % n1) * BM + tl.arange(0, BM)
+        row_ok = rows < M
+        L: tl.constexpr = BN * NKT
+        lane = tl.arange(0, L)
+        cols = (wb // n_tb) * BN + lane // NKT
+        col_ok = cols < N
+        tiles = (wb % n_tb) * NKT + lane % NKT
+        e = tl.arange(0, VEC)
+        a_row = a_ptr + rows.to(tl.int64)[:, None, None] * sa_m
+        b_col = b_ptr + cols.to(tl.int64)[:, None] * sb_n
+        part = tl.zeros([BM, L], dtype=tl.float32)
+        for c in tl.static_range(0, KT, VEC):
+            k = tiles[:, None] * KT + c + e[None, :]  # [lanes, VEC]
+            kv = k < K
+            if KT % VEC != 0:  # the last step of a tile stops at the tile's end
+                kv = kv & ((c + e) < KT)[None, :]
+            a = sm.widen(tl.load(a_row + k[None, :, :], mask=row_ok[:, None, None] & kv[None, :, :], other=0.0))
+            b = sm.widen(tl.load(b_col + k, mask=col_ok[:, None] & kv, other=0.0))[None, :, :]
+            ok = kv[None, :, :]
+            if VEC == 8:
+                a0, a1, a2, a3, a4, a5, a6, a7 = common.eight(a, BM, L)
+                b0, b1, b2, b3, b4, b5, b6, b7 = common.eight(b, 1, L)
+                v0, v1, v2, v3, v4, v5, v6, v7 = common.eight(ok, 1, L)
+                part = common.fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+                part = common.fma_steps(part, a4, a5, a6, a7, b4, b5, b6, b7, v4, v5, v6, v7)
+            else:
+                a0, a1, a2, a3 = common.four(a, BM, L)
+                b0, b1, b2, b3 = common.four(b, 1, L)
+                v0, v1, v2, v3 = common.four(ok, 1, L)
+                part = common.fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+        offs = tiles.to(tl.int64)[None, :] * M * N + rows[:, None] * N + cols[None, :]
+        tl.store(part_ptr + offs, part, mask=row_ok[:, None] & (col_ok & (tiles < n_kt))[None, :])
+
+
 @triton.jit
 def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_work, HAS_BIAS: tl.constexpr,
                          OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NPU: tl.constexpr):
@@ -98,8 +147,19 @@ def _gemv(a2, b_kn, bias, k_tile, out):
     else:
         bn, nkt = 32, min(8, triton.next_power_of_2(n_kt))
     part = torch.empty((n_kt, m, n), dtype=torch.float32, device=a2.device)
-    launch(_gemv_partials_kernel, (triton.cdiv(n, bn), triton.cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
-           a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt, persistent=True)
+    if a2.stride(1) == 1 and b_kn.stride(0) == 1 and not ascend_launch.active():  # K contiguous: vector loads
+        if interpreter_layout():
+            vm, vn, vkt = triton.next_power_of_2(m), triton.next_power_of_2(min(n, 64)), triton.next_power_of_2(min(n_kt, 16))
+        else:  # 128 chains per row; up to 8 rows share each weight load (8 x 8 a values stay in registers)
+            vm, vn, vkt = min(8, triton.next_power_of_2(m)), 16, 8
+        n_tb = triton.cdiv(n_kt, vkt)
+        launch(_gemv_vec_kernel, (triton.cdiv(n, vn) * n_tb, triton.cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
+               a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
+               persistent=True)
+    else:
+        launch(_gemv_partials_kernel, (triton.cdiv(n, bn), triton.cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
+               a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
+               persistent=True)
     bn2 = max(2, triton.next_power_of_2(min(n, 1024 if interpreter_layout() else 128)))
     launch(_gemv_combine_kernel, (triton.cdiv(n, bn2),), part, bias if bias is not None else part, out, m, n, n_kt,
            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn2, persistent=True)
