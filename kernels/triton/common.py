@@ -68,6 +68,43 @@ def fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok0, ok1, ok2, ok3):
 
 
 @triton.jit
+def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
+                 BM: tl.constexpr, L: tl.constexpr):
+    """[BM, L] float32: for each (row, lane) the fma chain from +0.0 over k = k0[lane] ... k0[lane] + KT - 1
+    (k < K) of a_rows[row][k] * b_lanes[lane][k], in k order: one K tile of the spec's dot, with k the
+    contiguous axis of both operands.
+
+    Each step loads VEC consecutive k (16 bytes: one vector load per thread) for every lane; a's rows are
+    the same for every lane, so those loads broadcast. The step's VEC values go through the chain in order
+    (eight / four, fma_steps); a k past K or past the tile is skipped by select. a_rows [BM] and b_lanes [L]
+    are pointers to element 0 of each row / lane; the caller keeps KT a multiple of VEC where it can (a tail
+    mask inside the tile is then not needed, and the masks stay vectorizable)."""
+    e = tl.arange(0, VEC)
+    part = tl.zeros([BM, L], dtype=tl.float32)
+    for c in tl.static_range(0, KT, VEC):
+        k = k0[:, None] + c + e[None, :]  # [L, VEC]
+        ok = k < K
+        if KT % VEC != 0:  # the last step of a tile stops at the tile's end
+            ok = ok & ((c + e) < KT)[None, :]
+        a = sm.widen(tl.load(a_rows[:, None, None] + k[None, :, :], mask=row_ok[:, None, None] & ok[None, :, :],
+                             other=0.0))
+        b = sm.widen(tl.load(b_lanes[:, None] + k, mask=lane_ok[:, None] & ok, other=0.0))[None, :, :]
+        ok = ok[None, :, :]
+        if VEC == 8:
+            a0, a1, a2, a3, a4, a5, a6, a7 = eight(a, BM, L)
+            b0, b1, b2, b3, b4, b5, b6, b7 = eight(b, 1, L)
+            v0, v1, v2, v3, v4, v5, v6, v7 = eight(ok, 1, L)
+            part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+            part = fma_steps(part, a4, a5, a6, a7, b4, b5, b6, b7, v4, v5, v6, v7)
+        else:
+            a0, a1, a2, a3 = four(a, BM, L)
+            b0, b1, b2, b3 = four(b, 1, L)
+            v0, v1, v2, v3 = four(ok, 1, L)
+            part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+    return part
+
+
+@triton.jit
 def add_columns_in_order(total, part, idx, n):
     """total + part[:, 0] + part[:, 1] + ... + part[:, n-1], each addition rounded, left to right."""
     for j in range(0, n):

@@ -77,7 +77,7 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
     """Decode GEMV with K contiguous in a and b: [BM, BN x NKT] chains, lane j = (column j // NKT, K tile
     j % NKT); each step loads VEC consecutive k (16 bytes) of every lane's tile (one vector load per
     thread; a's rows are shared by all columns, so their loads broadcast) and runs them through the chains
-    in k order (common.eight / four); a step past K or past the tile keeps the partial. Tile partials go to
+    in k order (common.dot_tile_vec); a step past K or past the tile keeps the partial. Tile partials go to
     scratch [n_kt, M, N] for _gemv_combine_kernel. Logical grid (column block x tile block, row block), row
     block fastest, so the programs that share a weight tile run together."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
@@ -89,29 +89,9 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
         cols = (wb // n_tb) * BN + lane // NKT
         col_ok = cols < N
         tiles = (wb % n_tb) * NKT + lane % NKT
-        e = tl.arange(0, VEC)
-        a_row = a_ptr + rows.to(tl.int64)[:, None, None] * sa_m
-        b_col = b_ptr + cols.to(tl.int64)[:, None] * sb_n
-        part = tl.zeros([BM, L], dtype=tl.float32)
-        for c in tl.static_range(0, KT, VEC):
-            k = tiles[:, None] * KT + c + e[None, :]  # [lanes, VEC]
-            kv = k < K
-            if KT % VEC != 0:  # the last step of a tile stops at the tile's end
-                kv = kv & ((c + e) < KT)[None, :]
-            a = sm.widen(tl.load(a_row + k[None, :, :], mask=row_ok[:, None, None] & kv[None, :, :], other=0.0))
-            b = sm.widen(tl.load(b_col + k, mask=col_ok[:, None] & kv, other=0.0))[None, :, :]
-            ok = kv[None, :, :]
-            if VEC == 8:
-                a0, a1, a2, a3, a4, a5, a6, a7 = common.eight(a, BM, L)
-                b0, b1, b2, b3, b4, b5, b6, b7 = common.eight(b, 1, L)
-                v0, v1, v2, v3, v4, v5, v6, v7 = common.eight(ok, 1, L)
-                part = common.fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
-                part = common.fma_steps(part, a4, a5, a6, a7, b4, b5, b6, b7, v4, v5, v6, v7)
-            else:
-                a0, a1, a2, a3 = common.four(a, BM, L)
-                b0, b1, b2, b3 = common.four(b, 1, L)
-                v0, v1, v2, v3 = common.four(ok, 1, L)
-                part = common.fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+        a_rows = a_ptr + rows.to(tl.int64) * sa_m
+        b_cols = b_ptr + cols.to(tl.int64) * sb_n
+        part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
         offs = tiles.to(tl.int64)[None, :] * M * N + rows[:, None] * N + cols[None, :]
         tl.store(part_ptr + offs, part, mask=row_ok[:, None] & (col_ok & (tiles < n_kt))[None, :])
 
