@@ -94,6 +94,7 @@ class KernelCase:
     #: int arguments that are multiples of 16 in a typical launch (row strides, K): with ``aligned`` they get
     #: the divisibility hint a real launch gives them, as do all pointers (torch allocations are 16-byte aligned)
     divisible: tuple = ()
+    num_warps: int | None = None  # the warps the launcher uses, when not Triton's default (4)
 
     def source(self, aligned: bool = False) -> ASTSource:
         sig = dict(self.signature)
@@ -111,6 +112,7 @@ def compile_case(case: KernelCase, target: str, fp_fusion: bool = False, num_war
     """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default; aligned:
     pointers and ``case.divisible`` ints carry the launcher's divisibility-by-16 hint)."""
     options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
+    num_warps = case.num_warps if num_warps is None else num_warps
     options.update({k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None})
     return triton.compile(case.source(aligned), target=TARGETS[target], options=options)
 
@@ -197,11 +199,12 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
          "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32", "n_work": "i32"},
         {"HAS_TEMP": True, "KT": 64, "BR": 16, "NPU": npu}))
     if full:
-        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16, "NTB": 1, "VT": 256, "NPU": npu}
+        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VEC": 8, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
             {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32", "n_chunks": "i32", "n_work": "i32", "n1": "i32"}, blk))
+             "temp": "fp32", "n_chunks": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
+            num_warps=None if npu else 8))
         cases.append(KernelCase(
             "token_logprobs.stats", tlp._stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
@@ -209,7 +212,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
         cases.append(KernelCase(
             "token_logprobs.sum", tlp._sum_kernel,
             {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
-             "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk))
+             "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
+            num_warps=None if npu else 8))
     from . import elementwise as ew  # elementwise ops and rotary
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):

@@ -19,26 +19,41 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, strict_math as sm
+from . import ascend_launch, common, strict_math as sm
 from .launch import interpreter_layout, launch
 
 
 @triton.jit
 def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP: tl.constexpr,
-            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr, NPU: tl.constexpr):
-    """[BR, NTB, VT] float32 logits hidden[row] . W[v] (v = vidx [NTB, VT]) in the canonical order."""
-    total = tl.zeros([BR, NTB, VT], dtype=tl.float32)
-    a_p = h_ptr + rows.to(tl.int64) * sh
-    b_p = w_ptr + vidx.to(tl.int64) * sw_v
-    for k0 in range(0, H, KT):
-        part = tl.zeros([BR, NTB, VT], dtype=tl.float32)
-        for _ in range(k0, tl.minimum(k0 + KT, H)):
-            a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
-            b = sm.widen(tl.load(b_p, mask=v_ok, other=0.0))
-            part = tl.fma(a[:, None, None], b[None, :, :], part)
-            a_p += 1
-            b_p += 1
-        total = total + part
+            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr, VEC: tl.constexpr,
+            NPU: tl.constexpr):
+    """[BR, NTB, VT] float32 logits hidden[row] . W[v] (v = vidx [NTB, VT]) in the canonical order.
+
+    Each vocab entry's chain takes VEC consecutive hidden elements per 16-byte load (common.dot_tile_vec);
+    the Ascend variant takes one element per step. Same chains, same bits."""
+    a_rows = h_ptr + rows.to(tl.int64) * sh
+    if NPU:  # the Ascend variant: one element per step (tl.split is outside its documented API subset)
+        total = tl.zeros([BR, NTB, VT], dtype=tl.float32)
+        a_p = a_rows
+        b_p = w_ptr + vidx.to(tl.int64) * sw_v
+        for k0 in range(0, H, KT):
+            part = tl.zeros([BR, NTB, VT], dtype=tl.float32)
+            for _ in range(k0, tl.minimum(k0 + KT, H)):
+                a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
+                b = sm.widen(tl.load(b_p, mask=v_ok, other=0.0))
+                part = tl.fma(a[:, None, None], b[None, :, :], part)
+                a_p += 1
+                b_p += 1
+            total = total + part
+    else:
+        L: tl.constexpr = NTB * VT
+        b_lanes = w_ptr + tl.reshape(vidx, [L]).to(tl.int64) * sw_v
+        lane_ok = tl.reshape(v_ok, [L])
+        flat = tl.zeros([BR, L], dtype=tl.float32)
+        for k0 in range(0, H, KT):
+            start = tl.zeros([L], dtype=tl.int32) + k0
+            flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
+        total = tl.reshape(flat, [BR, NTB, VT])
     if HAS_TEMP:
         total = sm.div(total, temp, NPU)
     return total
@@ -54,13 +69,13 @@ def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr):
 @triton.jit
 def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_chunks, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                NPU: tl.constexpr):
+                VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        rows = (item // n1) * BR + tl.arange(0, BR)
+        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: row blocks of one vocab chunk run together
         row_ok = rows < R
-        c = item % n1
+        c = item // n1
         tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, NPU)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, VEC, NPU)
         ok = row_ok[:, None, None] & v_ok[None, :, :]
         m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VT]), tl.reshape(ok, [BR, NTB * VT]))
         out = rows.to(tl.int64) * n_chunks + c
@@ -99,12 +114,12 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
 @triton.jit
 def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                NPU: tl.constexpr):
+                VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        rows = (item // n1) * BR + tl.arange(0, BR)
+        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest (see _max_kernel)
         row_ok = rows < R
-        tiles, vidx, v_ok = _vocab_block(item % n1, V, NTB, VT)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, NPU)
+        tiles, vidx, v_ok = _vocab_block(item // n1, V, NTB, VT)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, VEC, NPU)
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
         # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
         e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
@@ -145,9 +160,14 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
 
 
 def _blocks(rows: int, n_tiles: int):
+    """(rows per program, vocab tiles per program, warps of the two logits kernels)."""
     if interpreter_layout():  # few, large programs: the interpreter pays per operation
-        return triton.next_power_of_2(min(rows, 16)), triton.next_power_of_2(n_tiles)
-    return (16 if rows > 8 else triton.next_power_of_2(rows)), 1
+        return triton.next_power_of_2(min(rows, 16)), triton.next_power_of_2(n_tiles), 4
+    if ascend_launch.active():
+        return (16 if rows > 8 else triton.next_power_of_2(rows)), 1, 4
+    # one vocab entry (of a 256 tile) per thread; 8 rows keep the 8 x 8 hidden values of a step in registers
+    # (sm_90 machine code, hal.kernels.triton.sass_profile: 152 registers, no spills; 16 rows need 254)
+    return min(8, triton.next_power_of_2(rows)), 1, 8
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
@@ -164,7 +184,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
         return out.reshape(lead)
     vt, kt = spec.vocab_tile, spec.hidden_tile
     n_tiles = max(1, triton.cdiv(vocab, vt))
-    br, ntb = _blocks(rows, n_tiles)
+    br, ntb, warps = _blocks(rows, n_tiles)
     n_chunks = triton.cdiv(n_tiles, ntb)
     temp = float(temperature)
     has_temp = temp != 1.0
@@ -175,8 +195,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     shift = torch.empty(rows, dtype=f32, device=dev)
     empty = torch.empty(rows, dtype=i32, device=dev)
     parts = torch.empty((rows, n_tiles), dtype=f32, device=dev)
-    grid2 = (triton.cdiv(rows, br), n_chunks)
-    common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt)
+    grid2 = (n_chunks, triton.cdiv(rows, br))
+    common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VEC=16 // w.element_size(), num_warps=warps)
     launch(_max_kernel, grid2, h2, w, m, bad, pz, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_chunks,
            **common_args, persistent=True)
     launch(_stats_kernel, (triton.cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,

@@ -1,10 +1,11 @@
-"""Decode GEMV on the triton backend: the reference's bits in the interpreter, vector loads in the machine code.
+"""Chains fed by 16-byte vector loads (decode GEMV, the LM head of token_logprobs) on the triton backend.
 
-* tests/triton_gemv_check.py (a subprocess with TRITON_INTERPRET=1): both decode kernels give the reference's raw
-  bits on edge shapes; a chain with two neighbours swapped is caught.
-* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.triton.sass_profile): the vector kernel reads its
-  operands only with 16-byte loads and moves nothing through shared memory; negative control: the
-  element-per-step kernel, which the same check flags (2-byte loads, layout conversions through shared memory).
+* tests/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
+  shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
+* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.triton.sass_profile): the vector GEMV reads its
+  operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernels read the hidden
+  states and weights only with 16-byte loads, without spills; negative control: the element-per-step GEMV
+  kernel, which the same check flags (2-byte loads, layout conversions through shared memory).
 """
 from __future__ import annotations
 
@@ -16,21 +17,22 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_gemv_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "triton_vector_chain_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                     reason="kernels are interpreter objects under TRITON_INTERPRET=1")
 
 
 @needs_interpreter
-def test_decode_kernels_give_reference_bits():
-    out = run_checks("bits", script=SCRIPT)
-    assert out.count(": ok") == 5
+@pytest.mark.parametrize("check,cases", [("gemv", 10), ("lm_head", 6)])
+def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
+    assert run_checks(check, script=SCRIPT).count(": ok") == cases
 
 
 @needs_interpreter
 def test_swapped_chain_order_is_caught():
-    assert "swapped neighbours in the chain are caught: ok" in run_checks("negative", script=SCRIPT)
+    out = run_checks("negative", script=SCRIPT)
+    assert "caught by the gemv check: ok" in out and "caught by the lm_head check: ok" in out
 
 
 def _case(name):
@@ -55,6 +57,15 @@ def test_vector_kernel_streams_16_byte_loads(name):
     p = profile_case(_case(name))
     assert _streams_vectors(p) is None, (name, p)
     assert p.ffma == 64 * int(name.split("rows=")[1].rstrip("]"))  # one K tile of 64 per chain, unrolled
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", ["token_logprobs.max", "token_logprobs.sum"])
+def test_lm_head_kernels_stream_16_byte_loads(name):
+    from hal.kernels.triton.sass_profile import profile_case
+    p = profile_case(_case(name))
+    weights = {op: n for op, n in p.global_loads.items() if op != "LDG.E"}  # LDG.E: the sum pass's fp32 row shift
+    assert p.vector_loads and not p.narrow_loads and set(weights) == {"LDG.E.128"} and not p.stack, p
 
 
 @needs_compiler

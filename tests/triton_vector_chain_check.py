@@ -1,0 +1,172 @@
+"""Chains fed by 16-byte vector loads (common.dot_tile_vec) on the triton backend, in the interpreter: the
+reference's bits, with the interpreter's block sizes and with the GPU's (``interpreter_layout`` patched off).
+
+Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_vector_chains.py.
+Usage: python tests/triton_vector_chain_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
+
+* ``gemv``: ``hal.linear`` / ``hal.matmul`` with 1-16 rows give the reference's raw bits, through the vector
+  kernel (K contiguous in both operands: 8 consecutive k per load) and through the element-per-step kernel
+  (a [K, N] operand, a transposed weight view): K tails inside an 8-step and past a tile, K tiles that are not
+  multiples of 8, column tails, every dtype, bias, NaN / inf in x and w. Which kernel ran is counted per case.
+* ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
+  hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
+* ``negative``: common.eight / four returning two neighbours swapped (the chain then adds k+1 before k) is
+  caught by both checks.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from _check_cli import main, report  # noqa: E402
+
+import hal  # noqa: E402
+from hal.conformance.bits import first_divergence  # noqa: E402
+from hal.kernels.triton import common, matmul as km, token_logprobs as ktl  # noqa: E402
+
+CASES = [  # m, k, n, k_tile, dtype, bias, special values
+    (1, 200, 37, 64, torch.float32, True, False),    # K tail inside an 8-step of the last tile
+    (3, 128, 64, 64, torch.bfloat16, False, True),   # NaN / inf in x and w
+    (16, 96, 20, 48, torch.float16, True, False),    # 16 rows, two row blocks on the GPU layout
+    (5, 70, 9, 20, torch.float32, False, False),     # k_tile 20: the third step of a tile stops at its end
+    (2, 8, 3, 64, torch.bfloat16, True, False),      # one step, one tile
+]
+
+
+def _inputs(m, k, n, dtype, bias, special, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    if special:
+        x[0, 5], w[1, 7], w[2, 3], x[-1, 100] = float("nan"), float("inf"), float("-inf"), float("inf")
+    return x, w, b
+
+
+def _counting():
+    """{kernel name: launches} while it is active (matmul.launch wrapped)."""
+    counts, real = {}, km.launch
+
+    def counted(kernel, *a, **kw):
+        name = getattr(kernel, "fn", kernel).__name__
+        counts[name] = counts.get(name, 0) + 1
+        return real(kernel, *a, **kw)
+    km.launch = counted
+    return counts, real
+
+
+def _diff(got, want):
+    d = first_divergence("out", want, got)
+    return None if d is None else str(d)
+
+
+LAYOUTS = {"interpreter blocks": None, "GPU blocks": lambda: False}
+
+
+def _layouts():
+    """Yield each layout name with the kernels' interpreter_layout patched to it."""
+    real = km.interpreter_layout, ktl.interpreter_layout
+    for name, patch in LAYOUTS.items():
+        km.interpreter_layout, ktl.interpreter_layout = (patch, patch) if patch else real
+        try:
+            yield name
+        finally:
+            km.interpreter_layout, ktl.interpreter_layout = real
+
+
+def _gemv_cases(label_prefix=""):
+    for layout in _layouts():
+        yield from _gemv_cases_in(f"{label_prefix}{layout}: ")
+
+
+def _gemv_cases_in(label_prefix):
+    for m, k, n, kt, dtype, bias, special in CASES:
+        spec = hal.spec.MatmulSpec(k_tile=kt)
+        x, w, b = _inputs(m, k, n, dtype, bias, special)
+        name = f"{label_prefix}m{m} k{k} n{n} kt{kt} {str(dtype)[6:]}{' bias' if bias else ''}{' nan/inf' if special else ''}"
+        counts, real = _counting()
+        try:
+            got_vec = hal.linear(x, w, b, spec=spec, backend="triton")
+            vec_ran = counts.get("_gemv_vec_kernel", 0)
+            got_elem = hal.linear(x, w.t().contiguous().t(), b, spec=spec, backend="triton")  # [K, N]-major weight
+            got_mm = hal.matmul(x, w.t().contiguous(), spec=spec, backend="triton")
+            elem_ran = counts.get("_gemv_partials_kernel", 0)
+        finally:
+            km.launch = real
+        want = hal.linear(x, w, b, spec=spec, backend="reference")
+        want_mm = hal.matmul(x, w.t().contiguous(), spec=spec, backend="reference")
+        problem = (_diff(got_vec, want) and f"vector kernel: {_diff(got_vec, want)}") or \
+            (_diff(got_elem, want) and f"element kernel: {_diff(got_elem, want)}") or \
+            (_diff(got_mm, want_mm) and f"matmul: {_diff(got_mm, want_mm)}") or \
+            (None if (vec_ran, elem_ran) == (1, 2) else f"kernels ran: vector {vec_ran}, element {elem_ran} (want 1, 2)")
+        yield name, problem
+
+
+LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature, special values
+    (1, 136, 600, 64, 256, torch.bfloat16, 1.0, False),   # vocab off the tile; hidden off 8 and the tile
+    (5, 70, 300, 20, 128, torch.float32, 0.7, True),      # hidden tile 20 (not a multiple of 4); NaN / inf
+    (16, 64, 257, 64, 256, torch.float16, 1.0, False),    # 16 rows: two row blocks with the GPU's 8
+]
+
+
+def _lm_cases(label_prefix=""):
+    for layout in _layouts():
+        for rows, h, v, ht, vt, dtype, temp, special in LM_CASES:
+            g = torch.Generator().manual_seed(rows)
+            hid = torch.randn(rows, h, generator=g).to(dtype)
+            w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)
+            tok = torch.randint(0, v, (rows,), generator=g)
+            if special:
+                hid[1, 3], w[7, 2] = float("nan"), float("inf")
+            spec = hal.spec.TokenLogprobsSpec(hidden_tile=ht, vocab_tile=vt)
+            got = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="triton")
+            want = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="reference")
+            yield (f"{label_prefix}{layout}: rows {rows} H{h} V{v} h{ht} v{vt} {str(dtype)[6:]} T{temp}"
+                   f"{' nan/inf' if special else ''}", _diff(got, want))
+
+
+def check_gemv():
+    for name, problem in _gemv_cases():
+        report(name, problem)
+
+
+def check_lm_head():
+    for name, problem in _lm_cases():
+        report(name, problem)
+
+
+_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
+
+
+@triton.jit
+def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
+    return x0, x1, x2, x3, x5, x4, x6, x7
+
+
+@triton.jit
+def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
+    return x0, x2, x1, x3
+
+
+def check_negative():
+    common.eight, common.four = _swapped_eight, _swapped_four
+    try:
+        gemv = [name for name, problem in _gemv_cases("swapped: ") if problem and "vector kernel" in problem]
+        lm = [name for name, problem in _lm_cases("swapped: ") if problem]
+    finally:
+        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
+    report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
+    report("swapped neighbours caught by the lm_head check", None if lm else "no case caught it")
+    print(f"caught in {len(gemv)} of {2 * len(CASES)} gemv and {len(lm)} of {2 * len(LM_CASES)} lm_head cases",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main({"gemv": check_gemv, "lm_head": check_lm_head, "negative": check_negative})
