@@ -190,6 +190,21 @@ def attn_reverse_merge_negative():
         _differs(f"attn-reverse-merge-negative[{spec.id},{dt}]", pairs)
 
 
+def attn_wrong_head_negative():
+    """Negative control: decode tiles that pack a GQA group's heads reading the q of the next head are caught
+    (the packed rows are checked against one-head-per-program prefill by attn_split_invariance)."""
+    from hal.kernels.triton import attention as tri_attn
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _attn_inputs(dt, d)
+        out, lse = _prefill(q, k, v, spec)
+        tri_attn._WRONG_HEAD_FOR_TESTS = True
+        try:
+            o, l = _from_cache(q[60:61], k, v, 61, spec, num_splits=1)  # one row: the group's 2 heads packed
+        finally:
+            tri_attn._WRONG_HEAD_FOR_TESTS = False
+        _differs(f"attn-wrong-head-negative[{spec.id},{dt}]", [("out", out[60:61], o), ("lse", lse[:, 60:61], l)])
+
+
 def attn_block_from_length_negative():
     """Negative control: the key block chosen from the query count (short chunks get bigger blocks) is caught."""
     for spec, dt, d in _pick(ATTN_CASES):
@@ -202,7 +217,8 @@ def attn_block_from_length_negative():
 
 CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
                                   mm_nonfinite, attn_split_invariance, attn_batch_invariance,
-                                  attn_reverse_merge_negative, attn_block_from_length_negative)}
+                                  attn_reverse_merge_negative, attn_wrong_head_negative,
+                                  attn_block_from_length_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

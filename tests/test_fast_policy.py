@@ -82,9 +82,9 @@ def test_fast_kernels_structure_in_interpreter():
     pytest.importorskip("triton")
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
     ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
-          "attn_split_invariance", "attn_reverse_merge_negative"]
+          "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative"]
     out = run_checks(*([] if full else ci), script=SCRIPT)  # ~45 s here; every check: LOCKSTEP_FULL=1
-    assert out.count("wrong variant caught") >= 3 and "outputs identical" in out
+    assert out.count("wrong variant caught") >= 4 and "outputs identical" in out
 
 
 def test_stock_fails_the_fast_family():

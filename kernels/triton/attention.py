@@ -329,6 +329,16 @@ def _tiles(max_q: int, group: int, bd: int, kb: int) -> tuple[int, int, int]:
     return triton.next_power_of_2(rows * pack), rows, pack
 
 
+def _fast_tiles(max_q: int, group: int, block_m: int) -> tuple[int, int]:
+    """(ROWS, PACK) of the fast kernel, whose tile is the spec's block_m rows: decode-sized query tiles pack
+    the largest divisor of the GQA group that fits (K/V blocks loaded once for PACK heads, PACK times fewer
+    padding rows in the tensor-core tile); prefill keeps one head per program."""
+    pack = 1
+    if max_q <= PACK_MAX_Q:
+        pack = max(p for p in range(1, min(group, block_m) + 1) if group % p == 0)
+    return block_m // pack, pack
+
+
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
            scale, causal, window, spec, num_splits: int, max_q: int, max_k: int):
     """Launch the kernels. q [rows, Hq, D] (contiguous); k, v [rows, Hkv, D] (``k_row0`` per sequence)
@@ -345,7 +355,8 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         cfg = fast_attention.launch_config(spec, d)
         kernel, bm, bd, spec_args, options = (cfg["kernel"], cfg["block_m"], cfg["block_d"], cfg["constexprs"],
                                               cfg["options"])
-        rows, pack = bm, 1  # one head per program
+        rows, pack = _fast_tiles(max_q, group, bm)
+        spec_args = dict(spec_args, ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
         dots = sequential_dot()
     else:
         kernel, bd = _attn_kernel, triton.next_power_of_2(d)

@@ -71,25 +71,31 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
                       scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2,
                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, OUT: tl.constexpr,
-                      PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr, NPU: tl.constexpr):
-    """The strict _attn_kernel's grid and workspace contract with the tensor-core block step."""
+                      ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
+                      KS: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
+                      NPU: tl.constexpr, WRONG_HEAD: tl.constexpr):
+    """The strict _attn_kernel's grid, tile rows (PACK query heads of a GQA group share a decode tile) and
+    workspace contract with the tensor-core block step. A row's bits do not depend on the other rows of
+    its tile (each output element of a tensor-core dot is its own row times its own column)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):
-        pid_m, bh, b, h = _work_item(item, n1, n2, HQ)
-        i, _h, valid, pos, qlen, klen = _rows(pid_m, b, h, QLEN, KLEN, BLOCK_M, 1, BLOCK_M)  # one head per program
-        if pid_m * BLOCK_M < qlen:
+        pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)
+        i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
+        if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
+            qr_off = q_off  # where rows read q (out and lse go to q_off)
+            if WRONG_HEAD:  # negative control only: the next head of the group
+                qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)
             dcol = tl.arange(0, BLOCK_D)
-            q = tl.load(Q + q_off[:, None] + dcol[None, :], mask=valid[:, None] & (dcol[None, :] < D), other=0.0)
-            hk_off = (h // GROUP).to(tl.int64) * stride_kh
-            lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, BLOCK_M)
+            q = tl.load(Q + qr_off[:, None] + dcol[None, :], mask=valid[:, None] & (dcol[None, :] < D), other=0.0)
+            hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)
+            lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, ROWS)
             if ONE_SPLIT:
                 sp = item % n2
                 m, l, acc, ne = _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                             stride_kp, stride_kt, scale, causal, left, right,
                                             tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS),
                                             D, BLOCK_M, BLOCK_D, KB, PAGED)
-                _store_partial(WM, WL, WA, WN, _ws_offsets(bh, i, sp, n_ws_rows, n_ws_splits), valid,
+                _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
                 M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
