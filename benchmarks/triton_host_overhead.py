@@ -16,10 +16,19 @@ it reports, as medians over the repeats after warm-up:
 
 A call whose ``host_us`` is far above ``gpu_us`` is host-bound. On CPU (interpreter) only wall time
 means anything; the other columns are "-".
+
+    TRITON_INTERPRET=1 python -m benchmarks.triton_host_overhead --device cpu --stub-kernels
+
+measures lockstep's own host work without a GPU: the full-size calls on CPU tensors with every Triton
+kernel launch replaced by a no-op (outputs are garbage), reporting per call ``host_us`` (hal's dispatch
+and validation and the wrappers' Python and tensor set-up; Triton's own launch path is not included),
+``torch_ops`` (torch operations the call runs, views included: on CUDA each costs host time too, a few
+microseconds for the ones that launch a kernel) and ``launches`` (Triton kernels launched).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -110,24 +119,78 @@ def measure(name, ours, stock, cuda: bool, reps: int) -> dict:
     return row
 
 
+class _Stubbed:
+    """Triton kernel launches become no-ops (counted) and torch operations are counted, while active."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from triton.runtime.interpreter import InterpretedFunction
+        counter = self
+        self.launches = self.torch_ops = 0
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.torch_ops += 1
+                return func(*args, **(kwargs or {}))
+
+        def no_launch(fn, grid):
+            def run(*args, **kwargs):
+                counter.launches += 1
+            return run
+        self._cls, self._real = InterpretedFunction, InterpretedFunction.__getitem__
+        InterpretedFunction.__getitem__ = no_launch
+        self._mode = Count()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        self._cls.__getitem__ = self._real
+
+
+def measure_stubbed(name, ours, stock, reps: int) -> dict:
+    """lockstep's host work per call with the kernels stubbed out (CPU tensors, interpreter kernels)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    real = InterpretedFunction.__getitem__
+    InterpretedFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: None)
+    try:
+        host = median_seconds(ours, reps, cuda=False, warmup=3) * 1e6  # warm-up: imports, lookups
+    finally:
+        InterpretedFunction.__getitem__ = real
+    with _Stubbed() as counts:
+        ours()
+    row = {"op": name, "host_us": f"{host:.1f}", "torch_ops": counts.torch_ops, "launches": counts.launches,
+           "stock_wall_us": "-"}
+    if stock() is not None:
+        row["stock_wall_us"] = f"{median_seconds(stock, reps, cuda=False, warmup=3) * 1e6:.1f}"
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.triton_host_overhead", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny shapes, few repeats (interpreter smoke test)")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--csv", default=None)
+    p.add_argument("--stub-kernels", action="store_true",
+                   help="CPU, TRITON_INTERPRET=1: full-size calls with no-op kernel launches (lockstep's host work)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    reps = args.reps or (3 if args.quick or not cuda else 200)
+    if args.stub_kernels and (cuda or not os.environ.get("TRITON_INTERPRET")):
+        p.error("--stub-kernels needs --device cpu and TRITON_INTERPRET=1")
+    reps = args.reps or (200 if args.stub_kernels else 3 if args.quick or not cuda else 200)
     rows = []
-    for name, ours, stock in cases(args.device, args.quick or not cuda):
+    for name, ours, stock in cases(args.device, (args.quick or not cuda) and not args.stub_kernels):
         try:
-            rows.append(measure(name, ours, stock, cuda, reps))
+            rows.append(measure_stubbed(name, ours, stock, reps) if args.stub_kernels else
+                        measure(name, ours, stock, cuda, reps))
         except Exception as e:  # report and go on
             rows.append({"op": name, "wall_us": f"error: {type(e).__name__}: {e}"})
         print("  ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     if args.csv:
-        write_csv(args.csv, rows, ["op", "wall_us", "host_us", "gpu_us", "graph_us", "stock_wall_us"])
+        cols = (["op", "host_us", "torch_ops", "launches", "stock_wall_us"] if args.stub_kernels else
+                ["op", "wall_us", "host_us", "gpu_us", "graph_us", "stock_wall_us"])
+        write_csv(args.csv, rows, cols)
     return 1 if any(str(r.get("wall_us", "")).startswith("error") for r in rows) else 0
 
 

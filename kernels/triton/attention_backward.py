@@ -28,7 +28,7 @@ from hal.errors import InputError, UnsupportedError
 
 from . import strict_math as sm
 from .attention import _i32, _key_range, _rows, _visible
-from .launch import interpreting, launch
+from .launch import cdiv, interpreting, launch, next_power_of_2
 
 F32 = torch.float32
 #: Head dims served by the kernels; larger ones take hal's torch backward (tiles would not fit on chip).
@@ -182,7 +182,7 @@ def _config(d: int, dtype: torch.dtype) -> dict:
     are fixed too). GPU choices are unmeasured defaults in flash-attention-2's shape (the program's own
     tile on the long side, the loop tile on the short); dK/dV keeps two float32 [BLOCK_N, D] accumulators,
     hence 8 warps from D 128. The interpreter takes tl.dot's minimum tile of 16."""
-    bd = max(16, triton.next_power_of_2(d))
+    bd = max(16, next_power_of_2(d))
     if interpreting():
         return dict(BLOCK_D=bd, kv=dict(BLOCK_M=16, BLOCK_N=16), q=dict(BLOCK_M=16, BLOCK_N=16))
     small = dtype == F32 or bd > 128  # float32 tiles take twice the registers / shared memory
@@ -224,7 +224,7 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
     has_dlse = glse is not None and not _DROP_DLSE_FOR_TESTS
     dlse = glse.contiguous() if has_dlse else lse
     br = 16
-    launch(_preprocess_kernel, (triton.cdiv(tq, br), hq), out, gout, dlse, delta, tq, q.stride(0), q.stride(1),
+    launch(_preprocess_kernel, (cdiv(tq, br), hq), out, gout, dlse, delta, tq, q.stride(0), q.stride(1),
            HAS_DLSE=has_dlse, D=d, BLOCK_R=br, BLOCK_D=bd, strict=False)
     left, right = window
     common = (q, k, v, gout, lse, delta)
@@ -233,7 +233,7 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
     ieee = q.dtype == F32 or (q.dtype == torch.bfloat16 and interpreting())  # see _dot
     meta = dict(GROUP=hq // k.shape[1], D=d, BLOCK_D=bd, IEEE=ieee, strict=False)
     kv, qc = cfg["kv"], cfg["q"]
-    n_kb, n_qb = triton.cdiv(max_k, kv["BLOCK_N"]), triton.cdiv(max_q, qc["BLOCK_M"])
+    n_kb, n_qb = cdiv(max_k, kv["BLOCK_N"]), cdiv(max_q, qc["BLOCK_M"])
     launch(_dkdv_kernel, (n_kb * n_seq, k.shape[1]), *common, dk, dv, *rows, n_kb, **kv, **meta)
     launch(_dq_kernel, (n_qb * n_seq, hq), *common, dq, *rows, n_qb, **qc, **meta)
     return dq, dk, dv

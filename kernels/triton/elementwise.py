@@ -17,7 +17,7 @@ import triton.language as tl
 
 from . import strict_math as sm
 from .dtypes import tl_dtype
-from .launch import launch
+from .launch import cdiv, launch, next_power_of_2
 
 F32 = torch.float32
 BLOCK = 1024          # elements per program of the unary / silu_mul kernels
@@ -82,7 +82,7 @@ def _elementwise(op: int, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n = xc.numel()
     if n:
-        launch(_unary_kernel, (triton.cdiv(n, BLOCK),), xc, bc, y, n, OP=op, HAS_B=b is not None,
+        launch(_unary_kernel, (cdiv(n, BLOCK),), xc, bc, y, n, OP=op, HAS_B=b is not None,
                OUT=tl_dtype(x.dtype), BLOCK=BLOCK, persistent=True)
     return y
 
@@ -140,10 +140,10 @@ def rotary_cos_sin(positions, rotary_dim: int, base: float, inv_freq_, spec=None
     sin = torch.empty((n, half), dtype=F32, device=positions.device)
     if n:
         f = inv_freq_.to(device=positions.device, dtype=F32).contiguous() if inv_freq_ is not None else cos
-        bh = min(128, triton.next_power_of_2(half))
+        bh = min(128, next_power_of_2(half))
         bp = max(1, min(64, 2048 // bh))
         # base and R as float32 arguments: the spec's float32(base), and an int equal to 1 would be a constexpr
-        launch(_cos_sin_kernel, (triton.cdiv(n, bp),), pos, f, cos, sin, n, half, float(rotary_dim),
+        launch(_cos_sin_kernel, (cdiv(n, bp),), pos, f, cos, sin, n, half, float(rotary_dim),
                float(torch.tensor(base, dtype=F32)), HAS_F=inv_freq_ is not None, BP=bp, BH=bh, persistent=True)
     shape = (*positions.shape, half)
     return cos.reshape(shape), sin.reshape(shape)
@@ -225,7 +225,7 @@ def apply_rotary(x, cos, sin, interleaved: bool, spec=None):
         cs, ss = [0, 0, 0, half, 1], [0, 0, 0, half, 1]
         sizes = [1, 1, 1, rows]
     br = 16
-    bh = min(64, triton.next_power_of_2(half))
-    launch(_rotary_kernel, (triton.cdiv(rows, br),), xc, cos, sin, y, rows, d, half, *sizes[1:], *cs, *ss,
+    bh = min(64, next_power_of_2(half))
+    launch(_rotary_kernel, (cdiv(rows, br),), xc, cos, sin, y, rows, d, half, *sizes[1:], *cs, *ss,
            INTERLEAVED=bool(interleaved), OUT=tl_dtype(x.dtype), BR=br, BH=bh, persistent=True)
     return y

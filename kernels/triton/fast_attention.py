@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .attention import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows, _store_partial,
                         _visible, _work_item, _ws_offsets)
+from .launch import next_power_of_2
 
 
 @triton.jit
@@ -111,6 +112,6 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
 
 def launch_config(spec, head_dim: int) -> dict:
     """What ``attention.attend`` needs to launch the fast kernel: kernel, tiles, spec constexprs, options."""
-    return dict(kernel=_fast_attn_kernel, block_m=spec.block_m, block_d=max(16, triton.next_power_of_2(head_dim)),
+    return dict(kernel=_fast_attn_kernel, block_m=spec.block_m, block_d=max(16, next_power_of_2(head_dim)),
                 constexprs=dict(KB=spec.kv_block, KS=spec.kv_split),
                 options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))

@@ -18,7 +18,7 @@ import triton.language as tl
 from . import strict_math as sm
 from .dtypes import tl_dtype
 from .interpreter_dot import sequential_dot
-from .launch import launch
+from .launch import cdiv, launch
 
 #: program order only (neighbouring programs share B tiles in L2); it does not change any bits
 GROUP_M = 8
@@ -67,7 +67,7 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, spec, out_dtype) -> torch.
     out = torch.empty((m, n), dtype=out_dtype, device=a2.device)
     if m == 0 or n == 0:
         return out
-    grid = (triton.cdiv(m, spec.block_m) * triton.cdiv(n, spec.block_n),)
+    grid = (cdiv(m, spec.block_m) * cdiv(n, spec.block_n),)
     with sequential_dot():
         launch(_fast_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),

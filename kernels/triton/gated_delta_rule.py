@@ -27,7 +27,7 @@ import triton.language as tl
 from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import ascend_launch, elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
-from .launch import launch
+from .launch import cdiv, launch, next_power_of_2
 
 F32 = torch.float32
 EPS_L2 = 1e-6
@@ -88,8 +88,8 @@ def _prepare(x, scale, l2: bool, dt: int):
     n = flat.shape[0]
     if n:
         bt = 16
-        launch(_prep_kernel, (triton.cdiv(n, bt),), flat, out, n, 1.0 if scale is None else scale,
-               L2=l2, SCALE=scale is not None, DK=dk, BT=bt, BDK=triton.next_power_of_2(dk), DT=dt, persistent=True)
+        launch(_prep_kernel, (cdiv(n, bt),), flat, out, n, 1.0 if scale is None else scale,
+               L2=l2, SCALE=scale is not None, DK=dk, BT=bt, BDK=next_power_of_2(dk), DT=dt, persistent=True)
     return out.reshape(x.shape)
 
 
@@ -272,9 +272,9 @@ def _block_dv(spec, dk: int, dv: int) -> int:
     """d_v columns per program (columns are independent: never changes bits). Ascend variant, chunked: the
     [C, BDV] tiles (W, Y and their partials, X, Ot, U, v) and the S tile [BDK, BDV] fit the unified-buffer
     budget; the [C, C] tiles (F, KK, QK and partials: 80 KB at C = 64) come on top (docs/ascend.md)."""
-    bdv = min(64, triton.next_power_of_2(dv))
+    bdv = min(64, next_power_of_2(dv))
     if ascend_launch.npu_layout() and spec.variant == "chunked":
-        c, bdk = spec.chunk, triton.next_power_of_2(dk)
+        c, bdk = spec.chunk, next_power_of_2(dk)
         bdv = ascend_launch.fit_block(bdv, lambda b: [(c, b)] * 8 + [(bdk, b)])
     return bdv
 
@@ -296,7 +296,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     b32 = to_padded(beta, cu_seqlens).to(F32).contiguous()
     n, lmax = v32.shape[:2]
     bdv = _block_dv(spec, dk, dv)
-    grid = (n, hv, triton.cdiv(dv, bdv))
+    grid = (n, hv, cdiv(dv, bdv))
     S = parts.S.to(device=dev, dtype=F32).contiguous().clone()
     o = torch.zeros((n, lmax, hv, dv), dtype=F32, device=dev)
     position = parts.position.to(torch.int64)
@@ -321,7 +321,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         fin = S.clone() if want_final else S
         if n and n_chunks:
             launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, _i32(opened, dev), _i32(total, dev), R, lmax,
-                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=triton.next_power_of_2(dk), BDV=bdv, DT=t,
+                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk), BDV=bdv, DT=t,
                    WANT_FINAL=bool(want_final), persistent=True)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
@@ -357,7 +357,7 @@ def gdn_gating(A_log, a, dt_bias, b):
     n = a_.numel()
     if n:
         block = 256
-        launch(_gating_kernel, (triton.cdiv(n, block),), A_log.contiguous(), a_, dt_bias.contiguous(), b_, g, beta, n,
+        launch(_gating_kernel, (cdiv(n, block),), A_log.contiguous(), a_, dt_bias.contiguous(), b_, g, beta, n,
                HV=hv, BLOCK=block, persistent=True)
     return g, beta
 
@@ -402,8 +402,8 @@ def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
     rows = torch.cat([prev, xp], dim=1).contiguous()
     y = torch.empty((n, lmax, d), dtype=x.dtype, device=x.device)
     if n and lmax and d:
-        bt, bd = 16, min(128, triton.next_power_of_2(d))
-        launch(_conv_kernel, (n, triton.cdiv(lmax, bt), triton.cdiv(d, bd)), rows, weight.contiguous(),
+        bt, bd = 16, min(128, next_power_of_2(d))
+        launch(_conv_kernel, (n, cdiv(lmax, bt), cdiv(d, bd)), rows, weight.contiguous(),
                bias.contiguous() if bias is not None else rows, y, lmax, rows.shape[1], D=d, KW=kw,
                HAS_BIAS=bias is not None, SILU=activation == "silu", OUT=_TL[x.dtype], BT=bt, BD=bd, persistent=True)
     idx = (lengths[:, None] + torch.arange(kw - 1)[None, :]).to(x.device)

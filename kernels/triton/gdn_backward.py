@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from hal.errors import InputError
 
-from .launch import interpreting, launch
+from .launch import cdiv, interpreting, launch, next_power_of_2
 
 F32 = torch.float32
 #: Head dims served (d_k and d_v); larger ones keep hal's torch scan (the state tile would not fit on chip).
@@ -118,10 +118,10 @@ def _config(dk: int, dv: int) -> dict:
     pipeline stages (Triton's default three would ask 160 / 202 KB of shared memory at d_k = 128, over
     an A100's 163 KB; two: 88 / 114 KB), one at d_k 256. The interpreter: tl.dot's minimum tile of 16
     (so that d_v = 32 already has two column blocks and the partial sums are exercised)."""
-    bdk = max(16, triton.next_power_of_2(dk))
+    bdk = max(16, next_power_of_2(dk))
     if interpreting():
         return dict(BDK=bdk, BV=16)
-    bv = min(32 if bdk <= 128 else 16, max(16, triton.next_power_of_2(dv)))
+    bv = min(32 if bdk <= 128 else 16, max(16, next_power_of_2(dv)))
     return dict(BDK=bdk, BV=bv, num_warps=4, num_stages=2 if bdk <= 128 else 1)
 
 
@@ -162,7 +162,7 @@ class _ScanFn(torch.autograd.Function):
         if nc == 0:
             S_end.copy_(S0)
         else:
-            launch(_scan_fwd_kernel, (n * hv, triton.cdiv(dv, cfg["BV"])), U, W, kt, e, S0, u, starts, S_end, nc,
+            launch(_scan_fwd_kernel, (n * hv, cdiv(dv, cfg["BV"])), U, W, kt, e, S0, u, starts, S_end, nc,
                    DK=dk, DV=dv, C=c, **cfg, strict=False)
         ctx.save_for_backward(W, kt, e, u, starts)
         ctx.end_shape = end.shape
@@ -177,7 +177,7 @@ class _ScanFn(torch.autograd.Function):
         du = torch.zeros_like(u) if du is None else du.contiguous()
         dS_end = torch.zeros((n, hv, dk, dv), dtype=F32, device=u.device) if dS_end is None else dS_end.contiguous()
         cfg = _config(dk, dv)
-        nb = triton.cdiv(dv, cfg["BV"])
+        nb = cdiv(dv, cfg["BV"])
         dU = torch.empty_like(u)
         dW = torch.empty((nb, *W.shape), dtype=F32, device=u.device)
         dkt = torch.empty((nb, *kt.shape), dtype=F32, device=u.device)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
-from .launch import interpreter_layout, launch
+from .launch import cdiv, interpreter_layout, launch, next_power_of_2
 from .dtypes import tl_dtype
 
 
@@ -120,35 +120,35 @@ GEMV_MAX_ROWS = 16
 def _gemv(a2, b_kn, bias, k_tile, out):
     m, k = a2.shape
     n = b_kn.shape[1]
-    n_kt = max(1, triton.cdiv(k, k_tile))
-    bm = max(2, triton.next_power_of_2(m))
+    n_kt = max(1, cdiv(k, k_tile))
+    bm = max(2, next_power_of_2(m))
     if interpreter_layout():
-        bn, nkt = max(2, triton.next_power_of_2(min(n, 256))), triton.next_power_of_2(n_kt)
+        bn, nkt = max(2, next_power_of_2(min(n, 256))), next_power_of_2(n_kt)
     else:
-        bn, nkt = 32, min(8, triton.next_power_of_2(n_kt))
+        bn, nkt = 32, min(8, next_power_of_2(n_kt))
     part = torch.empty((n_kt, m, n), dtype=torch.float32, device=a2.device)
     if a2.stride(1) == 1 and b_kn.stride(0) == 1 and not ascend_launch.active():  # K contiguous: vector loads
         if interpreter_layout():
-            vm, vn, vkt = triton.next_power_of_2(m), triton.next_power_of_2(min(n, 64)), triton.next_power_of_2(min(n_kt, 16))
+            vm, vn, vkt = next_power_of_2(m), next_power_of_2(min(n, 64)), next_power_of_2(min(n_kt, 16))
         else:  # 128 chains per row; up to 8 rows share each weight load (8 x 8 a values stay in registers)
-            vm, vn, vkt = min(8, triton.next_power_of_2(m)), 16, 8
-        n_tb = triton.cdiv(n_kt, vkt)
-        launch(_gemv_vec_kernel, (triton.cdiv(n, vn) * n_tb, triton.cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
+            vm, vn, vkt = min(8, next_power_of_2(m)), 16, 8
+        n_tb = cdiv(n_kt, vkt)
+        launch(_gemv_vec_kernel, (cdiv(n, vn) * n_tb, cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
                a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
                persistent=True)
     else:
-        launch(_gemv_partials_kernel, (triton.cdiv(n, bn), triton.cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
+        launch(_gemv_partials_kernel, (cdiv(n, bn), cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
                persistent=True)
-    bn2 = max(2, triton.next_power_of_2(min(n, 1024 if interpreter_layout() else 128)))
-    launch(_gemv_combine_kernel, (triton.cdiv(n, bn2),), part, bias if bias is not None else part, out, m, n, n_kt,
+    bn2 = max(2, next_power_of_2(min(n, 1024 if interpreter_layout() else 128)))
+    launch(_gemv_combine_kernel, (cdiv(n, bn2),), part, bias if bias is not None else part, out, m, n, n_kt,
            out.stride(0), out.stride(1), HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn2, persistent=True)
     return out
 
 
 def _blocks(m: int, n: int) -> tuple[int, int]:
     if interpreter_layout():  # the interpreter pays per operation, not per element: few large programs
-        return max(16, triton.next_power_of_2(min(m, 128))), max(16, triton.next_power_of_2(min(n, 256)))
+        return max(16, next_power_of_2(min(m, 128))), max(16, next_power_of_2(min(n, 256)))
     if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
         return 32, 64
     bm = 16 if m <= 16 else 64
@@ -165,7 +165,7 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
     if m <= GEMV_MAX_ROWS:
         return _gemv(a2, b_kn, bias, k_tile, out)
     bm, bn = _blocks(m, n)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (cdiv(m, bm), cdiv(n, bn))
     launch(_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
            HAS_BIAS=bias is not None, KT=k_tile, OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, persistent=True)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
-from .launch import interpreter_layout, launch
+from .launch import cdiv, interpreter_layout, launch, next_power_of_2
 
 
 @triton.jit
@@ -162,12 +162,12 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
 def _blocks(rows: int, n_tiles: int):
     """(rows per program, vocab tiles per program, warps of the two logits kernels)."""
     if interpreter_layout():  # few, large programs: the interpreter pays per operation
-        return triton.next_power_of_2(min(rows, 16)), triton.next_power_of_2(n_tiles), 4
+        return next_power_of_2(min(rows, 16)), next_power_of_2(n_tiles), 4
     if ascend_launch.active():
-        return (16 if rows > 8 else triton.next_power_of_2(rows)), 1, 4
+        return (16 if rows > 8 else next_power_of_2(rows)), 1, 4
     # one vocab entry (of a 256 tile) per thread; 8 rows keep the 8 x 8 hidden values of a step in registers
     # (sm_90 machine code, hal.kernels.triton.sass_profile: 152 registers, no spills; 16 rows need 254)
-    return min(8, triton.next_power_of_2(rows)), 1, 8
+    return min(8, next_power_of_2(rows)), 1, 8
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
@@ -183,9 +183,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     if rows == 0:
         return out.reshape(lead)
     vt, kt = spec.vocab_tile, spec.hidden_tile
-    n_tiles = max(1, triton.cdiv(vocab, vt))
+    n_tiles = max(1, cdiv(vocab, vt))
     br, ntb, warps = _blocks(rows, n_tiles)
-    n_chunks = triton.cdiv(n_tiles, ntb)
+    n_chunks = cdiv(n_tiles, ntb)
     temp = float(temperature)
     has_temp = temp != 1.0
     f32, i32 = torch.float32, torch.int32
@@ -195,14 +195,14 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     shift = torch.empty(rows, dtype=f32, device=dev)
     empty = torch.empty(rows, dtype=i32, device=dev)
     parts = torch.empty((rows, n_tiles), dtype=f32, device=dev)
-    grid2 = (n_chunks, triton.cdiv(rows, br))
+    grid2 = (n_chunks, cdiv(rows, br))
     common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VEC=16 // w.element_size(), num_warps=warps)
     launch(_max_kernel, grid2, h2, w, m, bad, pz, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_chunks,
            **common_args, persistent=True)
-    launch(_stats_kernel, (triton.cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
-           BC=min(1024, triton.next_power_of_2(n_chunks)), persistent=True)
+    launch(_stats_kernel, (cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
+           BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
     launch(_sum_kernel, grid2, h2, w, shift, parts, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_tiles,
            **common_args, persistent=True)
-    launch(_finish_kernel, (triton.cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
+    launch(_finish_kernel, (cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
            h2.stride(0), w.stride(0), temp, n_tiles, HAS_TEMP=has_temp, KT=kt, BR=br, persistent=True)
     return out.reshape(lead)
