@@ -44,7 +44,7 @@ SOFTMAX_CASES = [  # rows, n, tile, dtype, special values
     (6, 300, 256, BF16, True),
     (4, 100, 18, F32, False),
     (6, 200, 36, F16, True),
-    (3, 1500, 20, BF16, False),          # 75 tiles: two chain blocks of NTB = 64
+    (3, 1500, 20, BF16, False),          # 75 tiles: three chain blocks of NTB = 32
     (2, 5, 256, BF16, False),
     (130, 40, 256, F32, True),
 ]

@@ -190,8 +190,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             cases.append(KernelCase(
                 f"softmax[{dt},mode{mode}]", softmax._softmax_kernel,
                 {**_ptrs(dt, "x_ptr", "out_ptr"), **_ints("R", "n", "n_tiles", "n_work")},
-                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 64, "BC": 512,
-                 "VEC": 4 if dt == "fp32" else 8, "REG": False, "NPU": npu},
+                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 32,
+                 "BC": 128 if dt == "fp32" else 256, "VEC": 4 if dt == "fp32" else 8, "REG": False, "NPU": npu},
                 divisible=("n",)))
     dt = "bf16"
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}

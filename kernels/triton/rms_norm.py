@@ -68,7 +68,6 @@ def _square_chains_vec(x_ptr, r_ptr, base, row_ok, start, H, HAS_RES: tl.constex
     e = tl.arange(0, VEC)
     part = tl.zeros([BR, NTB], dtype=tl.float32)
     for c in range(0, tl.minimum(T, H), VEC):
-        c = tl.multiple_of(c, VEC)  # the loop counter: a multiple of VEC (not inferred for a dynamic loop)
         col = start[:, None] + c + e[None, :]  # [NTB, VEC]
         ok = col < H
         if T % VEC != 0:  # the last step of a tile stops at the tile's end

@@ -50,7 +50,6 @@ def _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T: tl.constexpr, BR: tl
     e = tl.arange(0, VEC)
     part = tl.zeros([BR, NTB], dtype=tl.float32)
     for c in range(0, tl.minimum(T, n), VEC):
-        c = tl.multiple_of(c, VEC)  # the loop counter: a multiple of VEC (not inferred for a dynamic loop)
         col = start[:, None] + c + e[None, :]  # [NTB, VEC]
         ok = col < n
         if T % VEC != 0:  # the last step of a tile stops at the tile's end
@@ -128,15 +127,17 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
                 tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
 
 
-def _blocks(rows: int, n_tiles: int, reg: bool):
+def _blocks(rows: int, n_tiles: int, reg: bool, vec: int):
     """(BR, NTB, BC): rows per program, tiles per chain block, columns per max / output block."""
-    ntb = min(64, triton.next_power_of_2(n_tiles))
     if reg:
-        return triton.next_power_of_2(min(rows, 16)), ntb, 4096
+        return triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 4096
     if ascend_launch.active():  # unified-buffer-sized blocks
-        return 4, ntb, 512
-    br = max(4, common.VECTOR_LANES // ntb)  # short rows: more rows, so every thread gets a whole vector
-    return br, ntb, 2048 // br
+        return 4, min(64, triton.next_power_of_2(n_tiles)), 512
+    # a row's 32 tile lanes / 32 vectors fit in one warp: the row max and the tile-order column reads reduce
+    # within a warp (no shared memory, no barrier); short rows get more rows, so every thread gets a whole vector
+    ntb = min(32, triton.next_power_of_2(n_tiles))
+    br = max(4, common.VECTOR_LANES // ntb)
+    return br, ntb, min(32 * vec, 2048 // br)
 
 
 def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Tensor:
@@ -148,9 +149,10 @@ def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Ten
     n_tiles = max(1, triton.cdiv(n, spec.tile))
     if rows:
         reg = interpreter_layout() if reg is None else reg
-        br, ntb, bc = _blocks(rows, n_tiles, reg)
+        vec = 16 // x.element_size()
+        br, ntb, bc = _blocks(rows, n_tiles, reg, vec)
         launch(_softmax_kernel, (triton.cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
-               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, VEC=16 // x.element_size(), REG=reg, persistent=True)
+               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, VEC=vec, REG=reg, persistent=True)
     return out.reshape(x.shape[:-1]) if mode == LOGSUMEXP else out.reshape(x.shape)
 
 
