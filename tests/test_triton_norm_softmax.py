@@ -3,7 +3,7 @@ machine code.
 
 * tests/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
   interpreter's register layout give the reference's raw bits on edge shapes; a chain with two neighbours swapped
-  is caught in both kernels.
+  is caught in both kernels, through both splits (common.eight and four).
 * the compiled kernels (sm_90, aligned launch; hal.kernels.triton.sass_profile and the TTGIR): every global load
   is a 16-byte vector load, and the chain loop (the loop that splits the vectors with tl.split) loads VEC
   elements per thread and converts no layout. Negative controls: the Ascend variant (NPU=True, element per step)
@@ -34,14 +34,15 @@ GPU_CASES = ["rms_norm[bf16,residual]", "rms_norm[fp32,residual]", "rms_norm[fp1
 @needs_interpreter
 def test_both_layouts_give_reference_bits():
     out = run_checks("bits", script=SCRIPT)
-    assert out.count(": ok") == 18  # 12 cases on the GPU layout, 6 (power-of-2 tiles) on the register layout
+    assert out.count(": ok") == 22  # 14 cases on the GPU layout, 8 (power-of-2 tiles) on the register layout
 
 
 @needs_interpreter
 def test_swapped_chain_order_is_caught():
     out = run_checks("negative", script=SCRIPT)
-    assert "swapped neighbours in the rms_norm chain are caught: ok" in out
-    assert "swapped neighbours in the softmax chain are caught: ok" in out
+    for op in ("rms_norm", "softmax"):
+        for split in ("eight", "four"):
+            assert f"swapped neighbours in the {op} chain ({split}) are caught: ok" in out
 
 
 def _case(name, npu=False):

@@ -4,12 +4,13 @@ Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_norm_softmax.py
 Usage: python tests/triton_norm_softmax_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
 
 * ``bits``: the GPU layout (reg=False: 16-byte vector steps through common.eight / four) and the interpreter's
-  register layout (reg=True; power-of-2 tiles only, its [BR, NTB, T] block needs one) give the reference's raw bits: rms_norm (with and without residual) and softmax /
-  log_softmax / logsumexp, every dtype, lengths that are not multiples of VEC or of the tile, tiles that are not
+  register layout (reg=True; power-of-2 tiles only, its [BR, NTB, T] block needs one) give the reference's raw
+  bits: rms_norm (with and without residual) and softmax / log_softmax / logsumexp, every dtype, lengths that are not multiples of VEC or of the tile, tiles that are not
   multiples of VEC (18, 20, 36), more tiles than one chain block (NTB), short rows (many rows per program),
   NaN / +inf / -inf / -0.0 inputs, fully -inf softmax rows, a residual that makes inf - inf.
 * ``negative``: common.eight / four returning two neighbours swapped (the chain then takes element i+1 before i)
-  is caught on the GPU layout.
+  is caught on the GPU layout, in each kernel through each split (eight: 2-byte dtypes, four: float32); the
+  eight swap shows only in the order-sensitive rows (see _order_sensitive_cases).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 NORM_CASES = [  # rows, H, hidden_tile, dtype, residual, special values
     (5, 300, 256, BF16, True, True),     # H % 8 = 4: the last vector step of the last tile is half past the end
     (3, 100, 18, F32, True, False),      # tile 18 % 4 = 2: each tile's last step stops at the tile's end
-    (4, 200, 36, F16, False, True),      # tile 36 % 8 = 4
+    (5, 200, 36, F16, False, True),      # tile 36 % 8 = 4
     (3, 700, 20, BF16, True, False),     # 35 tiles: two chain blocks of NTB = 32
     (2, 5, 256, BF16, False, False),     # H < VEC: one masked step
     (130, 40, 256, F32, False, True),    # short rows: 128 rows per program, two programs
@@ -55,12 +56,10 @@ def _randn(shape, dtype, g, scale=3.0):
 
 
 def _poison(x):
-    """NaN, +inf, -inf and -0.0 in separate rows (row 0 stays finite)."""
-    rows, n = x.shape
-    for row, col, v in ((1, n // 2, float("nan")), (2 % rows, n - 1, float("inf")), (3 % rows, 0, float("-inf")),
-                        (4 % rows, n // 3, -0.0)):
-        if row:
-            x[row, col] = v
+    """NaN, +inf, -inf and -0.0 in rows 1-4 (row 0 stays finite; special cases have at least 5 rows)."""
+    n = x.shape[1]
+    for row, col, v in ((1, n // 2, float("nan")), (2, n - 1, float("inf")), (3, 0, float("-inf")), (4, n // 3, -0.0)):
+        x[row, col] = v
     return x
 
 
@@ -86,20 +85,16 @@ def _diff(label, want, got):
     return first_divergence(label, canonical_nan(want), got)
 
 
-def _norm_problem(case, reg, g):
-    rows, h, t, dtype, residual, special = case
+def _norm_problem(x, w, r, eps, t, reg):
     spec = dataclasses.replace(DEFAULTS["rms_norm"], hidden_tile=t)
-    x, w, r = _norm_inputs(rows, h, dtype, residual, special, g)
-    want = ref_norm.rms_norm(x, w, 1e-6, r, spec)
-    got = tri_norm.rms_norm(x, w, 1e-6, r, spec, reg)
-    pairs = zip(("y", "h"), want, got) if residual else [("y", want, got)]
+    want = ref_norm.rms_norm(x, w, eps, r, spec)
+    got = tri_norm.rms_norm(x, w, eps, r, spec, reg)
+    pairs = zip(("y", "h"), want, got) if r is not None else [("y", want, got)]
     return next((str(d) for d in (_diff(name, a, b) for name, a, b in pairs) if d), None)
 
 
-def _softmax_problem(case, reg, g):
-    rows, n, t, dtype, special = case
+def _softmax_problem(x, t, reg):
     spec = dataclasses.replace(DEFAULTS["softmax"], tile=t)
-    x = _softmax_input(rows, n, dtype, special, g)
     for op in ("softmax", "log_softmax", "logsumexp"):
         d = _diff(op, getattr(ref_softmax, op)(x, spec), getattr(tri_softmax, op)(x, spec, reg))
         if d:
@@ -107,27 +102,47 @@ def _softmax_problem(case, reg, g):
     return None
 
 
+def _order_sensitive_cases():
+    """(label, dtype, tile, problem(reg)) of two bf16 rows whose outputs show the order of elements 4 and 5 (the
+    pair the negative control swaps in the 8-element steps): in random bf16 data a one-ulp change of the float32
+    sum hides under the output's rounding. Element 5 is the row's big term; every other term is ~0.11 ulp(1): in
+    order, five of them (0.55 ulp) then 1 round up to 1 + 2^-23; element 5 before 4 rounds four (0.44 ulp) away."""
+    x = torch.full((1, 16), -18.125).to(BF16)  # exp(-18.125) = 0.113 ulp(1)
+    x[0, 5] = 0.0  # log_softmax[5] = -log S: -2^-23 in order, 0 with 4 and 5 swapped
+    yield "softmax order-sensitive 1x16 bfloat16", BF16, 256, lambda reg: _softmax_problem(x, 256, reg)
+    h = torch.full((1, 16), 1.1444091796875e-4).to(BF16)  # squares: 0.11 ulp(1)
+    h[0, 5] = 1.0
+    eps = float.fromhex("0x1.00c18p-12")  # puts y[5] = 1 / sqrt(S / 16 + eps) at the bf16 tie between 3.984375 and 4
+    w = torch.ones(16, dtype=BF16)
+    yield "rms_norm order-sensitive 1x16 bfloat16", BF16, 256, lambda reg: _norm_problem(h, w, None, eps, 256, reg)
+
+
+def _cases():
+    """(label, dtype, tile, problem(reg)) of every case."""
+    for i, (rows, h, t, dtype, residual, special) in enumerate(NORM_CASES):
+        label = (f"rms_norm {rows}x{h} tile {t} {str(dtype)[6:]}{' residual' if residual else ''}"
+                 f"{' nan/inf' if special else ''}")
+        x, w, r = _norm_inputs(rows, h, dtype, residual, special, torch.Generator().manual_seed(i))
+        yield label, dtype, t, lambda reg, x=x, w=w, r=r, t=t: _norm_problem(x, w, r, 1e-6, t, reg)
+    for i, (rows, n, t, dtype, special) in enumerate(SOFTMAX_CASES):
+        label = f"softmax {rows}x{n} tile {t} {str(dtype)[6:]}{' nan/inf/-inf row' if special else ''}"
+        x = _softmax_input(rows, n, dtype, special, torch.Generator().manual_seed(i))
+        yield label, dtype, t, lambda reg, x=x, t=t: _softmax_problem(x, t, reg)
+    yield from _order_sensitive_cases()
+
+
 def _run_cases(regs, prefix=""):
-    """(label, problem) per case and layout."""
+    """(label, dtype, problem) per case and layout (the register layout: power-of-2 tiles only)."""
     for reg in regs:
         layout = "register layout" if reg else "GPU layout"
-        for case in NORM_CASES:
-            rows, h, t, dtype, residual, special = case
-            if reg and t & (t - 1):  # the register layout's [BR, NTB, T] block needs a power-of-2 tile
-                continue
-            label = (f"{prefix}rms_norm {layout} {rows}x{h} tile {t} {str(dtype)[6:]}"
-                     f"{' residual' if residual else ''}{' nan/inf' if special else ''}")
-            yield label, _norm_problem(case, reg, torch.Generator().manual_seed(h + t))
-        for case in SOFTMAX_CASES:
-            rows, n, t, dtype, special = case
-            if reg and t & (t - 1):
-                continue
-            label = f"{prefix}softmax {layout} {rows}x{n} tile {t} {str(dtype)[6:]}{' nan/inf/-inf row' if special else ''}"
-            yield label, _softmax_problem(case, reg, torch.Generator().manual_seed(n + t))
+        for label, dtype, t, problem in _cases():
+            if not (reg and t & (t - 1)):
+                op, rest = label.split(" ", 1)
+                yield f"{prefix}{op} {layout} {rest}", dtype, problem(reg)
 
 
 def check_bits():
-    for label, problem in _run_cases((False, True)):
+    for label, _, problem in _run_cases((False, True)):
         report(label, problem)
 
 
@@ -152,11 +167,12 @@ def check_negative():
         results = list(_run_cases((False,), "swapped: "))
     finally:
         common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
-    caught = [label for label, problem in results if problem]
     for op in ("rms_norm", "softmax"):
-        n_op = sum(label.startswith(f"swapped: {op} ") for label in caught)
-        report(f"swapped neighbours in the {op} chain are caught", None if n_op else "no case caught it")
-    print(f"caught in {len(caught)} of {len(results)} cases", flush=True)
+        for split, dtypes in (("eight", (BF16, F16)), ("four", (F32,))):
+            caught = [label for label, dtype, problem in results
+                      if problem and dtype in dtypes and label.startswith(f"swapped: {op} ")]
+            report(f"swapped neighbours in the {op} chain ({split}) are caught", None if caught else "no case caught it")
+            print(f"  in {caught}", flush=True)
 
 
 if __name__ == "__main__":

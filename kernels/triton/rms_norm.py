@@ -78,6 +78,17 @@ def _square_chains_vec(x_ptr, r_ptr, base, row_ok, start, H, HAS_RES: tl.constex
     return part
 
 
+@triton.jit
+def _load_w(w_ptr, col, ok, H, BR: tl.constexpr, BH: tl.constexpr, NPU: tl.constexpr):
+    """The weights of columns col [BH] as float32, broadcastable to [BR, BH]."""
+    if NPU:  # one [BH] load (every row of the block uses it)
+        w = sm.widen(tl.load(w_ptr + col, mask=col < H, other=0.0))[None, :]
+    else:  # a [BR, BH] block (each row reads the same w, from cache) lands in h's layout: 16-byte loads and no
+        # layout conversion through shared memory (a [BH] load is spread 1-2 elements per thread, then moved)
+        w = sm.widen(tl.load(w_ptr + col[None, :] + tl.zeros([BR, BH], dtype=tl.int32), mask=ok, other=0.0))
+    return w
+
+
 @triton.jit(do_not_specialize=["R", "n_work"])  # counts that change per call: no recompiles
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_tiles, n_work,
                      HAS_RES: tl.constexpr, T: tl.constexpr, OUT_DTYPE: tl.constexpr,
@@ -115,10 +126,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_ti
             ok = row_ok[:, None] & (col < H)[None, :]
             offs = base[:, None] + col[None, :]
             h = _load_h(x_ptr, r_ptr, offs, ok, HAS_RES, OUT_DTYPE, NPU)
-            # w as a [BR, BH] block (each row reads the same w) so that it lands in h's layout: 16-byte loads and
-            # no layout conversion through shared memory (a [BH] load would be spread 1-2 elements per thread)
-            w_cols = col[None, :] + tl.zeros([BR, BH], dtype=tl.int32)
-            w = sm.widen(tl.load(w_ptr + w_cols, mask=ok, other=0.0))
+            w = _load_w(w_ptr, col, ok, H, BR, BH, NPU)
             y = (h * inv[:, None]) * w
             tl.store(y_ptr + offs, sm.round_out(y, OUT_DTYPE, NPU), mask=ok)
             if HAS_RES:
