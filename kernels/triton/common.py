@@ -9,7 +9,7 @@ the interpreter), so sums in spec order are explicit loops. Two exact tricks mak
 * :func:`eight` / :func:`four` split a [D0, D1, 8] / [D0, D1, 4] tile into its [D0, D1] slices through
   ``tl.split``, which keeps a size-2 last dimension inside one thread: a thread that loads 16 consecutive
   bytes with one vector load (8 bf16/fp16 or 4 float32) then runs them through its chain in order
-  (:func:`fma_steps`) with no shuffle and no shared memory.
+  (:func:`fma_steps`, :func:`add_steps`) with no shuffle and no shared memory.
   It is the GPU layout of every sequential chain over a contiguous axis (decode GEMV, RMSNorm, softmax
   sums): memory-coalesced vector loads, chains in registers (``python -m hal.kernels.triton.sass_profile``
   shows the load widths and layout conversions of the compiled kernels).
@@ -22,6 +22,10 @@ import triton
 import triton.language as tl
 
 from . import strict_math as sm
+
+#: (row, tile) lanes per program for the vector-load chains: one per thread of Triton's default 4 warps. Triton
+#: spreads a [lanes, VEC] block over all threads first, so fewer lanes would split each 16-byte vector.
+VECTOR_LANES = 128
 
 
 @triton.jit
@@ -65,6 +69,16 @@ def fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok0, ok1, ok2, ok3):
     part = tl.where(ok1, tl.fma(a1, b1, part), part)
     part = tl.where(ok2, tl.fma(a2, b2, part), part)
     return tl.where(ok3, tl.fma(a3, b3, part), part)
+
+
+@triton.jit
+def add_steps(part, v0, v1, v2, v3, ok0, ok1, ok2, ok3):
+    """Four steps of a sequential sum, part = part + v_i in order i = 0..3 (each addition rounded); a step
+    whose ok_i is False keeps part (skipped by select, exact). The plain-sum sibling of :func:`fma_steps`."""
+    part = tl.where(ok0, part + v0, part)
+    part = tl.where(ok1, part + v1, part)
+    part = tl.where(ok2, part + v2, part)
+    return tl.where(ok3, part + v3, part)
 
 
 @triton.jit

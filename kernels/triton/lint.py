@@ -185,12 +185,16 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
             {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "h_float": "fp32",
              "eps": "fp32", "n_tiles": "i32", "n_work": "i32"},
-            {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 16, "BH": 256, "REG": False, "NPU": npu}))
+            {"HAS_RES": True, "T": 256, "OUT_DTYPE": tdt, "BR": 8, "NTB": 16, "BH": 128,
+             "VEC": 4 if dt == "fp32" else 8, "REG": False, "NPU": npu},
+            divisible=("H",)))
         for mode in ((softmax.SOFTMAX,) + ((softmax.LOG_SOFTMAX, softmax.LOGSUMEXP) if full else ())):
             cases.append(KernelCase(
                 f"softmax[{dt},mode{mode}]", softmax._softmax_kernel,
                 {**_ptrs(dt, "x_ptr", "out_ptr"), **_ints("R", "n", "n_tiles", "n_work")},
-                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 64, "BC": 512, "REG": False, "NPU": npu}))
+                {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 32,
+                 "BC": 128 if dt == "fp32" else 256, "VEC": 4 if dt == "fp32" else 8, "REG": False, "NPU": npu},
+                divisible=("n",)))
     dt = "bf16"
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
     cases.append(KernelCase(
