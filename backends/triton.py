@@ -73,6 +73,10 @@ def _on(t: torch.Tensor):
         yield
 
 
+#: spec fields that size a kernel's lanes (tl.arange needs a power of two); the other tiles run any length
+_POW2_TILES = {"AttentionSpec": ("kv_block",), "GatedDeltaRuleSpec": ("chunk",)}
+
+
 class FoundationOps:
     """The foundation ops (matmul/linear, rms_norm, softmax family, token_logprobs) as the strict Triton
     kernels, shared by the triton and ascend backends: each says where kernels launch (``launch_on``)
@@ -84,6 +88,11 @@ class FoundationOps:
         reasons = super().supports(op, spec, dtype, device)
         if device.type == "cpu" and _interpreting():  # explicit use only: auto never offers CPU to us
             reasons = [r for r in reasons if "serves devices" not in r]
+        for field in _POW2_TILES.get(type(spec).__name__, ()):
+            n = getattr(spec, field)
+            if n & (n - 1):
+                reasons.append(f"{self.name}: {type(spec).__name__}.{field} must be a power of two on this backend "
+                               f"(a kernel tile's lanes are one tl.arange), got {n}")
         return reasons
 
     def claimed_levels(self, family, spec):

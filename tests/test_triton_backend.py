@@ -48,3 +48,20 @@ def test_unavailable_reason_without_gpu_or_interpreter(monkeypatch):
         assert "not installed" in why
     with pytest.raises(hal.UnsupportedError, match="triton"):
         hal.matmul(torch.ones(2, 2), torch.ones(2, 2), backend="triton")
+
+
+def test_tiles_that_size_kernel_lanes_must_be_powers_of_two():
+    """A kernel tile's lanes are one tl.arange (a power of two): other sizes get a clear refusal, not a compile
+    error; tiles that only bound a loop (softmax, rms_norm, vocab, head-dim tiles) run any length."""
+    import torch
+    from hal.backends.triton import TritonBackend
+    from hal.spec import AttentionSpec, GatedDeltaRuleSpec, SoftmaxSpec, TokenLogprobsSpec
+    be, cuda = TritonBackend(), torch.device("cuda")
+    refused = {"flash_attn_varlen_func": AttentionSpec(kv_block=48, kv_split=240),
+               "chunk_gated_delta_rule": GatedDeltaRuleSpec(chunk=48)}
+    for op, spec in refused.items():
+        why = " ".join(be.supports(op, spec, torch.float32, cuda))
+        assert "must be a power of two" in why and "48" in why, (op, why)
+    for op, spec in {"flash_attn_varlen_func": AttentionSpec(), "softmax": SoftmaxSpec(tile=20),
+                     "token_logprobs": TokenLogprobsSpec(vocab_tile=100)}.items():
+        assert not any("power of two" in r for r in be.supports(op, spec, torch.float32, cuda)), op

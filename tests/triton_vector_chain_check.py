@@ -10,6 +10,9 @@ Usage: python tests/triton_vector_chain_check.py CHECK...; prints "LABEL: ok" / 
   multiples of 8, column tails, every dtype, bias, NaN / inf in x and w. Which kernel ran is counted per case.
 * ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
   hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
+* ``odd_tiles``: tiles that are not powers of two (softmax / rms_norm tile 20, a vocab tile of 100) give the
+  reference's bits with the default layouts (the interpreter's register layout needs power-of-two tiles and
+  steps aside; token_logprobs pads a vocab tile's lanes to a power of two).
 * ``negative``: common.eight / four returning two neighbours swapped (the chain then adds k+1 before k) is
   caught by both checks.
 """
@@ -130,6 +133,21 @@ def _lm_cases(label_prefix=""):
                    f"{' nan/inf' if special else ''}", _diff(got, want))
 
 
+def check_odd_tiles():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(3, 70, generator=g), torch.randn(70, generator=g)
+    hid, lm, tok = torch.randn(2, 16, generator=g), torch.randn(300, 16, generator=g), torch.tensor([1, 250])
+    S = hal.spec
+    calls = {
+        "softmax tile 20": lambda b: hal.softmax(x, spec=S.SoftmaxSpec(tile=20), backend=b),
+        "rms_norm tile 20": lambda b: hal.rms_norm(x, w, 1e-6, spec=S.RMSNormSpec(hidden_tile=20), backend=b),
+        "token_logprobs vocab tile 100": lambda b: hal.token_logprobs(
+            hid, lm, tok, spec=S.TokenLogprobsSpec(vocab_tile=100), backend=b),
+    }
+    for name, call in calls.items():
+        report(name, _diff(call("triton"), call("reference")))
+
+
 def check_gemv():
     for name, problem in _gemv_cases():
         report(name, problem)
@@ -169,4 +187,4 @@ def check_negative():
 
 
 if __name__ == "__main__":
-    main({"gemv": check_gemv, "lm_head": check_lm_head, "negative": check_negative})
+    main({"gemv": check_gemv, "lm_head": check_lm_head, "odd_tiles": check_odd_tiles, "negative": check_negative})

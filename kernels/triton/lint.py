@@ -203,7 +203,7 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
          "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32", "n_work": "i32"},
         {"HAS_TEMP": True, "KT": 64, "BR": 16, "NPU": npu}))
     if full:
-        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VEC": 8, "NPU": npu}
+        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VTP": 256, "VEC": 8, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
             {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .dtypes import tl_dtype
-from .launch import launch, interpreter_layout
+from .launch import cdiv, interpreter_layout, launch, next_power_of_2
 
 
 @triton.jit
@@ -136,8 +136,8 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_ti
 def _blocks(rows: int, n_tiles: int, reg: bool):
     """(BR, NTB, BH): rows per program, tiles per chain block, columns per output block."""
     if reg:
-        return triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 1024
-    ntb = min(32, triton.next_power_of_2(n_tiles))
+        return next_power_of_2(min(rows, 16)), min(64, next_power_of_2(n_tiles)), 1024
+    ntb = min(32, next_power_of_2(n_tiles))
     if ascend_launch.active():  # unified-buffer-sized blocks
         return 4, ntb, 256
     br = max(4, common.VECTOR_LANES // ntb)  # short rows: more rows, so every thread gets a whole vector
@@ -155,11 +155,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual, spec, 
     y = torch.empty_like(x2)
     h = torch.empty_like(x2) if residual is not None else y
     t = spec.hidden_tile
-    n_tiles = max(1, triton.cdiv(hdim, t))
+    n_tiles = max(1, cdiv(hdim, t))
     if rows and hdim:
-        reg = interpreter_layout() if reg is None else reg
+        if reg is None:  # the interpreter's register layout needs a power-of-two tile (tl.arange)
+            reg = interpreter_layout() and t == next_power_of_2(t)
         br, ntb, bh = _blocks(rows, n_tiles, reg)
-        launch(_rms_norm_kernel, (triton.cdiv(rows, br),), x2, r2, weight.contiguous(), y, h, rows, hdim,
+        launch(_rms_norm_kernel, (cdiv(rows, br),), x2, r2, weight.contiguous(), y, h, rows, hdim,
                float(hdim), float(eps), n_tiles, HAS_RES=residual is not None, T=t, OUT_DTYPE=tl_dtype(x.dtype),
                BR=br, NTB=ntb, BH=bh, VEC=16 // x.element_size(), REG=reg, persistent=True)
     y = y.reshape(x.shape)

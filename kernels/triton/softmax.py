@@ -21,7 +21,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .dtypes import tl_dtype
-from .launch import launch, interpreter_layout
+from .launch import cdiv, interpreter_layout, launch, next_power_of_2
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -130,12 +130,12 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
 def _blocks(rows: int, n_tiles: int, reg: bool, vec: int):
     """(BR, NTB, BC): rows per program, tiles per chain block, columns per max / output block."""
     if reg:
-        return triton.next_power_of_2(min(rows, 16)), min(64, triton.next_power_of_2(n_tiles)), 4096
+        return next_power_of_2(min(rows, 16)), min(64, next_power_of_2(n_tiles)), 4096
     if ascend_launch.active():  # unified-buffer-sized blocks
-        return 4, min(64, triton.next_power_of_2(n_tiles)), 512
+        return 4, min(64, next_power_of_2(n_tiles)), 512
     # a row's 32 tile lanes / 32 vectors fit in one warp: the row max and the tile-order column reads reduce
     # within a warp (no shared memory, no barrier); short rows get more rows, so every thread gets a whole vector
-    ntb = min(32, triton.next_power_of_2(n_tiles))
+    ntb = min(32, next_power_of_2(n_tiles))
     br = max(4, common.VECTOR_LANES // ntb)
     return br, ntb, min(32 * vec, 2048 // br)
 
@@ -146,12 +146,13 @@ def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Ten
     x2 = x.reshape(x.shape[:-1].numel(), n).contiguous()
     rows = x2.shape[0]
     out = torch.empty((rows,) if mode == LOGSUMEXP else (rows, n), dtype=x.dtype, device=x.device)
-    n_tiles = max(1, triton.cdiv(n, spec.tile))
+    n_tiles = max(1, cdiv(n, spec.tile))
     if rows:
-        reg = interpreter_layout() if reg is None else reg
+        if reg is None:  # the interpreter's register layout needs a power-of-two tile (tl.arange)
+            reg = interpreter_layout() and spec.tile == next_power_of_2(spec.tile)
         vec = 16 // x.element_size()
         br, ntb, bc = _blocks(rows, n_tiles, reg, vec)
-        launch(_softmax_kernel, (triton.cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
+        launch(_softmax_kernel, (cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
                OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, VEC=vec, REG=reg, persistent=True)
     return out.reshape(x.shape[:-1]) if mode == LOGSUMEXP else out.reshape(x.shape)
 

@@ -60,24 +60,27 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
 
 
 @triton.jit
-def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr):
+def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr, VTP: tl.constexpr):
+    """(tiles, vocab index [NTB, VTP], valid) of vocab chunk c: VTP = VT rounded up to a power of two (the
+    lanes of a tile; lanes past VT are not valid, and add +0.0 to the tile sums: an exact identity)."""
     tiles = c * NTB + tl.arange(0, NTB)
-    vidx = tiles[:, None] * VT + tl.arange(0, VT)[None, :]
-    return tiles, vidx, vidx < V
+    lane = tl.arange(0, VTP)
+    vidx = tiles[:, None] * VT + lane[None, :]
+    return tiles, vidx, (vidx < V) & (lane < VT)[None, :]
 
 
 @triton.jit
 def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_chunks, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                VEC: tl.constexpr, NPU: tl.constexpr):
+                VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: row blocks of one vocab chunk run together
         row_ok = rows < R
         c = item // n1
-        tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, VEC, NPU)
+        tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT, VTP)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, NPU)
         ok = row_ok[:, None, None] & v_ok[None, :, :]
-        m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VT]), tl.reshape(ok, [BR, NTB * VT]))
+        m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VTP]), tl.reshape(ok, [BR, NTB * VTP]))
         out = rows.to(tl.int64) * n_chunks + c
         tl.store(m_ptr + out, m, mask=row_ok)
         tl.store(p_ptr + out, bad, mask=row_ok)
@@ -114,16 +117,16 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
 @triton.jit
 def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                VEC: tl.constexpr, NPU: tl.constexpr):
+                VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest (see _max_kernel)
         row_ok = rows < R
-        tiles, vidx, v_ok = _vocab_block(item // n1, V, NTB, VT)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VT, VEC, NPU)
+        tiles, vidx, v_ok = _vocab_block(item // n1, V, NTB, VT, VTP)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, NPU)
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
         # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
         e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
-        s = common.nonneg_sums_in_order(e, V, VT, BR, NTB)
+        s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
         out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
         tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
 
@@ -196,7 +199,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     empty = torch.empty(rows, dtype=i32, device=dev)
     parts = torch.empty((rows, n_tiles), dtype=f32, device=dev)
     grid2 = (n_chunks, cdiv(rows, br))
-    common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VEC=16 // w.element_size(), num_warps=warps)
+    common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=next_power_of_2(vt), VEC=16 // w.element_size(),
+                       num_warps=warps)
     launch(_max_kernel, grid2, h2, w, m, bad, pz, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_chunks,
            **common_args, persistent=True)
     launch(_stats_kernel, (cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
