@@ -93,7 +93,15 @@ def persistent_args(grid) -> tuple[int, dict]:
     return n_work, kwargs
 
 
-def launch(kernel, grid, *args, persistent: bool = False, strict: bool = True, **kwargs) -> None:
+def program_count(n_work: int, max_programs: int | None = None) -> int:
+    """Programs a persistent launch of n_work items runs on (see :func:`launch`)."""
+    from . import ascend_launch
+    n = ascend_launch.persistent_grid(n_work)
+    return n if max_programs is None else max(1, min(n, max_programs))
+
+
+def launch(kernel, grid, *args, persistent: bool = False, strict: bool = True, max_programs: int | None = None,
+           **kwargs) -> None:
     """kernel[grid](*args, **kwargs) with fp fusion off; refuses a double-rounding interpreter.
 
     strict=False: a kernel whose bits no spec fixes (the attention backward): Triton's default options
@@ -102,7 +110,8 @@ def launch(kernel, grid, *args, persistent: bool = False, strict: bool = True, *
     persistent: the kernel loops ``for w in range(program_id(0), n_work, num_programs(0))`` over
     work items (a 2-D / 3-D logical grid is flattened, see :func:`persistent_args`) and takes ``NPU``;
     it gets n_work / n1 / n2 / NPU here and runs on min(work, cores) programs for the Ascend variant,
-    else on one program per work item (the loop then runs once)."""
+    else on one program per work item (the loop then runs once); at most ``max_programs`` programs (for a
+    kernel with per-program scratch: :func:`program_count`)."""
     if strict and interpreting():
         problem = interpreter_problem()
         if problem is not None:
@@ -111,7 +120,7 @@ def launch(kernel, grid, *args, persistent: bool = False, strict: bool = True, *
         from . import ascend_launch
         n_work, extra = persistent_args(grid)
         kwargs.update(extra)
-        grid = (ascend_launch.persistent_grid(n_work),)
+        grid = (program_count(n_work, max_programs),)
         if _DROP_LAST_ITEM_FOR_TESTS and n_work > 1:
             n_work -= 1
         kwargs.update(n_work=n_work, NPU=ascend_launch.active())

@@ -215,7 +215,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
              **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
         cases.append(KernelCase(
             "token_logprobs.sum", tlp._sum_kernel,
-            {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"), "temp": "fp32",
+            {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", "scr_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"),
+             "temp": "fp32",
              "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
             num_warps=None if npu else 8))
     from . import elementwise as ew  # elementwise ops and rotary

@@ -15,12 +15,14 @@ written for a 3-D tile; temperature (when != 1) is one correctly rounded divisio
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
-from .launch import cdiv, interpreter_layout, launch, next_power_of_2
+from .launch import cdiv, interpreter_layout, launch, next_power_of_2, program_count
 
 
 @triton.jit
@@ -115,7 +117,27 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
 
 
 @triton.jit
-def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
+def _tile_sums(e, slot, BR: tl.constexpr, NTB: tl.constexpr, VTP: tl.constexpr):
+    """[BR, NTB] sequential sums from +0.0 over the last axis of e [BR, NTB, VTP] (terms >= +0.0 or NaN, lanes
+    past the vocab +0.0: adding them is an exact identity). e's lanes sit in different threads, so reading
+    them back in order one by one costs a reduction across the program per element; instead e goes to this
+    program's scratch slot and comes back 8 consecutive elements per thread (common.eight), and each
+    (row, tile) sum runs inside one thread. The barriers order the slot's reuse: the previous item's reads
+    before these stores, these stores before the reads."""
+    lane = (tl.arange(0, BR)[:, None] * NTB + tl.arange(0, NTB)[None, :]) * VTP  # [BR, NTB]: first element
+    tl.debug_barrier()
+    tl.store(slot + lane[:, :, None] + tl.arange(0, VTP)[None, None, :], e)
+    tl.debug_barrier()
+    e8 = tl.arange(0, 8)
+    s = tl.zeros([BR, NTB], dtype=tl.float32)
+    for c in range(0, VTP, 8):
+        v0, v1, v2, v3, v4, v5, v6, v7 = common.eight(tl.load(slot + lane[:, :, None] + c + e8[None, None, :]), BR, NTB)
+        s = ((((((((s + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7)
+    return s
+
+
+@triton.jit
+def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, scr_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
                 VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
@@ -126,7 +148,12 @@ def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, R, V, H, sh, sw_v, temp, n_ti
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
         # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
         e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
-        s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
+        if NPU:  # the Ascend variant (no tl.split): read back in place
+            s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
+        elif VTP < 8:  # a tile smaller than one 8-element step
+            s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
+        else:
+            s = _tile_sums(e, scr_ptr + tl.program_id(0).to(tl.int64) * (BR * NTB * VTP), BR, NTB, VTP)
         out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
         tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
 
@@ -160,6 +187,17 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
         empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
         out = tl.where(empty, float("-inf"), (total - shift) - sm.log(s, NPU))
         tl.store(out_ptr + rows, sm.canonical_nan(out), mask=row_ok)
+
+
+#: programs of the tile-sum pass per multiprocessor (the kernel keeps one 8-warp program per SM resident)
+_SUM_PROGRAMS_PER_SM = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; 2 elsewhere (the interpreter: programs then loop over several work
+    items, as on the GPU)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
 def _blocks(rows: int, n_tiles: int):
@@ -205,8 +243,11 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
            **common_args, persistent=True)
     launch(_stats_kernel, (cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
            BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
-    launch(_sum_kernel, grid2, h2, w, shift, parts, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_tiles,
-           **common_args, persistent=True)
+    # a scratch slot of one program's exps per program; the programs are capped so it stays small
+    programs = program_count(grid2[0] * grid2[1], _SUM_PROGRAMS_PER_SM * _sm_count(dev))
+    scratch = torch.empty((programs, br * ntb * next_power_of_2(vt)), dtype=f32, device=dev)
+    launch(_sum_kernel, grid2, h2, w, shift, parts, scratch, rows, vocab, hdim, h2.stride(0), w.stride(0), temp,
+           n_tiles, **common_args, persistent=True, max_programs=programs)
     launch(_finish_kernel, (cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
            h2.stride(0), w.stride(0), temp, n_tiles, HAS_TEMP=has_temp, KT=kt, BR=br, persistent=True)
     return out.reshape(lead)
