@@ -35,7 +35,8 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
         for paged, one in modes:
             # split-KV: the decode layout (a GQA group of 4 heads packed, one query row); else a prefill tile
             tiles = dict(BLOCK_M=4, ROWS=1, PACK=4) if one else dict(BLOCK_M=16, ROWS=16, PACK=1)
-            consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, P_IN=not one,
+            consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64,
+                          VEC=128 // tdt.primitive_bitwidth, P_IN=not one,
                           OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, WRONG_HEAD=False)
             sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts,
