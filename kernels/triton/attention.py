@@ -211,9 +211,10 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
         m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
         blk_ne = tl.max(vis.to(tl.int32), axis=1)
-        # p_j = exp(s_j - m'): on the GPU for every key at once (elementwise: the same operation per element as
-        # per column); the Ascend variant keeps it per key (no [rows, keys] exp temporaries in the unified buffer)
-        x_bits = (s if NPU else sm.exp(s - m_new[:, None])).to(tl.int32, bitcast=True)
+        # p_j = exp(s_j - m'): decode tiles take it for every key at once, out of the key loop (elementwise: the
+        # same operation per element as per column); prefill tiles (registers) and the Ascend variant (unified
+        # buffer: no [rows, keys] exp temporaries) per key
+        x_bits = (s if NPU or VEC == 1 else sm.exp(s - m_new[:, None])).to(tl.int32, bitcast=True)
         l_blk = tl.zeros([BLOCK_M], tl.float32)
         acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         j_lo = tl.maximum(k_lo - kb0, 0)
@@ -221,13 +222,13 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         for j in range(j_lo, j_hi):  # keys in order: sequential chains
             kjj = kb0 + j  # < k_hi <= klen
             vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
-            p = sm.exp(_col(x_bits, cols, j) - m_new) if NPU else _col(x_bits, cols, j)
+            p = sm.exp(_col(x_bits, cols, j) - m_new) if NPU or VEC == 1 else _col(x_bits, cols, j)
             l_blk = tl.where(vis_j, l_blk + p, l_blk)
             pv = _round_trip(p, OUT, NPU) if P_IN else p
             # this key's V row from its index (not taken out of koff: the load need not wait on a reduction)
             voff = _key_offsets(kjj, kjj < klen, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
-            vj = sm.widen(tl.load(V + voff + dcol, mask=dcol < D, other=0.0))
-            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj[None, :], acc_blk), acc_blk)
+            vj = sm.widen(tl.load(V + voff + dcol[None, :], mask=dcol[None, :] < D, other=0.0))
+            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj, acc_blk), acc_blk)
         alpha = sm.exp(m - m_new)
         has = blk_ne > 0
         l = tl.where(has, tl.fma(l, alpha, l_blk), l)

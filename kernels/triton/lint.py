@@ -94,6 +94,8 @@ class KernelCase:
     #: int arguments that are multiples of 16 in a typical launch (row strides, K): with ``aligned`` they get
     #: the divisibility hint a real launch gives them, as do all pointers (torch allocations are 16-byte aligned)
     divisible: tuple = ()
+    #: the launch's num_warps when it sets one (None: Triton's default)
+    num_warps: int | None = None
 
     def source(self, aligned: bool = False) -> ASTSource:
         sig = dict(self.signature)
@@ -108,9 +110,10 @@ class KernelCase:
 @functools.lru_cache(maxsize=None)
 def compile_case(case: KernelCase, target: str, fp_fusion: bool = False, num_warps: int | None = None,
                  num_stages: int | None = None, aligned: bool = False):
-    """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default; aligned:
+    """The compiled kernel of one case on one target (warps / stages: None keeps the case's / Triton's default; aligned:
     pointers and ``case.divisible`` ints carry the launcher's divisibility-by-16 hint)."""
     options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
+    num_warps = case.num_warps if num_warps is None else num_warps
     options.update({k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None})
     return triton.compile(case.source(aligned), target=TARGETS[target], options=options)
 
