@@ -186,10 +186,14 @@ def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl
     tile is short when DT does not divide D), then one multiply by scale."""
     s = tl.zeros([BLOCK_M, KB], tl.float32)
     for t0 in tl.static_range(0, D, DT):
-        if NPU or VEC == 1:
-            s = s + _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
+        if NPU:  # the Ascend variant: no tl.split
+            part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
+        elif VEC == 1:
+            part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
         else:
-            s = s + _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), D, BLOCK_M, KB, VEC)
+            part = _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), D, BLOCK_M,
+                                     KB, VEC)
+        s = s + part
     return s * scale
 
 
