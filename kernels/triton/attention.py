@@ -22,7 +22,14 @@ the head packing and the grid are speed knobs only.
 
 The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
 by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
-by a float reduction.
+by a float reduction. Decode-sized tiles (``_score_layout``) take p = exp(s - m') for the whole
+tile before the key loop (elementwise: the same operation per element) and extract p; each
+key's V row offset comes from its index (paged: one block-table load), not from the tile.
+
+Score chains: on the GPU, decode-sized tiles give each thread one key and load VEC = 16 bytes of
+consecutive head dims of k (and of each row's q) per vector load, then run them through the chains
+in head-dim order (``common.eight`` / ``four``: moves inside the thread); prefill tiles and the
+Ascend variant (no ``tl.split``) load one head dim per step. Same operations, same order.
 
 Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
 head group[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
