@@ -136,7 +136,7 @@ def _store_partial(WM, WL, WA, WN, w, valid, m, l, acc, ne, BLOCK_D: tl.constexp
 def _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.constexpr,
                           BLOCK_M: tl.constexpr, KB: tl.constexpr):
     """[rows, keys] chain from +0.0 over head dims [t0, t1): one element of q and of each key per step
-    (the Ascend variant's layout: no tl.split)."""
+    (prefill tiles and the Ascend variant: no tl.split)."""
     part = tl.zeros([BLOCK_M, KB], tl.float32)
     for d in range(t0, t1):
         qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
@@ -193,7 +193,7 @@ def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl
     tile is short when DT does not divide D), then one multiply by scale."""
     s = tl.zeros([BLOCK_M, KB], tl.float32)
     for t0 in tl.static_range(0, D, DT):
-        if NPU:  # the Ascend variant: no tl.split
+        if NPU:  # the Ascend variant: no tl.split (its own branch: ascend_lint follows 'if NPU:')
             part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
         elif VEC == 1:
             part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
@@ -432,8 +432,8 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         kernel, bd = _attn_kernel, triton.next_power_of_2(d)
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
         vec, options = _score_layout(bm, spec.kv_block, q.element_size())
-        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec, P_IN=spec.p_precision == "input",
-                         ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
+        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
         dots = contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
