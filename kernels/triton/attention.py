@@ -433,7 +433,8 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
         vec, options = _score_layout(bm, spec.kv_block, q.element_size())
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
-                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack,
+                         WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
         dots = contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
