@@ -11,6 +11,7 @@ Shapes are small but cross every block, split, dot tile and chunk boundary of th
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -18,13 +19,15 @@ import time
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal, not an installed one
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
 from hal.kernels.triton import ascend_launch, launch as tri_launch  # noqa: E402
-from hal.kernels.triton import attention as tri_attn  # noqa: E402
+from hal.kernels.triton import attention as tri_attn, common  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
@@ -129,6 +132,89 @@ def attn_negative():
     finally:
         tri_attn._REVERSE_MERGE_FOR_TESTS = False
     _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
+
+
+VECTOR_CASES = [  # spec, dtype, Hq, Hkv, D: head dims that are not multiples of VEC (8 bf16/fp16, 4 fp32) or DT
+    (ATTN_SMALL, torch.bfloat16, 2, 1, 10),  # DT 4 < VEC 8: each vector feeds half a tile; the last runs past D
+    (AttentionSpec(kv_block=8, kv_split=16, dot_tile=5), torch.float32, 4, 2, 13),  # DT 5: vectors straddle tiles
+    (AttentionSpec(kv_block=8, kv_split=16, dot_tile=16, p_precision="input"), torch.float16, 2, 2, 20),  # 2 per tile
+]
+
+
+@contextlib.contextmanager
+def _vector_scores(max_rows=64):
+    """Every attention tile (prefill ones too) runs the GPU's vector score chains; yields the VECs launched."""
+    vecs, real, real_rows = [], tri_attn._score_layout, tri_attn.VECTOR_MAX_ROWS
+
+    def recorded(*args):
+        vec, options = real(*args)
+        vecs.append(vec)
+        return vec, options
+    tri_attn._score_layout, tri_attn.VECTOR_MAX_ROWS = recorded, max_rows
+    try:
+        yield vecs
+    finally:
+        tri_attn._score_layout, tri_attn.VECTOR_MAX_ROWS = real, real_rows
+
+
+def _vector_pairs(spec, dt, hq, hkv, d, seed):
+    """(name, reference, triton) pairs of varlen prefill (causal, sliding window) and paged decode / prefill
+    (num_splits 0 and 3) with the vector score chains."""
+    rnd = _gen(seed)
+    q, k, v, cq, ck = _varlen_inputs(rnd, dt, hq, hkv, d)
+    args = (q, k, v, cq, ck, 19, 37, 0.3, True, (11, -1), spec)
+    o1, l1 = ref_attn.flash_attn_varlen_func(*args)
+    o2, l2 = tri_attn.flash_attn_varlen_func(*args)
+    pairs = [("varlen out", o1, o2), ("varlen lse", l1, l2)]
+    kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
+    q = rnd(3, sq, hq, d).to(dt)
+    for qq in (q, q[:, -1:].contiguous()):
+        o1, l1 = ref_attn.flash_attn_with_kvcache(qq, kc, vc, seqlens, table, 0.25, True, (-1, -1), 0, spec)
+        for ns in (0, 3):
+            o2, l2 = tri_attn.flash_attn_with_kvcache(qq, kc, vc, seqlens, table, 0.25, True, (-1, -1), ns, spec)
+            pairs += [(f"paged sq={qq.shape[1]} splits={ns} out", o1, o2), ("paged lse", l1, l2)]
+    return pairs
+
+
+def attn_vector():
+    """The vector score chains (16-byte loads of head dims through common.eight / four) on every tile: head dims
+    that are not multiples of VEC or of the dot tile, dot tiles smaller than, equal to and larger than VEC."""
+    for i, (spec, dt, hq, hkv, d) in enumerate(VECTOR_CASES):
+        with _vector_scores() as vecs:
+            pairs = _vector_pairs(spec, dt, hq, hkv, d, 70 + i)
+        want = 16 // dt.itemsize
+        if set(vecs) != {want}:
+            FAILED.append("attn-vector")
+            print(f"attn-vector: FAIL launched VEC {sorted(set(vecs))}, want {want}", flush=True)
+        _same(f"attn-vector[{spec.id},{dt},D={d},VEC={want}]", pairs)
+
+
+_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
+
+
+@triton.jit
+def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
+    return x0, x1, x2, x3, x5, x4, x6, x7
+
+
+@triton.jit
+def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
+    return x0, x2, x1, x3
+
+
+def attn_vector_negative():
+    """common.eight / four giving two neighbours swapped (the score chain adds head dim d+1 before d): the
+    vector checks must catch it, for VEC 4 (fp32) and VEC 8 (fp16, whose dot tile of 16 runs all 8 steps)."""
+    common.eight, common.four = _swapped_eight, _swapped_four
+    try:
+        for i, (spec, dt, hq, hkv, d) in list(enumerate(VECTOR_CASES))[1:]:
+            with _vector_scores():
+                pairs = _vector_pairs(spec, dt, hq, hkv, d, 70 + i)
+            _differs(f"attn-vector-negative-control[swapped neighbours,{dt}]", pairs)
+    finally:
+        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
 
 
 GQA_SHAPES = ((2, 2), (4, 2), (8, 2), (3, 1))  # (Hq, Hkv): groups 1, 2, 4 and MQA with a group of 3 (padded tile)
@@ -304,8 +390,8 @@ def persistent_negative():
 
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
-                                                     attn_gqa_negative, gdn_serial, gdn_chunked, gdn_negative,
-                                                     gdn_layer, persistent_negative)}
+                                                     attn_gqa_negative, attn_vector, attn_vector_negative, gdn_serial,
+                                                     gdn_chunked, gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

@@ -22,7 +22,14 @@ the head packing and the grid are speed knobs only.
 
 The sequential chains need one score column per key; it is taken out of the [rows, keys] tile
 by an integer sum of its bit patterns with every other column zeroed (exact, order-free), never
-by a float reduction.
+by a float reduction. Decode-sized tiles (``_score_layout``) take p = exp(s - m') for the whole
+tile before the key loop (elementwise: the same operation per element) and extract p; each
+key's V row offset comes from its index (paged: one block-table load), not from the tile.
+
+Score chains: on the GPU, decode-sized tiles give each thread one key and load VEC = 16 bytes of
+consecutive head dims of k (and of each row's q) per vector load, then run them through the chains
+in head-dim order (``common.eight`` / ``four``: moves inside the thread); prefill tiles and the
+Ascend variant (no ``tl.split``) load one head dim per step. Same operations, same order.
 
 Both kernels are persistent (``launch(..., persistent=True)``): the logical grid (row tile, sequence x
 head group[, split]) is flattened into work items, one per program on CUDA, at most the core count for the
@@ -37,8 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ascend_launch, strict_math as sm
-from .launch import launch
+from . import ascend_launch, common, strict_math as sm
+from .launch import launch, next_power_of_2
 
 F32 = torch.float32
 #: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
@@ -126,53 +133,113 @@ def _store_partial(WM, WL, WA, WN, w, valid, m, l, acc, ne, BLOCK_D: tl.constexp
 
 
 @triton.jit
+def _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.constexpr,
+                          BLOCK_M: tl.constexpr, KB: tl.constexpr):
+    """[rows, keys] chain from +0.0 over head dims [t0, t1): one element of q and of each key per step
+    (prefill tiles and the Ascend variant: no tl.split)."""
+    part = tl.zeros([BLOCK_M, KB], tl.float32)
+    for d in range(t0, t1):
+        qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
+        kd = sm.widen(tl.load(K + koff + d, mask=kmask, other=0.0))
+        part = tl.fma(qd[:, None], kd[None, :], part)
+    return part
+
+
+@triton.jit
+def _fma_vector(part, q, k, n: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr):
+    """The first n (static) steps of the chains part [rows, keys] over one vector of head dims: q [rows, keys, VEC]
+    (each row's q, the same for every key), k [1, keys, VEC], in element order (common.eight / four: moves inside
+    a thread)."""
+    if VEC == 8:
+        q0, q1, q2, q3, q4, q5, q6, q7 = common.eight(q, BLOCK_M, KB)
+        k0, k1, k2, k3, k4, k5, k6, k7 = common.eight(k, 1, KB)
+        part = common.fma_steps(part, q0, q1, q2, q3, k0, k1, k2, k3, 0 < n, 1 < n, 2 < n, 3 < n)
+        part = common.fma_steps(part, q4, q5, q6, q7, k4, k5, k6, k7, 4 < n, 5 < n, 6 < n, 7 < n)
+    else:
+        q0, q1, q2, q3 = common.four(q, BLOCK_M, KB)
+        k0, k1, k2, k3 = common.four(k, 1, KB)
+        part = common.fma_steps(part, q0, q1, q2, q3, k0, k1, k2, k3, 0 < n, 1 < n, 2 < n, 3 < n)
+    return part
+
+
+@triton.jit
+def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.constexpr, D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr):
+    """The same chain as :func:`_dot_tile_elementwise`, fed VEC consecutive head dims (16 bytes) per vector
+    load: k as [1, keys, VEC], q as [rows, keys, VEC] (the same address along keys: a broadcast), so that q, k
+    and the chains share one layout (keys across threads) and each chain stays in the thread that loads k.
+    A vector that runs past t1 only feeds the tile's steps (its last elements belong to the next tile); only
+    a vector past D masks elements, so full vectors keep a mask that is constant along them."""
+    e = tl.arange(0, VEC)[None, None, :]
+    q_row = Q + q_off[:, None, None] + tl.zeros([1, KB, 1], tl.int64)
+    q_lane = valid[:, None, None] & kmask[None, :, None]  # a masked key's chain is never read
+    k_row = K + koff[None, :, None]
+    part = tl.zeros([BLOCK_M, KB], tl.float32)
+    for c in tl.static_range(t0, t1, VEC):
+        q_ok, k_ok = q_lane, kmask[None, :, None]
+        if c + VEC > D:
+            q_ok = q_ok & (c + e < D)
+            k_ok = k_ok & (c + e < D)
+        q = sm.widen(tl.load(q_row + c + e, mask=q_ok, other=0.0))
+        k = sm.widen(tl.load(k_row + c + e, mask=k_ok, other=0.0))
+        part = _fma_vector(part, q, k, t1 - c, BLOCK_M, KB, VEC)
+    return part
+
+
+@triton.jit
+def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr,
+            DT: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
+    """[rows, keys] scores: the tiled dot over the head dim (tile partials added in order from +0.0; the last
+    tile is short when DT does not divide D), then one multiply by scale."""
+    s = tl.zeros([BLOCK_M, KB], tl.float32)
+    for t0 in tl.static_range(0, D, DT):
+        if NPU:  # the Ascend variant: no tl.split (its own branch: ascend_lint follows 'if NPU:')
+            part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
+        elif VEC == 1:
+            part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
+        else:
+            part = _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), D, BLOCK_M,
+                                     KB, VEC)
+        s = s + part
+    return s * scale
+
+
+@triton.jit
 def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
-           DT: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, NPU: tl.constexpr):
+           DT: tl.constexpr, VEC: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
+           NPU: tl.constexpr):
     """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
     m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
-    D_FULL: tl.constexpr = (D // DT) * DT
     for kb0 in range((k_lo // KB) * KB, k_hi, KB):
         kj = kb0 + cols
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
-        # scores: tiled dot over the head dim, then one multiply by scale
-        s = tl.zeros([BLOCK_M, KB], tl.float32)
-        for t0 in range(0, D_FULL, DT):
-            part = tl.zeros([BLOCK_M, KB], tl.float32)
-            for d in range(t0, t0 + DT):
-                qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
-                kd = sm.widen(tl.load(K + koff + d, mask=kmask, other=0.0))
-                part = tl.fma(qd[:, None], kd[None, :], part)
-            s = s + part
-        if D_FULL < D:
-            part = tl.zeros([BLOCK_M, KB], tl.float32)
-            for d in range(D_FULL, D):
-                qd = sm.widen(tl.load(Q + q_off + d, mask=valid, other=0.0))
-                kd = sm.widen(tl.load(K + koff + d, mask=kmask, other=0.0))
-                part = tl.fma(qd[:, None], kd[None, :], part)
-            s = s + part
-        s = s * scale
+        s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
         vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
         m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
         blk_ne = tl.max(vis.to(tl.int32), axis=1)
-        s_bits = s.to(tl.int32, bitcast=True)
+        # p_j = exp(s_j - m'): decode tiles take it for every key at once, out of the key loop (elementwise: the
+        # same operation per element as per column); prefill tiles (registers) and the Ascend variant (unified
+        # buffer: no [rows, keys] exp temporaries) per key
+        x_bits = (s if NPU or VEC == 1 else sm.exp(s - m_new[:, None])).to(tl.int32, bitcast=True)
         l_blk = tl.zeros([BLOCK_M], tl.float32)
         acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         j_lo = tl.maximum(k_lo - kb0, 0)
         j_hi = tl.minimum(k_hi - kb0, KB)
         for j in range(j_lo, j_hi):  # keys in order: sequential chains
-            kjj = kb0 + j
+            kjj = kb0 + j  # < k_hi <= klen
             vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
-            p = sm.exp(_col(s_bits, cols, j) - m_new)
+            p = sm.exp(_col(x_bits, cols, j) - m_new) if NPU or VEC == 1 else _col(x_bits, cols, j)
             l_blk = tl.where(vis_j, l_blk + p, l_blk)
             pv = _round_trip(p, OUT, NPU) if P_IN else p
-            voff = tl.sum(tl.where(cols == j, koff, 0), axis=0)  # this key's offset (exact int)
-            vj = sm.widen(tl.load(V + voff + dcol, mask=(dcol < D) & ((dcol * 0 + kjj) < klen), other=0.0))
-            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj[None, :], acc_blk), acc_blk)
+            # this key's V row from its index (not taken out of koff: the load need not wait on a reduction)
+            voff = _key_offsets(kjj, kjj < klen, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
+            vj = sm.widen(tl.load(V + voff + dcol[None, :], mask=dcol[None, :] < D, other=0.0))
+            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj, acc_blk), acc_blk)
         alpha = sm.exp(m - m_new)
         has = blk_ne > 0
         l = tl.where(has, tl.fma(l, alpha, l_blk), l)
@@ -244,7 +311,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2,
                  HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                  ROWS: tl.constexpr, PACK: tl.constexpr,
-                 BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr,
+                 BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr, VEC: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
                  NPU: tl.constexpr, WRONG_HEAD: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
@@ -263,7 +330,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                 s_hi = tl.minimum(hi, (sp + 1) * KS)
                 m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
-                                       D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
+                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
@@ -272,7 +339,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                     m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                            stride_kp, stride_kt, scale, causal, left, right,
                                            tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
-                                           D, BLOCK_M, BLOCK_D, KB, DT, P_IN, OUT, PAGED, NPU)
+                                           D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
@@ -325,8 +392,8 @@ def _tiles(max_q: int, group: int, bd: int, kb: int) -> tuple[int, int, int]:
     pack = 1
     if max_q <= PACK_MAX_Q:
         pack = max(p for p in range(1, min(group, cap) + 1) if group % p == 0)
-    rows = max(1, min(triton.next_power_of_2(max(1, max_q)), cap // triton.next_power_of_2(pack)))
-    return triton.next_power_of_2(rows * pack), rows, pack
+    rows = max(1, min(next_power_of_2(max(1, max_q)), cap // next_power_of_2(pack)))
+    return next_power_of_2(rows * pack), rows, pack
 
 
 def _fast_tiles(max_q: int, group: int, block_m: int) -> tuple[int, int]:
@@ -337,6 +404,20 @@ def _fast_tiles(max_q: int, group: int, block_m: int) -> tuple[int, int]:
     if max_q <= PACK_MAX_Q:
         pack = max(p for p in range(1, min(group, block_m) + 1) if group % p == 0)
     return block_m // pack, pack
+
+
+#: tiles of at most this many rows (decode: a packed GQA group) feed the score chains with vector loads
+VECTOR_MAX_ROWS = 8
+
+
+def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
+    """(VEC, launch options) of the score chains (speed only: the chains are the same either way). Decode-sized
+    tiles load VEC = 16 bytes of head dims per key and thread, one key per thread (KB / 32 warps), so k fills the
+    threads with one vector each; larger tiles (prefill) keep one element per step (VEC 1), whose [rows, keys,
+    VEC] operand tiles would not fit the registers."""
+    if block_m > VECTOR_MAX_ROWS or ascend_launch.active():  # the Ascend variant: no tl.split
+        return 1, {}
+    return 16 // element_size, dict(num_warps=max(1, min(4, kb // 32)))
 
 
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
@@ -359,11 +440,13 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         spec_args = dict(spec_args, ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
         dots = sequential_dot()
     else:
-        kernel, bd = _attn_kernel, triton.next_power_of_2(d)
+        kernel, bd = _attn_kernel, next_power_of_2(d)
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
-        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, P_IN=spec.p_precision == "input",
-                         ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
-        options, dots = {}, contextlib.nullcontext()
+        vec, options = _score_layout(bm, spec.kv_block, q.element_size())
+        spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack,
+                         WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
+        dots = contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
     paged = block_table is not None

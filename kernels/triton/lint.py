@@ -109,7 +109,7 @@ class KernelCase:
 @functools.lru_cache(maxsize=None)
 def compile_case(case: KernelCase, target: str, fp_fusion: bool = False, num_warps: int | None = None,
                  num_stages: int | None = None, aligned: bool = False):
-    """The compiled kernel of one case on one target (warps / stages: None keeps Triton's default; aligned:
+    """The compiled kernel of one case on one target (warps / stages: None keeps the case's / Triton's default; aligned:
     pointers and ``case.divisible`` ints carry the launcher's divisibility-by-16 hint)."""
     options = dict(STRICT_OPTIONS, enable_fp_fusion=fp_fusion)
     num_warps = case.num_warps if num_warps is None else num_warps

@@ -25,6 +25,8 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
                                         "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits",
                                         "n_work", "n1", "n2")})
     attn_types["scale"] = "fp32"
+    # multiples of 16 in a typical launch (head dim 128: row, head and page strides), as the launcher specializes them
+    attn_divisible = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh")
     out = []
     dtypes = (("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())
     modes = ((True, True),) + (((False, False), (True, False), (False, True)) if full else ())
@@ -33,13 +35,16 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
         for paged, one in modes:
             # split-KV: the decode layout (a GQA group of 4 heads packed, one query row); else a prefill tile
             tiles = dict(BLOCK_M=4, ROWS=1, PACK=4) if one else dict(BLOCK_M=16, ROWS=16, PACK=1)
-            consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, P_IN=not one,
+            vec, options = A._score_layout(tiles["BLOCK_M"], 64, tdt.primitive_bitwidth // 8)  # as attend launches
+            consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
                           OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, WRONG_HEAD=False)
             sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
-            out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts))
+            out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts,
+                                  divisible=attn_divisible, num_warps=options.get("num_warps")))
         consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, REVERSE=False, NPU=npu)
         sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
-        out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts))
+        out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts,
+                              divisible=("stride_qt", "stride_qh")))
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
         ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
