@@ -21,14 +21,13 @@ import sys
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from _check_cli import main, report  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import rms_norm as ref_norm, softmax as ref_softmax  # noqa: E402
 from hal.kernels.reference.strict_math import canonical_nan  # noqa: E402
-from hal.kernels.triton import common, rms_norm as tri_norm, softmax as tri_softmax  # noqa: E402
+from hal.kernels.triton import rms_norm as tri_norm, softmax as tri_softmax  # noqa: E402
+from _swapped_chain import swapped_neighbours  # noqa: E402
 from hal.spec import DEFAULTS  # noqa: E402
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -146,27 +145,9 @@ def check_bits():
         report(label, problem)
 
 
-_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
-
-
-@triton.jit
-def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
-    return x0, x1, x2, x3, x5, x4, x6, x7
-
-
-@triton.jit
-def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
-    return x0, x2, x1, x3
-
-
 def check_negative():
-    common.eight, common.four = _swapped_eight, _swapped_four
-    try:
+    with swapped_neighbours():
         results = list(_run_cases((False,), "swapped: "))
-    finally:
-        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
     for op in ("rms_norm", "softmax"):
         for split, dtypes in (("eight", (BF16, F16)), ("four", (F32,))):
             caught = [label for label, dtype, problem in results

@@ -19,16 +19,15 @@ import time
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal, not an installed one
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
 from hal.kernels.triton import ascend_launch, launch as tri_launch  # noqa: E402
-from hal.kernels.triton import attention as tri_attn, common  # noqa: E402
+from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
+from _swapped_chain import swapped_neighbours  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
 FAILED = []
@@ -189,32 +188,14 @@ def attn_vector():
         _same(f"attn-vector[{spec.id},{dt},D={d},VEC={want}]", pairs)
 
 
-_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
-
-
-@triton.jit
-def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
-    return x0, x1, x2, x3, x5, x4, x6, x7
-
-
-@triton.jit
-def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
-    return x0, x2, x1, x3
-
-
 def attn_vector_negative():
     """common.eight / four giving two neighbours swapped (the score chain adds head dim d+1 before d): the
     vector checks must catch it, for VEC 4 (fp32) and VEC 8 (fp16, whose dot tile of 16 runs all 8 steps)."""
-    common.eight, common.four = _swapped_eight, _swapped_four
-    try:
+    with swapped_neighbours():
         for i, (spec, dt, hq, hkv, d) in list(enumerate(VECTOR_CASES))[1:]:
             with _vector_scores():
                 pairs = _vector_pairs(spec, dt, hq, hkv, d, 70 + i)
             _differs(f"attn-vector-negative-control[swapped neighbours,{dt}]", pairs)
-    finally:
-        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
 
 
 GQA_SHAPES = ((2, 2), (4, 2), (8, 2), (3, 1))  # (Hq, Hkv): groups 1, 2, 4 and MQA with a group of 3 (padded tile)

@@ -24,13 +24,12 @@ import sys
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from _check_cli import main, report  # noqa: E402
 
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
-from hal.kernels.triton import common, matmul as km, token_logprobs as ktl  # noqa: E402
+from hal.kernels.triton import matmul as km, token_logprobs as ktl  # noqa: E402
+from _swapped_chain import swapped_neighbours  # noqa: E402
 
 CASES = [  # m, k, n, k_tile, dtype, bias, special values
     (1, 200, 37, 64, torch.float32, True, False),    # K tail inside an 8-step of the last tile
@@ -158,28 +157,10 @@ def check_lm_head():
         report(name, problem)
 
 
-_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
-
-
-@triton.jit
-def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
-    return x0, x1, x2, x3, x5, x4, x6, x7
-
-
-@triton.jit
-def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
-    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
-    return x0, x2, x1, x3
-
-
 def check_negative():
-    common.eight, common.four = _swapped_eight, _swapped_four
-    try:
+    with swapped_neighbours():
         gemv = [name for name, problem in _gemv_cases("swapped: ") if problem and "vector kernel" in problem]
         lm = [name for name, problem in _lm_cases("swapped: ") if problem]
-    finally:
-        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
     report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
     report("swapped neighbours caught by the lm_head check", None if lm else "no case caught it")
     print(f"caught in {len(gemv)} of {2 * len(CASES)} gemv and {len(lm)} of {2 * len(LM_CASES)} lm_head cases",

@@ -82,6 +82,19 @@ def add_steps(part, v0, v1, v2, v3, ok0, ok1, ok2, ok3):
 
 
 @triton.jit
+def vec_step(start, c, n, T: tl.constexpr, VEC: tl.constexpr):
+    """(index [L, VEC], ok) of step c of the tiles of T that start at start [L]: elements c ... c + VEC - 1 of
+    each tile. ok is False past n and, only when T is not a multiple of VEC, past the tile's end (so the mask
+    of the usual tiles stays constant over a vector, and the load stays one vector load)."""
+    e = tl.arange(0, VEC)
+    idx = start[:, None] + c + e[None, :]
+    ok = idx < n
+    if T % VEC != 0:
+        ok = ok & ((c + e) < T)[None, :]
+    return idx, ok
+
+
+@triton.jit
 def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
                  BM: tl.constexpr, L: tl.constexpr):
     """[BM, L] float32: for each (row, lane) the fma chain from +0.0 over k = k0[lane] ... k0[lane] + KT - 1
@@ -93,13 +106,9 @@ def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC:
     (eight / four, fma_steps); a k past K or past the tile is skipped by select. a_rows [BM] and b_lanes [L]
     are pointers to element 0 of each row / lane; the caller keeps KT a multiple of VEC where it can (a tail
     mask inside the tile is then not needed, and the masks stay vectorizable)."""
-    e = tl.arange(0, VEC)
     part = tl.zeros([BM, L], dtype=tl.float32)
     for c in tl.static_range(0, KT, VEC):
-        k = k0[:, None] + c + e[None, :]  # [L, VEC]
-        ok = k < K
-        if KT % VEC != 0:  # the last step of a tile stops at the tile's end
-            ok = ok & ((c + e) < KT)[None, :]
+        k, ok = vec_step(k0, c, K, KT, VEC)
         a = sm.widen(tl.load(a_rows[:, None, None] + k[None, :, :], mask=row_ok[:, None, None] & ok[None, :, :],
                              other=0.0))
         b = sm.widen(tl.load(b_lanes[:, None] + k, mask=lane_ok[:, None] & ok, other=0.0))[None, :, :]

@@ -65,13 +65,9 @@ def _square_chains_vec(x_ptr, r_ptr, base, row_ok, start, H, HAS_RES: tl.constex
                        OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VEC: tl.constexpr,
                        NPU: tl.constexpr):
     """GPU layout: the [BR, NTB] chains of the tiles starting at start [NTB], VEC elements a step."""
-    e = tl.arange(0, VEC)
     part = tl.zeros([BR, NTB], dtype=tl.float32)
     for c in range(0, tl.minimum(T, H), VEC):
-        col = start[:, None] + c + e[None, :]  # [NTB, VEC]
-        ok = col < H
-        if T % VEC != 0:  # the last step of a tile stops at the tile's end
-            ok = ok & ((c + e) < T)[None, :]
+        col, ok = common.vec_step(start, c, H, T, VEC)  # [NTB, VEC]
         h = _load_h(x_ptr, r_ptr, base[:, None, None] + col[None, :, :], row_ok[:, None, None] & ok[None, :, :],
                     HAS_RES, OUT_DTYPE, NPU)
         part = _square_steps(part, h, ok[None, :, :], BR, NTB, VEC)

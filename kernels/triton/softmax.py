@@ -47,13 +47,9 @@ def _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T: tl.constexpr, BR: tl
                   VEC: tl.constexpr):
     """GPU layout: the [BR, NTB] sums of exp(x - m_safe) over the tiles starting at start [NTB], VEC
     elements a step."""
-    e = tl.arange(0, VEC)
     part = tl.zeros([BR, NTB], dtype=tl.float32)
     for c in range(0, tl.minimum(T, n), VEC):
-        col = start[:, None] + c + e[None, :]  # [NTB, VEC]
-        ok = col < n
-        if T % VEC != 0:  # the last step of a tile stops at the tile's end
-            ok = ok & ((c + e) < T)[None, :]
+        col, ok = common.vec_step(start, c, n, T, VEC)  # [NTB, VEC]
         x = sm.widen(tl.load(x_ptr + base[:, None, None] + col[None, :, :], mask=row_ok[:, None, None] & ok[None, :, :],
                              other=0.0))
         part = _add_steps(part, sm.exp(x - m_safe[:, None, None]), ok[None, :, :], BR, NTB, VEC)

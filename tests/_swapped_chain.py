@@ -1,0 +1,36 @@
+"""The negative control of the vector-load chains, shared by the interpreter check scripts: while
+``swapped_neighbours()`` is active, kernels/triton/common.py's ``eight`` / ``four`` hand back two neighbouring
+elements swapped, so every chain fed through them adds element i+1 before element i. A bit check that does
+not catch it cannot see the chain order. (The kernels look ``common.eight`` up when they run in the
+interpreter, so patching the module attribute reaches them.)"""
+from __future__ import annotations
+
+import contextlib
+
+import triton
+import triton.language as tl
+
+from hal.kernels.triton import common
+
+_REAL_EIGHT, _REAL_FOUR = common.eight, common.four
+
+
+@triton.jit
+def _swapped_eight(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3, x4, x5, x6, x7 = _REAL_EIGHT(x, D0, D1)
+    return x0, x1, x2, x3, x5, x4, x6, x7
+
+
+@triton.jit
+def _swapped_four(x, D0: tl.constexpr, D1: tl.constexpr):
+    x0, x1, x2, x3 = _REAL_FOUR(x, D0, D1)
+    return x0, x2, x1, x3
+
+
+@contextlib.contextmanager
+def swapped_neighbours():
+    common.eight, common.four = _swapped_eight, _swapped_four
+    try:
+        yield
+    finally:
+        common.eight, common.four = _REAL_EIGHT, _REAL_FOUR
