@@ -27,19 +27,20 @@ from .launch import cdiv, interpreter_layout, launch, next_power_of_2, program_c
 
 @triton.jit
 def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP: tl.constexpr,
-            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr, VEC: tl.constexpr,
+            KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VTP: tl.constexpr, VEC: tl.constexpr,
             NPU: tl.constexpr):
-    """[BR, NTB, VT] float32 logits hidden[row] . W[v] (v = vidx [NTB, VT]) in the canonical order.
+    """[BR, NTB, VTP] float32 logits hidden[row] . W[v] (v = vidx [NTB, VTP], VTP lanes per vocab tile) in the
+    canonical order.
 
     Each vocab entry's chain takes VEC consecutive hidden elements per 16-byte load (common.dot_tile_vec);
     the Ascend variant takes one element per step. Same chains, same bits."""
     a_rows = h_ptr + rows.to(tl.int64) * sh
     if NPU:  # the Ascend variant: one element per step (tl.split is outside its documented API subset)
-        total = tl.zeros([BR, NTB, VT], dtype=tl.float32)
+        total = tl.zeros([BR, NTB, VTP], dtype=tl.float32)
         a_p = a_rows
         b_p = w_ptr + vidx.to(tl.int64) * sw_v
         for k0 in range(0, H, KT):
-            part = tl.zeros([BR, NTB, VT], dtype=tl.float32)
+            part = tl.zeros([BR, NTB, VTP], dtype=tl.float32)
             for _ in range(k0, tl.minimum(k0 + KT, H)):
                 a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
                 b = sm.widen(tl.load(b_p, mask=v_ok, other=0.0))
@@ -48,14 +49,14 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
                 b_p += 1
             total = total + part
     else:
-        L: tl.constexpr = NTB * VT
+        L: tl.constexpr = NTB * VTP
         b_lanes = w_ptr + tl.reshape(vidx, [L]).to(tl.int64) * sw_v
         lane_ok = tl.reshape(v_ok, [L])
         flat = tl.zeros([BR, L], dtype=tl.float32)
         for k0 in range(0, H, KT):
             start = tl.zeros([L], dtype=tl.int32) + k0
             flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
-        total = tl.reshape(flat, [BR, NTB, VT])
+        total = tl.reshape(flat, [BR, NTB, VTP])
     if HAS_TEMP:
         total = sm.div(total, temp, NPU)
     return total
