@@ -28,17 +28,13 @@ import torch
 
 from hal.backend import Backend
 
-from .triton import ElementwiseOps, FoundationOps, _interpreting, installed_triton
-from .triton_seq import FAMILIES as _SEQ_FAMILIES, SequenceOps
+from hal.kernels.triton.versions import installed_triton, interpreter_too_old, interpreting
 
-MIN_INTERPRETER = (3, 9)          # community Triton's interpreter: single-rounding tl.fma
+from .triton import ElementwiseOps, FoundationOps
+from .triton_seq import SequenceOps
+
 DEVICE_GLOB = "/dev/davinci[0-9]*"  # one device file per NPU, created by the Ascend driver
 CANN_ENV = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")  # exported by CANN's set_env.sh
-
-
-def _version(text: str) -> tuple[int, int]:
-    parts = (text.split(".") + ["0"])[:2]
-    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,11 +69,8 @@ def _interpreter_reason() -> str | None:
     version = installed_triton()  # asked once per process (dispatch asks on every call)
     if version is None:
         return "TRITON_INTERPRET=1 needs community triton >= 3.9 (pip install 'lockstep[triton]')"
-    if version < MIN_INTERPRETER:
-        return (f"TRITON_INTERPRET=1 needs community triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
-                f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")
     from hal.kernels.triton.launch import interpreter_problem
-    return interpreter_problem()
+    return interpreter_too_old(version, "community triton") or interpreter_problem()
 
 
 def _npu_reason() -> str | None:
@@ -136,9 +129,7 @@ class AscendBackend(ElementwiseOps, SequenceOps, FoundationOps, Backend):
     priority = 10
     description = ("strict specs as the Triton kernels' Ascend variant through triton-ascend (persistent grid "
                    "<= vector cores, fma/int64 division and sqrt); NPU, or CPU through TRITON_INTERPRET=1")
-    #: conformance families whose kernels have the Ascend variant (all of the triton backend's)
-    families = FoundationOps.families | ElementwiseOps.families | _SEQ_FAMILIES
     launch_on = staticmethod(_on)
 
     def unavailable_reason(self) -> str | None:
-        return _interpreter_reason() if _interpreting() else _npu_reason()
+        return _interpreter_reason() if interpreting() else _npu_reason()

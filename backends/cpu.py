@@ -22,14 +22,8 @@ import threading
 import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
-from hal.kernels import oracle
+from hal.backends.float64 import F64, float64_runs_oracle
 from hal.spec import EXACT, STRICT
-
-F64 = torch.float64
-
-#: conformance families whose every op this backend implements (so it claims every level there)
-_FAMILIES = ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer",
-             "elementwise", "rotary", "matmul_exact", "token_logprobs_exact")
 
 
 @functools.cache
@@ -74,6 +68,7 @@ def _strict(fn):
     return wrapper
 
 
+@float64_runs_oracle  # float64 calls: the oracle, without numba (backends/float64.py)
 class CpuBackend(Backend):
     name = "cpu"
     device_types = ("cpu",)
@@ -89,18 +84,14 @@ class CpuBackend(Backend):
         return None
 
     def claimed_levels(self, family, spec):
-        return frozenset(LEVELS) if family in _FAMILIES else frozenset()
+        return frozenset(LEVELS) if family in self.families else frozenset()
 
     @_strict
     def matmul(self, a, b, spec):
-        if a.dtype == F64:
-            return oracle.matmul(a, b)
         return (_exact() if spec.policy == EXACT else _kernel("matmul")).matmul(a, b, spec)
 
     @_strict
     def linear(self, x, weight, bias, spec):
-        if x.dtype == F64:
-            return oracle.linear(x, weight, bias)
         return (_exact() if spec.policy == EXACT else _kernel("matmul")).linear(x, weight, bias, spec)
 
     @_strict
@@ -110,52 +101,39 @@ class CpuBackend(Backend):
 
     @_strict
     def rms_norm(self, x, weight, eps, residual, spec):
-        if x.dtype == F64:
-            return oracle.rms_norm(x, weight, eps, residual)
         return _kernel("rms_norm").rms_norm(x, weight, eps, residual, spec)
 
     @_strict
     def softmax(self, x, spec):
-        return oracle.softmax(x) if x.dtype == F64 else _kernel("softmax").softmax(x, spec)
+        return _kernel("softmax").softmax(x, spec)
 
     @_strict
     def log_softmax(self, x, spec):
-        return oracle.log_softmax(x) if x.dtype == F64 else _kernel("softmax").log_softmax(x, spec)
+        return _kernel("softmax").log_softmax(x, spec)
 
     @_strict
     def logsumexp(self, x, spec):
-        return oracle.logsumexp(x) if x.dtype == F64 else _kernel("softmax").logsumexp(x, spec)
+        return _kernel("softmax").logsumexp(x, spec)
 
     @_strict
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        if F64 in (hidden.dtype, weight.dtype):
-            return oracle.token_logprobs(hidden, weight, tokens, temperature)
         return _kernel("exact_logprobs" if spec.matmul else "softmax").token_logprobs(hidden, weight, tokens,
                                                                                      temperature, spec)
 
     @_strict
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-        if q.dtype == F64:
-            from hal.kernels.oracle import attention as _oa
-            return _oa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window)
         return _kernel("attention").flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal,
                                                            window, spec)
 
     @_strict
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                 num_splits, spec):
-        if q.dtype == F64:
-            from hal.kernels.oracle import attention as _oa
-            return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
         return _kernel("attention").flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale,
                                                             causal, window, num_splits, spec)
 
-    # gated delta rule: both op names compute the one spec's bits; float64 runs the oracle (gradcheck)
+    # gated delta rule: both op names compute the one spec's bits
     @_strict
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
-        if v.dtype == F64:
-            from hal.kernels.oracle import gated_delta_rule as ora
-            return ora.run_float64(q, k, v, g, beta, scale, state, cu_seqlens, l2)
         return _kernel("gated_delta_rule").gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec,
                                                             want_final)
 
@@ -163,34 +141,27 @@ class CpuBackend(Backend):
 
     @_strict
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        if a.dtype == F64:
-            from hal.kernels.oracle import gated_delta_rule as ora
-            return ora.gdn_gating(A_log, a, dt_bias, b)
         return _kernel("qwen3_next").gdn_gating(A_log, a, dt_bias, b)
 
     @_strict
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        if x.dtype == F64:
-            from hal.kernels.oracle import gated_delta_rule as ora
-            return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return _kernel("qwen3_next").causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
-    # elementwise and rotary: float64 runs the oracle (gradcheck)
     @_strict
     def sigmoid(self, x, spec):
-        return _elementwise_oracle().sigmoid(x) if x.dtype == F64 else _kernel("elementwise").unary("sigmoid", x)
+        return _kernel("elementwise").unary("sigmoid", x)
 
     @_strict
     def silu(self, x, spec):
-        return _elementwise_oracle().silu(x) if x.dtype == F64 else _kernel("elementwise").unary("silu", x)
+        return _kernel("elementwise").unary("silu", x)
 
     @_strict
     def softplus(self, x, spec):
-        return _elementwise_oracle().softplus(x) if x.dtype == F64 else _kernel("elementwise").unary("softplus", x)
+        return _kernel("elementwise").unary("softplus", x)
 
     @_strict
     def silu_mul(self, a, b, spec):
-        return _elementwise_oracle().silu_mul(a, b) if a.dtype == F64 else _kernel("elementwise").silu_mul(a, b)
+        return _kernel("elementwise").silu_mul(a, b)
 
     @_strict
     def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
@@ -198,11 +169,4 @@ class CpuBackend(Backend):
 
     @_strict
     def apply_rotary(self, x, cos, sin, interleaved, spec):
-        if x.dtype == F64:
-            return _elementwise_oracle().apply_rotary(x, cos, sin, interleaved)
         return _kernel("elementwise").apply_rotary(x, cos, sin, interleaved)
-
-
-def _elementwise_oracle():
-    from hal.kernels.oracle import elementwise
-    return elementwise

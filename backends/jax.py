@@ -66,7 +66,7 @@ class JaxBackend(Backend):
         return self._why
 
     def claimed_levels(self, family, spec):
-        return frozenset(LEVELS) if callable(getattr(self, _FAMILY_OP.get(family, ""), None)) else frozenset()
+        return frozenset(LEVELS) if family in self.families else frozenset()
 
     # ---- conversion (bits only)
 
@@ -193,7 +193,7 @@ class JaxBackend(Backend):
     GDN_SEQS, GDN_TOKENS = 8, 64
 
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
-        from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
+        from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
         from hal.jax.gated_delta_rule import GDNState, gated_delta_rule_padded
         dev = v.device
         xs = [to_padded(x, cu_seqlens) for x in (q, k, v, g, beta)]
@@ -252,9 +252,3 @@ def _pad(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t with zeros appended along ``dim`` up to the next power of two (at least 1)."""
     return _pad_to(t, dim, _bucket(t.shape[dim]))
 
-
-# conformance family -> one op of it (a family is claimed when the backend implements its ops)
-_FAMILY_OP = {"elementwise": "sigmoid", "rotary": "apply_rotary", "matmul": "matmul", "matmul_exact": "matmul",
-              "token_logprobs_exact": "token_logprobs", "rms_norm": "rms_norm", "softmax": "softmax", "token_logprobs": "token_logprobs",
-              "attention": "flash_attn_varlen_func", "gated_delta_rule": "chunk_gated_delta_rule",
-              "gdn_layer": "gdn_gating"}

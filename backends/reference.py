@@ -9,13 +9,13 @@ import torch
 
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.ops_registry import OPS
-from hal.kernels import oracle
 from hal.kernels.reference import exact_matmul as _xm, matmul as _mm, rms_norm as _rn, softmax as _sm
 from hal.spec import EXACT, STRICT
 
-F64 = torch.float64
+from hal.backends.float64 import F64, float64_runs_oracle
 
 
+@float64_runs_oracle  # float64 calls: the oracle (backends/float64.py)
 class ReferenceBackend(Backend):
     name = "reference"
     device_types = ("cpu",)
@@ -27,106 +27,78 @@ class ReferenceBackend(Backend):
                    "exact matmul policy (int64 matmuls); golden bits")
 
     def claimed_levels(self, family, spec):
-        return frozenset(LEVELS)
+        return frozenset(LEVELS) if family in self.families else frozenset()
 
     def matmul(self, a, b, spec):
-        if a.dtype == F64:
-            return oracle.matmul(a, b)
         return (_xm if spec.policy == EXACT else _mm).matmul(a, b, spec)
 
     def linear(self, x, weight, bias, spec):
-        if x.dtype == F64:
-            return oracle.linear(x, weight, bias)
         return (_xm if spec.policy == EXACT else _mm).linear(x, weight, bias, spec)
 
     def rms_norm(self, x, weight, eps, residual, spec):
-        if x.dtype == F64:
-            return oracle.rms_norm(x, weight, eps, residual)
         return _rn.rms_norm(x, weight, eps, residual, spec)
 
     def softmax(self, x, spec):
-        return oracle.softmax(x) if x.dtype == F64 else _sm.softmax(x, spec)
+        return _sm.softmax(x, spec)
 
     def log_softmax(self, x, spec):
-        return oracle.log_softmax(x) if x.dtype == F64 else _sm.log_softmax(x, spec)
+        return _sm.log_softmax(x, spec)
 
     def logsumexp(self, x, spec):
-        return oracle.logsumexp(x) if x.dtype == F64 else _sm.logsumexp(x, spec)
+        return _sm.logsumexp(x, spec)
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        if F64 in (hidden.dtype, weight.dtype):
-            return oracle.token_logprobs(hidden, weight, tokens, temperature)
         return _sm.token_logprobs(hidden, weight, tokens, temperature, spec)
 
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-        from hal.kernels.oracle import attention as _oa
         from hal.kernels.reference import attention as _at
-        if q.dtype == F64:
-            return _oa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window)
         return _at.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec)
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                 num_splits, spec):
-        from hal.kernels.oracle import attention as _oa
         from hal.kernels.reference import attention as _at
-        if q.dtype == F64:
-            return _oa.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window)
         return _at.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                            num_splits, spec)
 
-    # float64 runs the oracle (gradcheck); both op names compute the one spec's bits.
+    # both op names compute the one spec's bits
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
-        from hal.kernels.oracle import gated_delta_rule as ora
         from hal.kernels.reference import gated_delta_rule as gdn
-        if v.dtype == F64:
-            return ora.run_float64(q, k, v, g, beta, scale, state, cu_seqlens, l2)
         return gdn.gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
 
     fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        from hal.kernels.oracle import gated_delta_rule as ora
         from hal.kernels.reference import qwen3_next
-        return (ora if a.dtype == F64 else qwen3_next).gdn_gating(A_log, a, dt_bias, b)
+        return qwen3_next.gdn_gating(A_log, a, dt_bias, b)
 
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        from hal.kernels.oracle import gated_delta_rule as ora
         from hal.kernels.reference import qwen3_next
-        if x.dtype == F64:
-            return ora.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
         return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
-    # elementwise and rotary: float64 runs the oracle (gradcheck)
     def sigmoid(self, x, spec):
-        from hal.kernels.oracle import elementwise as ora
         from hal.kernels.reference import elementwise as ew
-        return ora.sigmoid(x) if x.dtype == F64 else ew.sigmoid(x, spec)
+        return ew.sigmoid(x, spec)
 
     def silu(self, x, spec):
-        from hal.kernels.oracle import elementwise as ora
         from hal.kernels.reference import elementwise as ew
-        return ora.silu(x) if x.dtype == F64 else ew.silu(x, spec)
+        return ew.silu(x, spec)
 
     def softplus(self, x, spec):
-        from hal.kernels.oracle import elementwise as ora
         from hal.kernels.reference import elementwise as ew
-        return ora.softplus(x) if x.dtype == F64 else ew.softplus(x, spec)
+        return ew.softplus(x, spec)
 
     def silu_mul(self, a, b, spec):
-        from hal.kernels.oracle import elementwise as ora
         from hal.kernels.reference import elementwise as ew
-        return ora.silu_mul(a, b) if a.dtype == F64 else ew.silu_mul(a, b, spec)
+        return ew.silu_mul(a, b, spec)
 
     def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
         from hal.kernels.reference import elementwise as ew
         return ew.rotary_cos_sin(positions, rotary_dim, base, inv_freq, spec)
 
     def apply_rotary(self, x, cos, sin, interleaved, spec):
-        from hal.kernels.oracle import elementwise as ora
         from hal.kernels.reference import elementwise as ew
-        if x.dtype == F64:
-            return ora.apply_rotary(x, cos, sin, interleaved)
         return ew.apply_rotary(x, cos, sin, interleaved, spec)
+
 
 def _canonical_outputs(method):
     """Wrap an op so every float output (tensors, tuples, state parts) leaves with the canonical NaN."""
@@ -148,7 +120,8 @@ def _canonical_outputs(method):
     return op
 
 
-# The strict policy's last step, in one place: whatever an op returns carries one NaN pattern per dtype.
+# The strict policy's last step, in one place: whatever an op returns (the float64 oracle's too) carries one
+# NaN pattern per dtype.
 for _op in OPS:
     if callable(getattr(ReferenceBackend, _op, None)):
         setattr(ReferenceBackend, _op, _canonical_outputs(getattr(ReferenceBackend, _op)))

@@ -50,7 +50,7 @@ class StockBackend(Backend):
     # call it: is_causal for a full causal prefill, no mask when every key is visible (decode),
     # a boolean mask otherwise. On CPU its bits depend on the query length (prefill vs decode).
     def _sdpa(self, q, k, v, qlen, klen, scale, causal, window):
-        from hal.attention import key_visibility, query_positions
+        from hal.kernels.layout import key_visibility, query_positions
         nq, nk = q.shape[0], k.shape[0]
         group = q.shape[1] // k.shape[1]
         qpos, qvalid = query_positions(torch.tensor([qlen]), torch.tensor([klen]), nq)
@@ -83,7 +83,7 @@ class StockBackend(Backend):
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                 num_splits, spec):
-        from hal.kv_cache import gather_kv
+        from hal.kernels.layout import gather_kv
         bsz, sq = q.shape[:2]
         out = torch.zeros_like(q)
         lse = torch.full((bsz, q.shape[2], sq), float("-inf"), dtype=torch.float32, device=q.device)
@@ -110,7 +110,7 @@ class StockBackend(Backend):
 
     def _hf_gdn(self, fn, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         from transformers.models.qwen3_next import modeling_qwen3_next as hf
-        from hal.kernels.reference.gated_delta_rule import Parts
+        from hal.kernels.layout import Parts
         # transformers always scales by d_k ** -0.5; o is linear in the scaled query, so another
         # scale is applied to q (no in-kernel norm) or to o (with it), in float32
         ratio = scale / (q.shape[-1] ** -0.5)

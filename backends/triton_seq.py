@@ -2,14 +2,11 @@
 
 :class:`SequenceOps` is a mixin of backend methods with the signatures of backends/reference.py;
 ``backends/triton.py``'s ``TritonBackend`` and ``backends/ascend.py``'s ``AscendBackend`` inherit it
-(and add :data:`FAMILIES` to the conformance families they claim); the backend's ``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
+(the conformance families they claim follow from the ops, ``Backend.families``); the backend's
+``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
 triton. float64 inputs are not served (the reference runs the float64 oracle for gradcheck).
 """
 from __future__ import annotations
-
-#: conformance families these methods implement under the strict policy
-FAMILIES = {"attention", "gated_delta_rule", "gdn_layer"}
-
 
 def _attn():
     from hal.kernels.triton import attention

@@ -34,6 +34,9 @@ import warnings
 
 import torch
 
+# The ops modules themselves, not the hal package (which imports this module: no import circle).
+from . import elementwise, ops
+
 __all__ = ["aten_mode", "OVERRIDDEN"]
 
 OVERRIDDEN = ("mm", "addmm", "bmm", "_softmax", "_log_softmax", "mean.dim", "sigmoid", "silu", "softplus")
@@ -75,25 +78,22 @@ def _ok(*ts) -> bool:
 def _mm(a, b):
     if not _ok(a, b):
         return _stock(torch.ops.aten.mm, "default", a, b)
-    import hal
     with _guard():
-        return hal.matmul(a, b)
+        return ops.matmul(a, b)
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     if not (_ok(bias, a, b) and beta == 1 and alpha == 1 and bias.dim() == 1 and bias.shape[0] == b.shape[1]):
         return _stock(torch.ops.aten.addmm, "default", bias, a, b, beta=beta, alpha=alpha)
-    import hal
     with _guard():
-        return hal.linear(a, b.t(), bias)
+        return ops.linear(a, b.t(), bias)
 
 
 def _bmm(a, b):
     if not _ok(a, b):
         return _stock(torch.ops.aten.bmm, "default", a, b)
-    import hal
     with _guard():
-        return torch.stack([hal.matmul(a[i], b[i]) for i in range(a.shape[0])]) if a.shape[0] else \
+        return torch.stack([ops.matmul(a[i], b[i]) for i in range(a.shape[0])]) if a.shape[0] else \
             _stock(torch.ops.aten.bmm, "default", a, b)
 
 
@@ -103,9 +103,8 @@ def _softmax_like(name):
     def fn(x, dim, half_to_float):
         if half_to_float or not _ok(x) or x.dim() == 0:
             return _stock(packet, "default", x, dim, half_to_float)
-        import hal
         with _guard():
-            return getattr(hal, name.lstrip("_"))(x, dim)
+            return getattr(ops, name.lstrip("_"))(x, dim)
     return fn
 
 
@@ -114,12 +113,11 @@ def _mean_dim(x, dim, keepdim=False, *, dtype=None):
     xx = x if dtype is None else x.to(dtype)
     if len(dims) != 1 or not _ok(xx) or x.dim() == 0 or x.shape[dims[0]] == 0:
         return _stock(torch.ops.aten.mean, "dim", x, dim, keepdim, dtype=dtype)
-    import hal
     d = dims[0] % x.dim()
     n = x.shape[d]
     with _guard():
         moved = xx.movedim(d, -1)
-        s = hal.matmul(moved.reshape(-1, n), torch.ones(n, 1, dtype=xx.dtype))
+        s = ops.matmul(moved.reshape(-1, n), torch.ones(n, 1, dtype=xx.dtype))
         out = (s.reshape(moved.shape[:-1]) / n).to(xx.dtype)
         return out.unsqueeze(d) if keepdim else out
 
@@ -130,9 +128,8 @@ def _unary(name):
     def fn(x, *extra):
         if not _ok(x) or (name == "softplus" and tuple(float(e) for e in extra[:1]) not in ((), (1.0,))):
             return _stock(packet, "default", x, *extra)
-        import hal
         with _guard():
-            return getattr(hal, name)(x)
+            return getattr(elementwise, name)(x)
     return fn
 
 

@@ -8,8 +8,8 @@
 Both give the same bits for the same query at the same absolute position, whatever the call
 cut, the cache layout or ``num_splits`` (see docs/attention.md).
 
-This module also holds the op's semantics that every backend shares: which keys a query sees
-(:func:`key_visibility`) and the packed <-> padded layout moves (exact copies).
+The semantics every backend shares (which keys a query sees, the packed <-> padded moves) live in
+hal/kernels/layout.py, below both this module and the backends; they are re-exported here.
 """
 from __future__ import annotations
 
@@ -20,114 +20,14 @@ import torch
 
 from . import validate as chk
 from .errors import InputError
-from .kv_cache import append_kv, capacity as cache_capacity, gather_kv, token_slots
+from .kernels.layout import (append_kv, capacity as cache_capacity, key_visibility, kvcache_via_padded,  # noqa: F401
+                             mask_causal_window, padded_to_varlen, query_positions, token_slots, varlen_to_padded,
+                             varlen_via_padded)
 from .ops import _prepare
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
 
 _INT = (torch.int32, torch.int64)
-
-
-# ------------------------------------------------------------------ semantics shared by backends
-
-
-def query_positions(qlen: torch.Tensor, klen: torch.Tensor, n_rows: int):
-    """(absolute position [b, n_rows], row is a real query [b, n_rows]) for padded query rows.
-
-    Bottom-right aligned as in flash-attn: the qlen queries are the last qlen positions of a
-    sequence with klen keys, so row i sits at position klen - qlen + i.
-    """
-    i = torch.arange(n_rows, device=qlen.device).reshape(1, -1)
-    qlen = qlen.to(torch.int64).reshape(-1, 1)
-    return klen.to(torch.int64).reshape(-1, 1) - qlen + i, i < qlen
-
-
-def key_visibility(qpos: torch.Tensor, qvalid: torch.Tensor, klen: torch.Tensor, n_keys: int, causal: bool,
-                   window: tuple[int, int], key_offset: int = 0) -> torch.Tensor:
-    """bool [b, Q, n_keys]: key ``key_offset + j`` is visible to the query at ``qpos[b, i]``.
-
-    Visible: j < klen, and (causal) j <= qpos, and (window (left, right), -1 = unbounded)
-    qpos - left <= j and, when not causal, j <= qpos + right.
-    """
-    j = torch.arange(key_offset, key_offset + n_keys, device=qpos.device).reshape(1, 1, -1)
-    vis = qvalid.unsqueeze(-1) & (j < klen.to(torch.int64).reshape(-1, 1, 1))
-    return mask_causal_window(vis, j, qpos.unsqueeze(-1), causal, window)
-
-
-def mask_causal_window(vis, j, p, causal: bool, window: tuple[int, int]):
-    """``vis`` narrowed by the causal and window rules for key position ``j`` and query position ``p``.
-
-    Written with comparison operators only, so torch tensors and jax arrays (hal.jax) share it.
-    """
-    if causal:
-        vis = vis & (j <= p)
-    left, right = window
-    if left >= 0:
-        vis = vis & (j >= p - left)
-    if right >= 0 and not causal:
-        vis = vis & (j <= p + right)
-    return vis
-
-
-def _uniform(cu: torch.Tensor, lens: torch.Tensor, max_len: int, total: int) -> bool:
-    """The packed rows are exactly [batch, max_len] (every sequence max_len long, in order, from row 0,
-    no trailing rows): packed and padded layouts are then the same memory."""
-    return total == lens.shape[0] * max_len and int(cu[0]) == 0 and bool((lens == max_len).all())
-
-
-def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
-    """Packed ``x [total, ...]`` -> ``[batch, max_len, ...]`` and lengths; padding rows are copies (masked later)."""
-    cu = cu.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    bsz = lens.shape[0]
-    if x.shape[0] == 0 or max_len == 0:
-        return x.new_zeros((bsz, max_len, *x.shape[1:])), lens
-    if _uniform(cu, lens, max_len, x.shape[0]):  # already padded: a view, no copy
-        return x.reshape(bsz, max_len, *x.shape[1:]), lens
-    i = torch.arange(max_len, device=x.device).reshape(1, -1)
-    idx = torch.where(i < lens.reshape(-1, 1), cu[:-1].reshape(-1, 1) + i, 0).clamp_max(x.shape[0] - 1)
-    return x[idx], lens
-
-
-def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float = 0.0) -> torch.Tensor:
-    """Inverse of :func:`varlen_to_padded`; rows of no sequence get ``fill``."""
-    cu = cu.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    if xp.shape[1] and _uniform(cu, lens, xp.shape[1], total):  # every row is a real one: a view
-        return xp.reshape(total, *xp.shape[2:])
-    out = xp.new_full((total, *xp.shape[2:]), fill)
-    if xp.shape[1] == 0:
-        return out
-    i = torch.arange(xp.shape[1], device=xp.device).reshape(1, -1)
-    valid = i < lens.reshape(-1, 1)
-    dest = (cu[:-1].reshape(-1, 1) + i)[valid]
-    out[dest] = xp[valid]
-    return out
-
-
-def varlen_via_padded(attend_padded, q, k, v, cu_q, cu_k, *args, **kwargs):
-    """A varlen attention from a padded one: packed q [Tq, Hq, D], k, v [Tk, Hkv, D] are padded to the real
-    longest sequence (max_seqlen_* may be generous bounds), ``attend_padded(qp, kp, vp, qlen, klen, *args)``
-    runs, and the rows go back packed: (out [Tq, Hq, D], lse [Hq, Tq]). Exact copies only."""
-    max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))
-    qp, qlen = varlen_to_padded(q, cu_q, max_q)
-    kp, klen = varlen_to_padded(k, cu_k, max_k)
-    vp, _ = varlen_to_padded(v, cu_k, max_k)
-    out, lse = attend_padded(qp, kp, vp, qlen, klen, *args, **kwargs)
-    return (padded_to_varlen(out, cu_q, q.shape[0]),
-            padded_to_varlen(lse, cu_q, q.shape[0], float("-inf")).transpose(0, 1).contiguous())
-
-
-def kvcache_via_padded(attend_padded, q, k_cache, v_cache, seqlens_k, block_table, *args, **kwargs):
-    """q [B, Sq, Hq, D] against a contiguous or paged cache through a padded attention: the cached keys are
-    gathered (an exact copy), the queries are the last Sq positions -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
-    bsz, sq = q.shape[:2]
-    max_k = int(seqlens_k.max()) if bsz else 0
-    kp = gather_kv(k_cache, seqlens_k, block_table, max_k)
-    vp = gather_kv(v_cache, seqlens_k, block_table, max_k)
-    qlen = torch.full((bsz,), sq, dtype=torch.int64)
-    out, lse = attend_padded(q, kp, vp, qlen, seqlens_k, *args, **kwargs)
-    return out, lse.transpose(1, 2).contiguous()
 
 
 # ------------------------------------------------------------------ validation

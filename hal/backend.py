@@ -8,10 +8,29 @@ from __future__ import annotations
 
 import torch
 
-from .spec import OpSpec, STRICT
+from .spec import EXACT, FAST, OpSpec, STRICT
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LEVELS = ("L0", "L1", "L2", "L3", "L4", "A")
+
+#: The conformance families (conformance/families/*.py) a backend may claim: family -> (the ops it checks,
+#: the policies its specs use). The one list the backends derive their ``families`` from (by the ops they
+#: implement); tests/test_layering.py checks it against the conformance suite's own families.
+CONFORMANCE_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "matmul": (("matmul", "linear"), (STRICT,)),
+    "matmul_exact": (("matmul", "linear"), (EXACT,)),
+    "matmul_fast": (("matmul", "linear"), (FAST,)),
+    "rms_norm": (("rms_norm",), (STRICT,)),
+    "softmax": (("softmax", "log_softmax", "logsumexp"), (STRICT,)),
+    "token_logprobs": (("token_logprobs",), (STRICT,)),
+    "token_logprobs_exact": (("token_logprobs",), (STRICT, EXACT)),  # exact logits, strict log-softmax
+    "attention": (("flash_attn_varlen_func", "flash_attn_with_kvcache"), (STRICT,)),
+    "attention_fast": (("flash_attn_varlen_func", "flash_attn_with_kvcache"), (FAST,)),
+    "gated_delta_rule": (("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"), (STRICT,)),
+    "gdn_layer": (("gdn_gating", "gdn_causal_conv1d"), (STRICT,)),
+    "elementwise": (("sigmoid", "silu", "softplus", "silu_mul"), (STRICT,)),
+    "rotary": (("rotary_cos_sin", "apply_rotary"), (STRICT,)),
+}
 
 
 class Backend:
@@ -39,6 +58,14 @@ class Backend:
         from .ops_registry import OPS
         return [op for op in OPS if callable(getattr(self, op, None))]
 
+    @property
+    def families(self) -> frozenset[str]:
+        """The conformance families this backend serves: it implements every op of the family and every
+        policy the family's specs use (derived, never listed per backend)."""
+        implemented = set(self.ops())
+        return frozenset(f for f, (ops, policies) in CONFORMANCE_FAMILIES.items()
+                         if set(policies) <= set(self.policies) and implemented.issuperset(ops))
+
     def supports(self, op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device) -> list[str]:
         """Reasons this backend cannot serve the call; an empty list means it can."""
         reasons = []
@@ -60,7 +87,8 @@ class Backend:
 
     def claimed_levels(self, family: str, spec: OpSpec) -> frozenset[str]:
         """The levels this backend promises for an op family (conformance family name, e.g. "attention")
-        under ``spec``; a failure of a claimed level fails the conformance run."""
+        under ``spec``; a failure of a claimed level fails the conformance run. Backends whose bits are the
+        golden ones claim every level of their :attr:`families`; the default claims none (the stock control)."""
         return frozenset()
 
     def __repr__(self):

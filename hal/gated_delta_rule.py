@@ -37,7 +37,7 @@ F32, F64 = torch.float32, torch.float64
 
 
 def _parts_type():
-    from hal.kernels.reference.gated_delta_rule import Parts
+    from hal.kernels.layout import Parts
     return Parts
 
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from hal.errors import InputError
 from hal.kernels.oracle.gated_delta_rule import _l2
 from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as recurrent
-from hal.kernels.reference.gated_delta_rule import from_padded, to_padded
+from hal.kernels.layout import gdn_from_padded as from_padded, gdn_to_padded as to_padded
 
 C = 64  # rows per chunk
 F32, F64 = torch.float32, torch.float64

@@ -11,7 +11,7 @@ Moving keys in and out of a cache is a copy, so it never changes bits: the atten
 the same key values at the same absolute positions whatever the layout.
 
 :func:`append_kv` and :func:`gather_kv` are the low-level moves used by ``hal.flash_attn_with_kvcache``
-and the backends; :class:`KVCache` is a small owner of one layer's cache (page allocation with
+and the backends (they live in hal/kernels/layout.py, below both, and are re-exported here); :class:`KVCache` is a small owner of one layer's cache (page allocation with
 reference counts, prefix sharing) that tests and the engine share.
 """
 from __future__ import annotations
@@ -21,74 +21,7 @@ from typing import Sequence
 import torch
 
 from .errors import InputError
-
-
-# ------------------------------------------------------------------ low-level moves (inputs validated)
-
-
-def capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
-    """Tokens one sequence can hold."""
-    if block_table is None:
-        return int(k_cache.shape[1])
-    return int(block_table.shape[1]) * int(k_cache.shape[1])
-
-
-def token_slots(start: torch.Tensor, n: int, k_cache: torch.Tensor, block_table: torch.Tensor | None):
-    """Index tuples addressing tokens start[b] .. start[b]+n-1 of every sequence b in the cache."""
-    bsz = start.shape[0]
-    pos = start.to(torch.int64).reshape(bsz, 1) + torch.arange(n, device=start.device).reshape(1, n)
-    if block_table is None:
-        return torch.arange(bsz, device=start.device).reshape(bsz, 1).expand(bsz, n), pos
-    page = int(k_cache.shape[1])
-    pages = block_table.to(torch.int64).gather(1, pos // page)
-    return pages, pos % page
-
-
-def append_kv(k_cache, v_cache, k, v, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:
-    """Write ``k, v [batch, n, Hkv, D]`` into the cache at positions cache_seqlens[b] + 0..n-1 (in place)."""
-    n = int(k.shape[1])
-    if n == 0:
-        return
-    rows, cols = token_slots(cache_seqlens, n, k_cache, block_table)
-    k_cache[rows, cols] = k
-    v_cache[rows, cols] = v
-
-
-def _used_pages(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor, max_len: int):
-    """(pages [batch, n_pages], page size): the physical page of each logical page of the first
-    ``max_len`` tokens; pages at or past a sequence's length read page 0 (unused table entries may be -1)."""
-    bsz = seqlens.shape[0]
-    page = int(cache.shape[1])
-    n_pages = -(-max_len // page)
-    col = torch.arange(n_pages, device=cache.device).clamp_max(max(block_table.shape[1] - 1, 0))
-    pages = block_table.to(torch.int64)[:, col] if n_pages else \
-        torch.zeros((bsz, 0), dtype=torch.int64, device=cache.device)
-    used = (col * page).reshape(1, -1) < seqlens.to(torch.int64).reshape(-1, 1)
-    return torch.where(used, pages, 0).clamp(0, cache.shape[0] - 1), page
-
-
-def gather_kv(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor | None, max_len: int):
-    """The first ``max_len`` tokens of every sequence as a contiguous ``[batch, max_len, Hkv, D]``.
-
-    Positions at or past a sequence's length hold arbitrary cache contents (callers mask them).
-    """
-    bsz = seqlens.shape[0]
-    if block_table is None:
-        return cache[:bsz, :max_len]
-    # whole pages, not tokens: one index per page (a per-token gather costs ~18 ms at a 4k cache here)
-    pages, page = _used_pages(cache, seqlens, block_table, max_len)
-    return cache[pages].reshape(bsz, pages.shape[1] * page, *cache.shape[2:])[:, :max_len]
-
-
-def kv_rows(cache: torch.Tensor, seqlens: torch.Tensor, block_table: torch.Tensor | None, max_len: int):
-    """int64 ``[batch, max_len]``: the row of ``cache.reshape(-1, Hkv, D)`` holding token j of sequence b
-    (what :func:`gather_kv` would copy there), for kernels that read the cache in place."""
-    bsz = seqlens.shape[0]
-    j = torch.arange(max_len, device=cache.device)
-    if block_table is None:
-        return torch.arange(bsz, device=cache.device).reshape(-1, 1) * cache.shape[1] + j
-    pages, page = _used_pages(cache, seqlens, block_table, max_len)
-    return pages.repeat_interleave(page, 1)[:, :max_len] * page + j % page
+from .kernels.layout import append_kv, capacity, gather_kv, kv_rows, token_slots  # noqa: F401  (re-exported)
 
 
 # ------------------------------------------------------------------ KVCache

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hal import spec as specs
-from hal.attention import mask_causal_window
+from hal.kernels.layout import mask_causal_window
 
 from . import strict_math as sm
 from ._api import bucket, strict_op
@@ -23,7 +23,7 @@ F32 = jnp.float32
 
 
 def key_visibility(qlen, klen, n_q: int, n_k: int, causal: bool, window):
-    """bool [b, n_q, n_k], as hal.attention.query_positions + key_visibility (bottom-right aligned)."""
+    """bool [b, n_q, n_k], as hal.kernels.layout.query_positions + key_visibility (bottom-right aligned)."""
     i = jnp.arange(n_q)[None, :]
     qpos = klen[:, None] - qlen[:, None] + i
     qvalid = i < qlen[:, None]

@@ -7,7 +7,7 @@ keys, per head dim) start from +0.0 and are folded into the split's running l / 
 alpha = exp(m_prev - m); splits are merged in order. Blocks and splits with no visible key are
 skipped (so how many splits a call computes at once, ``num_splits``, never matters: the reference
 merges the same splits in the same order). Host-side layout (varlen <-> padded, paged gather,
-key visibility) is the shared code in hal/attention.py and hal/kv_cache.py.
+key visibility) is the shared code in hal/kernels/layout.py.
 
 Speed without touching the order: a task runs all query heads of one kv head's group (GQA/MQA), since
 they see the same keys: one visible-key list, and heads in pairs share each load of a key or value
@@ -23,8 +23,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hal.attention import key_visibility, query_positions, varlen_via_padded
-from hal.kv_cache import kv_rows
+from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_padded
 
 from .host import F32, finish, parallel_worth, raw
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
@@ -298,7 +297,7 @@ def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, win
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):
-    """As hal.attention.kvcache_via_padded, but the cache is read in place (kv_rows: the row of each
+    """As hal.kernels.layout.kvcache_via_padded, but the cache is read in place (kv_rows: the row of each
     cached token) instead of gathered into a padded copy (two copies of the cache cost about as much
     as the decode itself). num_splits changes how a split-KV kernel schedules work, never the bits:
     the splits are merged in the spec's order either way, so this kernel ignores it."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hal.kernels.reference.gated_delta_rule import EPS_L2, Parts
+from hal.kernels.layout import EPS_L2, Parts
 
 from .host import canonical_nan, empty, finish, parallel_worth, raw, zeros
 from .reduce import tiled_dot

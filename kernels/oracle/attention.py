@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hal.attention import key_visibility, padded_to_varlen, query_positions, varlen_to_padded
-from hal.kv_cache import gather_kv
+from hal.kernels.layout import gather_kv, key_visibility, padded_to_varlen, query_positions, varlen_to_padded
 
 F64 = torch.float64
 

@@ -108,7 +108,7 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, activation: str | None 
 
 def run_float64(q, k, v, g, beta, scale: float, parts, cu_seqlens, l2: bool):
     """A float64 call of the public ops (gradcheck path): (o, Parts) with the exact state after the last token."""
-    from hal.kernels.reference.gated_delta_rule import Parts
+    from hal.kernels.layout import Parts
     S0 = parts.final if parts.final is not None else parts.S
     o, S = gated_delta_rule(q, k, v, g, beta, scale, S0, cu_seqlens, l2, F64)
     n = S.shape[0]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from hal.attention import key_visibility, kvcache_via_padded, query_positions, varlen_via_padded
+from hal.kernels.layout import key_visibility, kvcache_via_padded, query_positions, varlen_via_padded
 from hal.spec import AttentionSpec
 from .reduce import tiled_dot
 from .strict_math import F32, exp, fma, log

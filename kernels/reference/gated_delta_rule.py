@@ -22,15 +22,13 @@ rows and the d_k tile (chunked) only.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from hal.kernels.layout import EPS_L2, Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded  # noqa: F401
 from hal.spec import GatedDeltaRuleSpec
 from .reduce import tiled_dot
 from .strict_math import F32, F64, exp, fma_wide, sqrt
 
-EPS_L2 = 1e-6
 
 def dot(a: torch.Tensor, b: torch.Tensor, t: int) -> torch.Tensor:
     """sum_i a[..., i, :] * b[..., i, :] over axis -2: the canonical tiled dot with that axis."""
@@ -58,44 +56,6 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, scale: float, l2: bool, t: int)
     if l2:
         q32, k32 = l2norm(q32, t), l2norm(k32, t)
     return q32 * torch.tensor(scale, dtype=F32), k32
-
-
-class Parts(NamedTuple):
-    """The recurrent state of N sequences as the kernels see it (hal wraps it with spec and layout).
-
-    ``S``: the materialised state (serial: after the last token; chunked: at the last chunk
-    boundary). ``open_*``: chunked only, the rows since that boundary (``position % C`` of them,
-    then zeros), k after the L2 norm, all float32. ``final``: the state after the last token
-    (FLA's ``final_state``); for serial it is ``S``.
-    """
-    position: torch.Tensor            # int64 [N], tokens consumed so far
-    S: torch.Tensor                   # [N, HV, dk, dv]
-    open_k: torch.Tensor | None       # [N, C, H, dk]
-    open_v: torch.Tensor | None       # [N, C, HV, dv]
-    open_g: torch.Tensor | None       # [N, C, HV]
-    open_beta: torch.Tensor | None    # [N, C, HV]
-    final: torch.Tensor | None        # [N, HV, dk, dv]
-
-
-# ---------------------------------------------------------------- layout: batched or packed
-
-
-def to_padded(x: torch.Tensor, cu: list[int] | None):
-    """[B, T, ...] -> itself, or packed [1, total, ...] -> [N, Lmax, ...] (zeros after each end)."""
-    if cu is None:
-        return x
-    n = len(cu) - 1
-    lmax = max(cu[i + 1] - cu[i] for i in range(n))
-    out = x.new_zeros((n, lmax, *x.shape[2:]))
-    for i in range(n):
-        out[i, : cu[i + 1] - cu[i]] = x[0, cu[i]: cu[i + 1]]
-    return out
-
-
-def from_padded(x: torch.Tensor, cu: list[int] | None):
-    if cu is None:
-        return x
-    return torch.cat([x[i, : cu[i + 1] - cu[i]] for i in range(len(cu) - 1)]).unsqueeze(0)
 
 
 # ---------------------------------------------------------------- serial variant

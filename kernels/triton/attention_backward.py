@@ -27,7 +27,8 @@ import triton.language as tl
 from hal.errors import InputError, UnsupportedError
 
 from . import strict_math as sm
-from .attention import _i32, _key_range, _rows, _visible
+from .attention import _i32
+from .attention_tiles import _key_range, _rows, _visible
 from .launch import cdiv, interpreting, launch, next_power_of_2
 
 F32 = torch.float32

@@ -19,8 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows, _store_partial,
-                        _visible, _work_item, _ws_offsets)
+from .attention_tiles import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows,
+                              _store_partial, _visible, _work_item, _ws_offsets)
 from .launch import next_power_of_2
 
 

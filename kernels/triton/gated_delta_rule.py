@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.kernels.reference.gated_delta_rule import Parts, from_padded, to_padded
+from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import ascend_launch, elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
 from .launch import cdiv, launch, next_power_of_2

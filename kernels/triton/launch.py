@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .versions import MIN_INTERPRETER, interpreting, parse_version, version_text  # noqa: F401  (re-exported)
+
 STRICT_OPTIONS = {"enable_fp_fusion": False}
-MIN_INTERPRETER = (3, 9)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -31,14 +32,9 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-def interpreting() -> bool:
-    """True when Triton kernels run in the CPU interpreter (decided by Triton at decoration time)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def triton_version() -> tuple[int, int]:
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    """(major, minor) of the triton module imported (the one whose interpreter runs), not of a distribution."""
+    return parse_version(triton.__version__)
 
 
 @triton.jit
@@ -51,7 +47,7 @@ def _fma_probe(a_ptr, out_ptr):
 def interpreter_problem() -> str | None:
     """Why the interpreter cannot run strict kernels, or None when it can (checked once)."""
     if triton_version() < MIN_INTERPRETER:
-        return (f"the Triton interpreter before {'.'.join(map(str, MIN_INTERPRETER))} rounds tl.fma twice; "
+        return (f"the Triton interpreter before {version_text(MIN_INTERPRETER)} rounds tl.fma twice; "
                 f"installed: triton {triton.__version__}")
     a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
     out = torch.empty(1, dtype=torch.float32)
