@@ -247,3 +247,12 @@ def test_parameters_and_layout_inputs_are_checked():
     with pytest.raises(hal.InputError, match="only 0 and 1, got the value 0.5"):
         rl.mismatch_metrics(P, Q, mask=torch.tensor([[1.0, 0.5, 1.0], [1.0, 1.0, 0.0]]))
     assert rl.mismatch_metrics(P, Q, mask=MASK.to(torch.float32)) == rl.mismatch_metrics(P, Q, mask=MASK)
+
+
+def test_no_counted_token_at_all():
+    m = rl.mismatch_metrics(P, Q, mask=torch.zeros(2, 3, dtype=torch.bool))
+    assert (m.tokens, m.sequences, m.ess_per_sequence) == (0, 0, [None, None])
+    assert (m.max_abs_log_ratio, m.mean_abs_log_ratio, m.share_bits_differ, m.k1, m.k2, m.k3,
+            m.ess_tokens, m.ess_sequences) == (0.0,) * 8
+    d = rl.dlc_decompose(P, P, Q, mask=torch.zeros(2, 3, dtype=torch.bool))
+    assert d.sequences == 0 and d.ess_lag_sequences == 0.0 and not d.resync
