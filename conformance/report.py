@@ -23,14 +23,19 @@ def table(records: list[Record]) -> str:
                 cells.append("-")
             else:
                 mark = _MARK[r.status]
-                cells.append(mark + ("" if r.claimed or r.status != "fail" else "*"))
+                if r.status == "fail" and not r.claimed:
+                    mark += "*"
+                elif r.status == "unsupported" and r.claimed:
+                    mark = "UNSUP!"
+                cells.append(mark)
         body.append([b, op, dt, spec, *cells])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     out = [line(head), line(["-" * w for w in widths])] + [line(r) for r in body]
     out.append("")
     out.append("pass = bits identical in every case (A: within the error budget); FAIL* = fails a level the "
-               "backend does not claim (expected of a negative control); unsup = backend cannot serve it; - = n/a")
+               "backend does not claim (expected of a negative control); unsup = backend cannot serve it; UNSUP! = the "
+               "backend claims the level but served no case (fails the run); - = n/a")
     return "\n".join(out)
 
 
@@ -41,7 +46,8 @@ def failures(records: list[Record]) -> str:
             lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}{'' if r.claimed else ' (not claimed)'}] "
                          f"{r.detail}")
         elif r.status == "unsupported" and r.level == "L0":
-            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id}] unsupported: {r.detail}")
+            claimed = " (claimed: compared nothing)" if r.claimed else ""
+            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id}] unsupported{claimed}: {r.detail}")
     return "\n".join(lines)
 
 
@@ -50,8 +56,8 @@ def to_json(records: list[Record], meta: dict) -> str:
 
 
 def to_junit(records: list[Record]) -> str:
-    n_fail = sum(r.status == "fail" and r.claimed for r in records)
-    n_skip = sum(r.status == "unsupported" or (r.status == "fail" and not r.claimed) for r in records)
+    n_fail = sum(r.claimed and r.status != "pass" for r in records)
+    n_skip = sum(not r.claimed and r.status != "pass" for r in records)
     out = ['<?xml version="1.0" encoding="utf-8"?>',
            f'<testsuite name="lockstep-conformance" tests="{len(records)}" failures="{n_fail}" skipped="{n_skip}">']
     for r in records:
@@ -62,6 +68,9 @@ def to_junit(records: list[Record]) -> str:
             out.append(f"    <failure message={quoteattr(r.detail[:200])}>{escape(r.detail)}</failure>")
         elif r.status == "fail":
             out.append(f"    <skipped message={quoteattr('fails a level the backend does not claim: ' + r.detail[:150])}/>")
+        elif r.status == "unsupported" and r.claimed:
+            msg = "claimed, but compared nothing: " + r.detail
+            out.append(f"    <failure message={quoteattr(msg[:200])}>{escape(msg)}</failure>")
         elif r.status == "unsupported":
             out.append(f"    <skipped message={quoteattr('unsupported: ' + r.detail[:200])}/>")
         out.append("  </testcase>")

@@ -5,7 +5,9 @@ Per case the runner makes the inputs, runs the base call once (inference, no aut
   L1, L2, L3  the family's own checks (batch / split / training-path transforms): same bits;
   L4  the golden bits written from the reference backend: same bits;
   A   the float64 oracle: error within the family's stated budget.
-A level passes for a (backend, op, dtype, spec) when it holds for every case.
+A level passes for a (backend, op, dtype, spec) when it holds for every case. A level the backend
+claims holds only when it compared at least one case: a claimed level that compared nothing (the
+backend refused every case, e.g. the wrong device) fails the run, and so does a run with no case.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 from hal import dispatch
 from hal.backend import Backend
-from hal.errors import GoldenError
+from hal.errors import GoldenError, InputError
 
 from . import families as fam_registry
 from . import golden
@@ -167,6 +169,11 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
         progress=None, golden_root=None, quick: bool = False) -> list[Record]:
     """``quick``: each family's quick case set (Family.quick_cases) instead of every case."""
     dev = torch.device(device)
+    if dtypes is not None:
+        unknown = sorted(set(dtypes) - set(DTYPE_NAMES.values()))
+        if unknown or not dtypes:
+            raise InputError(f"dtypes must be a non-empty list of {', '.join(sorted(DTYPE_NAMES.values()))}, "
+                             f"got {dtypes!r} (None: every dtype)")
     records: list[Record] = []
     for bname in backend_names:
         backend = dispatch.get_backend(bname)
@@ -174,7 +181,7 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
             family = fam_registry.get(fname)
             groups: dict[tuple, list[Case]] = {}
             for case in (family.quick_cases() if quick else family.cases()):
-                if dtypes and DTYPE_NAMES[case.dtype] not in dtypes:
+                if dtypes is not None and DTYPE_NAMES[case.dtype] not in dtypes:
                     continue
                 groups.setdefault((DTYPE_NAMES[case.dtype], case.spec.id), []).append(case)
             for (dname, spec_id), cases in groups.items():
@@ -186,10 +193,20 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
                     run_case(family, backend, case, dev, family.levels, outcomes, golden_root)
                     if progress:
                         progress(f"  {time.perf_counter() - t0:.1f}s")
-                claimed = backend.claimed_levels(fname, cases[0].spec)
+                claimed = _claimed_levels(backend, fname, cases[0].spec)
                 for lvl in family.levels:
                     records.append(_record(bname, fname, dname, spec_id, lvl, outcomes[lvl], lvl in claimed))
     return records
+
+
+def _claimed_levels(backend: Backend, family: str, spec) -> frozenset[str]:
+    """The levels the backend claims for ``family`` under ``spec``. A backend implements only its
+    policies (``supports`` refuses the others on every device), so it claims nothing for a spec that
+    uses another policy (e.g. the reference backend and the fast specs); every other refusal (device,
+    dtype, availability, a missing op) leaves the claim standing, and a claim that compared nothing fails."""
+    if spec.policies_used() - set(backend.policies):
+        return frozenset()
+    return backend.claimed_levels(family, spec)
 
 
 def _record(bname, fname, dname, spec_id, lvl, o: _Outcome, claimed: bool) -> Record:
@@ -220,6 +237,15 @@ def _count(n: int) -> str:
     return str(n)
 
 
+def compared_nothing(records: list[Record]) -> list[str]:
+    """Why the run proves less than it claims: one line per claimed level that compared no case (with
+    every reason the backend gave), or one line when the run has no record at all."""
+    if not records:
+        return ["the run compared nothing: no case matched the backends, op families and dtypes asked for"]
+    return [f"{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}: claimed, but compared nothing: {r.detail}"
+            for r in records if r.claimed and r.status == "unsupported"]
+
+
 def exit_status(records: list[Record]) -> int:
-    """Non-zero when a level a backend claims fails."""
-    return 1 if any(r.status == "fail" and r.claimed for r in records) else 0
+    """Non-zero when a level a backend claims fails or compared nothing, or the run compared nothing."""
+    return 1 if compared_nothing(records) or any(r.status == "fail" and r.claimed for r in records) else 0

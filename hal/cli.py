@@ -5,6 +5,9 @@
     hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--quick] [--json F] [--junit F]
     hal conformance generate [--ops ...]       write golden files from the reference backend
     hal rl report LOGPROBS.npz [--json F]      sampler/trainer mismatch metrics of saved log-probs
+
+Exit status: 0 done; 1 a conformance run whose claimed levels fail or compared nothing; 2 bad input
+(`hal: <what and the fix>`, checked before any work: arguments, input files, output paths).
 """
 from __future__ import annotations
 
@@ -55,73 +58,182 @@ def _spec(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- validate before work
+# Every subcommand first checks its inputs, loads what it reads and opens what it writes (raising
+# hal.InputError & co., which main() prints as `hal: ...` with exit status 2); only then does it work.
+# A bad argument never costs a run, and a run's result is never lost to an output it cannot write.
+
+
+class _Outputs:
+    """The output files of one command, opened (created, not yet truncated) before the work starts.
+    If the work raises, the files this created are removed again and existing ones keep their content."""
+
+    def __init__(self, **paths):
+        self._files = {}
+        self._created = []
+        try:
+            for option, path in paths.items():
+                if path is not None:
+                    if not os.path.exists(path):
+                        self._created.append(path)
+                    self._files[option] = self._open(option, path)
+        except BaseException:
+            self.__exit__(True, None, None)
+            raise
+
+    @staticmethod
+    def _open(option: str, path: str):
+        from .errors import InputError
+        flag = "--" + option
+        if path == "":
+            raise InputError(f"{flag} is empty; give a file path")
+        if os.path.isdir(path):
+            raise InputError(f"{flag} {path}: is a folder; give a file path")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise InputError(f"{flag} {path}: the folder {folder} does not exist; create it first")
+        try:
+            return open(path, "a", encoding="utf-8")  # append mode: an existing file is kept until the write
+        except OSError as e:
+            raise InputError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None
+
+    def write(self, option: str, text: str) -> None:
+        f = self._files.get(option)
+        if f is not None:
+            f.seek(0)
+            f.truncate()
+            f.write(text)
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.close()
+        if exc_type is not None:
+            for path in self._created:
+                if os.path.exists(path):
+                    os.remove(path)
+
+
+def _device(text: str) -> torch.device:
+    """``--device``: a device torch can name and make a tensor on here."""
+    from .errors import InputError
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as e:
+        raise InputError(f"--device {text!r} is not a device torch knows ({e}); e.g. cpu, cuda, cuda:1, npu") from None
+    try:
+        torch.empty(1, device=device)
+    except Exception as e:  # noqa: BLE001 -- torch raises RuntimeError, AssertionError, ... per device type
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"--device {text}: no such device here ({first}); `hal info` lists the backends and "
+                         "their devices") from None
+    return device
+
+
+def _golden_root():
+    """``LOCKSTEP_GOLDEN_DIR``, when set: a folder (an empty value would silently mean the current folder)."""
+    from pathlib import Path
+
+    from .errors import InputError
+    value = os.environ.get("LOCKSTEP_GOLDEN_DIR")
+    if value is None:
+        return None
+    if not value.strip():
+        raise InputError("LOCKSTEP_GOLDEN_DIR is set but empty; unset it to use the packaged golden files, "
+                         "or set it to the folder that holds them")
+    if not os.path.isdir(value):
+        raise InputError(f"LOCKSTEP_GOLDEN_DIR={value}: no such folder")
+    return Path(value)
+
+
 def _families(ops):
     from hal.conformance import families
+
+    from .errors import InputError
     names = families.names()
-    if not ops:
+    if ops is None:
         return names
+    if not ops:
+        raise InputError(f"--ops is given without an op family; known: {', '.join(names)} (omit --ops for all)")
     unknown = [o for o in ops if o not in names]
     if unknown:
-        raise SystemExit(f"hal: unknown op family {', '.join(unknown)}; known: {', '.join(names)}")
+        raise InputError(f"unknown op family {', '.join(unknown)}; known: {', '.join(names)}")
     return ops
+
+
+def _dtypes(dtypes):
+    from .errors import InputError
+    if dtypes is not None and not dtypes:
+        raise InputError("--dtypes is given without a dtype; name at least one of fp32, bf16, fp16 "
+                         "(omit --dtypes for all)")
+    return dtypes
+
+
+def _backend_names(spec: str, device: torch.device) -> list[str]:
+    from . import dispatch
+    from .errors import InputError
+    if spec == "all":
+        return [n for n, b in dispatch.backends().items() if not b.unavailable_reason()]
+    if spec == "auto":
+        cands = sorted((b for b in dispatch.backends().values()
+                        if b.auto and device.type in b.device_types and not b.unavailable_reason()),
+                       key=lambda b: -b.priority)
+        if not cands:
+            raise InputError(f"no available backend serves device {device.type!r}; `hal info` says why")
+        return [cands[0].name]
+    names = [n.strip() for n in spec.split(",")]
+    for n in names:
+        why = dispatch.get_backend(n).unavailable_reason()  # BackendUnavailable for an unknown name
+        if why:
+            raise InputError(f"backend {n!r} is not available here: {why}")
+    return names
 
 
 def _conformance_run(args) -> int:
     from hal.conformance import report, runner
-    from . import dispatch
-    from .errors import BackendUnavailable
+    from .errors import BackendUnavailable, InputError
     if args.device.split(":")[0] == "npu":  # torch knows the npu device type only once torch_npu is imported
         from hal.backends.ascend import enable_npu
         try:
             enable_npu()
         except BackendUnavailable as exc:
-            print(f"hal: --device npu: {exc}", file=sys.stderr)
-            return 2
-    device = torch.device(args.device)
-    if args.backend == "all":
-        names = [n for n, b in dispatch.backends().items() if not b.unavailable_reason()]
-    elif args.backend == "auto":
-        cands = sorted((b for b in dispatch.backends().values()
-                        if b.auto and device.type in b.device_types and not b.unavailable_reason()),
-                       key=lambda b: -b.priority)
-        if not cands:
-            print(f"hal: no available backend serves device {device.type!r}; `hal info` says why", file=sys.stderr)
-            return 2
-        names = [cands[0].name]
-    else:
-        names = [n.strip() for n in args.backend.split(",")]
-        for n in names:
-            try:
-                b = dispatch.get_backend(n)
-            except BackendUnavailable as e:
-                print(f"hal: {e}", file=sys.stderr)
-                return 2
-            why = b.unavailable_reason()
-            if why:
-                print(f"hal: backend {n!r} is not available here: {why}", file=sys.stderr)
-                return 2
+            raise InputError(f"--device npu: {exc}") from None
+    device = _device(args.device)
+    names = _backend_names(args.backend, device)
     fams = _families(args.ops)
-    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    t0 = time.time()
-    quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
-    records = runner.run(names, fams, device=args.device, dtypes=args.dtypes, progress=progress, quick=quick)
-    print(report.table(records))
-    fails = report.failures(records)
-    if fails:
-        print("\nFirst divergences:")
-        print(fails)
-    meta = {"backends": names, "ops": fams, "device": args.device, "quick": quick, "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine(), "seconds": round(time.time() - t0, 1)}
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json(records, meta))
-    if args.junit:
-        with open(args.junit, "w") as f:
-            f.write(report.to_junit(records))
-    status = runner.exit_status(records)
-    print(f"\n{'FAILED: a level a backend claims does not hold' if status else 'OK: every claimed level holds'} "
-          f"({meta['seconds']} s)")
-    return status
+    dtypes = _dtypes(args.dtypes)
+    golden_root = _golden_root()
+    with _Outputs(json=args.json, junit=args.junit) as outputs:
+        progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+        t0 = time.time()
+        quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
+        records = runner.run(names, fams, device=args.device, dtypes=dtypes, progress=progress, quick=quick,
+                             golden_root=golden_root)
+        print(report.table(records))
+        fails = report.failures(records)
+        if fails:
+            print("\nFirst divergences:")
+            print(fails)
+        meta = {"backends": names, "ops": fams, "device": args.device, "quick": quick, "torch": torch.__version__,
+                "python": platform.python_version(), "machine": platform.machine(),
+                "seconds": round(time.time() - t0, 1)}
+        outputs.write("json", report.to_json(records, meta))
+        outputs.write("junit", report.to_junit(records))
+    empty = runner.compared_nothing(records)
+    if empty:
+        print("\nCompared nothing:")
+        print("\n".join(empty))
+    failed = any(r.status == "fail" and r.claimed for r in records)
+    why = [w for w, bad in (("a level a backend claims does not hold", failed),
+                            ("a claimed level (or the run) compared nothing", bool(empty))) if bad]
+    print(f"\n{'FAILED: ' + '; '.join(why) if why else 'OK: every claimed level holds'} ({meta['seconds']} s)")
+    return runner.exit_status(records)
 
 
 def _conformance_generate(args) -> int:
@@ -143,32 +255,57 @@ def _conformance_generate(args) -> int:
     return 0
 
 
-def _rl_report(args) -> int:
-    """Metrics for arrays saved from any engine: npz with ``trainer`` and ``sampler`` log-probs ([B, T] or
-    packed [N]) and optionally ``mask`` and ``cu_seqlens``."""
-    import json
+_RL_ARRAYS = ("trainer", "sampler", "mask", "cu_seqlens")
+
+
+def _load_logprobs(path: str) -> dict:
+    """The arrays of an ``hal rl report`` file as tensors, every one read and checked (not lazily)."""
+    import zipfile
 
     import numpy as np
 
-    from . import rl
     from .errors import InputError
     try:
-        data = np.load(args.file, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read {args.file} as an .npz of arrays ({e})") from None
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise InputError(f"cannot read {path} as an .npz of arrays ({e})") from None
     if not hasattr(data, "files"):  # a bare .npy array loads as an ndarray, not an archive of named arrays
-        raise InputError(f"{args.file} is a single array, not an .npz archive; save it with "
+        raise InputError(f"{path} is a single array, not an .npz archive; save it with "
                          "numpy.savez(path, trainer=..., sampler=...)")
-    missing = [k for k in ("trainer", "sampler") if k not in data.files]
-    if missing:
-        raise InputError(f"{args.file} has no array named {', '.join(missing)} (found: {', '.join(data.files)}); "
-                         "save trainer= and sampler= log-probs, optionally mask= and cu_seqlens=")
-    get = lambda k: torch.from_numpy(data[k]) if k in data.files else None  # noqa: E731
-    m = rl.mismatch_metrics(get("trainer"), get("sampler"), mask=get("mask"), cu_seqlens=get("cu_seqlens"))
-    print(m.table())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(m.to_dict(), f, indent=1)
+    with data:
+        missing = [k for k in ("trainer", "sampler") if k not in data.files]
+        if missing:
+            raise InputError(f"{path} has no array named {', '.join(missing)} (found: {', '.join(data.files)}); "
+                             "save trainer= and sampler= log-probs, optionally mask= and cu_seqlens=")
+        out = {}
+        for name in _RL_ARRAYS:
+            if name not in data.files:
+                out[name] = None
+                continue
+            try:
+                arr = data[name]  # a truncated member or an object (pickled) array fails here
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                raise InputError(f"{path}: cannot read array {name!r} ({e}); save plain numeric arrays with "
+                                 "numpy.savez (no object arrays)") from None
+            if arr.dtype.kind not in "biuf":
+                raise InputError(f"{path}: array {name!r} has dtype {arr.dtype} ({arr.dtype.kind!r} kind); "
+                                 "log-probs are floats, mask is bool or 0/1, cu_seqlens integers")
+            if not arr.dtype.isnative:  # e.g. '>f4' from another machine: the same values in native order
+                arr = arr.astype(arr.dtype.newbyteorder("="))
+            out[name] = torch.from_numpy(np.ascontiguousarray(arr))
+    return out
+
+
+def _rl_report(args) -> int:
+    """Metrics for arrays saved from any engine: npz with ``trainer`` and ``sampler`` log-probs ([B, T] or
+    packed [N]) and optionally ``mask`` and ``cu_seqlens``."""
+    from . import rl
+    arrays = _load_logprobs(args.file)
+    with _Outputs(json=args.json) as outputs:
+        m = rl.mismatch_metrics(arrays["trainer"], arrays["sampler"], mask=arrays["mask"],
+                                cu_seqlens=arrays["cu_seqlens"])
+        print(m.table())
+        outputs.write("json", m.to_json())
     return 0
 
 

@@ -277,7 +277,10 @@ def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     impl = dispatch.select(op, s, dtype, device, backend)
     as_state = output_final_state == "state" or (output_final_state is True and
                                                  isinstance(initial_state, GatedDeltaRuleState))
-    if q.shape[1] == 0:  # nothing to do: the state is unchanged (a copy: the caller's tensors stay theirs)
+    # Nothing to do (no token, or no sequence: batch 0): o is empty, the state unchanged (a copy: the
+    # caller's tensors stay theirs; [0, HV, d_k, d_v] for batch 0). Decided here, before any backend,
+    # so every backend gives the same answer.
+    if q.shape[0] == 0 or q.shape[1] == 0:
         o = v.new_zeros(v.shape)
         parts = type(parts)(*(None if x is None else x.clone() for x in parts))
         final = GatedDeltaRuleState(s.id, layout, parts) if as_state else \

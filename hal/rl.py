@@ -11,21 +11,30 @@ offsets, as flash-attn's varlen ops). ``log r_t = log p_t - log q_t`` is the per
 trainer to sampler, ``r_t`` the importance weight of a token sampled from q when p is the target.
 Statistics are computed in float64.
 
+Edge cases (docs/rl.md, "Edge cases"): a token whose two log-probs are equal -- including the same
+infinity on both sides -- has log r = 0 exactly (no difference, not NaN); a sequence with no counted
+token is not a sequence (it counts in no sequence total or ESS); NaN log-probs make the statistics
+that read them NaN.
+
     m = hal.rl.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask=mask)
     w = hal.rl.truncated_is_weights(trainer_logprobs, sampler_logprobs, cap=2.0)
     d = hal.rl.dlc_decompose(logp_now, logp_at_sampler_weights, sampler_logprobs, mask=mask)
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
+from . import validate as val
 from .errors import InputError
 
 __all__ = ["MismatchMetrics", "mismatch_metrics", "kl_estimators", "effective_sample_size", "ratio_histogram",
            "truncated_is_weights", "masked_is_weights", "score_centered_logprobs", "DLCDecomposition",
-           "dlc_decompose", "dlc_token_weights", "sequence_ids"]
+           "dlc_decompose", "dlc_token_weights", "sequence_ids", "RatioHistogram"]
 
 F64 = torch.float64
 
@@ -43,10 +52,20 @@ def _pair(p: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None):
     if mask is None:
         mask = torch.ones(p.shape, dtype=torch.bool, device=p.device)
     else:
-        if not isinstance(mask, torch.Tensor) or mask.shape != p.shape:
-            raise InputError(f"mask must be a tensor of shape {tuple(p.shape)} (True/1 = token counts)")
-        mask = mask.to(torch.bool)
+        mask = val.mask01("mask", mask, p.shape)
     return p, q, mask
+
+
+def _log_ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """log p - log q in float64; 0 where the two are equal, so the same -inf on both sides (a token
+    both engines give probability 0) is no difference rather than inf - inf = NaN."""
+    p, q = p.to(F64), q.to(F64)
+    return torch.where(p == q, 0.0, p - q)
+
+
+def _counted_sequences(mask: torch.Tensor, seq: torch.Tensor, n: int) -> torch.Tensor:
+    """bool [n]: the sequences with at least one counted token (the others are not sequences)."""
+    return _per_sequence_sum(mask.to(F64), seq, n) > 0
 
 
 def sequence_ids(shape, cu_seqlens: torch.Tensor | None, device=None) -> torch.Tensor:
@@ -57,9 +76,7 @@ def sequence_ids(shape, cu_seqlens: torch.Tensor | None, device=None) -> torch.T
         return torch.arange(shape[0], device=device).unsqueeze(1).expand(shape)
     if len(shape) != 1:
         raise InputError(f"with cu_seqlens the log-probs must be packed [N], got shape {tuple(shape)}")
-    cu = cu_seqlens.to(torch.int64).cpu()
-    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != shape[0] or bool((cu[1:] < cu[:-1]).any()):
-        raise InputError(f"cu_seqlens must be non-decreasing offsets from 0 to {shape[0]}, got {cu.tolist()}")
+    cu = val.offsets("cu_seqlens", cu_seqlens, shape[0])
     return torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]).to(device)
 
 
@@ -75,12 +92,16 @@ def kl_estimators(trainer_logprobs, sampler_logprobs, mask=None) -> dict[str, fl
 
     With log r = log p - log q: k1 = -log r (unbiased, high variance, can be < 0);
     k2 = (log r)^2 / 2 (biased, low variance); k3 = (r - 1) - log r (unbiased, >= 0).
+    No counted token: all 0. Equal log-probs (the same -inf included): log r = 0, adding 0 to each.
+    log r = +inf (sampler -inf, trainer finite): k1 = -inf, k2 = k3 = +inf (k3's limit, not inf - inf);
+    log r = -inf: k1 = k2 = k3 = +inf.
     """
     p, q, mask = _pair(trainer_logprobs, sampler_logprobs, mask)
-    lr = (p.to(F64) - q.to(F64))[mask]
+    lr = _log_ratio(p, q)[mask]
     if lr.numel() == 0:
         return {"k1": 0.0, "k2": 0.0, "k3": 0.0}
-    return {"k1": float((-lr).mean()), "k2": float((lr * lr / 2).mean()), "k3": float((torch.expm1(lr) - lr).mean())}
+    k3 = torch.where(lr == float("inf"), float("inf"), torch.expm1(lr) - lr)
+    return {"k1": float((-lr).mean()), "k2": float((lr * lr / 2).mean()), "k3": float(k3.mean())}
 
 
 def effective_sample_size(log_weights: torch.Tensor) -> float:
@@ -88,11 +109,18 @@ def effective_sample_size(log_weights: torch.Tensor) -> float:
 
     Computed from log-weights shifted by their max (exact ratio, no overflow). ESS / n is 1 when
     all weights are equal (on-policy) and falls towards 1/n as one weight dominates.
+    Edge cases: no weight (n = 0) or every weight 0 (all log-weights -inf): 0.0 (no sample counts);
+    k weights of +inf: k (they dominate every finite one: the limit of the ratio); any NaN: NaN.
     """
     lw = log_weights.to(F64).reshape(-1)
-    if lw.numel() == 0:
+    if bool(lw.isnan().any()):
+        return float("nan")
+    top = lw.max() if lw.numel() else None
+    if top is None or top == float("-inf"):
         return 0.0
-    w = torch.exp(lw - lw.max())
+    if top == float("inf"):
+        return float((lw == top).sum())
+    w = torch.exp(lw - top)
     return float(w.sum() ** 2 / (w * w).sum())
 
 
@@ -100,7 +128,7 @@ def effective_sample_size(log_weights: torch.Tensor) -> float:
 class MismatchMetrics:
     """Sampler-vs-trainer mismatch of one batch (see :func:`mismatch_metrics`)."""
     tokens: int
-    sequences: int
+    sequences: int                    # sequences with at least one counted token
     max_abs_log_ratio: float
     mean_abs_log_ratio: float
     share_bits_differ: float          # share of counted tokens whose log-prob bits differ at all
@@ -109,10 +137,16 @@ class MismatchMetrics:
     k3: float
     ess_tokens: float                 # ESS of the token weights r_t, over all counted tokens
     ess_sequences: float              # ESS of the sequence weights prod_t r_t
-    ess_per_sequence: list[float]     # ESS of each sequence's token weights / its token count
+    ess_per_sequence: list            # per row / segment: ESS of its token weights / its token count; None without any
 
     def to_dict(self):
+        """The fields as Python values (floats may be inf or NaN); :meth:`to_json` for strict JSON."""
         return asdict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """Strict JSON (RFC 8259, which has no inf or NaN): a non-finite float is written as the string
+        "inf", "-inf" or "nan" (``float()`` reads each back), None as null."""
+        return json.dumps(_strict_floats(self.to_dict()), indent=indent, allow_nan=False)
 
     def table(self) -> str:
         rows = [("tokens", self.tokens), ("sequences", self.sequences),
@@ -126,17 +160,30 @@ class MismatchMetrics:
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
+def _strict_floats(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _strict_floats(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict_floats(v) for v in x]
+    return x
+
+
 def mismatch_metrics(trainer_logprobs, sampler_logprobs, mask=None, cu_seqlens=None) -> MismatchMetrics:
     """Log-ratio statistics, KL estimators and effective sample sizes of one batch.
 
     ``share_bits_differ`` compares raw bit patterns (so 0.0 means the two engines agree bit for bit
     on every counted token, which lockstep makes possible). Sequence weight: exp(sum_t log r_t)
     over the sequence's counted tokens; per-sequence ESS is normalised by the sequence's token count.
+    A row (or ``cu_seqlens`` segment) without a counted token is not a sequence: it is not in
+    ``sequences`` nor in ``ess_sequences``, and its ``ess_per_sequence`` entry is None.
     """
     p, q, mask = _pair(trainer_logprobs, sampler_logprobs, mask)
     seq = sequence_ids(p.shape, cu_seqlens, p.device)
-    n_seq = int(seq.max()) + 1 if seq.numel() else 0
-    lr = p.to(F64) - q.to(F64)
+    n_seq = (int(seq.max()) + 1 if seq.numel() else 0) if cu_seqlens is None else int(cu_seqlens.numel()) - 1
+    counted = _counted_sequences(mask, seq, n_seq)
+    lr = _log_ratio(p, q)
     lr_m = lr[mask]
     same_dtype = p.dtype == q.dtype
     if same_dtype:
@@ -150,32 +197,41 @@ def mismatch_metrics(trainer_logprobs, sampler_logprobs, mask=None, cu_seqlens=N
     for s in range(n_seq):
         sel = mask & (seq == s)
         cnt = int(sel.sum())
-        per_seq.append(effective_sample_size(lr[sel]) / cnt if cnt else 0.0)
+        per_seq.append(effective_sample_size(lr[sel]) / cnt if cnt else None)
     return MismatchMetrics(
-        tokens=int(mask.sum()), sequences=n_seq,
+        tokens=int(mask.sum()), sequences=int(counted.sum()),
         max_abs_log_ratio=float(lr_m.abs().max()) if lr_m.numel() else 0.0,
         mean_abs_log_ratio=float(lr_m.abs().mean()) if lr_m.numel() else 0.0,
         share_bits_differ=float(differ.to(F64).mean()) if differ.numel() else 0.0,
         k1=kl["k1"], k2=kl["k2"], k3=kl["k3"],
-        ess_tokens=effective_sample_size(lr_m), ess_sequences=effective_sample_size(seq_lr),
+        ess_tokens=effective_sample_size(lr_m), ess_sequences=effective_sample_size(seq_lr[counted]),
         ess_per_sequence=per_seq)
 
 
-def ratio_histogram(trainer_logprobs, sampler_logprobs, mask=None, edges=None):
+class RatioHistogram(NamedTuple):
+    edges: torch.Tensor     # float64 [K + 1]
+    counts: torch.Tensor    # int64 [K]: finite ratios in [e_i, e_{i+1})
+    nonfinite: int          # ratios that are NaN or +inf (sampler -inf vs trainer finite, or exp overflow)
+
+
+def ratio_histogram(trainer_logprobs, sampler_logprobs, mask=None, edges=None) -> RatioHistogram:
     """Counts of the probability ratio r_t = exp(log p - log q) over counted tokens, in ``edges`` bins.
 
     Default edges are symmetric in log space around 1 (1 +- 1e-6 ... 1 +- 0.5, plus 0 and inf), so an
-    exact match (r = 1) lands in the central bin [1 - 1e-6, 1 + 1e-6). Returns (edges, counts).
+    exact match (r = 1) lands in the central bin [1 - 1e-6, 1 + 1e-6). Equal log-probs (the same -inf
+    included) are r = 1. A ratio that is NaN or +inf is in no bin but counted in ``nonfinite``; a
+    finite ratio below the first edge counts in the first bin, one at or above the last edge in the
+    last. ``counts.sum() + nonfinite`` is the number of counted tokens.
     """
     p, q, mask = _pair(trainer_logprobs, sampler_logprobs, mask)
     if edges is None:
         d = torch.tensor([1e-6, 1e-4, 1e-2, 0.1, 0.5], dtype=F64)
         edges = torch.cat([torch.tensor([0.0], dtype=F64), (1 - d).flip(0), 1 + d, torch.tensor([float("inf")], dtype=F64)])
     edges = torch.as_tensor(edges, dtype=F64)
-    r = torch.exp(p.to(F64) - q.to(F64))[mask].cpu()
-    idx = torch.bucketize(r, edges, right=True) - 1
-    idx = idx.clamp(0, edges.numel() - 2)
-    return edges, torch.bincount(idx, minlength=edges.numel() - 1)
+    r = torch.exp(_log_ratio(p, q))[mask].cpu()
+    finite = torch.isfinite(r)
+    idx = (torch.bucketize(r[finite], edges, right=True) - 1).clamp(0, edges.numel() - 2)
+    return RatioHistogram(edges, torch.bincount(idx, minlength=edges.numel() - 1), int((~finite).sum()))
 
 
 # ------------------------------------------------------------------ corrections (loss side)
@@ -186,12 +242,14 @@ def truncated_is_weights(trainer_logprobs, sampler_logprobs, cap: float = 2.0, m
 
     Multiply the per-token policy-gradient loss by w_t (``loss = -(w * A * logp).sum()``): the
     sampler's tokens are reweighted towards the trainer's distribution, and the cap C bounds the
-    variance a rare token with a large ratio would add. Masked tokens get weight 0.
+    variance a rare token with a large ratio would add. Masked tokens get weight 0. ``cap``: a
+    number > 0 (``inf``: no cap).
     """
+    cap = val.real("cap", cap, allow_inf=True)
     if not cap > 0:
         raise InputError(f"cap must be > 0, got {cap!r}")
     p, q, mask = _pair(trainer_logprobs, sampler_logprobs, mask)
-    w = torch.exp((p.detach().to(F64) - q.detach().to(F64))).clamp_max(cap)
+    w = torch.exp(_log_ratio(p.detach(), q.detach())).clamp_max(cap)
     return torch.where(mask, w, 0.0).to(p.dtype)
 
 
@@ -205,12 +263,13 @@ def masked_is_weights(trainer_logprobs, sampler_logprobs, low: float = 0.5, high
                     (a sequence the sampler generated far off the trainer's policy is dropped whole).
     Detached; masked tokens get 0.
     """
+    low, high = val.real("low", low), val.real("high", high, allow_inf=True)
     if not 0 < low <= 1 <= high:
         raise InputError(f"need 0 < low <= 1 <= high, got low={low!r}, high={high!r}")
     if level not in ("token", "sequence"):
         raise InputError(f"level must be 'token' or 'sequence', got {level!r}")
     p, q, mask = _pair(trainer_logprobs, sampler_logprobs, mask)
-    lr = p.detach().to(F64) - q.detach().to(F64)
+    lr = _log_ratio(p.detach(), q.detach())
     r = torch.exp(lr)
     if level == "token":
         keep = (r >= low) & (r <= high)
@@ -258,7 +317,7 @@ class DLCDecomposition:
     max_abs_mismatch: float
     max_abs_lag: float
     ess_lag_sequences: float          # ESS of the sequences' lag weights exp(sum_t l_t)
-    sequences: int
+    sequences: int                    # sequences with at least one counted token
     resync: bool                      # ESS < half the batch: copy the trainer's weights to the sampler
 
 
@@ -273,17 +332,21 @@ def dlc_decompose(trainer_logprobs, trainer_logprobs_at_sampler_weights, sampler
     With lockstep on both sides e_t is exactly 0 on every token. The mismatch is reported centred (its
     first-order bias removed); the lag is what importance weights correct (:func:`dlc_token_weights`).
     ``resync`` is True when the ESS of the sequences' lag weights falls under ``resync_threshold`` of
-    the batch: the signal to copy the trainer's weights to the sampler.
+    the batch: the signal to copy the trainer's weights to the sampler. A row (or segment) without a
+    counted token is not a sequence (not in ``sequences``, the ESS or the resync test).
     """
+    resync_threshold = val.real("resync_threshold", resync_threshold)
     p, p_old, mask = _pair(trainer_logprobs, trainer_logprobs_at_sampler_weights, mask)
     _, q, _ = _pair(p_old, sampler_logprobs, mask)
     seq = sequence_ids(p.shape, cu_seqlens, p.device)
-    n = int(seq.max()) + 1 if seq.numel() else 0
-    lag = torch.where(mask, p.to(F64) - p_old.to(F64), 0.0)
-    mis = torch.where(mask, p_old.to(F64) - q.to(F64), 0.0)
+    n = (int(seq.max()) + 1 if seq.numel() else 0) if cu_seqlens is None else int(cu_seqlens.numel()) - 1
+    counted = _counted_sequences(mask, seq, n)
+    lag = torch.where(mask, _log_ratio(p, p_old), 0.0)
+    mis = torch.where(mask, _log_ratio(p_old, q), 0.0)
     cnt = max(int(mask.sum()), 1)
     mean = float(mis.sum() / cnt)
-    ess = effective_sample_size(_per_sequence_sum(lag, seq, n))
+    ess = effective_sample_size(_per_sequence_sum(lag, seq, n)[counted])
+    n = int(counted.sum())
     return DLCDecomposition(lag=lag, mismatch=mis, mismatch_centered=torch.where(mask, mis - mean, 0.0),
                             mismatch_mean=mean, max_abs_mismatch=float(mis.abs().max()) if mis.numel() else 0.0,
                             max_abs_lag=float(lag.abs().max()) if lag.numel() else 0.0, ess_lag_sequences=ess,
@@ -298,6 +361,7 @@ def dlc_token_weights(lag: torch.Tensor, advantages: torch.Tensor, eps: float = 
     (A_t > 0 and rho_t > 1 + eps, or A_t < 0 and rho_t < 1 - eps), else 1; for A_t < 0 the ratio is
     also capped at ``dual_clip`` (dual-clip PPO). ``advantages`` broadcast to ``lag``. Detached.
     """
+    eps, dual_clip = val.real("eps", eps), val.real("dual_clip", dual_clip, allow_inf=True)
     if not (eps > 0 and dual_clip > 1):
         raise InputError(f"need eps > 0 and dual_clip > 1, got eps={eps!r}, dual_clip={dual_clip!r}")
     lag = lag.detach().to(F64)

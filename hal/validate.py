@@ -128,3 +128,52 @@ def normalize_dim(dim: int, ndim: int) -> int:
     if not -ndim <= dim < ndim:
         raise InputError(f"dim {dim} out of range for a tensor with {ndim} dims")
     return dim % ndim
+
+
+def real(name: str, value, *, allow_inf: bool = False) -> float:
+    """A real-number parameter used in float64 math (not rounded to float32, unlike :func:`scalar`): an
+    int, float or 0-dim real tensor, never a bool, a str or NaN; +-inf only with ``allow_inf``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
+    try:
+        f = float(value)
+    except OverflowError:
+        raise InputError(f"{name} = {value!r} does not fit a float") from None
+    if math.isnan(f) or (math.isinf(f) and not allow_inf):
+        raise InputError(f"{name} must be a {'non-NaN' if allow_inf else 'finite'} number, got {value!r}")
+    return f
+
+
+def mask01(name: str, t, shape) -> torch.Tensor:
+    """A token mask of ``shape``: bool, or integer / float values that are all exactly 0 or 1 (never a
+    0.5 that would silently count as True). Returns it as bool."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a tensor of shape {tuple(shape)} (True/1 = counts), got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise InputError(f"{name} must have shape {tuple(shape)} (True/1 = counts), got {tuple(t.shape)}")
+    if t.dtype == torch.bool:
+        return t
+    if t.dtype.is_complex:
+        raise InputError(f"{name} must be bool or 0/1 numbers, got {t.dtype}")
+    real_device(name, t)
+    if not bool(((t == 0) | (t == 1)).all()):
+        bad = t[(t != 0) & (t != 1)].reshape(-1)[0].item()
+        raise InputError(f"{name} must be bool or hold only 0 and 1, got the value {bad!r}")
+    return t != 0
+
+
+def offsets(name: str, t, total: int) -> torch.Tensor:
+    """Sequence offsets (cu_seqlens): a 1-D integer tensor, non-decreasing from 0 to ``total``; never
+    floats (they would be truncated). Returns int64 on the CPU."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be an int64/int32 tensor of offsets, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise InputError(f"{name} must be an integer tensor of offsets, got {t.dtype} (floats would be truncated); "
+                         f"cast whole numbers with .to(torch.int64)")
+    cu = real_device(name, t).to(torch.int64).cpu()
+    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise InputError(f"{name} must be non-decreasing offsets from 0 to {total}, got "
+                         f"{cu.tolist() if cu.dim() <= 1 else tuple(cu.shape)}")
+    return cu

@@ -1,9 +1,15 @@
 """The `hal` command line, run as a user runs it."""
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import numpy as np
+import pytest
+import torch
+
+from hal.cli import main
 
 
 def hal(*args, check=False):
@@ -46,4 +52,125 @@ def test_unknown_backend_and_family_fail_cleanly():
     r = hal("conformance", "run", "--backend", "nosuch", "--ops", "matmul")
     assert r.returncode == 2 and "unknown backend" in r.stderr
     r = hal("conformance", "run", "--ops", "nosuch")
-    assert r.returncode != 0 and "unknown op family" in r.stderr
+    assert r.returncode == 2 and "hal: unknown op family nosuch" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- a claimed level that compared nothing fails the run (issue 21 item 11)
+
+def test_claimed_levels_that_compared_nothing_fail_the_run(tmp_path):
+    # the cpu backend claims every level of softmax, but serves only the cpu device: on 'meta' it
+    # refuses every case, so nothing was compared and the run must not say OK
+    j, x = tmp_path / "r.json", tmp_path / "r.xml"
+    r = hal("conformance", "run", "--backend", "cpu", "--device", "meta", "--ops", "softmax", "--quiet",
+            "--json", str(j), "--junit", str(x))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "OK" not in r.stdout and "compared nothing" in r.stdout
+    assert "cpu softmax fp32 softmax" in r.stdout and "serves devices ['cpu'], not 'meta'" in r.stdout
+    recs = json.loads(j.read_text())["records"]
+    assert recs and all(rec["status"] == "unsupported" and rec["claimed"] for rec in recs)
+    suite = ET.parse(x).getroot()
+    assert int(suite.get("failures")) == len(recs) and suite.get("skipped") == "0"
+
+
+def test_unclaimed_unsupported_levels_do_not_fail_the_run(tmp_path):
+    # the reference backend implements no fast policy: it claims nothing there, and its refusal is no failure
+    j = tmp_path / "r.json"
+    r = hal("conformance", "run", "--backend", "reference", "--ops", "matmul_fast", "--quiet", "--json", str(j))
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = json.loads(j.read_text())["records"]
+    assert recs and all(rec["status"] == "unsupported" and not rec["claimed"] for rec in recs)
+    assert "Compared nothing" not in r.stdout
+
+
+# ---- validate before work: `hal: ...` and exit 2, nothing run, no traceback (issue 21 item 14)
+
+def _refused(capsys, argv, *needles):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "", out  # nothing ran: no table, no metrics
+    assert err.startswith("hal: ") and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--device", "garbage"], ["--device 'garbage' is not a device torch knows"]),
+    (["--ops"], ["--ops is given without an op family"]),
+    (["--ops", "bogus"], ["unknown op family bogus"]),
+    (["--dtypes"], ["--dtypes is given without a dtype"]),
+    (["--backend", "bogus"], ["unknown backend"]),
+])
+def test_conformance_run_refuses_bad_arguments_before_running(capsys, argv, needles):
+    _refused(capsys, ["conformance", "run", "--quiet", "--ops", "softmax", *argv], *needles)
+
+
+def test_conformance_run_checks_its_outputs_before_running(capsys, tmp_path):
+    base = ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"]
+    _refused(capsys, base + ["--json", str(tmp_path / "missing" / "r.json")], "--json", "does not exist")
+    _refused(capsys, base + ["--junit", str(tmp_path / "missing" / "r.xml")], "--junit", "does not exist")
+    _refused(capsys, base + ["--json", str(tmp_path)], "is a folder")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _refused(capsys, base + ["--json", str(tmp_path / "r.json"), "--junit", str(blocker / "r.xml")],
+             "--junit", "does not exist")
+    assert not (tmp_path / "r.json").exists()  # the --json file it opened first is removed again
+
+
+def test_empty_golden_dir_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "")
+    _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
+             "LOCKSTEP_GOLDEN_DIR is set but empty")
+    monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "/nonexistent/golden")
+    _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
+             "LOCKSTEP_GOLDEN_DIR=/nonexistent/golden: no such folder")
+
+
+P = np.array([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
+Q = np.array([[-1.0, -2.5, -0.25], [-0.1, -2.0, -1.0]])
+
+
+def test_rl_report_refuses_unreadable_arrays(capsys, tmp_path):
+    f = tmp_path / "lp.npz"
+    np.savez(f, trainer=np.array([1.0, "a"], dtype=object), sampler=Q)
+    _refused(capsys, ["rl", "report", str(f)], "cannot read array 'trainer'", "no object arrays")
+    np.savez(f, trainer=P, sampler=Q, mask=np.array([["1", "1", "1"], ["1", "1", "0"]]))
+    _refused(capsys, ["rl", "report", str(f)], "array 'mask' has dtype <U1")
+    np.savez(f, trainer=P.ravel(), sampler=Q.ravel(), cu_seqlens=np.array([0.0, 2.9, 6.0]))
+    _refused(capsys, ["rl", "report", str(f)], "cu_seqlens must be an integer tensor")
+    np.savez(f, trainer=P, sampler=Q)
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    _refused(capsys, ["rl", "report", str(f)], "cannot read")
+
+
+def test_rl_report_checks_json_output_before_the_work(capsys, tmp_path):
+    f = tmp_path / "lp.npz"
+    np.savez(f, trainer=P, sampler=Q)
+    _refused(capsys, ["rl", "report", str(f), "--json", str(tmp_path / "missing" / "m.json")],
+             "--json", "does not exist")
+    _refused(capsys, ["rl", "report", str(f), "--json", str(tmp_path)], "is a folder")
+
+
+def test_rl_report_reads_big_endian_arrays_and_writes_strict_json(capsys, tmp_path):
+    f, out = tmp_path / "lp.npz", tmp_path / "m.json"
+    np.savez(f, trainer=P.astype(">f8"), sampler=Q.astype(">f8"))
+    assert main(["rl", "report", str(f), "--json", str(out)]) == 0
+    big = json.loads(out.read_text())
+    np.savez(f, trainer=P, sampler=Q)
+    assert main(["rl", "report", str(f), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == big and big["tokens"] == 6
+    # sampler -inf vs trainer finite: k3 = inf, written as the string "inf" (strict JSON has no Infinity)
+    np.savez(f, trainer=P, sampler=np.where(P == -9.0, -np.inf, Q))
+    assert main(["rl", "report", str(f), "--json", str(out)]) == 0
+    text = out.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    m = json.loads(text, parse_constant=lambda c: pytest.fail(c))
+    assert m["k3"] == "inf" and m["max_abs_log_ratio"] == "inf"
+
+
+def test_rl_report_bad_input_is_a_message_not_a_traceback(tmp_path):
+    f = tmp_path / "lp.npz"
+    np.savez(f, trainer=P.ravel(), sampler=Q.ravel(), cu_seqlens=np.array([0.0, 2.9, 6.0]))
+    r = hal("rl", "report", str(f))
+    assert r.returncode == 2 and r.stderr.startswith("hal: ") and "Traceback" not in r.stderr, r.stderr

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from hal import errors as hal_errors
 from hal.conformance import families, golden, inputs, runner
 from hal.conformance.bits import first_divergence
 
@@ -145,3 +146,36 @@ def test_checks_catch_a_planted_batch_dependence():
         hal.unregister_backend("sneaky")
     status = {r.level: r.status for r in recs}
     assert status["L1"] == "fail" and status["L4"] == "fail" and status["L0"] == "pass"
+
+
+def test_a_backend_that_refuses_everything_is_not_certified():
+    """A plug-in whose supports() refuses every call claims every level but compares nothing: the run fails
+    and says what compared nothing and every reason (issue 21 item 11)."""
+    from hal.backends.reference import ReferenceBackend
+    import hal
+
+    class RefusesAll(ReferenceBackend):
+        name = "refuses-all"
+
+        def supports(self, op, spec, dtype, device):
+            return [f"refuses-all: never serves {op}", "refuses-all: a second reason"]
+
+    hal.register_backend(RefusesAll())
+    try:
+        recs = runner.run(["refuses-all"], ["softmax"], dtypes=["fp32"])
+    finally:
+        hal.unregister_backend("refuses-all")
+    assert recs and all(r.status == "unsupported" and r.claimed and r.comparisons == 0 for r in recs)
+    assert runner.exit_status(recs) == 1
+    why = runner.compared_nothing(recs)
+    assert len(why) == len(recs) and all("claimed, but compared nothing" in w for w in why)
+    assert all("never serves log_softmax" in w and "never serves softmax" in w and "a second reason" in w
+               for w in why)
+
+
+def test_a_run_that_compared_nothing_fails():
+    assert runner.exit_status([]) == 1 and "compared nothing" in runner.compared_nothing([])[0]
+    with pytest.raises(hal_errors.InputError, match="dtypes must be a non-empty list"):
+        runner.run(["reference"], ["softmax"], dtypes=[])
+    with pytest.raises(hal_errors.InputError, match="dtypes must be a non-empty list"):
+        runner.run(["reference"], ["softmax"], dtypes=["fp8"])

@@ -58,8 +58,8 @@ def test_share_bits_differ_sees_signed_zero():
 
 
 def test_ratio_histogram_central_bin_counts_exact_matches():
-    edges, counts = rl.ratio_histogram(P, Q, MASK)
-    assert int(counts.sum()) == 5
+    edges, counts, nonfinite = rl.ratio_histogram(P, Q, MASK)
+    assert int(counts.sum()) == 5 and nonfinite == 0
     central = int(torch.bucketize(torch.tensor([1.0], dtype=torch.float64), edges, right=True)[0]) - 1
     assert int(counts[central]) == 2  # the two tokens with log r = 0
 
@@ -136,3 +136,123 @@ def test_cli_report_prints_metrics_for_saved_arrays(tmp_path, capsys):
     np.save(npy, P.numpy())
     assert main(["rl", "report", str(npy)]) == 2
     assert "not an .npz archive" in capsys.readouterr().err
+
+
+# ---- edge cases (issue 21 item 13): each metric's defined value, compared exactly
+
+INF = float("inf")
+
+
+def test_fully_masked_rows_are_not_sequences():
+    # two sequences with weights exp(0.25), exp(-1), plus two rows with no counted token
+    p = torch.cat([P, torch.zeros(2, 3, dtype=torch.float64)])
+    q = torch.cat([Q, torch.zeros(2, 3, dtype=torch.float64)])
+    mask = torch.cat([MASK, torch.zeros(2, 3, dtype=torch.bool)])
+    base, padded = rl.mismatch_metrics(P, Q, MASK), rl.mismatch_metrics(p, q, mask)
+    assert padded.sequences == 2 and padded.ess_sequences == base.ess_sequences
+    assert padded.ess_per_sequence == base.ess_per_sequence + [None, None]
+    # packed, with empty cu_seqlens segments: the same
+    packed = rl.mismatch_metrics(P[MASK], Q[MASK], cu_seqlens=torch.tensor([0, 0, 3, 3, 5]))
+    assert packed.sequences == 2 and packed.ess_sequences == base.ess_sequences
+    assert packed.ess_per_sequence == [None, base.ess_per_sequence[0], None, base.ess_per_sequence[1]]
+    # DLC: lag weights exp(0.24), exp(-1), ESS ~1.74 of 2: no resync; the empty rows must not flip it
+    p_old = Q + torch.tensor([[0.0, 0.01, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    d_base = rl.dlc_decompose(P, p_old, Q, MASK)
+    d = rl.dlc_decompose(p, torch.cat([p_old, torch.zeros(2, 3, dtype=torch.float64)]), q, mask)
+    assert d.sequences == 2 and d.ess_lag_sequences == d_base.ess_lag_sequences and not d.resync
+
+
+def test_effective_sample_size_edge_cases():
+    assert rl.effective_sample_size(torch.full((3,), -INF)) == 0.0  # every weight 0
+    assert rl.effective_sample_size(torch.tensor([0.0, INF, -1.0])) == 1.0  # one +inf weight dominates
+    assert rl.effective_sample_size(torch.tensor([INF, 0.0, INF])) == 2.0
+    assert rl.effective_sample_size(torch.tensor([-INF, 0.0, 0.0])) == 2.0  # zero weights add nothing
+    assert rl.effective_sample_size(torch.tensor([])) == 0.0
+    assert math.isnan(rl.effective_sample_size(torch.tensor([0.0, float("nan")])))
+
+
+def test_identical_minus_inf_is_no_difference():
+    # token 2 of row 0: both engines give -inf (probability 0): log r = 0, not NaN
+    p = torch.tensor([[-1.0, -2.0, -INF]], dtype=torch.float32)
+    q = torch.tensor([[-1.0, -2.5, -INF]], dtype=torch.float32)
+    m = rl.mismatch_metrics(p, q)
+    lr = [0.0, 0.5, 0.0]
+    assert m.share_bits_differ == 1 / 3
+    assert m.max_abs_log_ratio == 0.5 and m.mean_abs_log_ratio == 0.5 / 3
+    assert m.k1 == float(torch.tensor([-x for x in lr], dtype=torch.float64).mean())
+    assert m.k3 == float(torch.tensor([math.expm1(x) - x for x in lr], dtype=torch.float64).mean())
+    w = torch.exp(torch.tensor(lr, dtype=torch.float64) - 0.5)
+    assert m.ess_tokens == float(w.sum() ** 2 / (w * w).sum())
+    assert m.ess_sequences == 1.0 and m.ess_per_sequence == [m.ess_tokens / 3]
+    same = rl.mismatch_metrics(p, p.clone())
+    assert same.share_bits_differ == 0.0 and same.k1 == same.k2 == same.k3 == 0.0 and same.ess_tokens == 3.0
+    edges, counts, nonfinite = rl.ratio_histogram(p, p.clone())
+    assert nonfinite == 0 and int(counts[5]) == 3  # all three in the central bin [1 - 1e-6, 1 + 1e-6)
+    assert float(edges[5]) == 1 - 1e-6
+    w = rl.truncated_is_weights(p, p.clone(), cap=2.0)
+    assert torch.equal(w, torch.ones(1, 3))
+
+
+def test_sampler_minus_inf_against_finite_trainer():
+    p = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    q = torch.tensor([[-1.0, -INF]], dtype=torch.float64)  # log r = +inf on token 1
+    kl = rl.kl_estimators(p, q)
+    assert kl == {"k1": -INF, "k2": INF, "k3": INF}
+    kl_rev = rl.kl_estimators(q, p)  # trainer -inf, sampler finite: log r = -inf
+    assert kl_rev == {"k1": INF, "k2": INF, "k3": INF}
+    m = rl.mismatch_metrics(p, q)
+    assert m.ess_tokens == 1.0 and m.ess_sequences == 1.0 and m.max_abs_log_ratio == INF
+
+
+def test_ratio_histogram_counts_non_finite_ratios_apart():
+    p = torch.tensor([[-1.0, -2.0, float("nan"), -1.0]], dtype=torch.float64)
+    q = torch.tensor([[-1.0, -INF, -1.0, -1.5]], dtype=torch.float64)  # r = 1, +inf, NaN, exp(0.5)
+    edges, counts, nonfinite = rl.ratio_histogram(p, q)
+    assert nonfinite == 2 and int(counts.sum()) == 2
+    want = torch.zeros(edges.numel() - 1, dtype=torch.int64)
+    want[5] = 1   # r = 1: [1 - 1e-6, 1 + 1e-6)
+    want[10] = 1  # r = exp(0.5) = 1.65: [1.5, inf)
+    assert torch.equal(counts, want)
+
+
+def test_to_json_is_strict_json_with_non_finite_as_strings():
+    import json
+    p = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    q = torch.tensor([[-1.0, -INF]], dtype=torch.float64)
+    m = rl.mismatch_metrics(p, q)
+    text = m.to_json()
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert back["k1"] == "-inf" and back["k3"] == "inf" and back["max_abs_log_ratio"] == "inf"
+    assert float(back["k1"]) == m.k1 and back["tokens"] == 2
+    padded = rl.mismatch_metrics(torch.zeros(2, 2), torch.zeros(2, 2), mask=torch.tensor([[1, 1], [0, 0]]))
+    assert json.loads(padded.to_json())["ess_per_sequence"] == [1.0, None]
+
+
+def test_parameters_and_layout_inputs_are_checked():
+    with pytest.raises(hal.InputError, match="cap must be a real number"):
+        rl.truncated_is_weights(P, Q, cap="2")
+    with pytest.raises(hal.InputError, match="cap must be a non-NaN"):
+        rl.truncated_is_weights(P, Q, cap=float("nan"))
+    assert torch.equal(rl.truncated_is_weights(P, Q, cap=INF), torch.exp(P - Q))  # inf: no cap
+    with pytest.raises(hal.InputError, match="low must be a real number"):
+        rl.masked_is_weights(P, Q, low="0.5")
+    with pytest.raises(hal.InputError, match="eps must be a real number"):
+        rl.dlc_token_weights(P - Q, torch.ones(2, 3), eps=None)
+    with pytest.raises(hal.InputError, match="resync_threshold"):
+        rl.dlc_decompose(P, P, Q, resync_threshold="0.5")
+    # a float cu_seqlens would be truncated ([0, 2.9, 5] -> [0, 2, 5]): refused, naming the argument
+    with pytest.raises(hal.InputError, match="cu_seqlens must be an integer tensor"):
+        rl.mismatch_metrics(P[MASK], Q[MASK], cu_seqlens=torch.tensor([0.0, 2.9, 5.0]))
+    # a mask value other than 0/1 would silently count as True
+    with pytest.raises(hal.InputError, match="only 0 and 1, got the value 0.5"):
+        rl.mismatch_metrics(P, Q, mask=torch.tensor([[1.0, 0.5, 1.0], [1.0, 1.0, 0.0]]))
+    assert rl.mismatch_metrics(P, Q, mask=MASK.to(torch.float32)) == rl.mismatch_metrics(P, Q, mask=MASK)
+
+
+def test_no_counted_token_at_all():
+    m = rl.mismatch_metrics(P, Q, mask=torch.zeros(2, 3, dtype=torch.bool))
+    assert (m.tokens, m.sequences, m.ess_per_sequence) == (0, 0, [None, None])
+    assert (m.max_abs_log_ratio, m.mean_abs_log_ratio, m.share_bits_differ, m.k1, m.k2, m.k3,
+            m.ess_tokens, m.ess_sequences) == (0.0,) * 8
+    d = rl.dlc_decompose(P, P, Q, mask=torch.zeros(2, 3, dtype=torch.bool))
+    assert d.sequences == 0 and d.ess_lag_sequences == 0.0 and not d.resync
