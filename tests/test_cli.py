@@ -121,6 +121,7 @@ def test_empty_golden_dir_is_refused(capsys, monkeypatch):
     monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "")
     _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
              "LOCKSTEP_GOLDEN_DIR is set but empty")
+    _refused(capsys, ["conformance", "generate", "--ops", "softmax"], "LOCKSTEP_GOLDEN_DIR is set but empty")
     monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "/nonexistent/golden")
     _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
              "LOCKSTEP_GOLDEN_DIR=/nonexistent/golden: no such folder")
