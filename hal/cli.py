@@ -136,8 +136,9 @@ def _device(text: str) -> torch.device:
     return device
 
 
-def _golden_root():
-    """``LOCKSTEP_GOLDEN_DIR``, when set: a folder (an empty value would silently mean the current folder)."""
+def _golden_root(must_exist: bool = True):
+    """``LOCKSTEP_GOLDEN_DIR``, when set: a folder (an empty value would silently mean the current folder);
+    ``must_exist=False`` for a folder that is about to be written."""
     from pathlib import Path
 
     from .errors import InputError
@@ -147,8 +148,10 @@ def _golden_root():
     if not value.strip():
         raise InputError("LOCKSTEP_GOLDEN_DIR is set but empty; unset it to use the packaged golden files, "
                          "or set it to the folder that holds them")
-    if not os.path.isdir(value):
+    if must_exist and not os.path.isdir(value):
         raise InputError(f"LOCKSTEP_GOLDEN_DIR={value}: no such folder")
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise InputError(f"LOCKSTEP_GOLDEN_DIR={value}: not a folder")
     return Path(value)
 
 
@@ -239,6 +242,7 @@ def _conformance_run(args) -> int:
 def _conformance_generate(args) -> int:
     from hal.conformance import families, golden
     from . import dispatch
+    root = _golden_root(must_exist=False)
     ref = dispatch.get_backend("reference")
     for name in _families(args.ops):
         fam = families.get(name)
@@ -251,7 +255,7 @@ def _conformance_generate(args) -> int:
             with torch.no_grad():
                 results.append((case, inputs, fam.run(ref, case, inputs)))
             print(f"{name} {case.spec.id} {case.id}", file=sys.stderr, flush=True)
-        print(f"wrote {golden.write(fam, results)} ({len(results)} cases)")
+        print(f"wrote {golden.write(fam, results, root)} ({len(results)} cases)")
     return 0
 
 

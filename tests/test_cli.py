@@ -12,8 +12,9 @@ import torch
 from hal.cli import main
 
 
-def hal(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "hal.cli", *args], capture_output=True, text=True, check=check)
+def hal(*args, check=False, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hal.cli", *args], capture_output=True, text=True, check=check,
+                          env=None if env is None else {**os.environ, **env}, cwd=cwd)
 
 
 def test_info_lists_backends_and_availability():
@@ -102,11 +103,14 @@ def _refused(capsys, argv, *needles):
     (["--backend", "bogus"], ["unknown backend"]),
 ])
 def test_conformance_run_refuses_bad_arguments_before_running(capsys, argv, needles):
-    _refused(capsys, ["conformance", "run", "--quiet", "--ops", "softmax", *argv], *needles)
+    # cpu on 'meta' refuses every case: a run that got past the checks would end at once (exit 1, not 2)
+    _refused(capsys, ["conformance", "run", "--quiet", "--quick", "--backend", "cpu", "--device", "meta", *argv],
+             *needles)
 
 
 def test_conformance_run_checks_its_outputs_before_running(capsys, tmp_path):
-    base = ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"]
+    base = ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--dtypes", "fp32", "--quick",
+            "--quiet"]
     _refused(capsys, base + ["--json", str(tmp_path / "missing" / "r.json")], "--json", "does not exist")
     _refused(capsys, base + ["--junit", str(tmp_path / "missing" / "r.xml")], "--junit", "does not exist")
     _refused(capsys, base + ["--json", str(tmp_path)], "is a folder")
@@ -117,13 +121,15 @@ def test_conformance_run_checks_its_outputs_before_running(capsys, tmp_path):
     assert not (tmp_path / "r.json").exists()  # the --json file it opened first is removed again
 
 
-def test_empty_golden_dir_is_refused(capsys, monkeypatch):
-    monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "")
-    _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
-             "LOCKSTEP_GOLDEN_DIR is set but empty")
-    monkeypatch.setenv("LOCKSTEP_GOLDEN_DIR", "/nonexistent/golden")
-    _refused(capsys, ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--quiet"],
-             "LOCKSTEP_GOLDEN_DIR=/nonexistent/golden: no such folder")
+def test_empty_golden_dir_is_refused(tmp_path):
+    # subprocesses: the golden folder is read at import; cwd tmp_path, where an empty value would point
+    run = ["conformance", "run", "--backend", "reference", "--ops", "softmax", "--dtypes", "fp32", "--quick", "--quiet"]
+    for args, value, needle in ((run, "", "LOCKSTEP_GOLDEN_DIR is set but empty"),
+                                (["conformance", "generate", "--ops", "softmax"], "", "LOCKSTEP_GOLDEN_DIR is set but empty"),
+                                (run, "/nonexistent/golden", "LOCKSTEP_GOLDEN_DIR=/nonexistent/golden: no such folder")):
+        r = hal(*args, env={"LOCKSTEP_GOLDEN_DIR": value}, cwd=tmp_path)
+        assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (args, value, r.stdout, r.stderr)
+    assert list(tmp_path.iterdir()) == []  # nothing written where the empty value points
 
 
 P = np.array([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
