@@ -26,6 +26,7 @@ from importlib import metadata
 
 import torch
 
+from hal import fp_env
 from hal.backend import Backend
 
 from .triton import ElementwiseOps, FoundationOps, _interpreting, installed_triton
@@ -77,7 +78,8 @@ def _interpreter_reason() -> str | None:
         return (f"TRITON_INTERPRET=1 needs community triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
                 f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")
     from hal.kernels.triton.launch import interpreter_problem
-    return interpreter_problem()
+    # the interpreter computes with numpy on the calling thread, under its FP control bits
+    return interpreter_problem() or fp_env.flush_reason("ascend", ())
 
 
 def _npu_reason() -> str | None:

@@ -17,6 +17,7 @@ from importlib import metadata
 
 import torch
 
+from hal import fp_env
 from hal.backend import LEVELS, Backend
 from hal.spec import FAST, STRICT
 
@@ -200,7 +201,8 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
                 return (f"TRITON_INTERPRET=1 needs triton >= {'.'.join(map(str, MIN_INTERPRETER))} (older "
                         f"interpreters round tl.fma twice); installed: {'.'.join(map(str, version))}")
             from hal.kernels.triton.launch import interpreter_problem
-            return interpreter_problem()
+            # the interpreter computes with numpy on the calling thread, under its FP control bits
+            return interpreter_problem() or fp_env.flush_reason(self.name, ())
         if version < MIN_TRITON:
             return f"needs triton >= {'.'.join(map(str, MIN_TRITON))}; installed: {'.'.join(map(str, version))}"
         if not torch.cuda.is_available():
