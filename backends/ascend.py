@@ -26,6 +26,7 @@ from importlib import metadata
 
 import torch
 
+from hal import fp_env
 from hal.backend import Backend
 
 from hal.kernels.triton.versions import installed_triton, interpreter_too_old, interpreting
@@ -70,7 +71,8 @@ def _interpreter_reason() -> str | None:
     if version is None:
         return "TRITON_INTERPRET=1 needs community triton >= 3.9 (pip install 'lockstep[triton]')"
     from hal.kernels.triton.launch import interpreter_problem
-    return interpreter_too_old(version, "community triton") or interpreter_problem()
+    # the interpreter computes with numpy on the calling thread, under its FP control bits
+    return interpreter_too_old(version, "community triton") or interpreter_problem() or fp_env.flush_reason("ascend", ())
 
 
 def _npu_reason() -> str | None:

@@ -7,22 +7,31 @@ back to the reference. float64 inputs run the float64 oracle, as on the referenc
 
 Threads: each call runs the numba kernels on ``torch.get_num_threads()`` threads (capped by numba's
 pool), so ``torch.set_num_threads`` governs both. Work is split over independent outputs only,
-so the thread count never changes a bit. Unless ``NUMBA_THREADING_LAYER`` says otherwise, numba's
-``workqueue`` layer is used: the OpenMP layer shares libgomp with torch and measured ~30 ms per
-call here (spinning workers of the two pools); workqueue is not safe for concurrent launches, so
-calls are serialised by a lock.
+so the thread count never changes a bit. numba's threading layer is the process's own choice
+(``NUMBA_THREADING_LAYER``, else numba's default order): lockstep never changes it, as it is
+process-wide and a layer the user's own parallel code cannot live with (``workqueue`` aborts the
+process on concurrent launches) would be forced on them. Calls are serialised by a lock (numba's
+thread count is per calling thread and set here; ``workqueue``, if chosen, is not re-entrant).
+
+Unavailable (auto-selection falls back, with the reason logged; a named request fails with it):
+without numba, with numba's JIT switched off (``NUMBA_DISABLE_JIT=1``: the kernels would run as
+Python and their numba-only helpers raise), and while the floating-point environment flushes
+subnormals (:mod:`hal.fp_env`, checked before every call, so a refused call has touched nothing).
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
+import sys
 import threading
 
 import torch
 
+from hal import fp_env
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.backends.float64 import F64, float64_runs_oracle
+from hal.errors import UnsupportedError
 from hal.spec import EXACT, STRICT
 
 
@@ -35,19 +44,38 @@ def _exact():
     return _kernel("exact_slice")  # compiled slicing, torch._int_mm slice products
 
 
-_lock = threading.Lock()
-_numba = None  # (numba, host.check_fp_environment) once numba's threading layer is chosen (the first call)
+_lock = threading.RLock()  # re-entrant: a call's FP check may probe numba's pool
 _threads = threading.local()  # numba's thread count is per calling thread: what this backend last set there
 
 
-def _start_numba():
-    global _numba
+def _numba_threads_keep_subnormals() -> bool:
     import numba
-    from hal.kernels.cpu.host import check_fp_environment
-    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
-        numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
-    _numba = numba, check_fp_environment
-    return _numba
+    from hal.kernels.cpu import host
+    with _lock:  # one launch at a time, on every thread of the pool
+        n = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        try:
+            return bool(host.probe_workers(4 * numba.config.NUMBA_NUM_THREADS).all())
+        finally:
+            numba.set_num_threads(n)
+
+
+#: numba's pool is started once and only ever runs numba kernels
+NUMBA_THREADS = fp_env.WorkerThreads(
+    "numba's worker threads", _numba_threads_keep_subnormals,
+    "call torch.set_flush_denormal(False) before the process's first parallel numba launch")
+
+
+def _fp_reason() -> str | None:
+    return fp_env.flush_reason("cpu", (fp_env.TORCH_THREADS, NUMBA_THREADS))
+
+
+def _jit_disabled() -> bool:
+    """numba's NUMBA_DISABLE_JIT switch (read from numba's config once numba is loaded)."""
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        return bool(numba.config.DISABLE_JIT)
+    return os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
 
 
 def _strict(fn):
@@ -57,13 +85,15 @@ def _strict(fn):
     thread count is set only when torch's differs from what this thread last set."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        numba, check_fp_environment = _numba or _start_numba()
         with _lock:
             n = torch.get_num_threads()
             if getattr(_threads, "n", None) != n:
+                import numba
                 numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
                 _threads.n = n
-            check_fp_environment()
+            why = _fp_reason()  # also checked at selection; here for callers of the backend's methods
+            if why is not None:
+                raise UnsupportedError(why)
             return fn(self, *args, **kwargs)
     return wrapper
 
@@ -81,7 +111,10 @@ class CpuBackend(Backend):
     def unavailable_reason(self):
         if importlib.util.find_spec("numba") is None:
             return "numba is not installed (pip install numba); the reference backend serves CPU tensors"
-        return None
+        if _jit_disabled():
+            return ("numba's JIT is switched off (NUMBA_DISABLE_JIT is set); the kernels only run compiled. "
+                    "Unset NUMBA_DISABLE_JIT to use this backend")
+        return _fp_reason()
 
     def claimed_levels(self, family, spec):
         return frozenset(LEVELS) if family in self.families else frozenset()

@@ -2,11 +2,14 @@
 
 Its bits are the golden bits. float64 inputs run the float64 oracle instead (no spec bits are
 promised for float64; it exists so ``torch.autograd.gradcheck`` can check the backward passes).
+Under flush-to-zero / denormals-are-zero it refuses (:mod:`hal.fp_env`): at selection, so a refused
+call has touched nothing, and in every op, so no golden file is ever written from flushed bits.
 """
 from __future__ import annotations
 
 import torch
 
+from hal import fp_env
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
 from hal.ops_registry import OPS
 from hal.kernels.reference import exact_matmul as _xm, matmul as _mm, rms_norm as _rn, softmax as _sm
@@ -25,6 +28,9 @@ class ReferenceBackend(Backend):
     reads_exact_weight = True
     description = ("readable definition of every strict spec (torch elementwise ops, no BLAS) and of the "
                    "exact matmul policy (int64 matmuls); golden bits")
+
+    def unavailable_reason(self):
+        return fp_env.flush_reason(self.name)
 
     def claimed_levels(self, family, spec):
         return frozenset(LEVELS) if family in self.families else frozenset()
@@ -100,8 +106,9 @@ class ReferenceBackend(Backend):
         return ew.apply_rotary(x, cos, sin, interleaved, spec)
 
 
-def _canonical_outputs(method):
-    """Wrap an op so every float output (tensors, tuples, state parts) leaves with the canonical NaN."""
+def _strict_op(method):
+    """Wrap an op: it refuses under flush-to-zero before computing, and every float output (tensors,
+    tuples, state parts) leaves with the canonical NaN."""
     import functools
 
     from hal.kernels.reference.strict_math import canonical_nan
@@ -116,12 +123,13 @@ def _canonical_outputs(method):
 
     @functools.wraps(method)
     def op(self, *args, **kwargs):
+        fp_env.check(self.name)
         return canon(method(self, *args, **kwargs))
     return op
 
 
-# The strict policy's last step, in one place: whatever an op returns (the float64 oracle's too) carries one
-# NaN pattern per dtype.
+# The strict policy's first and last steps, in one place: no op computes with subnormals flushed,
+# and whatever an op returns (the float64 oracle's too) carries one NaN pattern per dtype.
 for _op in OPS:
     if callable(getattr(ReferenceBackend, _op, None)):
-        setattr(ReferenceBackend, _op, _canonical_outputs(getattr(ReferenceBackend, _op)))
+        setattr(ReferenceBackend, _op, _strict_op(getattr(ReferenceBackend, _op)))

@@ -15,6 +15,7 @@ import importlib
 
 import torch
 
+from hal import fp_env
 from hal.backend import LEVELS, Backend
 from hal.spec import FAST, STRICT
 
@@ -159,7 +160,8 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
             return "triton is not installed (pip install 'lockstep[triton]')"
         if interpreting():
             from hal.kernels.triton.launch import interpreter_problem
-            return interpreter_too_old(version) or interpreter_problem()
+            # the interpreter computes with numpy on the calling thread, under its FP control bits
+            return interpreter_too_old(version) or interpreter_problem() or fp_env.flush_reason(self.name, ())
         if version < MIN_TRITON:
             return f"needs triton >= {version_text(MIN_TRITON)}; installed: {version_text(version)}"
         if not torch.cuda.is_available():

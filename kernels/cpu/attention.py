@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_padded
 
-from .host import F32, finish, parallel_worth, raw
+from .host import F32, array, finish, parallel_worth, raw
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
 
 P_FP32, P_BF16, P_FP16 = 0, 1, 2
@@ -274,13 +274,13 @@ def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
     lse = torch.empty((bsz, n_q, hq), dtype=F32)
     p_mode = P_FP32 if spec.p_precision == "fp32" else _P_MODE.get(q.dtype, P_FP32)
     if out.numel():
-        kr, r = raw(k), rows.contiguous().numpy()
+        kr, r = raw(k), array(rows.contiguous())
         tw = max(1, min(spec.kv_split, r.shape[1]))  # splits start at multiples of kv_split
         kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // tw), d, tw), kr.dtype)
         _keys_by_dim(kr, r, kt)
         attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
-        attend(raw(q), kt, raw(v), r, vis.contiguous().numpy(), np.float32(scale), spec.kv_block, spec.kv_split,
-               spec.dot_tile, p_mode, out.numpy(), lse.numpy())
+        attend(raw(q), kt, raw(v), r, array(vis.contiguous()), np.float32(scale), spec.kv_block, spec.kv_split,
+               spec.dot_tile, p_mode, array(out), array(lse))
     return finish(out, q.dtype), lse
 
 

@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from hal.kernels.reference.elementwise import inv_freq as _inv_freq_table
 
-from .host import F32, empty, finish, raw
+from .host import F32, array, empty, finish, raw
 from .strict_math import NEG_INF, ONE, ZERO, canon, exp, fma, log, sincos, widen
 
 _BLOCK = 4096  # elements per task
@@ -131,8 +131,8 @@ def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
     cos = torch.empty((*positions.shape, half), dtype=F32)
     sin = torch.empty_like(cos)
     if positions.numel():
-        _cos_sin(positions.reshape(-1).to(torch.int64).numpy(), f.contiguous().numpy(),
-                 cos.numpy().reshape(-1, half), sin.numpy().reshape(-1, half))
+        _cos_sin(array(positions.reshape(-1).to(torch.int64)), array(f.contiguous()),
+                 array(cos).reshape(-1, half), array(sin).reshape(-1, half))
     return cos, sin
 
 
@@ -162,5 +162,5 @@ def apply_rotary(x, cos, sin, interleaved):
         # the tables broadcast over x's leading dims (exact float32 copies)
         c = cos.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
         s = sin.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
-        _rotate(raw(x).reshape(rows, d), c.numpy(), s.numpy(), interleaved, out.numpy().reshape(rows, d))
+        _rotate(raw(x).reshape(rows, d), array(c), array(s), interleaved, array(out).reshape(rows, d))
     return finish(out, x.dtype)

@@ -17,7 +17,7 @@ from hal.kernels.exact.cpu import products_int_mm
 from hal.kernels.exact.prepared import unpack
 
 from .exact_slice import slice_rows
-from .host import F32
+from .host import F32, array
 from .softmax import _ROW_CHUNK, logprob_rows
 
 VOCAB_TILE = 8192  # weight rows per slicing / product step: 64 x 8192 x s^2 int64 products at most
@@ -34,7 +34,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     tiles = [(v0, w_all[v0:v0 + VOCAB_TILE]) for v0 in range(0, v, VOCAB_TILE)]
     sliced = [prepared.rows(v0, v0 + w.shape[0]) if prepared is not None else slice_rows(w, mm.slices)
               for v0, w in tiles]
-    tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
+    tok = array(tokens.reshape(-1).to(torch.int64).contiguous())
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
@@ -43,5 +43,5 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
         for (v0, w), ws in zip(tiles, sliced):
             logits[:, v0:v0 + w.shape[0]] = core.exact_linear(rows, w, None, mm.slices, products_int_mm, ws,
                                                               out_dtype=F32, slicer=slice_rows)
-        logprob_rows(logits.numpy(), c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+        logprob_rows(array(logits), c0, tok, temp, temperature != 1.0, spec.vocab_tile, array(out))
     return out.reshape(tokens.shape)

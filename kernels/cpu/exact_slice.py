@@ -17,6 +17,8 @@ from hal.errors import InputError
 from hal.kernels.exact import core
 from hal.kernels.exact import cpu as _int_mm_path
 
+from .host import array
+
 _NO_EXP = core._NO_EXP
 
 
@@ -63,13 +65,13 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.S
         raise InputError(f"the exact policy takes float32, bfloat16 or float16 inputs, got {x.dtype}")
     if x.device.type != "cpu" or x.dim() != 2 or 0 in x.shape:
         return core.slice_rows(x, s, e)
-    bits = x.to(torch.float32).contiguous().view(torch.int32).numpy()
+    bits = array(x.to(torch.float32).contiguous().view(torch.int32))
     rows = x.shape[0]
     digits = torch.empty((s, rows, x.shape[1]), dtype=torch.int8)
     e_out = torch.empty(rows, dtype=torch.int64)
     finite_rows = np.empty(rows, dtype=np.bool_)
-    e_in = np.zeros(rows, np.int64) if e is None else e.to(torch.int64).contiguous().numpy()
-    _slice(bits, s, e_in, e is not None, digits.numpy(), e_out.numpy(), finite_rows)
+    e_in = np.zeros(rows, np.int64) if e is None else array(e.to(torch.int64).contiguous())
+    _slice(bits, s, e_in, e is not None, array(digits), array(e_out), finite_rows)
     return core.Sliced(digits, e_out, bool(finite_rows.all()))
 
 

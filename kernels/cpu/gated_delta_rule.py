@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from hal.kernels.layout import EPS_L2, Parts
 
-from .host import canonical_nan, empty, finish, parallel_worth, raw, zeros
+from .host import array, canonical_nan, empty, finish, parallel_worth, raw, zeros
 from .reduce import tiled_dot
 from .simd import vadd, vfma, vload, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, exp, fma, widen
@@ -366,7 +366,7 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
     n = starts.shape[0]
     q3, k3, sc = raw(q).reshape(tok, h, dk), raw(k).reshape(tok, h, dk), np.float32(scale)
     v3, g2, b2 = raw(v).reshape(tok, hv, dv), raw(g).reshape(tok, hv), raw(beta).reshape(tok, hv)
-    S0 = parts.S.detach().contiguous().numpy()
+    S0 = array(parts.S.contiguous())
     o, o_np = zeros(tok, hv, dv)
     S, S_np = empty(n, hv, dk, dv)
     pos = torch.from_numpy(lengths)
@@ -377,11 +377,11 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
     else:
         C = spec.chunk
         start = parts.position if parts.open_k is not None else torch.zeros_like(parts.position)
-        opened = (start % C).numpy().astype(np.int64)
+        opened = array(start % C).astype(np.int64)
         if parts.open_k is None:
             ok, ov, og, ob = (np.zeros((n, C, *rest), np.float32) for rest in ((h, dk), (hv, dv), (hv,), (hv,)))
         else:
-            ok, ov, og, ob = (x.detach().contiguous().numpy()
+            ok, ov, og, ob = (array(x.contiguous())
                               for x in (parts.open_k, parts.open_v, parts.open_g, parts.open_beta))
         final, final_np = empty(n if want_final else 0, hv, dk, dv)
         (nk, nk_np), (nv, nv_np), (ng, ng_np), (nb, nb_np) = (zeros(n, C, *rest)

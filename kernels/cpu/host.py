@@ -1,5 +1,5 @@
 """Host-side glue for the numba kernels: float32 views in, exact conversions and canonical NaN out,
-and the floating-point environment check."""
+and the subnormal probe of numba's worker threads (the check itself is hal.fp_env)."""
 from __future__ import annotations
 
 import numba
@@ -7,38 +7,53 @@ import numpy as np
 import torch
 from numba import njit
 
-from hal.errors import UnsupportedError
-
 from . import strict_math as sm
 
 F32 = torch.float32
 _TINY = np.float32(2.0 ** -126)
 
 
+def array(t: torch.Tensor) -> np.ndarray:
+    """The numpy array sharing t's memory: the one way a tensor reaches a kernel.
+
+    ``np.from_dlpack``, never ``t.numpy()``: ``.numpy()`` marks t's storage non-resizable for good,
+    and FSDP2 then fails to free an unsharded parameter ("Trying to resize storage that is not
+    resizable"); a DLPack view leaves the storage as it was."""
+    return np.from_dlpack(t.detach())
+
+
 def raw(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous numpy array of t's stored values for the kernels' ``widen``: float32 as is,
     bfloat16 as its int16 bits, float16 as its uint16 bits (no widened copy)."""
-    if t.dtype is F32 and not t.requires_grad and t.is_contiguous():
-        return t.numpy()  # the common case, without the conversions below (each costs a microsecond)
-    t = t.detach().contiguous()
+    if t.dtype is F32 and t.is_contiguous():
+        return array(t)  # the common case, without the conversions below (each costs a microsecond)
+    t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy()
+        return array(t.view(torch.int16))
     if t.dtype == torch.float16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.to(F32).numpy()
+        return array(t.view(torch.int16)).view(np.uint16)
+    return array(t.to(F32))
 
 
 def empty(*shape: int) -> tuple[torch.Tensor, np.ndarray]:
-    """A new float32 output, as (tensor, the numpy array sharing its memory): numpy allocates in
-    under a microsecond, a few times faster than torch.empty here."""
-    a = np.empty(shape, np.float32)
-    return torch.from_numpy(a), a
+    """A new float32 output, as (tensor, the numpy array sharing its memory). torch allocates it, so
+    its storage stays resizable (``torch.from_numpy``'s memory belongs to numpy and is not)."""
+    t = torch.empty(shape, dtype=F32)
+    return t, array(t)
 
 
 def zeros(*shape: int) -> tuple[torch.Tensor, np.ndarray]:
     """As :func:`empty`, filled with +0.0 (the start of the spec's tile-partial sums)."""
-    a = np.zeros(shape, np.float32)
-    return torch.from_numpy(a), a
+    t = torch.zeros(shape, dtype=F32)
+    return t, array(t)
+
+
+def tensor(a: np.ndarray) -> torch.Tensor:
+    """A kernel's own numpy result as a tensor with torch's (resizable) storage: a copy, as
+    ``torch.from_numpy`` would hand out numpy's memory, which torch cannot resize."""
+    t = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].reshape(-1)).dtype)
+    array(t)[...] = a
+    return t
 
 
 #: per dtype: (mask of the bits below the sign, +inf's bits, canonical NaN); NaN <=> (bits & mask) > inf
@@ -60,17 +75,18 @@ def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         return t.copy_(canonical_nan(t.contiguous()))
     dt = t.dtype
-    # numpy's reshape / view cost a fraction of torch's
-    a = (t if dt is F32 else t.view(torch.int16)).detach().numpy() if t.requires_grad else \
-        (t if dt is F32 else t.view(torch.int16)).numpy()
+    a = array(t if dt is F32 else t.view(torch.int16))  # numpy's reshape / view cost a fraction of torch's
     _canon_bits(a.reshape(-1).view(_NP_INT[dt]), *_NAN_WORDS[dt])
     return t
 
 
-def finish(out32: torch.Tensor, dtype: torch.dtype, nan_done: bool = False) -> torch.Tensor:
+def finish(out32: torch.Tensor | np.ndarray, dtype: torch.dtype, nan_done: bool = False) -> torch.Tensor:
     """Round a float32 result once to ``dtype`` (torch's conversion is round-to-nearest-even, with
     subnormals) and make its NaNs canonical (torch's vectorised bf16 conversion writes 0xFFFF).
-    ``nan_done``: the kernel already stored canonical NaNs (a float32 result is then returned as is)."""
+    ``nan_done``: the kernel already stored canonical NaNs (a float32 result is then returned as is).
+    A kernel's own numpy result is returned in torch's storage (see :func:`tensor`)."""
+    if isinstance(out32, np.ndarray):
+        out32 = tensor(out32) if dtype is F32 else torch.from_numpy(out32)  # .to(dtype) below copies anyway
     if dtype is F32:
         return out32 if nan_done else canonical_nan(out32)
     return canonical_nan(out32.to(dtype))
@@ -87,22 +103,7 @@ def parallel_worth(work: int) -> bool:
     return work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1
 
 
-_workers_ok = False
-
-
-def check_fp_environment() -> None:
-    """Refuse to run under flush-to-zero / denormals-are-zero (e.g. after
-    ``torch.set_flush_denormal(True)``): compiled code would flush subnormals and break the spec.
-
-    The calling thread is probed on every call (cheap). numba's worker threads take the state of
-    the thread that started them and only numba kernels run on them afterwards, so they are probed
-    until they pass once (a parallel launch per call would cost more than a small op)."""
-    global _workers_ok
-    ok = sm._probe_one(_TINY)
-    if ok and not _workers_ok:
-        ok = _workers_ok = bool(sm._probe_par(_TINY, 64).all())
-    if not ok:
-        raise UnsupportedError(
-            "backend 'cpu': the floating-point unit flushes subnormals to zero (FTZ/DAZ is set, e.g. by "
-            "torch.set_flush_denormal(True)); the strict specs forbid flushing. Call "
-            "torch.set_flush_denormal(False) (in the thread that set it) or use backend='reference'.")
+def probe_workers(n: int) -> np.ndarray:
+    """One subnormal probe per task of a parallel launch over ``n`` tasks (numba's worker threads;
+    :mod:`hal.fp_env` says why they are probed apart from the calling thread): True where kept."""
+    return sm._probe_par(_TINY, n)

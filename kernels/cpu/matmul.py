@@ -305,7 +305,7 @@ def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO
 # the kernels store canonical NaNs, so a float32 result needs no further pass.
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
     out = dot_rows_kn(raw(a).reshape(math.prod(a.shape[:-1]), a.shape[-1]), raw(b), spec.k_tile)
-    return finish(torch.from_numpy(out.reshape(*a.shape[:-1], b.shape[1])), a.dtype, nan_done=True)
+    return finish(out.reshape(*a.shape[:-1], b.shape[1]), a.dtype, nan_done=True)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
@@ -316,4 +316,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     acc = dot_rows_nk(x2, raw(weight), spec.k_tile, b32)
     if x.ndim != 2:
         acc = acc.reshape(*x.shape[:-1], weight.shape[0])
-    return finish(torch.from_numpy(acc), x.dtype, nan_done=True)
+    return finish(acc, x.dtype, nan_done=True)

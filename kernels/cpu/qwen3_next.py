@@ -7,7 +7,7 @@ import torch
 from numba import njit, prange
 
 from .elementwise import sigmoid_f32, silu_f32, softplus_f32
-from .host import F32, canonical_nan, empty, finish, raw
+from .host import F32, array, canonical_nan, empty, finish, raw
 from .strict_math import ZERO, canon, exp, fma, widen
 
 
@@ -72,7 +72,7 @@ def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
     x2 = x.reshape(b * tlen, d)
     y = torch.empty((b * tlen, d), dtype=F32)
     _conv(raw(x2), starts, lengths, raw(prev), raw(weight), raw(bias if bias is not None else weight[:, 0]),
-          bias is not None, activation == "silu", y.numpy())
+          bias is not None, activation == "silu", array(y))
     # the new state: the last K-1 inputs of each sequence (older ones from the previous state), not rounded
     km = kw - 1
     src = torch.cat([prev.reshape(n * km, d), x2])            # previous inputs first, then x

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, canonical_nan, finish, parallel_worth, raw
+from .host import F32, canonical_nan, empty, finish, parallel_worth, raw
 from .reduce import tiled_dot
 from .strict_math import ONE, canon, widen
 
@@ -45,11 +45,11 @@ def rms_norm(x, weight, eps, residual, spec):
         h = x
     hid = h.shape[-1]
     h2 = raw(h).reshape(math.prod(h.shape[:-1]), hid)  # numpy's reshape: torch's costs microseconds
-    out = np.empty(h2.shape, np.float32)
+    out_t, out = empty(*h2.shape)
     if out.size:
         (_rms_par if parallel_worth(h2.size * 4) else _rms_ser)(h2, raw(weight), np.float32(eps), spec.hidden_tile,
                                                                out)
-    y = finish(torch.from_numpy(out.reshape(h.shape)), x.dtype, nan_done=True)  # the kernel stores canon
+    y = finish(out_t.reshape(h.shape), x.dtype, nan_done=True)  # the kernel stores canon
     return (y, h) if residual is not None else y
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .host import F32, finish, parallel_worth, raw
+from .host import F32, array, empty, finish, parallel_worth, raw
 from .matmul import dot_rows_nk
 from .reduce import tiled_sum
 from .simd import LANES, vkeep_nan, vlane, vload_wide, vmax, vsplat, vzero
@@ -146,11 +146,10 @@ def _run(x, spec, kind):
     n = x.shape[-1]
     rows = math.prod(x.shape[:-1])
     x2 = raw(x).reshape(rows, n)  # numpy's reshape: torch's costs microseconds
-    out = np.empty((rows, 1 if kind == LOGSUMEXP else n), np.float32)
+    out_t, out = empty(rows, 1 if kind == LOGSUMEXP else n)
     if rows and (n or kind == LOGSUMEXP):
         _softmax_rows(x2, spec.tile, kind, out)
-    out = torch.from_numpy(out.reshape(x.shape[:-1] if kind == LOGSUMEXP else x.shape))
-    return finish(out, x.dtype, nan_done=True)  # every output goes through canon
+    return finish(out_t.reshape(x.shape[:-1] if kind == LOGSUMEXP else x.shape), x.dtype, nan_done=True)  # every output goes through canon
 
 
 def softmax(x, spec):
@@ -209,11 +208,11 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
     # logits [chunk, V] = hidden_chunk [chunk, H] . W [V, H]^T: each logit is the spec's tiled dot of
     # hidden[n] and W[v]; the LM head is read as stored (packed per tile panel inside the kernel).
     h2 = raw(hidden.reshape(n, hidden.shape[-1]))
-    tok = tokens.reshape(-1).to(torch.int64).contiguous().numpy()
+    tok = array(tokens.reshape(-1).to(torch.int64).contiguous())
     out = torch.empty(n, dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)
         logits = dot_rows_nk(h2[c0:c1], w, spec.hidden_tile)
-        logprob_rows(logits, c0, tok, temp, temperature != 1.0, spec.vocab_tile, out.numpy())
+        logprob_rows(logits, c0, tok, temp, temperature != 1.0, spec.vocab_tile, array(out))
     return out.reshape(tokens.shape)

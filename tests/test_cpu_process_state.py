@@ -1,0 +1,109 @@
+"""The cpu backend leaves process-wide numba state alone, and says when numba cannot serve it
+(issue 21, items 7 and 9). Each case runs in a fresh interpreter: the state under test is per process.
+
+Item 7: the first cpu-backend call used to switch numba's threading layer to ``workqueue`` for the
+whole process; a user's own ``@njit(parallel=True)`` function called from two threads then aborted
+the process (SIGABRT, "workqueue threading layer is not threadsafe"). The check: that exact program
+survives, and numba's layer is the one it picks without lockstep (measured in a second process).
+
+Item 9: under ``NUMBA_DISABLE_JIT=1`` every cpu op raised a bare NotImplementedError while
+``hal info`` called cpu available.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full.pop("NUMBA_THREADING_LAYER", None)
+    full.pop("NUMBA_DISABLE_JIT", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=_REPO)
+
+
+_USER_PROGRAM = """
+    import threading
+    import numba, numpy as np, torch
+    from numba import njit, prange
+    if {use_lockstep}:
+        import hal
+        torch.set_num_threads(2)
+        hal.softmax(torch.randn(2, 4), backend="cpu")          # the first cpu-backend call
+        hal.silu(torch.randn(1 << 16), backend="cpu")           # a parallel driver (prange)
+
+    @njit(parallel=True)
+    def total(a):
+        s = 0.0
+        for i in prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    a = np.ones(1 << 16)
+    total(a)
+    def work():
+        for _ in range(300):
+            assert total(a) == a.shape[0]
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print("layer", numba.threading_layer())
+"""
+
+
+def test_user_parallel_numba_from_two_threads_survives_a_cpu_backend_call():
+    alone = _python(_USER_PROGRAM.format(use_lockstep=False))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    with_hal = _python(_USER_PROGRAM.format(use_lockstep=True))
+    assert with_hal.returncode == 0, f"rc {with_hal.returncode}: {with_hal.stderr[-2000:]}"
+    assert with_hal.stdout.split()[-1] == alone.stdout.split()[-1], (with_hal.stdout, alone.stdout)
+
+
+def test_user_choice_of_threading_layer_is_kept():
+    out = _python("""
+        import numba, torch, hal
+        hal.silu(torch.randn(1 << 16), backend="cpu")
+        print(numba.config.THREADING_LAYER, numba.threading_layer())
+    """, env={"NUMBA_THREADING_LAYER": "workqueue"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["workqueue", "workqueue"]
+
+
+def test_numba_jit_disabled_makes_cpu_unavailable():
+    out = _python("""
+        import logging, torch, hal
+        from hal.dispatch import select
+        cpu = hal.get_backend("cpu")
+        print("reason", "NUMBA_DISABLE_JIT" in (cpu.unavailable_reason() or ""))
+        x = torch.randn(2, 4)
+        print("auto", select("softmax", hal.spec.DEFAULTS["softmax"], x.dtype, x.device).name)
+        ref = hal.softmax(x, backend="reference")
+        print("auto-bits", bool(hal.softmax(x).view(torch.int32).equal(ref.view(torch.int32))))
+        try:
+            hal.softmax(x, backend="cpu")
+            print("named ran")
+        except hal.UnsupportedError as e:
+            print("named", "NUMBA_DISABLE_JIT" in str(e))
+    """, env={"NUMBA_DISABLE_JIT": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["reason", "True", "auto", "reference", "auto-bits", "True", "named", "True"], \
+        out.stdout + out.stderr[-2000:]
+    assert "falls back to backend 'reference'" in out.stderr and "NUMBA_DISABLE_JIT" in out.stderr, out.stderr
+
+
+def test_hal_info_shows_cpu_unavailable_with_jit_disabled():
+    out = _python("import sys; from hal.cli import main; sys.exit(main(['info']))", env={"NUMBA_DISABLE_JIT": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(l for l in out.stdout.splitlines() if l.strip().startswith("cpu "))
+    assert "not available" in line and "NUMBA_DISABLE_JIT" in line, line
