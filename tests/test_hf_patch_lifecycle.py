@@ -1,5 +1,5 @@
 """The HF patch's lifecycle: deep copies, pickling, modules attached after the patch (PEFT LoRA,
-resize_token_embeddings, replaced modules), nested patches.
+resize_token_embeddings, replaced modules), nested patches, and verify's argument checks and decode localiser.
 
 Every bit claim compares raw bits (first_divergence) and has a negative control the same check catches.
 """
@@ -228,3 +228,38 @@ def test_nested_and_overlapping_patches_refused_before_mutation():
         lt.apply(m.model.layers[0])
     p.revert()
     assert no_instance_forwards(m) and same(logits(m, x), unpatched)
+
+
+# ---------------------------------------------------------------- verify: arguments, decode localiser
+
+
+@pytest.mark.parametrize("vocab_size", [10 ** 6, VOCAB + 1, 0, -3, True, 2.5, "128"])
+def test_verify_bad_vocab_size_is_an_input_error_before_any_work(vocab_size):
+    m = tiny_model("llama")
+    calls = []
+    m.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(hal.InputError, match="vocab_size"):
+        lt.verify(m, vocab_size)
+    assert calls == []
+
+
+def test_verify_decode_localises_a_batch_dependent_divergence():
+    """A divergence only in batched decode (the batch size changes the bits) is named by module."""
+    m = tiny_model("llama")
+    target = m.model.layers[1].mlp
+
+    def batch_dependent(_m, args, out):  # one element moved when several sequences decode together
+        if out.shape[0] > 1 and out.shape[1] == 1:
+            out = out.clone()
+            out[0, 0, 0] += 0.01
+        return out
+
+    with lt.patch(m):
+        h = target.register_forward_hook(batch_dependent)
+        rep = lt.verify(m, VOCAB, lengths=(5, 4), decode_steps=2)
+        h.remove()
+        clean = lt.verify(m, VOCAB, lengths=(5, 4), decode_steps=2)
+    assert clean.ok, str(clean)  # negative control: without the deliberate bug every check passes
+    dec = rep.checks[-1]
+    assert [c.ok for c in rep.checks] == [True, True, True, False], str(rep)
+    assert dec.first_module is not None and dec.first_module["module"] == "model.layers.1.mlp", str(rep)
