@@ -7,6 +7,7 @@ element index and the ulp distance.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -132,6 +133,21 @@ def _forward(model, ids, mask=None, pos=None, **kw):
     return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits.float()
 
 
+def _check_vocab_size(model, vocab_size) -> int:
+    """verify draws token ids in [0, vocab_size): refuse what the model's input embedding cannot take."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    try:  # an int or an integer scalar (numpy, 0-d tensor); not a bool, float or string
+        n = None if isinstance(vocab_size, bool) else operator.index(vocab_size)
+    except TypeError:
+        n = None
+    if n is None or n < 1 or (rows is not None and n > rows):
+        limit = f"[1, {rows}] (the rows of the model's input embedding)" if rows is not None else ">= 1"
+        raise InputError(f"vocab_size: verify draws token ids in [0, vocab_size), so it must be an int in {limit}, "
+                         f"got {vocab_size!r}")
+    return n
+
+
 def verify(model, vocab_size: int, lengths=(9, 5, 13), *, seed: int = 0, decode_steps: int = 3,
            localise_failures: bool = True) -> Report:
     """Compare, on raw bits of the logits (no grad):
@@ -144,7 +160,7 @@ def verify(model, vocab_size: int, lengths=(9, 5, 13), *, seed: int = 0, decode_
     A failing check names the first module (execution order) whose output bits differ.
     Works on any model (patched or not): on a stock model it shows what differs.
     """
-    from transformers import DynamicCache
+    vocab_size = _check_vocab_size(model, vocab_size)
     if not lengths or any(int(n) < 2 for n in lengths):
         raise InputError(f"lengths must be >= 2 each, got {lengths}")
     if decode_steps < 1 or decode_steps >= min(lengths):
@@ -199,51 +215,65 @@ def verify(model, vocab_size: int, lengths=(9, 5, 13), *, seed: int = 0, decode_
                     lambda: _forward(model, ids, mask, pos), tuple(ids.shape), rows[b])
             rep.checks.append(chk)
 
-        rep.checks.append(_decode_check(model, seqs, alone, decode_steps, DynamicCache, localise_failures))
+        rep.checks.append(_decode_check(model, seqs, alone, decode_steps, localise_failures))
     finally:
         model.train(was_training)
     return rep
 
 
-def _decode_check(model, seqs, alone, k, DynamicCache, do_localise) -> Check:
+class _BatchedDecode:
+    """The decode check's run: a left-padded prefill of every sequence's prefix (all but its last ``k``
+    tokens) into a DynamicCache, then one token per sequence per :meth:`step`."""
+
+    def __init__(self, model, seqs, k):
+        from transformers import DynamicCache
+        self.model, self.seqs, n = model, seqs, len(seqs)
+        self.pre = [len(s) - k for s in seqs]
+        P = max(self.pre)
+        ids = torch.zeros(n, P, dtype=torch.long)
+        self.mask = torch.zeros(n, P, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, P - self.pre[b]:], self.mask[b, P - self.pre[b]:] = s[:self.pre[b]], 1
+        self.cache = DynamicCache(config=model.config)
+        pos = (self.mask.cumsum(-1) - 1).clamp_min(0)
+        model(input_ids=ids, attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+
+    def step(self, step):
+        """Logits [n, V] of decode step ``step`` (steps run in order, each once)."""
+        n = len(self.seqs)
+        tok = torch.stack([s[self.pre[b] + step] for b, s in enumerate(self.seqs)])[:, None]
+        self.mask = torch.cat([self.mask, torch.ones(n, 1, dtype=torch.long)], -1)
+        pos = torch.tensor([[self.pre[b] + step] for b in range(n)])
+        out = self.model(input_ids=tok, attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+        return out.logits.float()[:, -1]
+
+
+def _decode_check(model, seqs, alone, k, do_localise) -> Check:
     """Left-padded prefill of the prefixes, then ``k`` one-token steps; step logits vs teacher-forced."""
     first_divergence = _bits()
-    n = len(seqs)
-    pre = [len(s) - k for s in seqs]
-    P = max(pre)
-    ids = torch.zeros(n, P, dtype=torch.long)
-    mask = torch.zeros(n, P, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, P - pre[b]:], mask[b, P - pre[b]:] = s[:pre[b]], 1
-    cache = DynamicCache(config=model.config)
+    name = "teacher-forced == incremental decode (left-padded batch, DynamicCache)"
     with torch.no_grad():
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        run = _BatchedDecode(model, seqs, k)
         for step in range(k):
-            tok = torch.stack([s[pre[b] + step] for b, s in enumerate(seqs)])[:, None]
-            mask = torch.cat([mask, torch.ones(n, 1, dtype=torch.long)], -1)
-            pos = torch.tensor([[pre[b] + step] for b in range(n)])
-            out = model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-            logits = out.logits.float()[:, -1]
-            for b in range(n):
-                d = first_divergence(f"sequence {b}, decode step {step} (position {pre[b] + step})",
-                                     alone[b][pre[b] + step], logits[b])
+            logits = run.step(step)
+            for b in range(len(seqs)):
+                p = run.pre[b] + step
+                d = first_divergence(f"sequence {b}, decode step {step} (position {p})", alone[b][p], logits[b])
                 if d is not None:
-                    return Check("teacher-forced == incremental decode (left-padded batch, DynamicCache)", False,
-                                 str(d), _localise_decode(model, seqs, b, pre[b] + step) if do_localise else None)
-    return Check("teacher-forced == incremental decode (left-padded batch, DynamicCache)", True)
+                    return Check(name, False, str(d), _localise_decode(model, seqs, k, b, step) if do_localise else None)
+    return Check(name, True)
 
 
-def _localise_decode(model, seqs, b, p):
-    """Sequence b alone: full forward vs prefill of p tokens + one decode step at position p."""
-    from transformers import DynamicCache
-    s = seqs[b]
-    cache = DynamicCache(config=model.config)
+def _localise_decode(model, seqs, k, b, step):
+    """Sequence b's teacher-forced forward alone vs the failing decode step of the same batched run
+    (replayed up to that step), so a batch-dependent divergence is localised as well as a decode one."""
     with torch.no_grad():
-        model(input_ids=s[None, :p], cache=cache, use_cache=True)
+        run = _BatchedDecode(model, seqs, k)
+        for s in range(step):
+            run.step(s)
+    p, s = run.pre[b] + step, seqs[b]
     return localise(model, lambda: _forward(model, s[None, :p + 1]), (1, p + 1), [(0, p)],
-                    lambda: model(input_ids=s[None, p:p + 1], position_ids=torch.tensor([[p]]), cache=cache,
-                                  use_cache=True), (1, 1), [(0, 0)])
+                    lambda: run.step(step), (len(seqs), 1), [(b, 0)])
 
 
 # ---------------------------------------------------------------- audit
@@ -285,6 +315,8 @@ def audit(model, input_ids, **forward_kwargs) -> Audit:
     TorchDispatchMode), so lockstep's own reference kernels are not counted.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
+    from .transformers import _refresh_stale
+    _refresh_stale(model)  # modules attached since the patch: patched (or refused) as the forward would
     stack: list[str] = []
     stock, lock, ops = [], [], {}
 

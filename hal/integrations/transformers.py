@@ -9,6 +9,10 @@
     lt.patch(model, matmul_spec=ExactMatmulSpec(slices=4))  # linears under the exact policy, weights prepared
     report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
     lt.audit(model, input_ids)                        # what still computes outside hal
+    ref = copy.deepcopy(model)                        # an independent patched copy; lt.revert(ref) unpatches it
+
+Modules attached after the patch (PEFT's LoRA, resize_token_embeddings) are patched on their first
+forward or refused by name; nested patches and pickling are refused (see :class:`Patch`).
 
 Supported model code: Llama, Qwen3, Qwen3-Next (gated attention, Gated DeltaNet, MoE) -- the full test
 set -- and Qwen2, Mistral (no sliding window) -- checked with verify -- of the transformers versions
@@ -17,7 +21,7 @@ when one of these functions is called, never at ``import hal``. See docs/integra
 """
 from __future__ import annotations
 
-import functools
+import copy
 import os
 
 import torch
@@ -28,7 +32,7 @@ from . import hf_modules as M
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
 
-__all__ = ["register", "patch", "apply", "Patch", "token_logprobs", "verify", "audit", "check_version",
+__all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
            "SUPPORTED", "NAME"]
 
 # The transformers releases whose model code the per-instance forwards below mirror (tested: 5.24.0).
@@ -102,7 +106,111 @@ _FORWARDS = {"linear": M.linear, "norm": M.rms_norm, "norm1p": M.rms_norm_one_pl
 
 _USES_MATMUL = {"linear", "router", "experts"}  # forwards that call hal.linear themselves: given the patch's matmul
 
-_MISSING = object()
+
+class _Missing:
+    """"No instance attribute was there" in an undo record; copy.deepcopy keeps it the one sentinel."""
+
+    def __reduce__(self):
+        return "_MISSING"
+
+    def __repr__(self):
+        return "<no instance attribute>"
+
+
+_MISSING = _Missing()
+
+_OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
+
+
+def _refuse_pickle(self, protocol=None):
+    raise UnsupportedError(
+        "a lockstep-patched model cannot be pickled (torch.save(model), pickle.dumps): its forwards are lockstep's "
+        "per-instance functions. Save model.state_dict() instead, or lt.revert(model) before saving and patch the "
+        "loaded model again; copy.deepcopy(model) works on a patched model.")
+
+
+class _PatchObject:
+    """State installed in a module's ``__dict__`` by a patch. An object (not a closure) so that
+    ``copy.deepcopy(model)`` binds the copy's attributes to the copied modules and patch; never pickled."""
+
+    __reduce_ex__ = _refuse_pickle
+
+    def __deepcopy__(self, memo):
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class _Forward(_PatchObject):
+    """A patched module's forward: lockstep's mirror ``fn`` of its class's forward, called on ``mod``."""
+
+    def __init__(self, patch, mod, fn, kind):
+        self.patch, self.mod, self.fn, self.__lockstep__ = patch, mod, fn, kind
+
+    def __call__(self, *args, **kwargs):
+        p = self.patch
+        if p.stale:  # a module was attached to the tree since the last walk: patch it before computing
+            p.refresh()
+        if self.__lockstep__ in _USES_MATMUL:
+            return self.fn(self.mod, *args, mm=p.matmul, **kwargs)
+        return self.fn(self.mod, *args, **kwargs)
+
+
+class _Pending(_PatchObject):
+    """The forward of a module attached to a patched tree after the patch: its first call walks the
+    tree (Patch.refresh: patch what is new, or refuse it by name), then runs the module's new forward."""
+
+    def __init__(self, patch, mod):
+        self.patch, self.mod = patch, mod
+
+    def __call__(self, *args, **kwargs):
+        self.patch.refresh()
+        return self.mod.forward(*args, **kwargs)
+
+
+class _GuardedGenerate(_PatchObject):
+    """``model.generate`` refusing beam search (its cache reordering would not move lockstep's GDN states)."""
+
+    def __init__(self, model, generate):
+        self.model, self.generate = model, generate
+
+    def __call__(self, *args, **kwargs):
+        gc = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
+        beams = kwargs.get("num_beams", getattr(gc, "num_beams", 1) if gc is not None else 1)
+        if beams is not None and int(beams) > 1:
+            raise UnsupportedError(f"beam search (num_beams={beams}) is not supported on a lockstep-patched model: "
+                                   "HF reorders its cache between beams but not lockstep's Gated DeltaNet states, "
+                                   "and beams are not a sampler's on-policy path. Use sampling or greedy decoding.")
+        return self.generate(*args, **kwargs)
+
+
+def _on_module_registered(parent, name, sub):
+    """torch's global hook on every ``parent.name = sub`` / ``add_module`` (before torch stores it): a
+    module attached to a patched tree gets a pending forward (patched, or refused by name, when it first
+    runs); one holding another patch's modules is refused now, before the assignment."""
+    p = _owner(parent)
+    if p is None or sub is None or sub.__dict__.get(_OWNER) is p:
+        return None
+    for sname, mod in sub.named_modules():
+        other = _owner(mod)
+        if other is not None and other is not p:
+            where = f"{name}.{sname}" if sname else name
+            raise InputError(f"cannot attach {where!r} ({type(mod).__name__}) to a module of a lockstep-patched "
+                             f"{type(p.model).__name__}: it is already patched by another lockstep patch (applied "
+                             f"to a {type(other.model).__name__}); revert() that patch first")
+    p._attached(sub)
+    return None
+
+
+_registration_hook = None
+
+
+def _watch_registrations():
+    global _registration_hook
+    if _registration_hook is None:
+        from torch.nn.modules.module import register_module_module_registration_hook
+        _registration_hook = register_module_module_registration_hook(_on_module_registered)
 
 
 class Patch:
@@ -112,29 +220,69 @@ class Patch:
     ``matmul`` (hf_matmul.PatchMatmul) holds the matmul spec of every patched linear
     (``matmul.spec``), the LM head's token_logprobs spec (``matmul.logprobs_spec``) and, under the
     exact policy, the weights prepared for them.
+
+    Lifecycle: a module attached to the tree after the patch (PEFT's LoRA adapters,
+    ``resize_token_embeddings``' new head, any ``parent.x = module``) is patched on its first forward,
+    or refused there by name. ``copy.deepcopy(model)`` gives an independent copy patched by its own
+    Patch (``model.__dict__["_lockstep_patch"]``), revertible on its own; pickling is refused.
     """
 
-    def __init__(self, model, matmul: PatchMatmul | None = None):
+    def __init__(self, model, matmul: PatchMatmul | None = None, unknown: str = "raise"):
         self.model = model
         self.matmul = matmul if matmul is not None else PatchMatmul()
+        self.unknown = unknown
         self.patched: list[tuple[str, str]] = []
         self._undo: list[tuple[torch.nn.Module, str, object]] = []
         self._hooks = []
+        self._pending: list[torch.nn.Module] = []
         self.active = False
+        self.stale = False  # a module was attached since the last walk (see refresh)
+
+    __reduce_ex__ = _refuse_pickle
+
+    def __deepcopy__(self, memo):
+        new = object.__new__(Patch)
+        memo[id(self)] = new
+        state = {k: v for k, v in self.__dict__.items() if k != "matmul"}
+        new.__dict__.update(copy.deepcopy(state, memo))
+        new.matmul = PatchMatmul(self.matmul.spec)  # the copy's weights are other tensors: prepared afresh
+        return new
 
     def _set_attr(self, mod, attr, value):
         self._undo.append((mod, attr, mod.__dict__.get(attr, _MISSING)))
         mod.__dict__[attr] = value
 
     def _set_forward(self, mod, fn, kind, name):
-        if kind in _USES_MATMUL:
-            fn = functools.partial(fn, mm=self.matmul)
-
-        def forward(*args, **kwargs):
-            return fn(mod, *args, **kwargs)
-        forward.__lockstep__ = kind
-        self._set_attr(mod, "forward", forward)
+        self._set_attr(mod, "forward", _Forward(self, mod, fn, kind))
         self.patched.append((name, kind))
+
+    def _take(self, modules) -> None:
+        """Mark ``[(name, module)]`` as this patch's and give each its lockstep forward (all checked before)."""
+        for name, mod in modules:
+            self._set_attr(mod, _OWNER, self)
+            kind = _kind(mod)
+            if kind is not None:
+                self._set_forward(mod, _FORWARDS[kind], kind, name)
+            if type(mod).__name__ in _DECODER_WITH_GDN:
+                self._hooks.append(mod.register_forward_pre_hook(M.decoder_position_hook, with_kwargs=True))
+
+    def _attached(self, sub) -> None:
+        self._set_attr(sub, "forward", _Pending(self, sub))
+        self._pending.append(sub)
+        self.stale = True
+
+    def refresh(self) -> None:
+        """Patch the modules attached to the tree since the last walk; refuse them by name (UnsupportedError,
+        InputError for another patch's modules) before changing anything. Runs by itself on the next forward."""
+        if not self.active:
+            return
+        new = [(n, m) for n, m in self.model.named_modules() if m.__dict__.get(_OWNER) is not self]
+        _check_modules(self.model, new, self.unknown, self.matmul)
+        self._take(new)
+        for mod in self._pending:  # pending forwards of modules with no lockstep forward of their own
+            if isinstance(mod.__dict__.get("forward"), _Pending):
+                mod.__dict__.pop("forward")
+        self._pending, self.stale = [], False
 
     def revert(self) -> None:
         for mod, attr, old in reversed(self._undo):
@@ -146,9 +294,8 @@ class Patch:
             h.remove()
         for _, mod in self.model.named_modules():
             mod.__dict__.pop("_lockstep_position_ids", None)
-        self._undo, self._hooks, self.active = [], [], False
+        self._undo, self._hooks, self._pending, self.active, self.stale = [], [], [], False, False
         self.matmul.clear()  # the prepared slices (as much memory as the weights under s = 4 and float32)
-        self.model.__dict__.pop("_lockstep_patch", None)
 
     def __enter__(self):
         return self
@@ -158,14 +305,24 @@ class Patch:
         return False
 
 
+def _owner(mod):
+    """The active Patch that ``mod`` belongs to, or None."""
+    p = mod.__dict__.get(_OWNER)
+    return p if p is not None and p.active else None
+
+
+def _refresh_stale(model) -> None:
+    """Bring every patch over ``model``'s modules up to date (what the next forward would do)."""
+    for p in {id(p): p for p in map(_owner, model.modules()) if p is not None and p.stale}.values():
+        p.refresh()
+
+
 def _validate(model, unknown: str, matmul: PatchMatmul):
     """Everything that can refuse, checked before any module is touched."""
     if unknown not in ("raise", "ignore"):
         raise InputError(f"unknown must be 'raise' or 'ignore', got {unknown!r}")
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
-    if model.__dict__.get("_lockstep_patch") is not None:
-        raise InputError("this model is already patched by lockstep; revert() the first patch before applying again")
     cfg = getattr(model, "config", None)
     problems = []
     if cfg is not None:
@@ -176,8 +333,22 @@ def _validate(model, unknown: str, matmul: PatchMatmul):
         act = getattr(cfg, "hidden_act", "silu")
         if act not in _MLP_ACTS:
             problems.append(f"hidden_act={act!r} (only silu MLPs are mirrored)")
-    unknown_mods = []
-    for name, mod in model.named_modules():
+    if problems:
+        raise UnsupportedError("lockstep cannot patch this model: " + "; ".join(problems), problems)
+    _check_modules(model, list(model.named_modules()), unknown, matmul)
+
+
+def _check_modules(model, modules, unknown: str, matmul: PatchMatmul):
+    """Refuse ``[(name, module)]`` of ``model`` that a patch cannot take: another patch's modules (nested or
+    overlapping patches), weights the matmul spec cannot take, dynamic RoPE, unknown classes."""
+    for name, mod in modules:
+        other = _owner(mod)
+        if other is not None:
+            raise InputError(f"module {name or '(root)'!r} ({type(mod).__name__}) is already patched by lockstep "
+                             f"(a patch applied to a {type(other.model).__name__}); nested or overlapping patches "
+                             "are refused: revert() that patch first, or patch only the outermost model")
+    problems, unknown_mods = [], []
+    for name, mod in modules:
         kind = _kind(mod)
         if kind in _USES_MATMUL:
             for pname, prm in mod.named_parameters(recurse=False):
@@ -222,22 +393,19 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
     Refuses (before touching anything) models with sliding-window attention, dynamic RoPE, non-SiLU
     MLPs, and modules of classes it does not know (norms included) unless ``unknown='ignore'``.
     Beam search is refused at ``generate`` time (its cache reordering would not move lockstep's
-    Gated DeltaNet states).
+    Gated DeltaNet states). Refuses (InputError) a model any of whose modules another patch holds:
+    nested or overlapping patches (``lt.apply(model.model)`` then ``lt.apply(model)``).
+    Modules attached later are patched (or refused by name) on their first forward; see :class:`Patch`.
     """
     matmul = PatchMatmul(matmul_spec)  # a bad spec is a SpecError before anything else
     check_version(allow_untested)
     _validate(model, unknown, matmul)
-    p = Patch(model, matmul)
-    for name, mod in model.named_modules():
-        kind = _kind(mod)
-        if kind is not None:
-            p._set_forward(mod, _FORWARDS[kind], kind, name)
-        if type(mod).__name__ in _DECODER_WITH_GDN:
-            p._hooks.append(mod.register_forward_pre_hook(M.decoder_position_hook, with_kwargs=True))
+    p = Patch(model, matmul, unknown)
+    p._take(list(model.named_modules()))
     if hasattr(model, "generate"):
-        p._set_attr(model, "generate", _guarded_generate(model, model.generate))
+        p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
     p.active = True
-    model.__dict__["_lockstep_patch"] = p
+    _watch_registrations()
     return p
 
 
@@ -246,16 +414,16 @@ def patch(model, **kwargs) -> Patch:
     return apply(model, **kwargs)
 
 
-def _guarded_generate(model, generate):
-    def wrapped(*args, **kwargs):
-        gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-        beams = kwargs.get("num_beams", getattr(gc, "num_beams", 1) if gc is not None else 1)
-        if beams is not None and int(beams) > 1:
-            raise UnsupportedError(f"beam search (num_beams={beams}) is not supported on a lockstep-patched model: "
-                                   "HF reorders its cache between beams but not lockstep's Gated DeltaNet states, "
-                                   "and beams are not a sampler's on-policy path. Use sampling or greedy decoding.")
-        return generate(*args, **kwargs)
-    return wrapped
+def revert(model) -> None:
+    """Revert the patch applied to ``model`` (the same as its handle's ``revert()``): e.g. on a
+    ``copy.deepcopy`` of a patched model, whose copy of the patch has no other handle."""
+    p = _owner(model) if isinstance(model, torch.nn.Module) else None
+    if p is None:
+        raise InputError(f"model ({type(model).__name__}) is not patched by lockstep: nothing to revert")
+    if p.model is not model:
+        raise InputError(f"model ({type(model).__name__}) is part of a patch applied to a {type(p.model).__name__}: "
+                         "revert that model (or its handle) instead")
+    p.revert()
 
 
 # ---------------------------------------------------------------- log-probs
@@ -274,7 +442,10 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
         raise InputError("model has no output embedding (LM head) with a weight")
     if getattr(head, "bias", None) is not None:
         raise UnsupportedError("LM heads with a bias are not supported by hal.token_logprobs")
-    p = model.__dict__.get("_lockstep_patch")
+    pending = head.__dict__.get("forward")
+    if isinstance(pending, _Pending):  # a head attached since the patch (resize_token_embeddings): patch it first
+        pending.patch.refresh()
+    p = _owner(head)
     if p is None:
         return hal.token_logprobs(hidden, head.weight, tokens, temperature)
     mm = p.matmul
