@@ -6,6 +6,10 @@ plain tensors without autograd. ``hal`` adds validation, dispatch and autograd a
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
+
 import torch
 
 from .spec import EXACT, FAST, OpSpec, STRICT
@@ -33,6 +37,27 @@ CONFORMANCE_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+_running = threading.local()
+
+
+def kernel_running() -> bool:
+    """Whether a backend op is running on this thread: the torch calls it makes are lockstep's own
+    internals (e.g. the exact policy's special-value ``@``), which ``hal.aten_mode()`` must leave to torch."""
+    return getattr(_running, "depth", 0) > 0
+
+
+def _marks_running(fn):
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        _running.depth = getattr(_running, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _running.depth -= 1
+    op._marks_running = True
+    return op
+
+
 class Backend:
     #: Name used by ``backend=``, ``hal.use`` and ``HAL_BACKEND``.
     name: str = ""
@@ -49,6 +74,14 @@ class Backend:
     #: Whether its exact-policy linear / token_logprobs read a prepared ``hal.ExactWeight`` (its slices);
     #: the others are given the prepared weight's source tensor (same bits, sliced per call).
     reads_exact_weight: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        """Every public method a subclass adds (its ops) marks the thread as inside lockstep while it runs."""
+        super().__init_subclass__(**kwargs)
+        for name, fn in list(vars(cls).items()):
+            if inspect.isfunction(fn) and not name.startswith("_") and not hasattr(Backend, name) \
+                    and not getattr(fn, "_marks_running", False):
+                setattr(cls, name, _marks_running(fn))
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run on this machine, else why not (missing package, device)."""
