@@ -113,7 +113,7 @@ def _softmax_like(name):
     def route(x, dim, half_to_float):
         if half_to_float or not _ok(x) or x.dim() == 0:
             return None
-            return getattr(ops, name.lstrip("_"))(x, dim)
+        return getattr(ops, name.lstrip("_"))(x, dim)
     return route
 
 
@@ -140,7 +140,7 @@ def _unary(name):
     def route(x, *extra):
         if not _ok(x) or (name == "softplus" and tuple(float(e) for e in extra[:1]) not in ((), (1.0,))):
             return None
-            return getattr(elementwise, name)(x)
+        return getattr(elementwise, name)(x)
     return route
 
 
