@@ -256,3 +256,18 @@ def test_inductor_without_the_eager_stance_would_give_stock_bits(monkeypatch):
         want = _glue(x, w1, w2, g)
         got = compiled(x, w1, w2, g)
     assert not same(got, want)
+
+
+def test_entering_aten_mode_inside_a_compiled_function_fails_and_changes_nothing():
+    from torch._dynamo import eval_frame
+
+    def f(x):
+        with hal.aten_mode():
+            return F.silu(x) * 2
+    x = _inputs()["x"]
+    with pytest.raises(Exception, match="set_stance"):
+        torch.compile(f, backend="inductor")(x)
+    assert eval_frame._stance.stance == "default" and am._active["depth"] == 0
+    assert not same(F.silu(x), hal.silu(x))  # no override was left installed: torch's own bits
+    with hal.aten_mode():  # and the mode still works afterwards
+        assert same(F.silu(x), hal.silu(x))
