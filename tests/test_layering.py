@@ -3,7 +3,7 @@ that is where import circles hide), and the backend contract's single homes.
 
 Layers (docs/architecture.md):
 
-* foundation: hal.spec, hal.errors, hal.validate, hal.backend, hal.dispatch, hal.ops_registry and the shared
+* foundation: hal.spec, hal.errors, hal.validate, hal.backend, hal.dispatch, hal.ops_registry, hal.fp_env and the shared
   semantics below the ops, hal.kernels.layout: importable by everyone;
 * public op modules: the ``hal`` package and the modules users call (hal.ops, hal.attention, ...): they
   validate and reach a backend through dispatch;
@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", "conformance": "hal.conformance"}
 
 FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry",
-              "hal.kernels.layout"}
+              "hal.fp_env", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
 #: (which runs backends directly and compares them with the oracles)

@@ -19,6 +19,22 @@ from .hf_attention import (attend, check_attention_args, segments_from_cu, segme
                            several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
 
+# A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
+_OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
+
+
+def _owner(mod):
+    """The active Patch that ``mod`` belongs to, or None."""
+    p = mod.__dict__.get(_OWNER)
+    return p if p is not None and p.active else None
+
+
+def _refresh_stale(model) -> None:
+    """Bring every patch over ``model``'s modules up to date (what the next forward would do)."""
+    for p in {id(p): p for p in map(_owner, model.modules()) if p is not None and p.stale}.values():
+        p.refresh()
+
+
 # ---------------------------------------------------------------- linear, norms, MLP, rotary
 
 

@@ -29,6 +29,7 @@ import torch
 import hal
 from ..errors import InputError, UnsupportedError
 from . import hf_modules as M
+from .hf_modules import _OWNER, _owner
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
 
@@ -119,7 +120,6 @@ class _Missing:
 
 _MISSING = _Missing()
 
-_OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
 
 
 def _refuse_pickle(self, protocol=None):
@@ -303,18 +303,6 @@ class Patch:
     def __exit__(self, *exc):
         self.revert()
         return False
-
-
-def _owner(mod):
-    """The active Patch that ``mod`` belongs to, or None."""
-    p = mod.__dict__.get(_OWNER)
-    return p if p is not None and p.active else None
-
-
-def _refresh_stale(model) -> None:
-    """Bring every patch over ``model``'s modules up to date (what the next forward would do)."""
-    for p in {id(p): p for p in map(_owner, model.modules()) if p is not None and p.stale}.values():
-        p.refresh()
 
 
 def _validate(model, unknown: str, matmul: PatchMatmul):
