@@ -238,12 +238,17 @@ def _count(n: int) -> str:
 
 
 def compared_nothing(records: list[Record]) -> list[str]:
-    """Why the run proves less than it claims: one line per claimed level that compared no case (with
-    every reason the backend gave), or one line when the run has no record at all."""
+    """Why the run proves less than it claims: one line per (backend, op, dtype, spec) whose claimed
+    levels compared no case, naming the levels and every reason the backend gave; or one line when the
+    run has no record at all."""
     if not records:
         return ["the run compared nothing: no case matched the backends, op families and dtypes asked for"]
-    return [f"{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}: claimed, but compared nothing: {r.detail}"
-            for r in records if r.claimed and r.status == "unsupported"]
+    empty: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r.claimed and r.status == "unsupported":
+            empty.setdefault((r.backend, r.op, r.dtype, r.spec_id, r.detail), []).append(r)
+    return [f"{b} {op} {dt} {spec} {' '.join(r.level for r in rs)}: claimed, but compared nothing: {detail}"
+            for (b, op, dt, spec, detail), rs in empty.items()]
 
 
 def exit_status(records: list[Record]) -> int:
