@@ -87,9 +87,10 @@ ORACLE = Float64Oracle()
 
 def is_float64_call(args, kwargs) -> bool:
     """Whether the call's first floating tensor argument (positional first, then keyword) is float64."""
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return a.dtype == F64
+    for group in (args, kwargs.values()):  # no tuple built per call: this runs on every op call
+        for a in group:
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                return a.dtype == F64
     return False
 
 

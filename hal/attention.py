@@ -9,7 +9,7 @@ Both give the same bits for the same query at the same absolute position, whatev
 cut, the cache layout or ``num_splits`` (see docs/attention.md).
 
 The semantics every backend shares (which keys a query sees, the packed <-> padded moves) live in
-hal/kernels/layout.py, below both this module and the backends; they are re-exported here.
+kernels/layout.py (``hal.kernels.layout``), below both this module and the backends; re-exported here.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ Moving keys in and out of a cache is a copy, so it never changes bits: the atten
 the same key values at the same absolute positions whatever the layout.
 
 :func:`append_kv` and :func:`gather_kv` are the low-level moves used by ``hal.flash_attn_with_kvcache``
-and the backends (they live in hal/kernels/layout.py, below both, and are re-exported here); :class:`KVCache` is a small owner of one layer's cache (page allocation with
-reference counts, prefix sharing) that tests and the engine share.
+and the backends (they live in kernels/layout.py, ``hal.kernels.layout``, below both; re-exported here);
+:class:`KVCache` is a small owner of one layer's cache (page allocation with reference counts, prefix
+sharing) that tests and the engine share.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ keys, per head dim) start from +0.0 and are folded into the split's running l / 
 alpha = exp(m_prev - m); splits are merged in order. Blocks and splits with no visible key are
 skipped (so how many splits a call computes at once, ``num_splits``, never matters: the reference
 merges the same splits in the same order). Host-side layout (varlen <-> padded, paged gather,
-key visibility) is the shared code in hal/kernels/layout.py.
+key visibility) is the shared code in kernels/layout.py.
 
 Speed without touching the order: a task runs all query heads of one kv head's group (GQA/MQA), since
 they see the same keys: one visible-key list, and heads in pairs share each load of a key or value
