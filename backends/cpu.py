@@ -43,12 +43,15 @@ def _exact():
 
 _lock = threading.Lock()
 _numba = None  # (numba, host.check_fp_environment) once numba's threading layer is chosen (the first call)
+_kernels = None  # hal.kernels.cpu (the cache stamp and the compile notice), once numba is started
 _threads = threading.local()  # numba's thread count is per calling thread: what this backend last set there
 
 
 def _start_numba():
-    global _numba
+    global _numba, _kernels
     import numba
+
+    import hal.kernels.cpu as _kernels
     from hal.kernels.cpu.host import check_fp_environment
     if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
         numba.config.THREADING_LAYER = "workqueue"  # takes effect if numba's pool is not started yet
@@ -61,10 +64,13 @@ def _strict(fn):
 
     Per-call work is kept to a few attribute reads (a small kernel takes microseconds): numba's
     thread count is set only when torch's differs from what this thread last set."""
+    op = fn.__name__
+
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         numba, check_fp_environment = _numba or _start_numba()
         with _lock:
+            _kernels.current_op = op  # named by the one-line notice if this call compiles
             n = torch.get_num_threads()
             if getattr(_threads, "n", None) != n:
                 numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
