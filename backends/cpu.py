@@ -78,14 +78,21 @@ def _jit_disabled() -> bool:
     return os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
 
 
+#: hal.kernels.cpu (its cache stamp and one-line compile notice), imported at the first compiled call
+_cpu_kernels = functools.cache(lambda: importlib.import_module("hal.kernels.cpu"))
+
+
 def _strict(fn):
     """Check the FP environment and set numba's thread count before a compiled call.
 
     Per-call work is kept to a few attribute reads (a small kernel takes microseconds): numba's
     thread count is set only when torch's differs from what this thread last set."""
+    op = fn.__name__
+
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         with _lock:
+            _cpu_kernels().current_op = op  # named by the one-line notice if this call compiles
             n = torch.get_num_threads()
             if getattr(_threads, "n", None) != n:
                 import numba

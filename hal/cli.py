@@ -5,6 +5,7 @@
     hal conformance run [--backend NAME|auto|all] [--device DEV] [--ops ...] [--quick] [--json F] [--junit F]
     hal conformance generate [--ops ...]       write golden files from the reference backend
     hal rl report LOGPROBS.npz [--json F]      sampler/trainer mismatch metrics of saved log-probs
+    hal warmup [--ops ...] [--dtypes ...]      compile the cpu backend's kernels ahead of time
 
 Exit status: 0 done; 1 a conformance run whose claimed levels fail or compared nothing; 2 bad input
 (`hal: <what and the fix>`, checked before any work: arguments, input files, output paths).
@@ -300,6 +301,38 @@ def _load_logprobs(path: str) -> dict:
     return out
 
 
+def _warmup(args) -> int:
+    """Compile (or load) the cpu backend's numba kernels ahead of time, e.g. while building an image or in
+    CI: each family's quick conformance cases on the cpu backend, which call every kernel the way real
+    calls do (both drivers, every dtype). A progress bar per (family, dtype) on stderr."""
+    from hal.conformance import families, runner
+    from hal.conformance.family import DTYPE_NAMES
+    from . import dispatch
+    cpu = dispatch.get_backend("cpu")
+    why = cpu.unavailable_reason()
+    if why:
+        print(f"hal warmup: backend 'cpu' is not available here: {why}", file=sys.stderr)
+        return 2
+    fams = _families(args.ops)
+    units = [(f, d) for f in fams for d in (args.dtypes or ["fp32", "bf16", "fp16"])
+             if any(DTYPE_NAMES[c.dtype] == d for c in families.get(f).quick_cases())]
+    t0, failed, width = time.time(), [], 30
+    for i, (fam, dt) in enumerate(units):
+        done = width * i // len(units)
+        print(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{len(units)} {fam} {dt} ({time.time() - t0:.0f} s)\x1b[K",
+              end="", file=sys.stderr, flush=True)
+        if runner.exit_status(runner.run(["cpu"], [fam], dtypes=[dt], quick=True)):
+            failed.append(f"{fam} {dt}")
+    print(f"\r[{'#' * width}] {len(units)}/{len(units)} ({time.time() - t0:.0f} s)\x1b[K", file=sys.stderr)
+    from hal.kernels import cpu as kernels
+    print(f"warm: the cpu backend's kernels for {', '.join(fams)} are in {kernels.cache_location()}")
+    if failed:
+        print(f"hal warmup: conformance failures in {', '.join(failed)}: run `hal conformance run --backend cpu`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _rl_report(args) -> int:
     """Metrics for arrays saved from any engine: npz with ``trainer`` and ``sampler`` log-probs ([B, T] or
     packed [N]) and optionally ``mask`` and ``cu_seqlens``."""
@@ -341,6 +374,9 @@ def main(argv=None) -> int:
     rep = rsub.add_parser("report", help="mismatch metrics of sampler/trainer log-probs saved in an .npz")
     rep.add_argument("file")
     rep.add_argument("--json", help="also write the metrics as JSON here")
+    wp = sub.add_parser("warmup", help="compile the cpu backend's kernels ahead of time (images, CI)")
+    wp.add_argument("--ops", nargs="*", help="op families (default: all)")
+    wp.add_argument("--dtypes", nargs="*", choices=["fp32", "bf16", "fp16"])
     args = p.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -349,6 +385,8 @@ def main(argv=None) -> int:
             return _spec(args)
         if args.cmd == "rl":
             return _rl_report(args)
+        if args.cmd == "warmup":
+            return _warmup(args)
         if args.conf_cmd == "run":
             return _conformance_run(args)
         return _conformance_generate(args)

@@ -4,11 +4,15 @@ numba's on-disk cache (``cache=True``) is keyed on the stamp of the file that de
 a change to a helper it inlines from another file (strict_math, reduce, host) would leave stale
 machine code in place, i.e. stale bits. So the cache of this package is tied to a hash of all its
 sources: when the hash changes, the package's cache files are removed before any kernel loads.
+
+Compiling takes seconds per kernel (minutes for the whole package on a small machine), so the first
+compile in a process prints one line saying so (:func:`announce_compiles`).
 """
 from __future__ import annotations
 
 import hashlib
 import pathlib
+import sys
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _STAMP = "lockstep-sources.sha256"
@@ -46,12 +50,57 @@ def drop_stale_cache() -> None:
         try:
             for f in list(folder.glob("*.nbi")) + list(folder.glob("*.nbc")):
                 f.unlink(missing_ok=True)
-            if folder == _HERE / "__pycache__":  # numba's first choice; the others only once numba made them
-                folder.mkdir(exist_ok=True)
-            if folder.is_dir():
-                stamp.write_text(digest)
+            # a folder not made yet holds no kernels, so it is in step with these sources: stamped now.
+            # Left unstamped, the next process would take numba's new files there for stale ones, drop
+            # them and compile everything a second time (seen with NUMBA_CACHE_DIR).
+            folder.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(digest)
         except OSError:  # a read-only install: numba then uses the other folder
             pass
 
 
+#: what the backend is computing (set by backends/cpu.py before each compiled call): named in the notice
+current_op = None
+_announced = False
+
+
+def cache_location() -> str:
+    from numba import config
+    return config.CACHE_DIR or str(_HERE / "__pycache__")
+
+
+def _notice(kernel: str) -> str:
+    what = f"for {current_op}" if current_op else f"({kernel})"
+    return (f"lockstep: compiling the cpu backend's numba kernels {what}: once per machine, then loaded from "
+            f"the disk cache ({cache_location()}); `hal warmup` compiles them ahead of time")
+
+
+def announce_compiles() -> None:
+    """Print one line to stderr at the first numba compile of one of this package's kernels in this
+    process (a numba event: loads from the disk cache are silent). Idempotent."""
+    try:
+        from numba.core import event
+    except ImportError:  # no numba: nothing here compiles (the backend says it is unavailable)
+        return
+
+    class _FirstCompile(event.Listener):
+        def on_start(self, ev):
+            global _announced
+            d = ev.data["dispatcher"]
+            if _announced or not d.py_func.__module__.startswith(__name__):
+                return
+            _announced = True
+            print(_notice(f"{d.py_func.__module__}.{d.py_func.__qualname__}"), file=sys.stderr, flush=True)
+
+        def on_end(self, ev):
+            pass
+
+    global _listener
+    if _listener is None:
+        _listener = _FirstCompile()
+        event.register("numba:compile", _listener)
+
+
+_listener = None
 drop_stale_cache()
+announce_compiles()

@@ -16,6 +16,10 @@ key tiles: the keys are independent chains, so the loop over them vectorises), f
 nested fma expression; values go eight keys per nested expression. A nested expression
 fma(x3, k3, fma(x2, k2, fma(x1, k1, fma(x0, k0, acc)))) is the chain's own order, one rounding per
 step: it only reads and writes the partial once per four steps instead of each step.
+
+The kernel sees float32 only (one compiled body for fp32, bf16 and fp16 instead of one per dtype): q
+widened on the host, the keys in their transposing copy, 16-bit values gathered widened; every widening
+is exact, so the values, and the bits, are those of the stored inputs.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from numba import njit, prange
 
 from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_padded
 
-from .host import F32, array, finish, parallel_worth, raw
+from .host import F32, array, finish, parallel_worth, raw, wide
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
 
 P_FP32, P_BF16, P_FP16 = 0, 1, 2
@@ -115,12 +119,13 @@ def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
             acc[c] = fma(pj, widen(vr[c]), acc[c])
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
     """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
     query heads. The heads of a group see the same keys, so they share the visible-key list and, in
     pairs, each load of a key tile; each head's chain stays its own. Values are read in place: key j
-    of sequence b is row rows[b, j] of v [R, Hkv, D] (a paged cache needs no gather)."""
+    of sequence b is row rows[b, j] of v [R, Hkv, D] (a float32 paged cache needs no gather). A
+    compiled function of its own, not inlined: both drivers call one compiled body."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
@@ -232,7 +237,8 @@ def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 def _attend_par(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
     bsz, nq = q.shape[:2]
     for task in prange(bsz * nq * kt.shape[1]):
-        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+        # np.int64: prange's index is unsigned, and the shared body would compile a second time for it
+        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, np.int64(task))
 
 
 @njit(cache=True)
@@ -244,7 +250,7 @@ def _attend_ser(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
 
 @njit(cache=True)
 def _keys_by_dim(k, rows, kt):
-    """kt[b, h, n, c, i] = k[rows[b, n * tw + i], h, c] (stored values, any dtype; k [R, Hkv, D], e.g.
+    """kt[b, h, n, c, i] = k[rows[b, n * tw + i], h, c] widened to float32 (k [R, Hkv, D] of any dtype, e.g.
     a paged cache read in place; tw = kt.shape[-1], the spec's kv_split or all keys when fewer): each
     (sequence, kv head)'s keys as one [D, tw] tile per split, so a split's scores vectorise over its
     keys and the copy writes one tile at a time (a [D, K] layout writes D streams K floats apart:
@@ -261,7 +267,7 @@ def _keys_by_dim(k, rows, kt):
             for c in range(d):
                 dst = kt[b, h, n, c]
                 for i in range(w):
-                    dst[i] = k[rows[b, j0 + i], h, c]
+                    dst[i] = widen(k[rows[b, j0 + i], h, c])
 
 
 def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
@@ -276,10 +282,13 @@ def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
     if out.numel():
         kr, r = raw(k), array(rows.contiguous())
         tw = max(1, min(spec.kv_split, r.shape[1]))  # splits start at multiples of kv_split
-        kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // tw), d, tw), kr.dtype)
+        kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // tw), d, tw), np.float32)
         _keys_by_dim(kr, r, kt)
+        if v.dtype is not F32:  # the rows it reads, widened (exactly): same values, one compiled body for all dtypes
+            v = v[rows.reshape(-1)].to(F32)
+            r = np.arange(r.size, dtype=np.int64).reshape(r.shape)
         attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
-        attend(raw(q), kt, raw(v), r, array(vis.contiguous()), np.float32(scale), spec.kv_block, spec.kv_split,
+        attend(wide(q), kt, raw(v), r, array(vis.contiguous()), np.float32(scale), spec.kv_block, spec.kv_split,
                spec.dot_tile, p_mode, array(out), array(lse))
     return finish(out, q.dtype), lse
 

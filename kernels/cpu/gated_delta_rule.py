@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from hal.kernels.layout import EPS_L2, Parts
 
-from .host import array, canonical_nan, empty, finish, parallel_worth, raw, zeros
+from .host import array, canonical_nan, empty, finish, parallel_worth, wide, zeros
 from .reduce import tiled_dot
 from .simd import vadd, vfma, vload, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, exp, fma, widen
@@ -141,7 +141,7 @@ def chain_rows(acc, coef, U, n):
 
 @njit(inline="always", cache=True)
 def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
-    """Token tk, q/k head hk (raw q, k [tokens, H, dk]) -> xq = (l2norm(q) or q) * scale, xk = l2norm(k)
+    """Token tk, q/k head hk (q, k [tokens, H, dk]) -> xq = (l2norm(q) or q) * scale, xk = l2norm(k)
     or k, float32. Computed inside each (sequence, value head) task: a group of value heads repeats
     this O(d_k) work rather than paying a separate parallel launch per call."""
     dk = xq.shape[0]
@@ -163,7 +163,7 @@ def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
 
 @njit(parallel=True, cache=True)
 def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out):
-    """q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV] (raw); S0 [N, HV, dk, dv].
+    """q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV] (float32); S0 [N, HV, dk, dv].
     Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after the last token)."""
     n = starts.shape[0]
     hv, dv = v.shape[1], v.shape[2]
@@ -331,9 +331,9 @@ def _chunked_par(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, 
     """As _serial, plus: opened [N] open rows of the incoming state (open_* [N, C, ...] float32);
     writes S_out (state at the last chunk boundary), final_out (after the last token; if want_final)
     and new_* (the rows after the last boundary, zeros past them: the caller passes zeros)."""
-    for task in prange(starts.shape[0] * v.shape[1]):
+    for task in prange(starts.shape[0] * v.shape[1]):  # np.int64: one compile of the body shared with _chunked_ser
         _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-                      C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task)
+                      C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, np.int64(task))
 
 
 @njit(cache=True)
@@ -364,8 +364,10 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
     tok = b * tlen
     starts, lengths = _layout(q, cu_seqlens)
     n = starts.shape[0]
-    q3, k3, sc = raw(q).reshape(tok, h, dk), raw(k).reshape(tok, h, dk), np.float32(scale)
-    v3, g2, b2 = raw(v).reshape(tok, hv, dv), raw(g).reshape(tok, hv), raw(beta).reshape(tok, hv)
+    # float32 copies of the tokens (exact widening; O(tokens * d) against the kernel's O(tokens * d_k * d_v)):
+    # the kernels compile once, not once per dtype
+    q3, k3, sc = wide(q).reshape(tok, h, dk), wide(k).reshape(tok, h, dk), np.float32(scale)
+    v3, g2, b2 = wide(v).reshape(tok, hv, dv), wide(g).reshape(tok, hv), wide(beta).reshape(tok, hv)
     S0 = array(parts.S.contiguous())
     o, o_np = zeros(tok, hv, dv)
     S, S_np = empty(n, hv, dk, dv)

@@ -104,7 +104,7 @@ def _store(c, ncols, tot, ni, r, c0, bias_rows, bias):
                 c[o + uint64(j)] = canon(v)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
 def _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot):
     """_R rows of A (a: [rows, K] flat) times a block of panels (p: [panels, K, _L] flat) into C
     (c: [rows, ncols] flat). Flat arrays with unsigned offsets: a row view costs reference counting
@@ -173,8 +173,8 @@ def _gemm_par(A, B, nk, C, T, bias, xpacked):
     CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C  # tasks write C^T, then
     a, p, c = A.ravel(), P.ravel(), CT.ravel()
     for task in prange(tasks):
-        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task,
-                   np.empty(_R * _L, np.float32))
+        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, np.int64(task),
+                   np.empty(_R * _L, np.float32))  # np.int64: prange's index is unsigned (one compile, not two)
     if xpacked:
         for blk in prange((C.shape[0] + _L - 1) // _L):
             _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
@@ -203,7 +203,7 @@ def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
     return vload(tmp, 0)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
 def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
     """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
     k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
@@ -256,7 +256,7 @@ def _dots_par(A, B, C, T, bias):
     N = B.shape[0]
     a, b, c = A.ravel(), B.ravel(), C.ravel()
     for blk in prange(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, blk, np.empty(8, np.float32))
+        _dots_task(a, b, c, M, N, K, T, bias, np.int64(blk), np.empty(8, np.float32))  # np.int64: as _gemm_par
 
 
 @njit(cache=True)

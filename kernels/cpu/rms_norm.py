@@ -12,7 +12,7 @@ from .reduce import tiled_dot
 from .strict_math import ONE, canon, widen
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
 def _rms_row(h, w, eps, t, out, r):
     n = h.shape[1]
     x = np.empty(n, np.float32)
@@ -28,7 +28,7 @@ def _rms_row(h, w, eps, t, out, r):
 @njit(parallel=True, cache=True)
 def _rms_par(h, w, eps, t, out):
     for r in prange(h.shape[0]):
-        _rms_row(h, w, eps, t, out, r)
+        _rms_row(h, w, eps, t, out, np.int64(r))  # np.int64: prange's index is unsigned (one compile, not two)
 
 
 @njit(cache=True)

@@ -105,7 +105,7 @@ def _exp_shifted(x, m, e):
         e[i] = exp(widen(x[i]) - m)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
 def _softmax_row(x, t, kind, out, r):
     n = x.shape[1]
     o = out[r]
@@ -129,7 +129,7 @@ def _softmax_row(x, t, kind, out, r):
 @njit(parallel=True, cache=True)
 def _softmax_par(x, t, kind, out):
     for r in prange(x.shape[0]):
-        _softmax_row(x, t, kind, out, r)
+        _softmax_row(x, t, kind, out, np.int64(r))  # np.int64: prange's index is unsigned (one compile, not two)
 
 
 @njit(cache=True)
@@ -164,7 +164,7 @@ def logsumexp(x, spec):
     return _run(x, spec, LOGSUMEXP)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
 def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
     """out[row0 + r] from row r of logits [C, V] (one token's logits per row, our scratch: divided by
     the temperature in place when scale, then overwritten by exp(logit - shift) once the token's
@@ -184,7 +184,7 @@ def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
 @njit(parallel=True, cache=True)
 def _logprob_par(logits, row0, tokens, temp, scale, t, out):
     for r in prange(logits.shape[0]):
-        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+        _logprob_row(logits, row0, tokens, temp, scale, t, out, np.int64(r))  # np.int64: as _softmax_par
 
 
 @njit(cache=True)
