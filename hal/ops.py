@@ -44,7 +44,7 @@ def exact_weight(weight: torch.Tensor, *, spec, layout: str = "linear", backend=
     ExactMatmulSpec, or an exact token_logprobs spec, or either's id). ``backend``: whose slicer
     runs (default: the one ``hal.linear`` would pick for this device; the slices are the same bits
     from every backend). A call with the result gives the bits of the same call with ``weight``;
-    using it after ``weight`` changed in place raises InputError (docs/exact_matmul.md).
+    using it after ``weight``'s bits changed, in any way, raises InputError (docs/exact_matmul.md).
     """
     v.tensor("weight", weight, ndim=2)
     v.floating("weight", weight)
@@ -70,7 +70,7 @@ def _unprepared(name: str, w, layout: str):
         return None, w
     w.check_fresh(name)
     w.check_layout(name, layout)
-    return w, w.source
+    return w.checked(), w.source  # checked here: the kernel's own check (prepared.unpack) is not repeated
 
 
 def _weight_arg(impl, prepared: ExactWeight | None, weight: torch.Tensor):

@@ -2,7 +2,8 @@
 bits of the same call with the plain tensor (reference, cpu, jax backends; the Triton kernel under
 TRITON_INTERPRET=1), for linear, matmul and token_logprobs, every dtype, s = 2..4, NaN/inf inputs;
 gradients as with the plain weight; staleness and bad inputs raise clear errors; negative
-controls (slices of a perturbed weight, a change torch does not count) are caught by the same check.
+controls (slices of a perturbed weight, stale slices re-stamped past the guard) are caught by the same check.
+Every way of changing a weight is refused: tests/test_exact_fresh.py.
 """
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def test_bad_inputs():
 
 def test_negative_controls_are_caught():
     """The prepared-vs-per-call check fails when the slices are not the weight's: slices of a weight with
-    one value's sign flipped, and slices left stale by a write torch does not count (``.data``, unguarded by design)."""
+    one value's sign flipped, and stale slices (of the weight before a ``.data`` write) re-stamped past the guard."""
     x, w, _ = _xwb(torch.float32, m=(4,))
     near = w.clone()
     j = int(w[2].abs().argmax())  # one value of the row (its largest) with the wrong sign
@@ -166,9 +167,12 @@ def test_negative_controls_are_caught():
             assert_bits(f"{be} perturbed slices", want, hal.linear(x, wrong, spec=S4, backend=be))
     p = w.clone()
     ew = hal.exact_weight(p, spec=S4)
-    p.data.mul_(3)  # not counted by torch's version counter: the documented blind spot
+    p.data.mul_(3)  # not counted by torch's version counter; the content stamp sees it
+    stale = ExactWeight(p, S4, "linear", ew.sliced)  # the old bits' slices stamped with the new bits: unguarded
     with pytest.raises(AssertionError):
-        assert_bits("stale via .data", hal.linear(x, p, spec=S4), hal.linear(x, ew, spec=S4))
+        assert_bits("stale via .data", hal.linear(x, p, spec=S4), hal.linear(x, stale, spec=S4))
+    with pytest.raises(hal.InputError, match="weight changed"):
+        hal.linear(x, ew, spec=S4)
 
 
 def test_jax_backend_takes_prepared_weights():

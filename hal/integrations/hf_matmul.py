@@ -2,12 +2,11 @@
 
 Every linear of a patched model (``nn.Linear`` incl. the LM head, the MoE router and experts) runs
 ``hal.linear(..., spec=matmul.spec)`` through one :class:`PatchMatmul`. Under an exact spec
-(``ExactMatmulSpec``) a weight is sliced once (``hal.exact_weight``) and the slices are reused until
-torch reports the weight changed: the cache entry remembers the weight's ``_version`` (bumped by
-every in-place write torch counts: an optimizer step, ``load_state_dict``, ``w.mul_()``) and
-``data_ptr()`` (``w.data = t`` rebinds it). A write torch does not count -- through ``w.data``
-(``w.data.copy_(t)``) or through another tensor over the same storage -- is not seen: call
-``patch.matmul.clear()`` after such writes (kernels/exact/prepared.py has the same blind spot).
+(``ExactMatmulSpec``) a weight is sliced once (``hal.exact_weight``) and the slices are reused while
+the weight holds the same bits: each call compares the weight's stamp (kernels/exact/prepared.py: its
+version counter and storage, then a hash of its bits) with the one it was sliced from, so every
+write is seen -- an optimizer step (fused, foreach or loop), ``load_state_dict``, ``w.data.copy_``,
+``w.data = t``, a broadcast into the parameter -- and inference tensors (no version counter) work.
 """
 from __future__ import annotations
 
@@ -47,10 +46,6 @@ def logprobs_spec(matmul_spec: specs.OpSpec) -> specs.TokenLogprobsSpec:
     raise SpecError(f"matmul_spec {matmul_spec.id}: no token_logprobs spec computes its logits with this dot")
 
 
-def _stamp(t: torch.Tensor) -> tuple:
-    return t._version, t.data_ptr(), t.shape, t.dtype, t.device
-
-
 class PatchMatmul:
     """One patch's matmul spec (``spec``), the matching ``logprobs_spec``, and its prepared weights.
 
@@ -61,7 +56,7 @@ class PatchMatmul:
         self.spec = resolve(matmul_spec)
         self.logprobs_spec = logprobs_spec(self.spec)
         self.exact = self.spec.policy == specs.EXACT
-        self._prepared: dict[object, tuple[tuple, ExactWeight]] = {}
+        self._prepared: dict[object, ExactWeight] = {}
         self.slicings = 0
 
     def check_weight(self, name: str, w: torch.Tensor) -> None:
@@ -74,20 +69,20 @@ class PatchMatmul:
         """What ``hal.linear`` gets for weight ``w`` (a parameter, or a fixed view of one named by ``key``).
 
         Not exact: ``w``. Exact: an ExactWeight over ``w`` whose slices are re-made only when ``w``'s
-        stamp changed. ``key`` names the weight across calls (``w`` may be a new view object each call).
+        bits (or storage) differ from those they were cut from; the result is checked, so the call it is
+        handed to does not hash the weight again. ``key`` names the weight across calls (``w`` may be a
+        new view object each call).
         """
         if not self.exact:
             return w
-        stamp = _stamp(w)
-        hit = self._prepared.get(key)
-        if hit is None or hit[0] != stamp:
-            hit = (stamp, hal.exact_weight(w, spec=self.spec))
-            self._prepared[key] = hit
+        ew = self._prepared.get(key)
+        if ew is not None and ew.source is not w:  # same weight, another view object: autograd must reach w
+            ew = ew.over(w)
+        if ew is None or not ew.is_fresh():
+            ew = hal.exact_weight(w, spec=self.spec)
             self.slicings += 1
-        ew = hit[1]
-        if ew.source is not w:  # same values, another view object: autograd must reach the caller's tensor
-            ew = ExactWeight(w, ew.spec, ew.layout, ew.sliced)
-        return ew
+        self._prepared[key] = ew
+        return ew.checked()
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias=None, key=None) -> torch.Tensor:
         """``hal.linear`` under the patch's spec. ``key`` names a model weight (prepared once under an exact
@@ -95,7 +90,7 @@ class PatchMatmul:
         return hal.linear(x, w if key is None else self.weight(w, key), bias, spec=self.spec)
 
     def clear(self) -> None:
-        """Drop every prepared weight (after writes torch does not count, e.g. ``w.data.copy_(t)``)."""
+        """Drop every prepared weight (frees their memory; never needed for correctness)."""
         self._prepared.clear()
 
 

@@ -17,15 +17,24 @@ import torch
 from hal.errors import InputError
 
 from . import core
+from .stamp import content_hash
 
 LAYOUTS = {"linear": "weight [N, K] (hal.linear; the LM head [V, H] of token_logprobs)",
            "matmul": "b [K, N] (hal.matmul)"}
 
 
-def _stamp(t: torch.Tensor) -> tuple[int, int]:
-    """What changes when a tensor's values may have changed: torch's in-place version counter (shared by
-    views and ``detach()``) and the storage address (``param.data = ...`` rebinds it)."""
-    return t._version, t.data_ptr()
+def quick_stamp(t: torch.Tensor) -> tuple:
+    """What says for free that a tensor may have changed: torch's in-place version counter (none on
+    inference tensors), its storage address, shape, strides, dtype and device. A change here means
+    re-slice; no change proves nothing (a fused optimizer step bumps no version), so the content
+    stamp (``stamp.content_hash``) is always read as well."""
+    version = None if t.is_inference() else t._version
+    return version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device
+
+
+def stamp_of(t: torch.Tensor) -> tuple:
+    """The quick stamp and the hash of the bits: what an ExactWeight compares on each use."""
+    return quick_stamp(t), content_hash(t)
 
 
 class ExactWeight:
@@ -39,16 +48,37 @@ class ExactWeight:
 
     ``source`` is the tensor itself (kept, not copied): NaN/inf inputs read it (special values are
     not in the slices), backends that do not read slices get it, and autograd's weight gradient
-    lands on it. Any use after the source changed in place raises InputError; a change that torch
-    does not count (writes through ``.data`` or through another tensor sharing the storage) is not
-    seen: prepare again after such writes.
+    lands on it. Any use after the source's bits changed raises InputError, however they changed
+    (an optimizer step fused or not, ``.data`` writes, a rebound storage, a broadcast): each use
+    compares the source's stamp -- its quick stamp, then the hash of its bits -- with the one taken
+    when it was sliced (kernels/exact/stamp.py; cost in docs/exact_matmul.md).
     """
 
-    __slots__ = ("source", "spec", "layout", "sliced", "_stamp")
+    __slots__ = ("source", "spec", "layout", "sliced", "_stamp", "_checked")
 
-    def __init__(self, source: torch.Tensor, spec, layout: str, sliced: core.Sliced):
+    def __init__(self, source: torch.Tensor, spec, layout: str, sliced: core.Sliced, source_stamp=None):
+        """``source_stamp``: the stamp of the bits ``sliced`` was cut from (default: ``source``'s now)."""
         self.source, self.spec, self.layout, self.sliced = source, spec, layout, sliced
-        self._stamp = _stamp(source)
+        self._stamp = stamp_of(source) if source_stamp is None else source_stamp
+        self._checked = False
+
+    def over(self, source: torch.Tensor) -> "ExactWeight":
+        """The same slices and stamp over another tensor object with the same values (a new view of the
+        same weight, so that autograd reaches the caller's tensor); its next use checks it as usual."""
+        return ExactWeight(source, self.spec, self.layout, self.sliced, self._stamp)
+
+    def checked(self) -> "ExactWeight":
+        """A copy whose next ``check_fresh`` is skipped once: for a caller that has just checked this
+        weight and hands it straight to one op (the op and its kernel would hash the same bits again)."""
+        ew = self.over(self.source)
+        ew._checked = True
+        return ew
+
+    def is_fresh(self) -> bool:
+        """Whether the source still holds the bits the slices were cut from (the hash is read only when
+        the quick stamp matches: a quick-stamp change is a change)."""
+        quick, digest = self._stamp
+        return quick_stamp(self.source) == quick and content_hash(self.source) == digest
 
     @property
     def rows(self) -> torch.Tensor:
@@ -76,9 +106,12 @@ class ExactWeight:
                 f"dtype={self.dtype}, device={self.device})")
 
     def check_fresh(self, name: str = "weight") -> None:
-        if _stamp(self.source) != self._stamp:
-            raise InputError(f"{name}: weight changed since exact_weight(...) (modified in place or its "
-                             "storage replaced, so its slices are stale); prepare it again with "
+        if self._checked:
+            self._checked = False
+            return
+        if not self.is_fresh():
+            raise InputError(f"{name}: weight changed since exact_weight(...) (its bits or its storage differ "
+                             "from those it was sliced from, so its slices are stale); prepare it again with "
                              "hal.exact_weight(weight, spec=...)")
 
     def check_layout(self, name: str, layout: str) -> None:
@@ -103,8 +136,9 @@ def prepare(weight: torch.Tensor, spec, layout: str = "linear", slicer=None) -> 
     rows = weight if layout == "linear" else weight.transpose(0, 1)
     core.check_k("weight", rows.shape[1])
     with torch.no_grad():
+        source_stamp = stamp_of(weight)  # before slicing: a change while slicing then shows as stale
         sliced = (slicer or core.slice_rows)(rows.detach(), spec.slices)
-    return ExactWeight(weight, spec, layout, sliced)
+    return ExactWeight(weight, spec, layout, sliced, source_stamp)
 
 
 def unpack(weight, spec) -> tuple[torch.Tensor, core.Sliced | None]:
