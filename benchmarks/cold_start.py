@@ -77,7 +77,8 @@ def _child(kind, ops, out):
     else:
         import torch
 
-        from hal.integrations import transformers as lt  # registers attn_implementation="lockstep"
+        from hal.integrations import transformers as lt
+        lt.register()  # attn_implementation="lockstep"
         from hal.integrations.hf_testing import VOCAB, tiny_model
         model = tiny_model("llama")
         ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
