@@ -69,7 +69,9 @@ def test_first_compile_prints_one_line_then_none_once_cached(tmp_path):
     assert cold.returncode == 0, cold.stderr
     lines = [ln for ln in cold.stderr.splitlines() if ln.startswith(NOTICE)]
     assert len(lines) == 1, cold.stderr
-    assert "for rms_norm" in lines[0] and str(tmp_path) in lines[0] and "once per machine" in lines[0]
+    # the first compile may be the FP-environment probe that runs at selection (hal.fp_env), before the op's
+    # kernel: the line names whatever compiled first
+    assert str(tmp_path) in lines[0] and "once per machine" in lines[0]
     warm = _python(_NORM_CALLS, tmp_path)  # the cache the first process left: loads, compiles nothing
     assert warm.returncode == 0, warm.stderr
     assert NOTICE not in warm.stderr, warm.stderr
