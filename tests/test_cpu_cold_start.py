@@ -30,8 +30,9 @@ def test_attention_compiles_one_body_for_three_dtypes():
         ref = hal.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, backend="reference")
         assert torch.equal(_bits(out), _bits(ref)), dt
     # the task body: one float32 signature, whatever the input dtype (before: inlined into each driver, per dtype)
-    assert len(attention._attend_task.signatures) == 1
-    assert len(attention._attend_ser.signatures) == 1
+    # (0 where the drivers came from a warm disk cache: a cached caller links its callee without loading it)
+    assert len(attention._attend_task.signatures) <= 1
+    assert len(attention._attend_ser.signatures) <= 1
 
 
 def test_gated_delta_rule_compiles_once_for_three_dtypes():
@@ -46,8 +47,8 @@ def test_gated_delta_rule_compiles_once_for_three_dtypes():
             ref, _ = hal.chunk_gated_delta_rule(q, k, v, gate, beta, spec=spec, backend="reference")
             assert torch.equal(_bits(out), _bits(ref)), (dt, spec)
     # before: one compile of each per dtype (the tokens reached the kernels raw)
-    assert len(gated_delta_rule._chunked_task.signatures) == 1
-    assert len(gated_delta_rule._serial.signatures) == 1
+    assert len(gated_delta_rule._chunked_task.signatures) <= 1  # 0 from a warm cache, as above
+    assert len(gated_delta_rule._serial.signatures) <= 1
 
 
 def _python(code, cache, *args):
@@ -107,4 +108,4 @@ def test_parallel_and_serial_drivers_share_one_compiled_body():
     assert np.array_equal(par.view(np.int32), ser.view(np.int32))
     # prange's index is unsigned: passed as is, the row body would compile a second time for the parallel driver
     f32_rows = [s for s in k._rms_row.signatures if str(s[0]).startswith("array(float32")]
-    assert len(f32_rows) == 1, k._rms_row.signatures
+    assert len(f32_rows) <= 1, k._rms_row.signatures  # 0 where the drivers came from a warm disk cache
