@@ -72,12 +72,7 @@ def scalar(name: str, value, *, positive: bool = False, reciprocal: bool = False
     if isinstance(value, torch.Tensor) and value.dim() == 0 and (value.dtype.is_floating_point or
                                                                  value.dtype in (torch.int32, torch.int64)):
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
-    try:
-        f = float(value)
-    except OverflowError:
-        raise InputError(f"{name} = {value!r} does not fit a float") from None
+    f = _real_number(name, value)
     f32 = float(torch.tensor(f, dtype=torch.float32))
     if not math.isfinite(f32):
         raise InputError(f"{name} must be finite as the float32 number the op uses, got {value!r} "
@@ -130,17 +125,22 @@ def normalize_dim(dim: int, ndim: int) -> int:
     return dim % ndim
 
 
+def _real_number(name: str, value) -> float:
+    """``float(value)`` of an int or float (never a bool or a str), as an InputError naming ``name`` if not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise InputError(f"{name} = {value!r} does not fit a float") from None
+
+
 def real(name: str, value, *, allow_inf: bool = False) -> float:
     """A real-number parameter used in float64 math (not rounded to float32, unlike :func:`scalar`): an
     int, float or 0-dim real tensor, never a bool, a str or NaN; +-inf only with ``allow_inf``."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_complex and value.dtype != torch.bool:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
-    try:
-        f = float(value)
-    except OverflowError:
-        raise InputError(f"{name} = {value!r} does not fit a float") from None
+    f = _real_number(name, value)
     if math.isnan(f) or (math.isinf(f) and not allow_inf):
         raise InputError(f"{name} must be a {'non-NaN' if allow_inf else 'finite'} number, got {value!r}")
     return f
