@@ -134,13 +134,16 @@ def check_engine_model(model) -> None:
             "model.generate for this model.")
 
 
-_EXACT_PROCESSORS = {"ContinuousBatchingTemperatureLogitsWarper", "ContinuousBatchingTopKLogitsWarper"}
+# transformers' temperature and top-k warpers (plain or per-request): scores / t, and scores below the
+# k-th highest masked (ties kept) -- both reproduced exactly by kept_logprobs
+_EXACT_PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "ContinuousBatchingTemperatureLogitsWarper",
+                     "ContinuousBatchingTopKLogitsWarper"}
 
 
 def sampling_settings(processor_list) -> tuple[float, int | None]:
     """(temperature, top_k) of the engine's logits processors; refuses any other processor by name."""
     temperature, top_k = 1.0, None
-    for proc in getattr(processor_list, "processors", []):
+    for proc in processor_list.logits_processor:
         name = type(proc).__name__
         if name not in _EXACT_PROCESSORS:
             raise UnsupportedError(

@@ -1,0 +1,213 @@
+"""transformers' continuous-batching engine on lockstep: scheduler-invariant bits, engine == trainer.
+
+Quick set (CI): tiny Llama fp32. Full matrix (Llama, Qwen3; fp32, bf16):
+``LOCKSTEP_ENGINE_FULL=1 python -m pytest -q tests/test_hf_engine.py``.
+Every comparison is on raw float32 bits; stock sdpa through the same cases is the caught negative control.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hal.errors import UnsupportedError  # noqa: E402
+from hal.integrations import hf_engine  # noqa: E402
+from hal.integrations import transformers as lt  # noqa: E402
+from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+
+FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
+CASES = [("llama", torch.float32)] + ([("llama", torch.bfloat16), ("qwen3", torch.float32),
+                                       ("qwen3", torch.bfloat16)] if FULL else [])
+NEW = 6
+# two prompts share a 9-token prefix (two full pages at page size 4: block sharing has something to share)
+_g = torch.Generator().manual_seed(0)
+_PREFIX = torch.randint(0, VOCAB, (9,), generator=_g).tolist()
+PROMPTS = [_PREFIX + torch.randint(0, VOCAB, (8,), generator=_g).tolist(),
+           torch.randint(0, VOCAB, (5,), generator=_g).tolist(),
+           _PREFIX + torch.randint(0, VOCAB, (3,), generator=_g).tolist(),
+           torch.randint(0, VOCAB, (7,), generator=_g).tolist()]
+
+# the easy configuration and the hard one: a 4-token budget cuts the 17-token prompt into 5 chunks and
+# mixes chunks with decode rows, 4-token pages, 10 blocks (too few for all four: offloading), sharing on
+EASY = dict(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=False)
+HARD = dict(page_size=4, num_blocks=8, max_batch_tokens=4, allow_block_sharing=True, safety_margin=0.0)
+
+
+def _gen_config(do_sample=False, **kw):
+    from transformers import GenerationConfig
+    return GenerationConfig(max_new_tokens=NEW, do_sample=do_sample, eos_token_id=-1, pad_token_id=0, **kw)
+
+
+def run_engine(model, prompts, cb, gen=None, order=None, persistent=False):
+    """{prompt index: (tokens, float32 log-prob tensor)}, the engine steps, and the model's forward token count."""
+    from transformers import ContinuousBatchingConfig
+    order = list(range(len(prompts))) if order is None else order
+    steps, counted = [], []
+    hooks = hf_engine.step_hooks(model)
+    hooks.append(steps.append)
+    inner = model.get_decoder()
+    h = inner.register_forward_pre_hook(lambda mod, args, kw: counted.append(kw["input_ids"].shape[1]),
+                                        with_kwargs=True)
+    try:
+        out = model.generate_batch([prompts[i] for i in order], generation_config=gen or _gen_config(),
+                                   continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **cb),
+                                   progress_bar=False, persistent_manager=persistent)
+    finally:
+        hooks.remove(steps.append)
+        h.remove()
+    res = {}
+    for j, rid in enumerate(sorted(out, key=lambda r: int(r.split("_")[-1]))):  # ids count on in a kept manager
+        i, o = order[j], out[rid]
+        res[i] = (list(o.generated_tokens), torch.tensor(o.logprobs, dtype=torch.float32))
+    return res, steps, sum(counted)
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def teacher_forced(model, prompt, tokens, **kw):
+    """The trainer's side: one forward over prompt + generated, lt.token_logprobs at the generated positions."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+    return lt.token_logprobs(model, hidden[len(prompt) - 1:-1], torch.tensor(tokens), **kw)
+
+
+def differing_tokens(a, b) -> int:
+    return sum(int(x != y) for i in a for x, y in zip(a[i][1].view(torch.int32).tolist(),
+                                                       b[i][1].view(torch.int32).tolist()))
+
+
+def prove_hard_cases(steps):
+    """The hard configuration really chunked, mixed and offloaded (scheduler hook)."""
+    prefill_steps, decoding, mixed = {}, set(), False
+    for s in steps:
+        decode_rows = [rid for rid, _, _ in s.requests if rid in decoding]
+        prefill_rows = [rid for rid, _, _ in s.requests if rid not in decoding]
+        mixed |= bool(prefill_rows) and bool(decode_rows) and len(s.requests) >= 2
+        for rid in prefill_rows:
+            prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+        decoding |= {rid for rid, _, new in s.requests if new}
+    assert max(prefill_steps.values()) >= 3, prefill_steps
+    assert mixed, [s.requests for s in steps]
+    assert steps[-1].offloads >= 1, "no request was offloaded"
+
+
+@pytest.fixture(scope="module")
+def registered():
+    lt.register()
+
+
+@pytest.mark.parametrize("kind,dtype", CASES, ids=[f"{k}-{str(d)[6:]}" for k, d in CASES])
+def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype):
+    model = tiny_model(kind, dtype=dtype)
+    stock = copy.deepcopy(model)
+    stock.set_attn_implementation("sdpa")
+    with lt.patch(model):
+        easy, _, count = run_engine(model, PROMPTS, EASY)
+        hard, steps, _ = run_engine(model, PROMPTS, HARD, order=[3, 1, 0, 2])
+        prove_hard_cases(steps)
+        # no second pass: every request's prompt + generated - 1 positions, nothing more
+        assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
+        for i, p in enumerate(PROMPTS):
+            assert easy[i][0] == hard[i][0], i
+            assert same_bits(easy[i][1], hard[i][1]), i
+            assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
+    # negative control: stock sdpa, same cases, differs across the scheduler settings or from teacher forcing
+    s_easy, _, _ = run_engine(stock, PROMPTS, EASY)
+    s_hard, _, _ = run_engine(stock, PROMPTS, HARD, order=[3, 1, 0, 2])
+    teacher = {i: (s_easy[i][0], teacher_forced(stock, p, s_easy[i][0])) for i, p in enumerate(PROMPTS)}
+    assert differing_tokens(s_easy, s_hard) + differing_tokens(s_easy, teacher) > 0
+
+
+def test_engine_sampled_topk_equals_trainer(registered):
+    model = tiny_model("llama")
+    gen = _gen_config(do_sample=True, temperature=0.7, top_k=20)
+    with lt.patch(model):
+        torch.manual_seed(1)
+        out, _, _ = run_engine(model, PROMPTS[:2], HARD, gen=gen)
+        for i, p in enumerate(PROMPTS[:2]):
+            tokens, lp = out[i]
+            assert same_bits(lp, teacher_forced(model, p, tokens, temperature=0.7, top_k=20)), i
+            # the control: the full-vocabulary (raw) value is another number on every token
+            raw = teacher_forced(model, p, tokens, temperature=0.7)
+            assert not (lp.view(torch.int32) == raw.view(torch.int32)).any()
+
+
+def test_prefix_blocks_invalidated_after_weight_update(registered):
+    model = tiny_model("llama")
+    fresh = copy.deepcopy(model)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    cb = dict(page_size=4, num_blocks=64, max_batch_tokens=64, allow_block_sharing=True)
+
+    def update(m):
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(5)
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
+
+    results = {}
+    for invalidate in (True, False):
+        m = copy.deepcopy(model)
+        with lt.patch(m):
+            run_engine(m, prompts, cb, persistent=True)  # fills the prefix cache under the old weights
+            state = hf_engine.engine_state(m._cached_continuous_batching_manager)
+            state.invalidate_on_update = invalidate
+            update(m)
+            results[invalidate], _, _ = run_engine(m, prompts, cb, persistent=True)
+            m.destroy_cached_continuous_batching_manager()
+    update(fresh)
+    with lt.patch(fresh):
+        want, _, _ = run_engine(fresh, prompts, cb)
+    for i in range(2):
+        assert same_bits(results[True][i][1], want[i][1]), i
+    # negative control: without the invalidation the stale shared blocks change the bits
+    assert differing_tokens(results[False], want) > 0
+
+
+def test_engine_refusals(registered):
+    from transformers import ContinuousBatchingConfig
+    model = tiny_model("llama")
+    with lt.patch(model):
+        with pytest.raises(UnsupportedError, match="TopPLogitsWarper"):
+            model.generate_batch([PROMPTS[1]], generation_config=_gen_config(do_sample=True, top_p=0.9),
+                                 continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+    gdn = tiny_model("qwen3_next")
+    with lt.patch(gdn):
+        with pytest.raises(UnsupportedError, match="Gated DeltaNet"):
+            gdn.generate_batch([PROMPTS[1]], generation_config=_gen_config(),
+                               continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+
+
+def test_paged_adapter_matches_contiguous_keys():
+    """The serving-engine form (block table + slot mapping, as vLLM hands it) gives the bits of contiguous keys."""
+    g = torch.Generator().manual_seed(0)
+    lens, new = [5, 9], [2, 1]
+    H, D, page = 2, 8, 4
+    q = torch.randn(sum(new), 4, D, generator=g)
+    keys = [torch.randn(n, H, D, generator=g) for n in lens]
+    vals = [torch.randn(n, H, D, generator=g) for n in lens]
+    pages = torch.tensor([[5, 0, -1], [2, 7, 1]])
+    kc, vc = torch.zeros(8, page, H, D), torch.zeros(8, page, H, D)
+    slot = lambda b, t: int(pages[b, t // page]) * page + t % page  # noqa: E731
+    for b, n in enumerate(lens):  # the old tokens already cached
+        for t in range(n - new[b]):
+            kc.view(-1, H, D)[slot(b, t)], vc.view(-1, H, D)[slot(b, t)] = keys[b][t], vals[b][t]
+    mapping = torch.tensor([slot(b, t) for b, n in enumerate(lens) for t in range(n - new[b], n)])
+    batch = hf_engine.EngineBatch(torch.tensor([0, 2, 3]), torch.tensor(lens), pages, mapping)
+    k_new = torch.cat([keys[b][-new[b]:] for b in range(2)])
+    v_new = torch.cat([vals[b][-new[b]:] for b in range(2)])
+    gk, gv = hf_engine.gather_paged(kc, vc, k_new, v_new, batch)
+    assert torch.equal(gk, torch.cat(keys)) and torch.equal(gv, torch.cat(vals))
+    got = hf_engine.engine_attention(q, gk, gv, batch, 0.3)
+    want = hf_engine.engine_attention(q, torch.cat(keys), torch.cat(vals), batch, 0.3)
+    assert same_bits(got, want)
+    # each request alone gives its rows' bits (neighbours change nothing)
+    alone = hf_engine.engine_attention(q[2:], keys[1], vals[1],
+                                       hf_engine.EngineBatch(torch.tensor([0, 1]), torch.tensor([9])), 0.3)
+    assert same_bits(got[2:], alone)
