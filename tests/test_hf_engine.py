@@ -17,70 +17,18 @@ pytest.importorskip("transformers")
 from hal.errors import UnsupportedError  # noqa: E402
 from hal.integrations import hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from examples.engine_parity import (EASY, HARD, HARD_ORDER, NEW, PROMPTS, differing_tokens,  # noqa: E402
+                                     run_engine, teacher_forced)
+from examples.engine_parity import gen_config as _gen_config  # noqa: E402
 
 FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
 CASES = [("llama", torch.float32)] + ([("llama", torch.bfloat16), ("qwen3", torch.float32),
                                        ("qwen3", torch.bfloat16)] if FULL else [])
-NEW = 6
-# two prompts share a 9-token prefix (two full pages at page size 4: block sharing has something to share)
-_g = torch.Generator().manual_seed(0)
-_PREFIX = torch.randint(0, VOCAB, (9,), generator=_g).tolist()
-PROMPTS = [_PREFIX + torch.randint(0, VOCAB, (8,), generator=_g).tolist(),
-           torch.randint(0, VOCAB, (5,), generator=_g).tolist(),
-           _PREFIX + torch.randint(0, VOCAB, (3,), generator=_g).tolist(),
-           torch.randint(0, VOCAB, (7,), generator=_g).tolist()]
-
-# the easy configuration and the hard one: a 4-token budget cuts the 17-token prompt into 5 chunks and
-# mixes chunks with decode rows, 4-token pages, 10 blocks (too few for all four: offloading), sharing on
-EASY = dict(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=False)
-HARD = dict(page_size=4, num_blocks=8, max_batch_tokens=4, allow_block_sharing=True, safety_margin=0.0)
-
-
-def _gen_config(do_sample=False, **kw):
-    from transformers import GenerationConfig
-    return GenerationConfig(max_new_tokens=NEW, do_sample=do_sample, eos_token_id=-1, pad_token_id=0, **kw)
-
-
-def run_engine(model, prompts, cb, gen=None, order=None, persistent=False):
-    """{prompt index: (tokens, float32 log-prob tensor)}, the engine steps, and the model's forward token count."""
-    from transformers import ContinuousBatchingConfig
-    order = list(range(len(prompts))) if order is None else order
-    steps, counted = [], []
-    hooks = hf_engine.step_hooks(model)
-    hooks.append(steps.append)
-    inner = model.get_decoder()
-    h = inner.register_forward_pre_hook(lambda mod, args, kw: counted.append(kw["input_ids"].shape[1]),
-                                        with_kwargs=True)
-    try:
-        out = model.generate_batch([prompts[i] for i in order], generation_config=gen or _gen_config(),
-                                   continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **cb),
-                                   progress_bar=False, persistent_manager=persistent)
-    finally:
-        hooks.remove(steps.append)
-        h.remove()
-    res = {}
-    for j, rid in enumerate(sorted(out, key=lambda r: int(r.split("_")[-1]))):  # ids count on in a kept manager
-        i, o = order[j], out[rid]
-        res[i] = (list(o.generated_tokens), torch.tensor(o.logprobs, dtype=torch.float32))
-    return res, steps, sum(counted)
 
 
 def same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
-
-
-def teacher_forced(model, prompt, tokens, **kw):
-    """The trainer's side: one forward over prompt + generated, lt.token_logprobs at the generated positions."""
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
-    return lt.token_logprobs(model, hidden[len(prompt) - 1:-1], torch.tensor(tokens), **kw)
-
-
-def differing_tokens(a, b) -> int:
-    return sum(int(x != y) for i in a for x, y in zip(a[i][1].view(torch.int32).tolist(),
-                                                       b[i][1].view(torch.int32).tolist()))
 
 
 def prove_hard_cases(steps):
@@ -96,6 +44,7 @@ def prove_hard_cases(steps):
     assert max(prefill_steps.values()) >= 3, prefill_steps
     assert mixed, [s.requests for s in steps]
     assert steps[-1].offloads >= 1, "no request was offloaded"
+    assert any(s.decode_fast_path for s in steps), "no step took the decode fast path"
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +59,7 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
     stock.set_attn_implementation("sdpa")
     with lt.patch(model):
         easy, _, count = run_engine(model, PROMPTS, EASY)
-        hard, steps, _ = run_engine(model, PROMPTS, HARD, order=[3, 1, 0, 2])
+        hard, steps, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
         prove_hard_cases(steps)
         # no second pass: every request's prompt + generated - 1 positions, nothing more
         assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
@@ -120,7 +69,7 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
             assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
     # negative control: stock sdpa, same cases, differs across the scheduler settings or from teacher forcing
     s_easy, _, _ = run_engine(stock, PROMPTS, EASY)
-    s_hard, _, _ = run_engine(stock, PROMPTS, HARD, order=[3, 1, 0, 2])
+    s_hard, _, _ = run_engine(stock, PROMPTS, HARD, order=HARD_ORDER)
     teacher = {i: (s_easy[i][0], teacher_forced(stock, p, s_easy[i][0])) for i, p in enumerate(PROMPTS)}
     assert differing_tokens(s_easy, s_hard) + differing_tokens(s_easy, teacher) > 0
 

@@ -21,6 +21,7 @@ Features that cannot be exact are refused by name (:func:`check_engine_model`, :
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -105,16 +106,25 @@ def is_engine_cache(cache) -> bool:
 
 def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
     """A patched attention layer's core inside HF's engine: ``q [1, Hq, T, D]``, new ``k/v [1, Hkv, T, D]``
-    -> ``[1, T, Hq * Dv]``. The engine's allocator writes/reads its cache (exact copies); lockstep attends."""
-    if kwargs.get("block_table") is not None:
-        raise UnsupportedError("the continuous-batching engine's decode fast path (block_table / "
-                               "flash_attn_with_kvcache, CUDA flash only) is not supported by lockstep yet: "
-                               "set ContinuousBatchingConfig(max_blocks_per_request=0)")
-    keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]
+    -> ``[1, T, Hq * Dv]``. Varlen steps: the engine's allocator writes and reads its cache (exact copies).
+    Decode fast path (a block table, one new token per request): the serving-engine form, gather_paged."""
+    keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
     cu_k = kwargs["cu_seq_lens_k"]
-    batch = EngineBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
-    out = engine_attention(q[0].transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), batch,
-                           mod.scaling)
+    table = kwargs.get("block_table")
+    if table is None:
+        batch = EngineBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
+        keys, values = keys[0].transpose(0, 1), values[0].transpose(0, 1)
+    else:
+        n = q.shape[2]  # decode only: one query per request
+        lens = (cu_k[1:n + 1] - cu_k[:n]).to(torch.int64)
+        k_cache, v_cache = kwargs["k_cache"], kwargs["v_cache"]
+        page = k_cache.shape[1]
+        pos = lens - 1  # the new token's position
+        slots = table[:n].to(torch.int64).gather(1, (pos // page).reshape(-1, 1)).reshape(-1) * page + pos % page
+        batch = EngineBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
+                            block_table=table[:n], slot_mapping=slots)
+        keys, values = gather_paged(k_cache, v_cache, k[0].transpose(0, 1), v[0].transpose(0, 1), batch)
+    out = engine_attention(q[0].transpose(0, 1), keys, values, batch, mod.scaling)
     return out.reshape(1, out.shape[0], -1)
 
 
@@ -212,9 +222,11 @@ def _weights_version(model) -> tuple:
 @dataclass(frozen=True)
 class EngineStep:
     """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
-    (has_new_token False: a prefill chunk that does not end its prompt) and ``offloads`` so far."""
+    (has_new_token False: a prefill chunk that does not end its prompt), ``offloads`` so far, and whether
+    it took the engine's decode fast path (block table)."""
     requests: list
     offloads: int
+    decode_fast_path: bool
 
 
 class _EngineState:
@@ -248,7 +260,7 @@ class _EngineState:
     def after_schedule(self) -> None:
         io = self.processor.inputs_and_outputs
         step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token))
-                           for fs in io.requests_in_batch], self.offloads)
+                           for fs in io.requests_in_batch], self.offloads, bool(io.use_block_table))
         for fn in step_hooks(self.model):
             fn(step)
 
@@ -301,6 +313,7 @@ class _LockstepStep:
 
 
 _installed = False
+_building = threading.local()  # .lockstep: a lockstep model's engine is being configured (this thread)
 
 
 def _lockstep_model(model) -> bool:
@@ -316,6 +329,26 @@ def install() -> None:
     from transformers.generation.continuous_batching import continuous_api as api
     Manager = api.ContinuousBatchingManager
     switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
+
+    # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's
+    # adapter serves it on any device (gather_paged), so it stays on for a lockstep model's engine.
+    from transformers.generation.continuous_batching import initialization as init
+    ensure_fast_path = init.ensure_decode_fast_path_is_available
+
+    def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
+        if not getattr(_building, "lockstep", False):
+            return ensure_fast_path(config, cb_config, user_requested)
+        if not all(init.ATTN_TYPE_TO_ALLOCATOR[t].supports_block_table for t in init.group_layers_by_attn_type(config)):
+            cb_config.max_blocks_per_request = 0
+
+    init_manager = Manager.__init__
+
+    def __init__(self, model, *args, **kwargs):
+        _building.lockstep = _lockstep_model(model)
+        try:
+            init_manager(self, model, *args, **kwargs)
+        finally:
+            _building.lockstep = False
 
     def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash=True):
         if not _lockstep_model(model):
@@ -357,6 +390,8 @@ def install() -> None:
             off.offload_requests = state.count_offloads(off.offload_requests)
         return processor
 
+    init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
+    Manager.__init__ = __init__
     Manager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
     Manager._create_batch_processor = _create_batch_processor
     _installed = True
