@@ -47,6 +47,39 @@ def prove_hard_cases(steps):
     assert any(s.decode_fast_path for s in steps), "no step took the decode fast path"
 
 
+def run_arrivals(model, prompts, cb):
+    """Prompt 0 alone first; the others are added once it decodes (requests arriving into a running batch)."""
+    import threading
+    from transformers import ContinuousBatchingConfig
+    steps, decoding = [], threading.Event()
+
+    def hook(step):
+        steps.append(step)
+        if any(new for rid, _, new in step.requests if rid == "req_0"):
+            decoding.set()
+    hf_engine.step_hooks(model).append(hook)
+    manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(return_logprobs=True, **cb))
+    manager.start()
+    try:
+        manager.add_request(prompts[0], request_id="req_0")
+        assert decoding.wait(120), "the first request never decoded"
+        for i in range(1, len(prompts)):
+            manager.add_request(prompts[i], request_id=f"req_{i}")
+        res = {}
+        while len(res) < len(prompts):
+            o = manager.get_result(timeout=120)
+            assert o is not None, "the engine stopped before all requests finished"
+            res[int(o.request_id.split("_")[-1])] = (list(o.generated_tokens),
+                                                      torch.tensor(o.logprobs, dtype=torch.float32))
+    finally:
+        manager.stop(block=True)
+        hf_engine.step_hooks(model).remove(hook)
+    first_decode = next(k for k, s in enumerate(steps) if any(new for rid, _, new in s.requests if rid == "req_0"))
+    later = [k for k, s in enumerate(steps) if any(rid != "req_0" for rid, _, _ in s.requests)]
+    assert later and min(later) > first_decode  # the others joined a batch already decoding
+    return res
+
+
 @pytest.fixture(scope="module")
 def registered():
     lt.register()
@@ -61,11 +94,13 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
         easy, _, count = run_engine(model, PROMPTS, EASY)
         hard, steps, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
         prove_hard_cases(steps)
+        arrived = run_arrivals(model, PROMPTS, HARD)
         # no second pass: every request's prompt + generated - 1 positions, nothing more
         assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
         for i, p in enumerate(PROMPTS):
             assert easy[i][0] == hard[i][0], i
             assert same_bits(easy[i][1], hard[i][1]), i
+            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
             assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
     # negative control: stock sdpa, same cases, differs across the scheduler settings or from teacher forcing
     s_easy, _, _ = run_engine(stock, PROMPTS, EASY)

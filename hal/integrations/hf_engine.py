@@ -302,7 +302,7 @@ class _LockstepStep:
         n = tokens.shape[0]
         output_ids[0, :n].copy_(tokens)
         if runner.return_logprobs:
-            from .transformers import token_logprobs
+            token_logprobs = _hooks["token_logprobs"]
             t = temperature if runner.do_sample else 1.0
             k = top_k if runner.do_sample else None
             lp = token_logprobs(model, hidden.detach(), tokens, t, top_k=k)
@@ -317,13 +317,17 @@ _building = threading.local()  # .lockstep: a lockstep model's engine is being c
 
 
 def _lockstep_model(model) -> bool:
-    from .hf_modules import _owner
-    return _owner(model) is not None
+    return _hooks["owner"](model) is not None
 
 
-def install() -> None:
-    """Wrap the engine's two entry points (once per process); models without a lockstep patch see HF's own."""
+_hooks: dict = {}  # "owner": a module's lockstep patch or None; "token_logprobs": lt.token_logprobs
+
+
+def install(owner, token_logprobs) -> None:
+    """Wrap the engine's entry points (once per process); models without a lockstep patch see HF's own.
+    ``owner`` and ``token_logprobs`` come from hal.integrations.transformers (which imports this module)."""
     global _installed
+    _hooks.update(owner=owner, token_logprobs=token_logprobs)
     if _installed:
         return
     from transformers.generation.continuous_batching import continuous_api as api

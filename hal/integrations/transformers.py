@@ -395,7 +395,7 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
         p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
     p.active = True
     _watch_registrations()
-    hf_engine.install()  # transformers' continuous-batching engine runs a patched model on lockstep
+    hf_engine.install(_owner, token_logprobs)  # transformers' continuous-batching engine runs a patched model on lockstep
     return p
 
 
