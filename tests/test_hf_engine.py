@@ -1,6 +1,6 @@
 """transformers' continuous-batching engine on lockstep: scheduler-invariant bits, engine == trainer.
 
-Quick set (CI): tiny Llama fp32. Full matrix (Llama, Qwen3; fp32, bf16):
+Quick set (CI): tiny Llama fp32 and bf16. Full matrix (Llama, Qwen3; fp32, bf16):
 ``LOCKSTEP_ENGINE_FULL=1 python -m pytest -q tests/test_hf_engine.py``.
 Every comparison is on raw float32 bits; stock sdpa through the same cases is the caught negative control.
 """
@@ -23,8 +23,8 @@ from examples.engine_parity import (EASY, HARD, HARD_ORDER, NEW, PROMPTS, differ
 from examples.engine_parity import gen_config as _gen_config  # noqa: E402
 
 FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
-CASES = [("llama", torch.float32)] + ([("llama", torch.bfloat16), ("qwen3", torch.float32),
-                                       ("qwen3", torch.bfloat16)] if FULL else [])
+CASES = [("llama", torch.float32), ("llama", torch.bfloat16)] + ([("qwen3", torch.float32),
+                                                                  ("qwen3", torch.bfloat16)] if FULL else [])
 
 
 def same_bits(a, b) -> bool:
@@ -95,6 +95,7 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
         hard, steps, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
         prove_hard_cases(steps)
         arrived = run_arrivals(model, PROMPTS, HARD)
+        assert model.config._attn_implementation == lt.NAME  # the engine's stop() put the name back
         # no second pass: every request's prompt + generated - 1 positions, nothing more
         assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
         for i, p in enumerate(PROMPTS):
