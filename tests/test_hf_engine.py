@@ -31,6 +31,12 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def teacher_hidden(model, prompt, tokens):
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=torch.tensor([prompt + tokens])).last_hidden_state[0]
+    return hidden[len(prompt) - 1:-1].clone()
+
+
 def prove_hard_cases(steps):
     """The hard configuration really chunked, mixed and offloaded (scheduler hook)."""
     prefill_steps, decoding, mixed = {}, set(), False
@@ -119,6 +125,12 @@ def test_engine_sampled_topk_equals_trainer(registered):
         for i, p in enumerate(PROMPTS[:2]):
             tokens, lp = out[i]
             assert same_bits(lp, teacher_forced(model, p, tokens, temperature=0.7, top_k=20)), i
+            # the trainer's autograd path: the same bits, and a gradient
+            h = teacher_hidden(model, p, tokens).requires_grad_()
+            lp_grad = lt.token_logprobs(model, h, torch.tensor(tokens), temperature=0.7, top_k=20)
+            assert same_bits(lp, lp_grad.detach()), i
+            lp_grad.sum().backward()
+            assert h.grad is not None and bool(h.grad.abs().sum() > 0)
             # the control: the full-vocabulary (raw) value is another number on every token
             raw = teacher_forced(model, p, tokens, temperature=0.7)
             assert not (lp.view(torch.int32) == raw.view(torch.int32)).any()

@@ -170,20 +170,32 @@ def sampling_settings(processor_list) -> tuple[float, int | None]:
 # ---------------------------------------------------------------- log-probs over the kept set
 
 
-def renormalise_kept(lp_token: torch.Tensor, lp_kept: list[torch.Tensor]) -> torch.Tensor:
+def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
 
-    ``lp_token [n]`` and ``lp_kept[i]`` (the full-vocabulary log-probs of row i's kept tokens, ascending
-    token id) are lockstep's float32 bits; the sum runs in float64 in that fixed order with Python's
-    math (no vectorised exp whose bits depend on a row's position), then rounds once to float32.
+    ``lp_token [n]`` and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
+    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
+    float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
+    position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
+    ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).
     """
-    out = []
-    for lp, kept in zip(lp_token.tolist(), lp_kept):
+    exact = []
+    for row in torch.split(lp_kept.detach(), counts):
         total = 0.0
-        for x in kept.tolist():
+        for x in row.tolist():
             total += math.exp(x)
-        out.append(lp - math.log(total))
-    return torch.tensor(out, dtype=torch.float32, device=lp_token.device)
+        exact.append(math.log(total))
+    log_sum = torch.tensor(exact, dtype=torch.float64, device=lp_token.device)
+    if lp_token.requires_grad or lp_kept.requires_grad:
+        n, width = len(counts), max(counts)
+        starts = torch.tensor([0] + counts[:-1], device=lp_kept.device).cumsum(0)
+        rows = torch.repeat_interleave(torch.arange(n, device=lp_kept.device), torch.tensor(counts, device=lp_kept.device))
+        cols = torch.arange(lp_kept.shape[0], device=lp_kept.device) - starts[rows]
+        padded = lp_kept.new_full((n, width), float("-inf"), dtype=torch.float64).index_put((rows, cols),
+                                                                                          lp_kept.double())
+        lse = torch.logsumexp(padded, -1)
+        log_sum = log_sum + (lse - lse.detach())  # + 0.0 exactly: the value stays the float64 sum above
+    return (lp_token.double() - log_sum).float()
 
 
 def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int,
@@ -207,8 +219,7 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature
     rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
     lp_all = logprobs_fn(h[rows], ids, temperature)
     lp_tok = logprobs_fn(h, t, temperature)
-    counts = kept.sum(-1).tolist()
-    return renormalise_kept(lp_tok, list(torch.split(lp_all, counts))).reshape(shape)
+    return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
 
 
 # ---------------------------------------------------------------- the engine step
