@@ -174,6 +174,10 @@ def test_engine_refusals(registered):
         with pytest.raises(UnsupportedError, match="TopPLogitsWarper"):
             model.generate_batch([PROMPTS[1]], generation_config=_gen_config(do_sample=True, top_p=0.9),
                                  continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+        manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(**EASY))
+        with pytest.raises(UnsupportedError, match=r"per-request sampling settings \['temperature'\]"):
+            manager.add_request(PROMPTS[1], temperature=0.5)
+        assert manager.input_queue.empty()  # nothing was queued
     gdn = tiny_model("qwen3_next")
     with lt.patch(gdn):
         with pytest.raises(UnsupportedError, match="Gated DeltaNet"):

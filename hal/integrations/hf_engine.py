@@ -287,10 +287,6 @@ class _LockstepStep:
         runner = self.runner
         runner.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
         temperature, top_k = sampling_settings(runner.logit_processor)
-        for fs in runner.inputs_and_outputs.requests_in_batch:
-            if fs.state.logit_processor_kwargs:
-                raise UnsupportedError(f"per-request sampling settings {sorted(fs.state.logit_processor_kwargs)} "
-                                       "in the engine: lockstep records log-probs with the engine-wide settings only")
         seen = []
         head = model.get_output_embeddings()
         handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
@@ -407,6 +403,17 @@ def install(owner, token_logprobs) -> None:
 
     init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
     Manager.__init__ = __init__
+    add_request = Manager.add_request
+
+    def add_request_checked(self, input_ids, *args, **logit_processor_kwargs):
+        known = {"request_id", "max_new_tokens", "streaming", "record_timestamps", "eos_token_id"}
+        per_request = sorted(set(logit_processor_kwargs) - known)
+        if per_request and _lockstep_model(self.model):
+            raise UnsupportedError(f"per-request sampling settings {per_request} in the engine: lockstep records "
+                                   "log-probs with the engine-wide settings (generation_config) only")
+        return add_request(self, input_ids, *args, **logit_processor_kwargs)
+
+    Manager.add_request = add_request_checked
     Manager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
     Manager._create_batch_processor = _create_batch_processor
     _installed = True
