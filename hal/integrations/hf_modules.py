@@ -18,6 +18,7 @@ from ..errors import UnsupportedError
 from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
                            several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
+from .hf_engine import hf_paged_attention, is_engine_cache
 
 # A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
 _OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
@@ -127,6 +128,9 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     c, s = cos[..., :half].unsqueeze(-2).float(), sin[..., :half].unsqueeze(-2).float()
     q, k = hal.apply_rotary(q, c, s), hal.apply_rotary(k, c, s)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
+        out = hf_paged_attention(mod, q, k, v, cache, kwargs)
+        return mod.o_proj(out * hal.sigmoid(gate) if gated else out), None
     if cache is not None:
         _check_cache_layer(cache, mod.layer_idx)
         if getattr(cache, "_lockstep_packed", False) and cache.get_seq_length(mod.layer_idx) > 0:

@@ -32,6 +32,7 @@ from . import hf_modules as M
 from .hf_modules import _OWNER, _owner
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
+from . import hf_engine
 
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
            "SUPPORTED", "NAME"]
@@ -394,6 +395,7 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
         p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
     p.active = True
     _watch_registrations()
+    hf_engine.install(_owner, token_logprobs)  # transformers' continuous-batching engine runs a patched model on lockstep
     return p
 
 
@@ -417,14 +419,22 @@ def revert(model) -> None:
 # ---------------------------------------------------------------- log-probs
 
 
-def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                   top_k: int | None = None) -> torch.Tensor:
     """float32 ``log p(tokens | hidden)`` with the model's LM head (hal.token_logprobs).
+
+    ``top_k``: the log-prob under the distribution top-k sampling draws from -- softmax(logits /
+    temperature) renormalised over each row's kept set (the k highest scores, ties kept), the value
+    the continuous-batching engine records under lockstep (hf_engine.kept_logprobs).
 
     ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
     ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens. On a model patched
     with ``matmul_spec``, the token_logprobs spec whose logits use that dot (exact s ->
     ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
     """
+    if top_k is not None:
+        return hf_engine.kept_logprobs(model, hidden, tokens, temperature, top_k,
+                                       lambda h, t, temp: token_logprobs(model, h, t, temp))
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise InputError("model has no output embedding (LM head) with a weight")

@@ -1,0 +1,438 @@
+"""transformers' continuous-batching engine on lockstep's bits.
+
+The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen
+batch per step: prefill chunks cut by ``max_batch_tokens`` next to decode rows, KV in pages, blocks
+shared across requests (prefix cache), requests offloaded when blocks run out. Three pieces make a
+request's bits independent of all that:
+
+* attention: :class:`EngineBatch` is the batch metadata a serving engine has (query start offsets,
+  sequence lengths, and, for engines that hand over their page table, block table + slot mapping);
+  :func:`engine_attention` runs ``hal.flash_attn_varlen_func`` over it, each request's queries
+  bottom-right aligned on its own keys (L1 + L2: neighbours, chunking and paging change no bit).
+  :func:`hf_paged_attention` is the transformers shim; another engine is another thin shim.
+* log-probs: the engine's own forward step is replaced by :class:`_LockstepStep`, the same forward
+  (one model call per step, no second pass) whose recorded log-prob is
+  ``lt.token_logprobs(model, hidden, token, temperature, top_k)`` of the hidden state the LM head saw.
+* the prefix cache: blocks computed under older weights are evicted before the next batch is
+  scheduled (:meth:`_EngineState.before_schedule`).
+
+Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`check_processors`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..attention import flash_attn_varlen_func
+from ..errors import InputError, UnsupportedError
+
+# the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
+# accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
+_ENGINE_ATTN = "paged|eager"
+_STATE = "_lockstep_engine"  # attribute on the engine's batch processor
+
+
+# ---------------------------------------------------------------- engine-neutral adapter
+
+
+@dataclass(frozen=True)
+class EngineBatch:
+    """One engine step's attention metadata, as serving engines hold it.
+
+    ``query_start_loc [n+1]``: cumulative query tokens per request (the rows of ``q``);
+    ``seq_lens [n]``: keys each request sees after this step (cached + new; queries are the last ones);
+    ``block_table [n, max_pages]`` and ``slot_mapping [tokens]`` (optional): where the engine's paged
+    cache holds each request's keys and where each new token's key goes (``page * page_size + offset``).
+    """
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor | None = None
+    slot_mapping: torch.Tensor | None = None
+
+    def key_starts(self) -> torch.Tensor:
+        lens = self.seq_lens.to(torch.int32)
+        return torch.cat([lens.new_zeros(1), lens.cumsum(0).to(torch.int32)])
+
+
+def gather_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 batch: EngineBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write ``k_new/v_new [tokens, Hkv, D]`` at ``batch.slot_mapping`` into the paged caches
+    ``[pages, page_size, Hkv, D]`` and return every request's keys/values, contiguous (copies only)."""
+    if batch.block_table is None or batch.slot_mapping is None:
+        raise InputError("gather_paged needs batch.block_table and batch.slot_mapping")
+    page = k_cache.shape[1]
+    flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+    slots = batch.slot_mapping.to(torch.int64)
+    flat_k.index_copy_(0, slots, k_new)
+    flat_v.index_copy_(0, slots, v_new)
+    rows = []
+    for b, n in enumerate(batch.seq_lens.tolist()):
+        t = torch.arange(n, device=k_cache.device)
+        rows.append(batch.block_table[b].to(torch.int64)[t // page] * page + t % page)
+    idx = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=k_cache.device)
+    return flat_k.index_select(0, idx), flat_v.index_select(0, idx)
+
+
+def engine_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: EngineBatch,
+                     scale: float) -> torch.Tensor:
+    """``q [tokens, Hq, D]`` (requests packed as ``batch.query_start_loc`` says), ``keys/values
+    [sum(seq_lens), Hkv, D]`` (each request's keys contiguous, oldest first) -> ``[tokens, Hq, Dv]``.
+    Rows past ``query_start_loc[-1]`` (an engine's padding) are zeros."""
+    cu_q = batch.query_start_loc.to(torch.int32)
+    cu_k = batch.key_starts().to(q.device)
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    if n_q > q.shape[0] or n_k > keys.shape[0]:
+        raise InputError(f"engine batch describes {n_q} queries / {n_k} keys but got {q.shape[0]} / {keys.shape[0]}")
+    q_lens = (cu_q[1:] - cu_q[:-1]).to(cu_k.device)
+    if bool((q_lens > batch.seq_lens.to(cu_k.device)).any()):
+        raise InputError("an engine request has more new queries than keys (seq_lens must count the new tokens)")
+    out = q.new_zeros((q.shape[0], q.shape[1], values.shape[-1]))
+    if n_q == 0:
+        return out
+    out[:n_q] = flash_attn_varlen_func(q[:n_q], keys[:n_k], values[:n_k], cu_q, cu_k, int(q_lens.max()),
+                                       int(batch.seq_lens.max()), softmax_scale=scale, causal=True)
+    return out
+
+
+# ---------------------------------------------------------------- transformers shim
+
+
+def is_engine_cache(cache) -> bool:
+    return type(cache).__name__ == "PagedAttentionCache"
+
+
+def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
+    """A patched attention layer's core inside HF's engine: ``q [1, Hq, T, D]``, new ``k/v [1, Hkv, T, D]``
+    -> ``[1, T, Hq * Dv]``. Varlen steps: the engine's allocator writes and reads its cache (exact copies).
+    Decode fast path (a block table, one new token per request): the serving-engine form, gather_paged."""
+    keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
+    cu_k = kwargs["cu_seq_lens_k"]
+    table = kwargs.get("block_table")
+    if table is None:
+        batch = EngineBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
+        keys, values = keys[0].transpose(0, 1), values[0].transpose(0, 1)
+    else:
+        n = q.shape[2]  # decode only: one query per request
+        lens = (cu_k[1:n + 1] - cu_k[:n]).to(torch.int64)
+        k_cache, v_cache = kwargs["k_cache"], kwargs["v_cache"]
+        page = k_cache.shape[1]
+        pos = lens - 1  # the new token's position
+        slots = table[:n].to(torch.int64).gather(1, (pos // page).reshape(-1, 1)).reshape(-1) * page + pos % page
+        batch = EngineBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
+                            block_table=table[:n], slot_mapping=slots)
+        keys, values = gather_paged(k_cache, v_cache, k[0].transpose(0, 1), v[0].transpose(0, 1), batch)
+    out = engine_attention(q[0].transpose(0, 1), keys, values, batch, mod.scaling)
+    return out.reshape(1, out.shape[0], -1)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+_GDN_LAYERS = ("linear_attention",)
+
+
+def check_engine_model(model) -> None:
+    cfg = model.config.get_text_config()
+    if any(t in _GDN_LAYERS for t in (getattr(cfg, "layer_types", None) or [])):
+        raise UnsupportedError(
+            f"the continuous-batching engine on a Gated DeltaNet model ({type(model).__name__}): the engine has no "
+            "cache for linear-attention state, and lockstep does not yet keep per-request GDN states beside it "
+            "(they would not survive the engine's chunking, preemption and block sharing). Use lockstep's "
+            "model.generate for this model.")
+
+
+# transformers' temperature and top-k warpers (plain or per-request): scores / t, and scores below the
+# k-th highest masked (ties kept) -- both reproduced exactly by kept_logprobs
+_EXACT_PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "ContinuousBatchingTemperatureLogitsWarper",
+                     "ContinuousBatchingTopKLogitsWarper"}
+
+
+def sampling_settings(processor_list) -> tuple[float, int | None]:
+    """(temperature, top_k) of the engine's logits processors; refuses any other processor by name."""
+    temperature, top_k = 1.0, None
+    for proc in processor_list.logits_processor:
+        name = type(proc).__name__
+        if name not in _EXACT_PROCESSORS:
+            raise UnsupportedError(
+                f"the engine's logits processor {name} is not supported by lockstep: its kept set / scores "
+                "are computed with torch ops a trainer cannot reproduce bit for bit (supported: temperature, "
+                "top_k; top_p, repetition penalties and the like are refused)")
+        if name.endswith("TemperatureLogitsWarper"):
+            temperature = float(proc.temperature)
+        else:
+            top_k = int(proc.top_k)
+    return temperature, top_k
+
+
+# ---------------------------------------------------------------- log-probs over the kept set
+
+
+def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
+
+    ``lp_token [n]`` and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
+    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
+    float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
+    position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
+    ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).
+    """
+    exact = []
+    for row in torch.split(lp_kept.detach(), counts):
+        total = 0.0
+        for x in row.tolist():
+            total += math.exp(x)
+        exact.append(math.log(total))
+    log_sum = torch.tensor(exact, dtype=torch.float64, device=lp_token.device)
+    if lp_token.requires_grad or lp_kept.requires_grad:
+        n, width = len(counts), max(counts)
+        starts = torch.tensor([0] + counts[:-1], device=lp_kept.device).cumsum(0)
+        rows = torch.repeat_interleave(torch.arange(n, device=lp_kept.device), torch.tensor(counts, device=lp_kept.device))
+        cols = torch.arange(lp_kept.shape[0], device=lp_kept.device) - starts[rows]
+        padded = lp_kept.new_full((n, width), float("-inf"), dtype=torch.float64).index_put((rows, cols),
+                                                                                          lp_kept.double())
+        lse = torch.logsumexp(padded, -1)
+        log_sum = log_sum + (lse - lse.detach())  # + 0.0 exactly: the value stays the float64 sum above
+    return (lp_token.double() - log_sum).float()
+
+
+def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int,
+                  logprobs_fn) -> torch.Tensor:
+    """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to the top-k kept set
+    (ties at the k-th score kept, as transformers' top-k does). ``hidden [..., H]``, ``tokens [...]``."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InputError(f"top_k must be a positive int, got {top_k!r}")
+    shape = tokens.shape
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = tokens.reshape(-1)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        scores = head(h).float() / temperature  # the patched LM head: the logits the engine sampled from
+    k = min(top_k, scores.shape[-1])
+    kth = scores.topk(k, dim=-1).values[:, -1:]
+    kept = scores >= kth
+    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1).to(torch.int64)).all()):
+        raise InputError(f"a token is outside the top-{top_k} kept set of its row: it cannot have been sampled "
+                         "with these settings")
+    rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
+    lp_all = logprobs_fn(h[rows], ids, temperature)
+    lp_tok = logprobs_fn(h, t, temperature)
+    return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
+
+
+# ---------------------------------------------------------------- the engine step
+
+
+def _weights_version(model) -> tuple:
+    """Changes whenever a parameter is updated in place (optimizer step, load_state_dict) or replaced."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
+    (has_new_token False: a prefill chunk that does not end its prompt), ``offloads`` so far, and whether
+    it took the engine's decode fast path (block table)."""
+    requests: list
+    offloads: int
+    decode_fast_path: bool
+
+
+class _EngineState:
+    """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
+    and the test/diagnostic hooks called once per scheduled step."""
+
+    def __init__(self, model, processor):
+        self.model, self.processor = model, processor
+        self.weights = _weights_version(model)
+        self.offloads = 0  # requests the engine offloaded (blocks ran out) so far
+        self.invalidate_on_update = True  # False only in the negative-control test (stale prefix blocks)
+
+    def before_schedule(self) -> None:
+        now = _weights_version(self.model)
+        if now == self.weights:
+            return
+        if self.processor.scheduler.active_requests:
+            raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
+                                   "was computed with the old weights. Update weights between generate calls.")
+        if self.invalidate_on_update:
+            self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+        self.weights = now
+
+    def count_offloads(self, offload):
+        def offload_requests(*args, **kwargs):
+            done = offload(*args, **kwargs)
+            self.offloads += bool(done)
+            return done
+        return offload_requests
+
+    def after_schedule(self) -> None:
+        io = self.processor.inputs_and_outputs
+        step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token))
+                           for fs in io.requests_in_batch], self.offloads, bool(io.use_block_table))
+        for fn in step_hooks(self.model):
+            fn(step)
+
+
+class _LockstepStep:
+    """Replaces the engine's ``ModelRunner._forward_process_and_sample``: the same single forward and
+    sampling, greedy by argmax of lockstep's logits, and the recorded log-prob lockstep's."""
+
+    def __init__(self, runner, model):
+        self.runner, self.model = runner, model
+
+    def __call__(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids):
+        runner = self.runner
+        runner.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
+        temperature, top_k = sampling_settings(runner.logit_processor)
+        seen = []
+        head = model.get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+        try:
+            logits = model(**batch_data).logits
+        finally:
+            handle.remove()
+        idx = batch_data["logits_indices"]
+        hidden = seen[-1][0]
+        if "logits_to_keep" not in batch_data:
+            logits, hidden = logits[:, idx], hidden[idx]
+        scores = logits[0].float()
+        if runner.logit_processor.do_processing:
+            scores = runner.logit_processor(batch_data["input_ids"][0, idx], scores,
+                                            batch_data["logits_processor_args"])
+        if runner.do_sample:
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(-1)
+        else:
+            tokens = torch.argmax(scores, dim=-1)  # lockstep's logits: no softmax rounding between them and argmax
+        n = tokens.shape[0]
+        output_ids[0, :n].copy_(tokens)
+        if runner.return_logprobs:
+            token_logprobs = _hooks["token_logprobs"]
+            t = temperature if runner.do_sample else 1.0
+            k = top_k if runner.do_sample else None
+            lp = token_logprobs(model, hidden.detach(), tokens, t, top_k=k)
+            output_ids[1, :n].copy_(lp.view(torch.int32))
+
+
+# ---------------------------------------------------------------- installing into transformers' engine
+
+
+_installed = False
+_building = threading.local()  # .lockstep: a lockstep model's engine is being configured (this thread)
+
+
+def _lockstep_model(model) -> bool:
+    return _hooks["owner"](model) is not None
+
+
+_hooks: dict = {}  # "owner": a module's lockstep patch or None; "token_logprobs": lt.token_logprobs
+
+
+def install(owner, token_logprobs) -> None:
+    """Wrap the engine's entry points (once per process); models without a lockstep patch see HF's own.
+    ``owner`` and ``token_logprobs`` come from hal.integrations.transformers (which imports this module)."""
+    global _installed
+    _hooks.update(owner=owner, token_logprobs=token_logprobs)
+    if _installed:
+        return
+    from transformers.generation.continuous_batching import continuous_api as api
+    Manager = api.ContinuousBatchingManager
+    switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
+
+    # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's
+    # adapter serves it on any device (gather_paged), so it stays on for a lockstep model's engine.
+    from transformers.generation.continuous_batching import initialization as init
+    ensure_fast_path = init.ensure_decode_fast_path_is_available
+
+    def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
+        if not getattr(_building, "lockstep", False):
+            return ensure_fast_path(config, cb_config, user_requested)
+        if not all(init.ATTN_TYPE_TO_ALLOCATOR[t].supports_block_table for t in init.group_layers_by_attn_type(config)):
+            cb_config.max_blocks_per_request = 0
+
+    init_manager = Manager.__init__
+
+    def __init__(self, model, *args, **kwargs):
+        _building.lockstep = _lockstep_model(model)
+        try:
+            init_manager(self, model, *args, **kwargs)
+        finally:
+            _building.lockstep = False
+
+    def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash=True):
+        if not _lockstep_model(model):
+            return switch(self, model, auto_switch_to_flash)
+        check_engine_model(model)
+        current = model.config._attn_implementation
+        if current != _ENGINE_ATTN:
+            if self._original_attn_impl is None:
+                self._original_attn_impl = current  # restored by the engine's stop()
+            model.set_attn_implementation(_ENGINE_ATTN)
+
+    def _create_batch_processor(self):
+        processor = create(self)
+        if not _lockstep_model(self.model):
+            return processor
+        cfg = self.continuous_batching_config
+        if cfg.varlen_compile_config is not None or cfg.decode_compile_config is not None:
+            raise UnsupportedError("torch.compile of the continuous-batching step (varlen/decode compile config) "
+                                   "on a lockstep-patched model is not supported")
+        if any(cfg.cuda_graph_booleans):
+            raise UnsupportedError("CUDA graphs in the continuous-batching engine are not supported with lockstep")
+        sampling_settings(self.logit_processor)  # refuse unsupported processors before any request runs
+        state = processor.__dict__.get(_STATE)
+        if state is None:
+            state = _EngineState(self.model, processor)
+            processor.__dict__[_STATE] = state
+            runner = processor.model_runner
+            runner._forward_process_and_sample = _LockstepStep(runner, self.model)
+            prepare = processor.prepare_next_batch
+
+            def prepare_next_batch(*args, **kwargs):
+                state.before_schedule()
+                ok = prepare(*args, **kwargs)
+                if ok:
+                    state.after_schedule()
+                return ok
+            processor.prepare_next_batch = prepare_next_batch
+            off = processor.offloading_manager
+            off.offload_requests = state.count_offloads(off.offload_requests)
+        return processor
+
+    init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
+    Manager.__init__ = __init__
+    add_request = Manager.add_request
+
+    def add_request_checked(self, input_ids, *args, **logit_processor_kwargs):
+        known = {"request_id", "max_new_tokens", "streaming", "record_timestamps", "eos_token_id"}
+        per_request = sorted(set(logit_processor_kwargs) - known)
+        if per_request and _lockstep_model(self.model):
+            raise UnsupportedError(f"per-request sampling settings {per_request} in the engine: lockstep records "
+                                   "log-probs with the engine-wide settings (generation_config) only")
+        return add_request(self, input_ids, *args, **logit_processor_kwargs)
+
+    Manager.add_request = add_request_checked
+    Manager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
+    Manager._create_batch_processor = _create_batch_processor
+    _installed = True
+
+
+_HOOKS = "_lockstep_engine_step_hooks"
+
+
+def step_hooks(model) -> list:
+    """The model's list of engine step hooks (append ``fn(step)``): each scheduled step calls them with
+    an :class:`EngineStep` (tests use it to prove a configuration exercised chunked prefill, mixed steps,
+    offloading)."""
+    return model.__dict__.setdefault(_HOOKS, [])
+
+
+def engine_state(manager) -> _EngineState:
+    """lockstep's state on a manager's batch processor (after its first batch or warmup)."""
+    proc = getattr(manager, "batch_processor", None)
+    state = None if proc is None else proc.__dict__.get(_STATE)
+    if state is None:
+        raise InputError("this engine has no lockstep state yet (not a lockstep-patched model, or not started)")
+    return state

@@ -1,0 +1,214 @@
+"""transformers' continuous-batching engine on lockstep: scheduler-invariant bits, engine == trainer.
+
+Quick set (CI): tiny Llama fp32 and bf16. Full matrix (Llama, Qwen3; fp32, bf16):
+``LOCKSTEP_ENGINE_FULL=1 python -m pytest -q tests/test_hf_engine.py``.
+Every comparison is on raw float32 bits; stock sdpa through the same cases is the caught negative control.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hal.errors import UnsupportedError  # noqa: E402
+from hal.integrations import hf_engine  # noqa: E402
+from hal.integrations import transformers as lt  # noqa: E402
+from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from examples.engine_parity import (EASY, HARD, HARD_ORDER, NEW, PROMPTS, differing_tokens,  # noqa: E402
+                                     run_engine, teacher_forced)
+from examples.engine_parity import gen_config as _gen_config  # noqa: E402
+
+FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
+CASES = [("llama", torch.float32), ("llama", torch.bfloat16)] + ([("qwen3", torch.float32),
+                                                                  ("qwen3", torch.bfloat16)] if FULL else [])
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def teacher_hidden(model, prompt, tokens):
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=torch.tensor([prompt + tokens])).last_hidden_state[0]
+    return hidden[len(prompt) - 1:-1].clone()
+
+
+def prove_hard_cases(steps):
+    """The hard configuration really chunked, mixed and offloaded (scheduler hook)."""
+    prefill_steps, decoding, mixed = {}, set(), False
+    for s in steps:
+        decode_rows = [rid for rid, _, _ in s.requests if rid in decoding]
+        prefill_rows = [rid for rid, _, _ in s.requests if rid not in decoding]
+        mixed |= bool(prefill_rows) and bool(decode_rows) and len(s.requests) >= 2
+        for rid in prefill_rows:
+            prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+        decoding |= {rid for rid, _, new in s.requests if new}
+    assert max(prefill_steps.values()) >= 3, prefill_steps
+    assert mixed, [s.requests for s in steps]
+    assert steps[-1].offloads >= 1, "no request was offloaded"
+    assert any(s.decode_fast_path for s in steps), "no step took the decode fast path"
+
+
+def run_arrivals(model, prompts, cb):
+    """Prompt 0 alone first; the others are added once it decodes (requests arriving into a running batch)."""
+    import threading
+    from transformers import ContinuousBatchingConfig
+    steps, decoding = [], threading.Event()
+
+    def hook(step):
+        steps.append(step)
+        if any(new for rid, _, new in step.requests if rid == "req_0"):
+            decoding.set()
+    hf_engine.step_hooks(model).append(hook)
+    manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(return_logprobs=True, **cb))
+    manager.start()
+    try:
+        manager.add_request(prompts[0], request_id="req_0")
+        assert decoding.wait(120), "the first request never decoded"
+        for i in range(1, len(prompts)):
+            manager.add_request(prompts[i], request_id=f"req_{i}")
+        res = {}
+        while len(res) < len(prompts):
+            o = manager.get_result(timeout=120)
+            assert o is not None, "the engine stopped before all requests finished"
+            res[int(o.request_id.split("_")[-1])] = (list(o.generated_tokens),
+                                                      torch.tensor(o.logprobs, dtype=torch.float32))
+    finally:
+        manager.stop(block=True)
+        hf_engine.step_hooks(model).remove(hook)
+    first_decode = next(k for k, s in enumerate(steps) if any(new for rid, _, new in s.requests if rid == "req_0"))
+    later = [k for k, s in enumerate(steps) if any(rid != "req_0" for rid, _, _ in s.requests)]
+    assert later and min(later) > first_decode  # the others joined a batch already decoding
+    return res
+
+
+@pytest.fixture(scope="module")
+def registered():
+    lt.register()
+
+
+@pytest.mark.parametrize("kind,dtype", CASES, ids=[f"{k}-{str(d)[6:]}" for k, d in CASES])
+def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype):
+    model = tiny_model(kind, dtype=dtype)
+    stock = copy.deepcopy(model)
+    stock.set_attn_implementation("sdpa")
+    with lt.patch(model):
+        easy, _, count = run_engine(model, PROMPTS, EASY)
+        hard, steps, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
+        prove_hard_cases(steps)
+        arrived = run_arrivals(model, PROMPTS, HARD)
+        assert model.config._attn_implementation == lt.NAME  # the engine's stop() put the name back
+        # no second pass: every request's prompt + generated - 1 positions, nothing more
+        assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
+        for i, p in enumerate(PROMPTS):
+            assert easy[i][0] == hard[i][0], i
+            assert same_bits(easy[i][1], hard[i][1]), i
+            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
+            assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
+    # negative control: stock sdpa, same cases, differs across the scheduler settings or from teacher forcing
+    s_easy, _, _ = run_engine(stock, PROMPTS, EASY)
+    s_hard, _, _ = run_engine(stock, PROMPTS, HARD, order=HARD_ORDER)
+    teacher = {i: (s_easy[i][0], teacher_forced(stock, p, s_easy[i][0])) for i, p in enumerate(PROMPTS)}
+    assert differing_tokens(s_easy, s_hard) + differing_tokens(s_easy, teacher) > 0
+
+
+def test_engine_sampled_topk_equals_trainer(registered):
+    model = tiny_model("llama")
+    gen = _gen_config(do_sample=True, temperature=0.7, top_k=20)
+    with lt.patch(model):
+        torch.manual_seed(1)
+        out, _, _ = run_engine(model, PROMPTS[:2], HARD, gen=gen)
+        for i, p in enumerate(PROMPTS[:2]):
+            tokens, lp = out[i]
+            assert same_bits(lp, teacher_forced(model, p, tokens, temperature=0.7, top_k=20)), i
+            # the trainer's autograd path: the same bits, and a gradient
+            h = teacher_hidden(model, p, tokens).requires_grad_()
+            lp_grad = lt.token_logprobs(model, h, torch.tensor(tokens), temperature=0.7, top_k=20)
+            assert same_bits(lp, lp_grad.detach()), i
+            lp_grad.sum().backward()
+            assert h.grad is not None and bool(h.grad.abs().sum() > 0)
+            # the control: the full-vocabulary (raw) value is another number on every token
+            raw = teacher_forced(model, p, tokens, temperature=0.7)
+            assert not (lp.view(torch.int32) == raw.view(torch.int32)).any()
+
+
+def test_prefix_blocks_invalidated_after_weight_update(registered):
+    model = tiny_model("llama")
+    fresh = copy.deepcopy(model)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    cb = dict(page_size=4, num_blocks=64, max_batch_tokens=64, allow_block_sharing=True)
+
+    def update(m):
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(5)
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
+
+    results = {}
+    for invalidate in (True, False):
+        m = copy.deepcopy(model)
+        with lt.patch(m):
+            run_engine(m, prompts, cb, persistent=True)  # fills the prefix cache under the old weights
+            state = hf_engine.engine_state(m._cached_continuous_batching_manager)
+            state.invalidate_on_update = invalidate
+            update(m)
+            results[invalidate], _, _ = run_engine(m, prompts, cb, persistent=True)
+            m.destroy_cached_continuous_batching_manager()
+    update(fresh)
+    with lt.patch(fresh):
+        want, _, _ = run_engine(fresh, prompts, cb)
+    for i in range(2):
+        assert same_bits(results[True][i][1], want[i][1]), i
+    # negative control: without the invalidation the stale shared blocks change the bits
+    assert differing_tokens(results[False], want) > 0
+
+
+def test_engine_refusals(registered):
+    from transformers import ContinuousBatchingConfig
+    model = tiny_model("llama")
+    with lt.patch(model):
+        with pytest.raises(UnsupportedError, match="TopPLogitsWarper"):
+            model.generate_batch([PROMPTS[1]], generation_config=_gen_config(do_sample=True, top_p=0.9),
+                                 continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+        manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(**EASY))
+        with pytest.raises(UnsupportedError, match=r"per-request sampling settings \['temperature'\]"):
+            manager.add_request(PROMPTS[1], temperature=0.5)
+        assert manager.input_queue.empty()  # nothing was queued
+    gdn = tiny_model("qwen3_next")
+    with lt.patch(gdn):
+        with pytest.raises(UnsupportedError, match="Gated DeltaNet"):
+            gdn.generate_batch([PROMPTS[1]], generation_config=_gen_config(),
+                               continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+
+
+def test_paged_adapter_matches_contiguous_keys():
+    """The serving-engine form (block table + slot mapping, as vLLM hands it) gives the bits of contiguous keys."""
+    g = torch.Generator().manual_seed(0)
+    lens, new = [5, 9], [2, 1]
+    H, D, page = 2, 8, 4
+    q = torch.randn(sum(new), 4, D, generator=g)
+    keys = [torch.randn(n, H, D, generator=g) for n in lens]
+    vals = [torch.randn(n, H, D, generator=g) for n in lens]
+    pages = torch.tensor([[5, 0, -1], [2, 7, 1]])
+    kc, vc = torch.zeros(8, page, H, D), torch.zeros(8, page, H, D)
+    slot = lambda b, t: int(pages[b, t // page]) * page + t % page  # noqa: E731
+    for b, n in enumerate(lens):  # the old tokens already cached
+        for t in range(n - new[b]):
+            kc.view(-1, H, D)[slot(b, t)], vc.view(-1, H, D)[slot(b, t)] = keys[b][t], vals[b][t]
+    mapping = torch.tensor([slot(b, t) for b, n in enumerate(lens) for t in range(n - new[b], n)])
+    batch = hf_engine.EngineBatch(torch.tensor([0, 2, 3]), torch.tensor(lens), pages, mapping)
+    k_new = torch.cat([keys[b][-new[b]:] for b in range(2)])
+    v_new = torch.cat([vals[b][-new[b]:] for b in range(2)])
+    gk, gv = hf_engine.gather_paged(kc, vc, k_new, v_new, batch)
+    assert torch.equal(gk, torch.cat(keys)) and torch.equal(gv, torch.cat(vals))
+    got = hf_engine.engine_attention(q, gk, gv, batch, 0.3)
+    want = hf_engine.engine_attention(q, torch.cat(keys), torch.cat(vals), batch, 0.3)
+    assert same_bits(got, want)
+    # each request alone gives its rows' bits (neighbours change nothing)
+    alone = hf_engine.engine_attention(q[2:], keys[1], vals[1],
+                                       hf_engine.EngineBatch(torch.tensor([0, 1]), torch.tensor([9])), 0.3)
+    assert same_bits(got[2:], alone)
