@@ -160,6 +160,12 @@ def test_lockstep_trainer_patches_policy_and_reference_model(tmp_path):
     try:
         assert _owner(t.model) is not None and _owner(t.ref_model) is not None
         assert t.args.transformers_continuous_batching_config["return_logprobs"] is True
+        # a wrapper around the patched policy (PEFT-like) would be scored with TRL's stock log-probs: refused
+        wrapper = torch.nn.Module()
+        wrapper.inner = t.model
+        ids = torch.randint(2, 128, (2, 6))
+        with pytest.raises(UnsupportedError, match="wraps a lockstep-patched model"):
+            t._get_per_token_logps_and_entropies(wrapper, ids, torch.ones_like(ids), 3)
     finally:
         t.revert_patches()
     assert _owner(t.model) is None and _owner(t.ref_model) is None

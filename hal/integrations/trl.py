@@ -205,7 +205,11 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         inner = self.accelerator.unwrap_model(model)
-        if _owner(inner) is None:  # stock: TRL's own log-probs
+        if _owner(inner) is None:
+            if any(_owner(m) is not None for m in inner.modules()):  # e.g. PEFT around a patched model
+                raise UnsupportedError(f"hal.integrations.trl: the trainer's model ({type(inner).__name__}) wraps a "
+                                       "lockstep-patched model; its log-probs would be TRL's stock ones. Patch the "
+                                       "model the trainer holds (lockstep=True), without PEFT around it")
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
@@ -253,6 +257,7 @@ def teacher_forced_logprobs(model, input_ids, attention_mask, logits_to_keep: in
 
 
 def engine_supports_lockstep() -> bool:
-    """Whether hal.integrations.transformers runs transformers' continuous-batching engine on lockstep."""
-    return bool(getattr(lt, "ENGINE_SUPPORTED", False))
+    """Whether hal.integrations.transformers runs transformers' continuous-batching engine on lockstep: its
+    ``ENGINE_SUPPORTED`` flag, or the engine adapter (``hal.integrations.hf_engine``) it installs on patch."""
+    return bool(getattr(lt, "ENGINE_SUPPORTED", False)) or hasattr(lt, "hf_engine")
 
