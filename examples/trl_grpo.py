@@ -149,6 +149,9 @@ def plot(rows_by_path: dict[str, list[dict]], records_by_path: dict[str, list[di
                      color="tab:blue" if path == "lockstep" else "tab:red")
         axes[1].plot([r["step"] for r in rows], [r["is_max"] for r in rows], "^--", label=f"{path} max",
                      color="tab:blue" if path == "lockstep" else "tab:red")
+    steps = sorted({r["step"] for rows in rows_by_path.values() for r in rows})
+    for ax in axes:
+        ax.set_xticks(steps)
     axes[0].axhline(0.0, color="k", lw=0.6)
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("log p (trainer, sampler's weights) - log q (engine)")
