@@ -43,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ARGS = ["--steps", "2", "--batch", "4", "--group", "2", "--new-tokens", "6", "--temperature", "0.9"]
 needs_engine = pytest.mark.skipif(not lt_trl.engine_supports_lockstep(),
                                   reason="transformers' continuous-batching engine does not run on lockstep in this "
-                                         "build (hal.integrations.transformers.ENGINE_SUPPORTED unset)")
+                                         "build (no hal.integrations.hf_engine, ENGINE_SUPPORTED unset)")
 
 
 def _args(extra=()):
