@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from . import validate as v
+from . import tensor_parallel as _tp, validate as v
 from .errors import InputError
 from .ops import _acc_dtype, _needs_grad, _prepare
 
@@ -97,6 +97,9 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> to
 
     ``a`` (gate) and ``b`` (up projection) must have the same shape and dtype.
     """
+    if _tp.has_dtensor(a, b):
+        return _tp.rowwise("silu_mul", lambda a, b: silu_mul(a, b, spec=spec, backend=backend), {"a": a, "b": b}, {},
+                           {"a": {a.ndim - 1}, "b": {b.ndim - 1}}, a.ndim - 1)
     v.tensor("a", a), v.tensor("b", b)
     dtype = v.same_dtype(a=v.floating("a", a), b=v.floating("b", b))
     if tuple(a.shape) != tuple(b.shape):
@@ -208,6 +211,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     full-width tables are ``cat(cos_half, cos_half)``: pass ``cos[..., :R/2]``) or interleaved pairs
     ``(2i, 2i+1)`` (GPT-J). ``out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin`` in float32, rounded once.
     """
+    if _tp.has_dtensor(x, cos, sin):
+        return _tp.rowwise("apply_rotary", lambda x, cos, sin: apply_rotary(x, cos, sin, interleaved, spec=spec,
+                           backend=backend), {"x": x, "cos": cos, "sin": sin}, {},
+                           {"x": {x.ndim - 1}, "cos": {cos.ndim - 1}, "sin": {sin.ndim - 1}}, x.ndim - 1)
     v.tensor("x", x, ndim_min=1), v.tensor("cos", cos, ndim_min=1), v.tensor("sin", sin, ndim_min=1)
     v.floating("x", x), v.floating("cos", cos), v.floating("sin", sin)
     if not isinstance(interleaved, bool):

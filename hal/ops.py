@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, spec as specs, validate as v
+from . import dispatch, spec as specs, tensor_parallel as _tp, validate as v
 from .errors import SpecError, UnsupportedError
 from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
@@ -143,6 +143,8 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=No
     """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``).
 
     ``weight`` may be ``hal.exact_weight(weight, spec=...)`` under that exact spec (sliced once)."""
+    if _tp.has_dtensor(x, weight, bias):
+        return _tp.linear(lambda x, w, b: linear(x, w, b, spec=spec, backend=backend), x, weight, bias, spec)
     prepared, weight = _unprepared("weight", weight, "linear")
     v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
     if bias is not None:
@@ -194,6 +196,10 @@ class _RMSNormFn(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None, *,
              spec=None, backend=None):
     """RMSNorm over the last dim. With ``residual``: ``h = x + residual`` (fused), returns ``(y, h)``."""
+    if _tp.has_dtensor(x, weight, residual):
+        return _tp.rowwise("rms_norm", lambda x, residual, weight: rms_norm(x, weight, eps, residual, spec=spec,
+                           backend=backend), {"x": x, "residual": residual}, {"weight": weight},
+                           {"x": {x.ndim - 1}, "residual": {x.ndim - 1}}, x.ndim - 1)
     v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=1)
     v.floating("x", x), v.floating("weight", weight)
     v.dim_eq("rms_norm: weight.shape[0] vs x.shape[-1] (hidden size)", weight.shape[0], x.shape[-1])
@@ -237,6 +243,10 @@ class _SoftmaxFamilyFn(torch.autograd.Function):
 
 
 def _softmax_family(kind: str, x: torch.Tensor, dim: int, spec, backend):
+    if _tp.has_dtensor(x) and kind != "logsumexp":
+        d = v.normalize_dim(dim, x.ndim)
+        return _tp.rowwise(kind, lambda x: _softmax_family(kind, x, dim, spec, backend), {"x": x}, {}, {"x": {d}},
+                           x.ndim)
     v.tensor("x", x, ndim_min=1)
     v.floating("x", x)
     d = v.normalize_dim(dim, x.dim())
@@ -300,6 +310,10 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     rounded below float32. This is the number a sampler records and a trainer recomputes. Under an
     exact spec the LM head may be ``hal.exact_weight(lm_head_weight, spec=...)`` (sliced once).
     """
+    if _tp.has_dtensor(hidden, lm_head_weight, tokens):
+        return _tp.rowwise("token_logprobs", lambda hidden, tokens, lm_head_weight: token_logprobs(
+            hidden, lm_head_weight, tokens, temperature, spec=spec, backend=backend), {"hidden": hidden, "tokens": tokens},
+            {"lm_head_weight": lm_head_weight}, {"hidden": {hidden.ndim - 1}, "tokens": set()}, hidden.ndim - 1)
     prepared, lm_head_weight = _unprepared("lm_head_weight", lm_head_weight, "linear")
     v.tensor("hidden", hidden, ndim_min=1), v.tensor("lm_head_weight", lm_head_weight, ndim=2)
     dtype = v.same_dtype(hidden=v.floating("hidden", hidden), lm_head_weight=v.floating("lm_head_weight", lm_head_weight))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import hal
-from .. import spec as specs
+from .. import spec as specs, tensor_parallel as _tp
 from ..errors import InputError, SpecError
 from ..kernels.exact import core as exact_core
 from ..kernels.exact.prepared import ExactWeight
@@ -73,7 +73,7 @@ class PatchMatmul:
         handed to does not hash the weight again. ``key`` names the weight across calls (``w`` may be a
         new view object each call).
         """
-        if not self.exact:
+        if not self.exact or _tp.has_dtensor(w):  # a DTensor shard (tensor parallelism): sliced per call
             return w
         ew = self._prepared.get(key)
         if ew is not None and ew.source is not w:  # same weight, another view object: autograd must reach w
