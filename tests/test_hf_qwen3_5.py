@@ -5,6 +5,7 @@ Every bit claim compares raw bits (first_divergence) and has a negative control 
 model (stock kernels) is caught by the same check.
 """
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -210,7 +211,7 @@ def test_backward_deterministic_and_train_forward_equals_sampler():
             m.eval()
         return alone, lp.detach(), {n: p.grad for n, p in m.named_parameters()}
 
-    (a1, l1, g1), (_, l2, g2) = step(tiny_model("qwen3_5")), step(tiny_model("qwen3_5"))
+    (a1, l1, g1), (_, _, g2) = step(tiny_model("qwen3_5")), step(tiny_model("qwen3_5"))
     assert all(g is not None and bool(torch.isfinite(g).all()) for g in g1.values()), "every parameter gets a grad"
     assert all(same(g1[n], g2[n], n) for n in g1)  # the backward is deterministic
     assert same(a1, l1)  # the packed trainer forward (autograd on) = the sampler's bits
@@ -225,24 +226,28 @@ def test_backward_deterministic_and_train_forward_equals_sampler():
 # ---------------------------------------------------------------- real shapes (issue 25 item 5)
 
 
-@pytest.fixture(scope="module", params=list(DTYPES))
-def real_shaped(request):
-    m = real_shaped_qwen3_5(dtype=DTYPES[request.param])
-    yield request.param, m
-    del m
+# CI runs the float32 case; the bfloat16 one (another 2 GB model and its kernels) runs with LOCKSTEP_FULL=1:
+#   LOCKSTEP_FULL=1 python -m pytest -q tests/test_hf_qwen3_5.py -k real_shaped
+REAL_SHAPED_DTYPES = ["fp32"] + (["bf16"] if os.environ.get("LOCKSTEP_FULL") == "1" else [])
 
 
-def test_real_shaped_qwen3_5_generate_equals_teacher_forced(real_shaped):
+@pytest.mark.parametrize("dtype", REAL_SHAPED_DTYPES)
+def test_real_shaped_qwen3_5_generate_equals_teacher_forced(dtype):
     """Qwen3.5's real layer shapes (hidden 2048, attention head dim 256, GDN head dims 128, the 248,320-token
-    LM head), two layers (GDN + full attention): generate a few tokens, then the teacher-forced
-    lt.token_logprobs equal the sampler's log-probs bit for bit."""
-    dtype, m = real_shaped
+    LM head), two layers (GDN + full attention), random weights: generate two tokens, then the teacher-forced
+    lt.token_logprobs equal the sampler's log-probs bit for bit; in float32, stock kernels on the same weights do not."""
+    m = real_shaped_qwen3_5(dtype=DTYPES[dtype])
     cfg = m.config
     assert (cfg.hidden_size, cfg.head_dim, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.vocab_size) == \
         (2048, 256, 128, 128, 248320) and cfg.layer_types == ["linear_attention", "full_attention"]
-    assert m.lm_head.weight.shape == (REAL_SHAPED_QWEN3_5["vocab_size"], 2048)
-    seqs = prompts(seed=5, lengths=(4, 2), vocab=cfg.vocab_size)
+    assert m.lm_head.weight.shape == (REAL_SHAPED_QWEN3_5["vocab_size"], 2048) and m.lm_head.weight.dtype == DTYPES[dtype]
+    seqs = prompts(seed=5, lengths=(3,), vocab=cfg.vocab_size)
     with lt.patch(m):
         lp_s, lp_t = sampler_vs_trainer(m, seqs, new=2)
-    assert lp_s.shape == (2, 2) and bool(torch.isfinite(lp_s).all())
+    assert lp_s.shape == (1, 2) and bool(torch.isfinite(lp_s).all())
     assert same(lp_s, lp_t, f"real-shaped {dtype}: sampler vs trainer log-probs")
+    if dtype == "fp32":  # negative control: the same model with stock kernels. (In bf16 stock's two decode
+        # log-probs happened to round to the teacher-forced bits here; the tiny bf16 test holds that control.)
+        m.config._attn_implementation = "sdpa"
+        s_s, s_t = sampler_vs_trainer(m, seqs, new=2)
+        assert not same(s_s, s_t), "stock sampler and trainer log-probs should differ at real shapes"

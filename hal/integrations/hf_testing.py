@@ -83,8 +83,39 @@ REAL_SHAPED_QWEN3_5 = dict(vocab_size=248320, hidden_size=2048, intermediate_siz
 
 
 def real_shaped_qwen3_5(seed: int = 0, dtype=torch.float32, attn_implementation: str = "lockstep"):
-    """A two-layer ``Qwen3_5ForCausalLM`` with Qwen3.5's real layer shapes (``REAL_SHAPED_QWEN3_5``), eval mode."""
+    """A two-layer ``Qwen3_5ForCausalLM`` with Qwen3.5's real layer shapes (``REAL_SHAPED_QWEN3_5``), eval mode.
+
+    Built in ``dtype`` directly with HF's initialisation skipped, then filled here with uniform draws (HF's
+    normal draws over 600M parameters take a minute on a loaded 2-core machine): matrices U(-a, a) with
+    a = sqrt(3) * initializer_range (HF's std), (1 + w) norm weights w ~ U(-0.1, 0.1), the GDN's A_log =
+    log U(0.01, 16) and dt_bias = 1 as HF's, the conv U(-0.5, 0.5) (1 / sqrt(kernel))."""
     import transformers as tf
+    from transformers.initialization import no_init_weights
     cfg = tf.Qwen3_5TextConfig(**REAL_SHAPED_QWEN3_5)
     cfg._attn_implementation = attn_implementation
-    return _build(tf.Qwen3_5ForCausalLM, cfg, seed, dtype)
+    old = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[]), no_init_weights():
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        try:
+            model = tf.Qwen3_5ForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(old)
+        model.lm_head.weight = model.model.embed_tokens.weight  # tied (HF leaves them apart under no_init_weights)
+        a = 3 ** 0.5 * cfg.initializer_range
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("A_log"):
+                    p.copy_(torch.empty(p.shape).uniform_(0.01, 16).log_())
+                elif name.endswith("dt_bias"):
+                    p.fill_(1.0)
+                elif name.endswith("conv1d.weight"):
+                    p.uniform_(-0.5, 0.5)
+                elif p.dim() == 1:
+                    p.uniform_(-0.1, 0.1)
+                else:
+                    p.uniform_(-a, a)
+    for buf_name, buf in model.named_buffers():  # rotary tables are float32 in HF whatever the default dtype
+        if buf.dtype != torch.float32 and buf_name.endswith("inv_freq"):
+            raise AssertionError(f"{buf_name} built as {buf.dtype}")
+    return model.eval()
