@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
@@ -110,14 +111,19 @@ def _measure(kind, ops, scratch, cache, label):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(scratch))
     load0 = os.getloadavg()
     t0 = time.perf_counter()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", kind, "--out", str(out)]
                           + (["--ops", *ops] if ops else []), cwd=scratch, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the child's user + system CPU seconds, imports included: other jobs on a shared machine stretch
+    # wall time but hardly this
+    child_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if proc.returncode not in (0, 1) or not out.exists():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"cold_start: the {kind} child failed (exit {proc.returncode})")
     res = json.loads(out.read_text())
-    res.update(wall=wall, load=(load0, os.getloadavg()), stdout=proc.stdout)
+    res.update(wall=wall, child_cpu=child_cpu, load=(load0, os.getloadavg()), stdout=proc.stdout)
     return res
 
 
@@ -149,7 +155,8 @@ def _summary(label, res):
     comp = sum(r["seconds"] for r in res["compiles"])
     (a0, _, _), (a1, _, _) = res["load"]
     status = "" if res["status"] == 0 else f"  EXIT STATUS {res['status']}"
-    return (f"{label:<26} {res['seconds']:7.1f} s wall, {res['cpu']:7.1f} s CPU  (whole process {res['wall']:6.1f} s; "
+    return (f"{label:<26} {res['seconds']:7.1f} s wall, {res['cpu']:7.1f} s CPU  (whole process {res['wall']:6.1f} s wall, "
+            f"{res['child_cpu']:6.1f} s CPU; "
             f"numba compiles {res['dispatcher_compiles']:4d}, {comp:6.1f} CPU s; cache hits {res['cache_hits']:4d}; "
             f"load {a0:.1f} -> {a1:.1f}){status}")
 
