@@ -40,7 +40,7 @@ def wide(t: torch.Tensor) -> np.ndarray:
     does inside a kernel). The kernel then compiles once for all three dtypes instead of once per
     dtype (seconds per kernel, 20 s and more for a large one), for the price of one copy: for inputs
     far smaller than the kernel's work (attention's queries, the gated delta rule's tokens) and for
-    row-wise kernels (softmax, RMSNorm, elementwise, the GDN layer pieces). Not for large operands
+    row-wise kernels (softmax, elementwise, the GDN layer pieces). Not for large operands
     read in place (matmul weights, the LM head): those go through :func:`raw`."""
     return raw(t if t.dtype is F32 else t.to(F32))
 
