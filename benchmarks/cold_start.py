@@ -5,12 +5,15 @@ run and the first forward of a patched tiny Llama, each on a cleared cache, then
     python -m benchmarks.cold_start --skip-conformance   # the patched forward only
     python -m benchmarks.cold_start --ops attention      # the conformance run of these families only
     python -m benchmarks.cold_start --top 40             # more rows of the per-kernel table
+    python -m benchmarks.cold_start --report-dir DIR     # keep the conformance runs' JSON reports
 
 Each measurement runs in a fresh process on a scratch copy of this checkout (its tracked and untracked,
 not ignored files: no ``__pycache__``) with ``NUMBA_CACHE_DIR`` an empty folder, so every kernel really
 compiles: the report counts compiles and cache hits of the package's kernels (a cold run must show 0
-hits). The warm run is the same process again with the cache the cold one left. The load average is
-printed beside every figure (the machine may be shared: compare figures taken in the same conditions).
+hits). The warm run is the same process again with the cache the cold one left. Each figure is given in
+wall seconds and in CPU seconds of the child process (``getrusage``: imports included; on a shared machine
+other jobs stretch wall time but hardly CPU time), with the load average beside it (compare figures taken
+in the same conditions).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,7 +76,8 @@ def _child(kind, ops, out):
     t0, c0 = time.perf_counter(), time.process_time()
     if kind == "conformance":
         from hal import cli
-        argv = ["conformance", "run", "--backend", "cpu", "--quiet"] + (["--ops", *ops] if ops else [])
+        argv = ["conformance", "run", "--backend", "cpu", "--quiet", "--json", out + ".report.json"]
+        argv += ["--ops", *ops] if ops else []
         status = cli.main(argv)
     else:
         import torch
@@ -110,14 +115,19 @@ def _measure(kind, ops, scratch, cache, label):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(scratch))
     load0 = os.getloadavg()
     t0 = time.perf_counter()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", kind, "--out", str(out)]
                           + (["--ops", *ops] if ops else []), cwd=scratch, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the child's user + system CPU seconds, imports included: other jobs on a shared machine stretch
+    # wall time but hardly this
+    child_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if proc.returncode not in (0, 1) or not out.exists():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"cold_start: the {kind} child failed (exit {proc.returncode})")
     res = json.loads(out.read_text())
-    res.update(wall=wall, load=(load0, os.getloadavg()), stdout=proc.stdout)
+    res.update(wall=wall, child_cpu=child_cpu, load=(load0, os.getloadavg()), stdout=proc.stdout)
     return res
 
 
@@ -149,7 +159,8 @@ def _summary(label, res):
     comp = sum(r["seconds"] for r in res["compiles"])
     (a0, _, _), (a1, _, _) = res["load"]
     status = "" if res["status"] == 0 else f"  EXIT STATUS {res['status']}"
-    return (f"{label:<26} {res['seconds']:7.1f} s wall, {res['cpu']:7.1f} s CPU  (whole process {res['wall']:6.1f} s; "
+    return (f"{label:<26} {res['seconds']:7.1f} s wall, {res['cpu']:7.1f} s CPU  (whole process {res['wall']:6.1f} s wall, "
+            f"{res['child_cpu']:6.1f} s CPU; "
             f"numba compiles {res['dispatcher_compiles']:4d}, {comp:6.1f} CPU s; cache hits {res['cache_hits']:4d}; "
             f"load {a0:.1f} -> {a1:.1f}){status}")
 
@@ -162,6 +173,8 @@ def main():
     p.add_argument("--skip-conformance", action="store_true")
     p.add_argument("--skip-forward", action="store_true")
     p.add_argument("--top", type=int, default=25, help="rows of the per-kernel compile table")
+    p.add_argument("--report-dir", help="keep each conformance run's JSON report here (to compare with another "
+                                        "checkout's: the same records, the same bits)")
     a = p.parse_args()
     if a.child:
         return _child(a.child, a.ops, a.out)
@@ -178,6 +191,10 @@ def main():
                 what = "first patched tiny-Llama forward"
             cold = _measure(kind, a.ops, scratch, cache, "cold")
             warm = _measure(kind, a.ops, scratch, cache, "warm")
+            if a.report_dir and kind == "conformance":
+                for label in ("cold", "warm"):
+                    shutil.copy(scratch / f"{kind}-{label}.json.report.json",
+                                pathlib.Path(a.report_dir) / f"conformance-{label}.json")
             print(f"--- {what}", flush=True)
             print(_summary("cold (cleared cache)", cold))
             print(_summary("warm (the cache it left)", warm))

@@ -40,15 +40,17 @@ def table(records: list[Record]) -> str:
 
 
 def failures(records: list[Record]) -> str:
-    lines = []
-    for r in records:
-        if r.status == "fail":
-            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}{'' if r.claimed else ' (not claimed)'}] "
-                         f"{r.detail}")
-        elif r.status == "unsupported" and r.level == "L0":
-            claimed = " (claimed: compared nothing)" if r.claimed else ""
-            lines.append(f"[{r.backend} {r.op} {r.dtype} {r.spec_id}] unsupported{claimed}: {r.detail}")
-    return "\n".join(lines)
+    """One line per failing level (a divergence or an error, claimed or not), with its first divergence."""
+    return "\n".join(f"[{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}{'' if r.claimed else ' (not claimed)'}] "
+                     f"{r.detail}" for r in records if r.status == "fail")
+
+
+def not_implemented(records: list[Record]) -> str:
+    """One line per (backend, op, dtype, spec) the backend refused without claiming it (e.g. the ``fast``
+    policy on a backend that implements only strict), with the backend's reasons: no divergence, nothing
+    compared. A claimed level that was refused is not listed here: it fails the run (runner.compared_nothing)."""
+    return "\n".join(f"[{r.backend} {r.op} {r.dtype} {r.spec_id}] {r.detail}" for r in records
+                     if r.status == "unsupported" and not r.claimed and r.level == "L0")
 
 
 def to_json(records: list[Record], meta: dict) -> str:

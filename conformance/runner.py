@@ -167,14 +167,18 @@ def run_case(family: Family, backend: Backend, case: Case, device: torch.device,
 
 def run(backend_names: list[str], family_names: list[str], device: str = "cpu", dtypes: list[str] | None = None,
         progress=None, golden_root=None, quick: bool = False) -> list[Record]:
-    """``quick``: each family's quick case set (Family.quick_cases) instead of every case."""
+    """``quick``: each family's quick case set (Family.quick_cases) instead of every case.
+
+    ``progress(done, total, label, seconds)``, if given, is called before each case (``seconds`` None,
+    ``done`` the cases finished so far) and after it (``seconds`` the case's wall time, ``done`` counting it),
+    ``label`` naming backend, family, spec and case: the CLI draws its progress bar from it."""
     dev = torch.device(device)
     if dtypes is not None:
         unknown = sorted(set(dtypes) - set(DTYPE_NAMES.values()))
         if unknown or not dtypes:
             raise InputError(f"dtypes must be a non-empty list of {', '.join(sorted(DTYPE_NAMES.values()))}, "
                              f"got {dtypes!r} (None: every dtype)")
-    records: list[Record] = []
+    plan = []  # (backend name, backend, family name, family, {(dtype, spec id): cases}): the total comes first
     for bname in backend_names:
         backend = dispatch.get_backend(bname)
         for fname in family_names:
@@ -184,18 +188,25 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
                 if dtypes is not None and DTYPE_NAMES[case.dtype] not in dtypes:
                     continue
                 groups.setdefault((DTYPE_NAMES[case.dtype], case.spec.id), []).append(case)
-            for (dname, spec_id), cases in groups.items():
-                outcomes = {lvl: _Outcome() for lvl in family.levels}
-                for i, case in enumerate(cases):
-                    if progress:
-                        progress(f"{bname} {fname} {spec_id} {case.id} ({i + 1}/{len(cases)})")
-                    t0 = time.perf_counter()
-                    run_case(family, backend, case, dev, family.levels, outcomes, golden_root)
-                    if progress:
-                        progress(f"  {time.perf_counter() - t0:.1f}s")
-                claimed = _claimed_levels(backend, fname, cases[0].spec)
-                for lvl in family.levels:
-                    records.append(_record(bname, fname, dname, spec_id, lvl, outcomes[lvl], lvl in claimed))
+            plan.append((bname, backend, fname, family, groups))
+    total = sum(len(cases) for *_, groups in plan for cases in groups.values())
+    done = 0
+    records: list[Record] = []
+    for bname, backend, fname, family, groups in plan:
+        for (dname, spec_id), cases in groups.items():
+            outcomes = {lvl: _Outcome() for lvl in family.levels}
+            for i, case in enumerate(cases):
+                label = f"{bname} {fname} {spec_id} {case.id} ({i + 1}/{len(cases)})"
+                if progress:
+                    progress(done, total, label, None)
+                t0 = time.perf_counter()
+                run_case(family, backend, case, dev, family.levels, outcomes, golden_root)
+                done += 1
+                if progress:
+                    progress(done, total, label, time.perf_counter() - t0)
+            claimed = _claimed_levels(backend, fname, cases[0].spec)
+            for lvl in family.levels:
+                records.append(_record(bname, fname, dname, spec_id, lvl, outcomes[lvl], lvl in claimed))
     return records
 
 

@@ -199,6 +199,98 @@ def _backend_names(spec: str, device: torch.device) -> list[str]:
     return names
 
 
+# ---------------------------------------------------------------- progress output
+
+
+class _Bar:
+    """The progress of a long command on stderr. On a terminal one line redrawn in place: a bar, the
+    count, what runs now and the elapsed time, plus "compiling ..." while numba compiles the cpu
+    backend's kernels (a first run on this machine). Elsewhere (CI logs, pipes) a line at every tenth
+    of the work, the compile notice once: a log stays a few lines long."""
+
+    WIDTH = 30
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.t0 = time.time()
+        self.done, self.total, self.label = 0, 0, ""
+        self.compiling = None  # the kernel being compiled, shown on a terminal until the next case ends
+        self._tenth = -1
+
+    def _line(self, done, total, label):
+        full = self.WIDTH * done // max(total, 1)
+        return (f"[{'#' * full}{'.' * (self.WIDTH - full)}] {done}/{total} {label} "
+                f"({time.time() - self.t0:.0f} s)")
+
+    def update(self, done, total, label=""):
+        self.done, self.total, self.label = done, total, label
+        if self.tty:
+            extra = f" - compiling {self.compiling} (first run on this machine)" if self.compiling else ""
+            self.stream.write(f"\r{self._line(done, total, label)}{extra}\x1b[K")
+            self.stream.flush()
+        elif total and 10 * done // total > self._tenth:  # 0%, 10%, ..., 100%: eleven lines at most
+            self._tenth = 10 * done // total
+            self.stream.write(self._line(done, total, label) + "\n")
+            self.stream.flush()
+
+    def compile_started(self, kernel, notice):
+        """hal.kernels.cpu's compile sink: the notice once (a line of its own), then the kernel on the bar."""
+        if notice is not None:
+            self.note(notice)
+        self.compiling = kernel
+        if self.tty:
+            self.update(self.done, self.total, self.label)
+
+    def note(self, text):
+        """A line of its own above the bar (the bar is redrawn under it on a terminal)."""
+        self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+        if self.tty:
+            self.update(self.done, self.total, self.label)
+        self.stream.flush()
+
+    def close(self, label=""):
+        self.compiling = None
+        if self.tty:
+            self.stream.write(f"\r{self._line(self.total, self.total, label)}\x1b[K\n")
+        elif self._tenth < 10:
+            self.stream.write(self._line(self.total, self.total, label) + "\n")
+        self.stream.flush()
+
+    def __enter__(self):
+        """While the bar is shown, the cpu backend's compile notice goes through it (not a stray line)."""
+        kernels = _cpu_kernels()
+        if kernels is not None:
+            self._sink_before = kernels.compile_sink
+            kernels.compile_sink = self.compile_started
+        return self
+
+    def __exit__(self, *exc):
+        kernels = _cpu_kernels()
+        if kernels is not None:
+            kernels.compile_sink = self._sink_before
+
+
+def _cpu_kernels():
+    """hal.kernels.cpu (its compile notice), or None where it cannot load (it needs no numba to import)."""
+    try:
+        from hal.kernels import cpu
+    except ImportError:
+        return None
+    return cpu
+
+
+def _progress(bar, verbose):
+    """The runner's progress callback: the bar, and with ``verbose`` a line per case with its time."""
+    def progress(done, total, label, seconds):
+        if seconds is not None:
+            bar.compiling = None  # the case ended, and its compiles with it
+            if verbose:
+                bar.note(f"{label} {seconds:.1f}s")
+        bar.update(done, total, label.split(" (")[0])
+    return progress
+
+
 def _conformance_run(args) -> int:
     from hal.conformance import report, runner
     from .errors import BackendUnavailable, InputError
@@ -214,16 +306,24 @@ def _conformance_run(args) -> int:
     dtypes = _dtypes(args.dtypes)
     golden_root = _golden_root()
     with _Outputs(json=args.json, junit=args.junit) as outputs:
-        progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         t0 = time.time()
         quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
-        records = runner.run(names, fams, device=args.device, dtypes=dtypes, progress=progress, quick=quick,
-                             golden_root=golden_root)
+        if args.quiet:
+            records = runner.run(names, fams, device=args.device, dtypes=dtypes, quick=quick, golden_root=golden_root)
+        else:
+            with _Bar() as bar:
+                records = runner.run(names, fams, device=args.device, dtypes=dtypes, quick=quick,
+                                     golden_root=golden_root, progress=_progress(bar, args.verbose))
+                bar.close("done")
         print(report.table(records))
         fails = report.failures(records)
         if fails:
             print("\nFirst divergences:")
             print(fails)
+        unserved = report.not_implemented(records)
+        if unserved:
+            print("\nNot implemented by the backend (not claimed; no divergence, nothing compared):")
+            print(unserved)
         meta = {"backends": names, "ops": fams, "device": args.device, "quick": quick, "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(),
                 "seconds": round(time.time() - t0, 1)}
@@ -316,14 +416,13 @@ def _warmup(args) -> int:
     fams = _families(args.ops)
     units = [(f, d) for f in fams for d in (args.dtypes or ["fp32", "bf16", "fp16"])
              if any(DTYPE_NAMES[c.dtype] == d for c in families.get(f).quick_cases())]
-    t0, failed, width = time.time(), [], 30
-    for i, (fam, dt) in enumerate(units):
-        done = width * i // len(units)
-        print(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{len(units)} {fam} {dt} ({time.time() - t0:.0f} s)\x1b[K",
-              end="", file=sys.stderr, flush=True)
-        if runner.exit_status(runner.run(["cpu"], [fam], dtypes=[dt], quick=True)):
-            failed.append(f"{fam} {dt}")
-    print(f"\r[{'#' * width}] {len(units)}/{len(units)} ({time.time() - t0:.0f} s)\x1b[K", file=sys.stderr)
+    failed = []
+    with _Bar() as bar:
+        for i, (fam, dt) in enumerate(units):
+            bar.update(i, len(units), f"{fam} {dt}")
+            if runner.exit_status(runner.run(["cpu"], [fam], dtypes=[dt], quick=True)):
+                failed.append(f"{fam} {dt}")
+        bar.close()
     from hal.kernels import cpu as kernels
     print(f"warm: the cpu backend's kernels for {', '.join(fams)} are in {kernels.cache_location()}")
     if failed:
@@ -364,7 +463,8 @@ def main(argv=None) -> int:
     run.add_argument("--dtypes", nargs="*", choices=["fp32", "bf16", "fp16"])
     run.add_argument("--json", help="write the JSON report here")
     run.add_argument("--junit", help="write a JUnit XML report here")
-    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument("--verbose", action="store_true", help="a line per case with its time, above the progress bar")
     run.add_argument("--quick", action="store_true",
                      help="each family's quick case set (still crosses every tile/split boundary); also LOCKSTEP_QUICK=1")
     gen = csub.add_parser("generate")

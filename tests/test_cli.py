@@ -76,11 +76,16 @@ def test_claimed_levels_that_compared_nothing_fail_the_run(tmp_path):
 def test_unclaimed_unsupported_levels_do_not_fail_the_run(tmp_path):
     # the reference backend implements no fast policy: it claims nothing there, and its refusal is no failure
     j = tmp_path / "r.json"
-    r = hal("conformance", "run", "--backend", "reference", "--ops", "matmul_fast", "--quiet", "--json", str(j))
+    r = hal("conformance", "run", "--backend", "reference", "--ops", "matmul_fast", "--json", str(j))
     assert r.returncode == 0, r.stdout + r.stderr
     recs = json.loads(j.read_text())["records"]
     assert recs and all(rec["status"] == "unsupported" and not rec["claimed"] for rec in recs)
     assert "Compared nothing" not in r.stdout
+    # listed as not implemented, never as divergences (issue 22 item 6)
+    assert "First divergences" not in r.stdout and "Not implemented by the backend" in r.stdout
+    assert "[reference matmul_fast bf16 " in r.stdout
+    # the progress output (stderr, not a terminal here): a few lines ending in the full bar, no line per case
+    assert 1 <= len(r.stderr.splitlines()) <= 12 and "[" + "#" * 30 + "]" in r.stderr, r.stderr
 
 
 # ---- validate before work: `hal: ...` and exit 2, nothing run, no traceback (issue 21 item 14)

@@ -109,3 +109,28 @@ def test_parallel_and_serial_drivers_share_one_compiled_body():
     # prange's index is unsigned: passed as is, the row body would compile a second time for the parallel driver
     f32_rows = [s for s in k._rms_row.signatures if str(s[0]).startswith("array(float32")]
     assert len(f32_rows) <= 1, k._rms_row.signatures  # 0 where the drivers came from a warm disk cache
+
+
+def test_row_wise_kernels_compile_one_body_for_three_dtypes():
+    # softmax, elementwise, rotary and the GDN layer pieces read float32 copies (exact widening):
+    # one signature each, where raw 16-bit inputs compiled once per dtype (gating: once per mix of dtypes)
+    from hal.kernels.cpu import elementwise, qwen3_next, softmax
+    g = torch.Generator().manual_seed(2)
+    for dt in DTYPES:
+        x = (torch.randn(6, 40, generator=g) * 4).to(dt)
+        a, b = torch.randn(5, 4, generator=g).to(dt), torch.randn(5, 4, generator=g).to(dt)
+        A_log, dt_bias = torch.randn(4, generator=g), torch.randn(4, generator=g)  # float32 beside dt
+        cx = torch.randn(1, 7, 8, generator=g).to(dt)
+        cw = torch.randn(8, 4, generator=g).to(dt)
+        calls = [lambda be: hal.softmax(x, backend=be), lambda be: hal.log_softmax(x, backend=be),
+                 lambda be: hal.logsumexp(x, backend=be),
+                 lambda be: hal.silu(x, backend=be), lambda be: hal.silu_mul(x, x, backend=be),
+                 lambda be: hal.gdn_gating(A_log, a, dt_bias, b, backend=be),
+                 lambda be: hal.gdn_causal_conv1d(cx, cw, activation="silu", backend=be)]
+        for i, call in enumerate(calls):
+            got, ref = call("cpu"), call("reference")
+            for o, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
+                assert o.dtype == r.dtype and torch.equal(_bits(o), _bits(r)), (dt, i)
+    for fn in (softmax._softmax_row, elementwise._map_unary_ser, elementwise._map_silu_mul_ser,
+               qwen3_next._gating_par, qwen3_next._conv):
+        assert len(fn.signatures) <= 1, (fn, fn.signatures)  # 0 from a warm cache, as above

@@ -75,9 +75,16 @@ def _notice(kernel: str) -> str:
             f"the disk cache ({cache_location()}); `hal warmup` compiles them ahead of time")
 
 
+#: where compile events go instead of the one line on stderr: ``sink(kernel, notice)`` at the start of each
+#: compile of one of this package's kernels, ``notice`` the one-line text at the first one in the process
+#: (else None). A progress display (``hal conformance run``) sets it to show the compiles in its own output.
+compile_sink = None
+
+
 def announce_compiles() -> None:
     """Print one line to stderr at the first numba compile of one of this package's kernels in this
-    process (a numba event: loads from the disk cache are silent). Idempotent."""
+    process (a numba event: loads from the disk cache are silent), or hand every compile to
+    :data:`compile_sink` when one is set. Idempotent."""
     try:
         from numba.core import event
     except ImportError:  # no numba: nothing here compiles (the backend says it is unavailable)
@@ -87,10 +94,15 @@ def announce_compiles() -> None:
         def on_start(self, ev):
             global _announced
             d = ev.data["dispatcher"]
-            if _announced or not d.py_func.__module__.startswith(__name__):
+            if not d.py_func.__module__.startswith(__name__):
                 return
+            kernel = f"{d.py_func.__module__.removeprefix(__name__ + '.')}.{d.py_func.__qualname__}"
+            notice = None if _announced else _notice(kernel)
             _announced = True
-            print(_notice(f"{d.py_func.__module__}.{d.py_func.__qualname__}"), file=sys.stderr, flush=True)
+            if compile_sink is not None:
+                compile_sink(kernel, notice)
+            elif notice is not None:
+                print(notice, file=sys.stderr, flush=True)
 
         def on_end(self, ev):
             pass

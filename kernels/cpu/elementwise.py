@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from hal.kernels.reference.elementwise import inv_freq as _inv_freq_table
 
-from .host import F32, array, empty, finish, raw
+from .host import F32, array, empty, finish, wide
 from .strict_math import NEG_INF, ONE, ZERO, canon, exp, fma, log, sincos, widen
 
 _BLOCK = 4096  # elements per task
@@ -98,7 +98,7 @@ def unary(name: str, x: torch.Tensor) -> torch.Tensor:
     out, o = empty(*x.shape)
     if x.numel():
         fn = _map_unary_ser if x.numel() <= _SERIAL_MAX else _map_unary_par
-        fn(_KIND[name], raw(x).reshape(-1), o.reshape(-1))
+        fn(_KIND[name], wide(x).reshape(-1), o.reshape(-1))  # float32: one compile for every dtype
     return finish(out, x.dtype)
 
 
@@ -106,7 +106,7 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out, o = empty(*a.shape)
     if a.numel():
         fn = _map_silu_mul_ser if a.numel() <= _SERIAL_MAX else _map_silu_mul_par
-        fn(raw(a).reshape(-1), raw(b).reshape(-1), o.reshape(-1))
+        fn(wide(a).reshape(-1), wide(b).reshape(-1), o.reshape(-1))
     return finish(out, a.dtype)
 
 
@@ -138,7 +138,7 @@ def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
 
 @njit(parallel=True, cache=True)
 def _rotate(x, cos, sin, interleaved, out):
-    """x [rows, D] (raw), cos/sin [rows, half] float32 -> out [rows, D] float32."""
+    """x [rows, D], cos/sin [rows, half] float32 -> out [rows, D] float32."""
     rows, d = x.shape
     half = cos.shape[1]
     for r in prange(rows):
@@ -162,5 +162,5 @@ def apply_rotary(x, cos, sin, interleaved):
         # the tables broadcast over x's leading dims (exact float32 copies)
         c = cos.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
         s = sin.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
-        _rotate(raw(x).reshape(rows, d), array(c), array(s), interleaved, array(out).reshape(rows, d))
+        _rotate(wide(x).reshape(rows, d), array(c), array(s), interleaved, array(out).reshape(rows, d))
     return finish(out, x.dtype)

@@ -37,9 +37,11 @@ def raw(t: torch.Tensor) -> np.ndarray:
 
 def wide(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous float32 numpy array of t's values, bf16 / fp16 widened exactly (as ``widen``
-    does inside a kernel). For inputs far smaller than the kernel's work (attention's queries, the
-    gated delta rule's tokens): the kernel then compiles once for all three dtypes instead of once per
-    dtype (20 s and more for a large kernel), for the price of one copy."""
+    does inside a kernel). The kernel then compiles once for all three dtypes instead of once per
+    dtype (seconds per kernel, 20 s and more for a large one), for the price of one copy: for inputs
+    far smaller than the kernel's work (attention's queries, the gated delta rule's tokens) and for
+    row-wise kernels (softmax, elementwise, the GDN layer pieces). Not for large operands
+    read in place (matmul weights, the LM head): those go through :func:`raw`."""
     return raw(t if t.dtype is F32 else t.to(F32))
 
 
