@@ -14,9 +14,10 @@ through ``LockstepConverter``; stock: the same weights with sdpa and TorchTitan'
    sampler generates again and TorchTitan recomputes: the bits must agree again;
 4. ``hal.rl.mismatch_metrics`` on every token.
 
-Stock TorchTitan cannot run its trainer forward with autograd on CPU: its varlen attention calls torch's
-CUDA-only varlen kernel, and FlexAttention has no CPU backward. The stock trainer therefore runs the
-forward only (FlexAttention, the same packed documents, no_grad). Tiny model (2 layers, hidden 64, vocab
+Stock TorchTitan cannot train its Qwen3 on CPU with either attention backend it allows for language models:
+varlen calls torch's CUDA-only varlen kernel (and casts q/k/v to bf16), FlexAttention has no CPU backward
+(and its CPU compile takes minutes here). The stock trainer therefore runs TorchTitan's SDPA attention
+(which takes no document masks) on one right-padded row per document, forward only. Tiny model (2 layers, hidden 64, vocab
 128, random weights, nothing downloaded).
 """
 from __future__ import annotations
@@ -56,10 +57,10 @@ def hf_qwen3(dtype=torch.float32, seed: int = 0, attn: str = "lockstep", tied: b
 def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "varlen"):
     """TorchTitan's Qwen3 for ``hf_model``'s config, weights loaded through TorchTitan's HF adapter."""
     cfg = ltt.qwen3_config_from_hf(hf_model.config)
-    if not lockstep and attn_backend == "flex":
-        from torchtitan.models.common.attention import FlexAttention
+    if attn_backend == "sdpa":  # stock only: TorchTitan's SDPA takes no document masks (one document per row)
+        from torchtitan.models.common.attention import ScaledDotProductAttention
         for layer in cfg.layers:
-            layer.attention.inner_attention = FlexAttention.Config()
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
     if lockstep:
         cfg = ltt.LockstepConverter.Config(stock=tuple(stock)).build().convert(cfg)
     dtype = next(hf_model.parameters()).dtype
@@ -90,6 +91,20 @@ def trainer_logprobs(model, path, prompts, responses):
     logits = model(tokens, positions, masks)[0].float()
     lp = log_softmax(path, logits[rows]).gather(-1, torch.cat(list(responses))[:, None])[:, 0]
     return lp.reshape(responses.shape)
+
+
+def unpacked_logprobs(model, path, prompts, responses):
+    """The same log-probs from one right-padded row per document, no attention masks (stock TorchTitan's SDPA
+    attention: causal, so a row's real tokens never see its padding)."""
+    seqs = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
+    L = max(len(s) for s in seqs)
+    tokens = torch.zeros(len(seqs), L, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        tokens[b, :len(s)] = s
+    logits = model(tokens).float()
+    rows = [logits[b, len(p) - 1:len(s) - 1] for b, (p, s) in enumerate(zip(prompts, seqs))]
+    lp = log_softmax(path, torch.stack(rows)).gather(-1, responses[..., None])[..., 0]
+    return lp
 
 
 def train_step(model, lp, lr: float = 1e-2):
@@ -125,11 +140,11 @@ def run_lockstep(dtype, args):
 
 def run_stock(dtype, args):
     hf = hf_qwen3(dtype, args.seed, attn="sdpa")
-    tt = titan_qwen3(hf, lockstep=False, attn_backend="flex")
+    tt = titan_qwen3(hf, lockstep=False, attn_backend="sdpa")
     prompts = make_prompts(args.prompts, args.seed, VOCAB)
     resp, lp_s = sample(hf, "stock", prompts, args.new_tokens, args.seed)
     with torch.no_grad():
-        lp_t = trainer_logprobs(tt, "stock", prompts, resp)
+        lp_t = unpacked_logprobs(tt, "stock", prompts, resp)
     return [dict(sampler=lp_s, trainer=lp_t, metrics=hal.rl.mismatch_metrics(lp_t, lp_s))]
 
 
@@ -155,8 +170,8 @@ def main(argv=None):
         print(f"{name}: stock {stock[0]['metrics']}")
         lines.append(f"| Qwen3 (tiny) | {name} | {n} | {d[0]} / {d[1]} | {s} |")
     print("\n".join(lines))
-    print("stock TorchTitan's trainer ran forward only: on CPU its varlen attention is CUDA-only and FlexAttention "
-          "has no backward")
+    print("stock TorchTitan's trainer: SDPA, one row per document, forward only (on CPU its varlen attention is "
+          "CUDA-only and FlexAttention has no backward)")
     print(f"total {time.perf_counter() - t0:.1f} s")
 
 

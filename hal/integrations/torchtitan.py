@@ -28,7 +28,7 @@ import torch
 import hal
 from ..errors import InputError, UnsupportedError
 
-__all__ = ["check_version", "SUPPORTED", "LockstepConverter", "convert", "qwen3_config_from_hf", "load_from_hf",
+__all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "load_from_hf",
            "to_hf_state_dict", "sync_to_hf", "token_logprobs", "first_divergence"]
 
 SUPPORTED = ((0, 3), (0, 4))  # [low, high): the TorchTitan releases whose module forwards titan_modules mirrors
@@ -142,7 +142,7 @@ def _converter_class():
     return LockstepConverter
 
 
-def __getattr__(name):  # LockstepConverter subclasses a TorchTitan class: built on first use
+def __getattr__(name):  # LockstepConverter subclasses a TorchTitan class: built on first use (so not in __all__)
     if name == "LockstepConverter":
         cls = _converter_class()
         globals()[name] = cls
@@ -328,44 +328,61 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _main_input(args, kwargs):
+    """The hidden-state input of a module call (HF's decoder passes ``hidden_states=`` by keyword)."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    for key in ("hidden_states", "x", "input"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return kwargs[key]
+    return None
+
+
 def first_divergence(model, hf_model, tokens: torch.Tensor, positions: torch.Tensor):
     """Run TorchTitan ``model`` (packed, its varlen metadata) and ``hf_model`` (packed row, ``position_ids``) on the
-    same tokens and return ``(torchtitan_name, hf_name)`` of the first module, in TorchTitan's execution order,
-    whose output bits differ (q/k norms compare their [.., heads, head_dim] outputs), or None when all agree.
+    same tokens and return ``(torchtitan_name, hf_name)`` of the module that introduced the first difference: the
+    first, in TorchTitan's order of completion, whose input bits agree with its HF counterpart's and whose output
+    bits do not. None when every compared output agrees.
 
     ``tokens``, ``positions``: ``[1, T]``, positions restarting at 0 for each packed document."""
-    tt_out, hf_out, order = {}, {}, []
-    hooks = []
+    seen = {"tt": {}, "hf": {}}
+    order, hooks = [], []
     hf_mods = dict(hf_model.named_modules())
+
+    def record(side, name):
+        def hook(mod, args, kwargs, out):
+            x = _main_input(args, kwargs)
+            seen[side][name] = (None if x is None else x.detach().reshape(-1), _first(out).detach().reshape(-1))
+            if side == "tt":
+                order.append(name)
+        return hook
+
     for name, mod in model.named_modules():
         hf = _hf_name(name)
         if hf is None or hf not in hf_mods:
             continue
-
-        def tt_hook(m, a, o, name=name):
-            order.append(name)
-            tt_out[name] = _first(o).detach().reshape(-1)
-
-        def hf_hook(m, a, o, name=name):
-            hf_out[name] = _first(o).detach().reshape(-1)
-        hooks.append(mod.register_forward_hook(tt_hook))
-        hooks.append(hf_mods[hf].register_forward_hook(hf_hook))
+        hooks.append(mod.register_forward_hook(record("tt", name), with_kwargs=True))
+        hooks.append(hf_mods[hf].register_forward_hook(record("hf", name), with_kwargs=True))
     try:
         with torch.no_grad():
-            masks = model.get_attention_masks(positions)
-            model(tokens, positions, masks)
+            model(tokens, positions, model.get_attention_masks(positions))
             hf_model(input_ids=tokens, position_ids=positions, use_cache=False)
     finally:
         for h in hooks:
             h.remove()
+    differing = []
     for name in order:
-        a, b = tt_out[name], hf_out.get(name)
-        if b is None or a.shape != b.shape or a.dtype != b.dtype or not _same_bits(a, b):
-            return name, _hf_name(name)
-    return None
+        (xa, ya), (xb, yb) = seen["tt"][name], seen["hf"].get(name, (None, None))
+        if yb is None or not _same_bits(ya, yb):
+            differing.append(name)
+            if xa is not None and xb is not None and _same_bits(xa, xb):
+                return name, _hf_name(name)
+    return (differing[0], _hf_name(differing[0])) if differing else None
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
     ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
             torch.float64: torch.int64}
     return torch.equal(a.contiguous().view(ints[a.dtype]), b.contiguous().view(ints[b.dtype]))
