@@ -104,3 +104,60 @@ def test_no_transformers_class_inside_the_torchtitan_model():
     assert {"Qwen3Model", "Qwen3TransformerBlock", "GQAttention", "FusedQKVLinear"} <= names  # TorchTitan's code
     assert {"LockstepLinear", "LockstepRMSNorm", "LockstepCosSinRoPE", "LockstepVarlenAttention",
             "LockstepFeedForward"} <= names
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_token_logprobs_from_hidden_states_agree(dtype):
+    """hal.token_logprobs (float32 LM head, no rounding of the logits to the model dtype) on each side's final
+    hidden states: TorchTitan's packed forward without its LM head vs the HF model's packed forward."""
+    hf = ex.hf_qwen3(dtype)
+    tt = ex.titan_qwen3(hf)
+    prompts = make_prompts(3, 2, ex.VOCAB)
+    resp = torch.randint(1, ex.VOCAB, (3, 5), generator=torch.Generator().manual_seed(2))
+    tokens, positions, rows = ex.pack(prompts, resp)
+    targets = torch.cat(list(resp))
+    with lt.patch(hf), torch.no_grad():
+        tt._skip_lm_head = True
+        h_tt = tt(tokens, positions, tt.get_attention_masks(positions))[0, rows]
+        h_hf = hf.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state[0, rows]
+        assert torch.equal(bits(h_tt), bits(h_hf))
+        assert torch.equal(bits(ltt.token_logprobs(tt, h_tt, targets)), bits(lt.token_logprobs(hf, h_hf, targets)))
+
+
+def test_refusals_name_the_problem_and_change_nothing():
+    from torchtitan.models.qwen3 import model_registry
+    from hal import InputError, UnsupportedError
+    hf = ex.hf_qwen3(torch.float32)
+    cfg = ltt.qwen3_config_from_hf(hf.config)
+    with pytest.raises(InputError, match="layers.9.ffn_norm"):
+        ltt.convert(cfg, stock=["layers.9.ffn_norm"])
+    # configs the converter does not know (here Qwen3-MoE's router and experts) are refused by path, never
+    # half-converted
+    spec = model_registry("debugmodel_moe", attn_backend="varlen")
+    with pytest.raises(UnsupportedError, match=r"layers\.0\.moe"):
+        ltt.convert(spec.model)
+    # a weight sync that would lose the LM head (HF ties it, TorchTitan does not)
+    tt = ex.titan_qwen3(hf)
+    tied = ex.hf_qwen3(torch.float32, tied=True)
+    before = {k: v.clone() for k, v in tied.state_dict().items()}
+    with pytest.raises(UnsupportedError, match="lose one of the two heads"):
+        ltt.sync_to_hf(tt, tied)
+    assert all(torch.equal(v, tied.state_dict()[k]) for k, v in before.items())
+    # an HF model cast with .to(bf16): its RoPE table is bf16, not the float32 one TorchTitan's side uses
+    rounded = ex.hf_qwen3(torch.float32).to(torch.bfloat16)
+    with pytest.raises(UnsupportedError, match="inv_freq"):
+        ltt.check_rotary_table(rounded)
+    ltt.check_rotary_table(ex.hf_qwen3(torch.bfloat16))
+
+
+def test_model_registry_applies_the_converter():
+    """TorchTitan's own plug-in point: model_registry(flavor, converters=[...]) converts every leaf config."""
+    from torchtitan.models.qwen3 import model_registry
+    from hal.integrations import titan_modules as tm
+    spec = model_registry("debugmodel", attn_backend="varlen", converters=[ltt.LockstepConverter.Config()])
+    layer = spec.model.layers[0]
+    assert type(spec.model.lm_head) is tm.LockstepLinear.Config and type(spec.model.norm) is tm.LockstepRMSNorm.Config
+    assert type(layer.attention.inner_attention) is tm.LockstepVarlenAttention.Config
+    assert type(layer.attention.rope) is tm.LockstepCosSinRoPE.Config
+    assert type(layer.feed_forward) is tm.LockstepFeedForward.Config
+    assert type(layer.attention.qkv_linear.wqkv) is tm.LockstepLinear.Config
