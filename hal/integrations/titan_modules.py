@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchtitan.models.common.attention import VarlenAttention
+from torchtitan.models.common.attention import VarlenAttention, VarlenMetadata
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.linear import Linear
 from torchtitan.models.common.nn_modules import RMSNorm
@@ -112,7 +112,7 @@ class LockstepVarlenAttention(VarlenAttention):
             cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=q_BLNH.device)
             cu_q, cu_k, max_q, max_k = cu, cu, L, L
         else:
-            if not isinstance(attention_masks, tuple) or not hasattr(attention_masks, "cu_seq_q"):
+            if not isinstance(attention_masks, VarlenMetadata):
                 raise UnsupportedError(f"lockstep's varlen attention needs TorchTitan's VarlenMetadata (or None), got "
                                        f"{type(attention_masks).__name__}")
             cu_q, cu_k = attention_masks.cu_seq_q, attention_masks.cu_seq_k

@@ -76,8 +76,8 @@ def _exact_config_types():
 def convert(model_config, stock=(), allow_untested: bool = False):
     """A copy of TorchTitan ``model_config`` whose leaves compute with lockstep's ops.
 
-    ``stock``: module paths (TorchTitan FQNs, e.g. ``"layers.1.ffn_norm"``) left as they are, for
-    bisecting a divergence and for negative controls. Refuses (UnsupportedError naming every path)
+    ``stock``: module paths (TorchTitan FQNs, e.g. ``"layers.1.ffn_norm"``) left as they are, everything
+    inside them included, for bisecting a divergence and for negative controls. Refuses (UnsupportedError naming every path)
     configs it does not know: MoE, Gated DeltaNet (Qwen3.5), complex RoPE, SDPA, ...
     TorchTitan's FlexAttention (the block-causal document mask of its language models) becomes
     lockstep's varlen attention over the same documents; the decoder then builds varlen metadata.

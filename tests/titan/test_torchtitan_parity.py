@@ -148,6 +148,14 @@ def test_refusals_name_the_problem_and_change_nothing():
     with pytest.raises(UnsupportedError, match="inv_freq"):
         ltt.check_rotary_table(rounded)
     ltt.check_rotary_table(ex.hf_qwen3(torch.bfloat16))
+    # attention lockstep does not compute: a window, masks other than TorchTitan's varlen metadata
+    from hal.integrations import titan_modules as tm
+    with pytest.raises(UnsupportedError, match="window_size"):
+        tm.LockstepVarlenAttention.Config(window_size=(4, 0)).build()
+    attn = tm.LockstepVarlenAttention.Config().build()
+    q = torch.zeros(1, 3, 2, 16)
+    with pytest.raises(UnsupportedError, match="VarlenMetadata"):
+        attn(q, q, q, attention_masks=torch.ones(3, 3, dtype=torch.bool))
 
 
 def test_model_registry_applies_the_converter():
