@@ -169,3 +169,10 @@ def test_model_registry_applies_the_converter():
     assert type(layer.attention.rope) is tm.LockstepCosSinRoPE.Config
     assert type(layer.feed_forward) is tm.LockstepFeedForward.Config
     assert type(layer.attention.qkv_linear.wqkv) is tm.LockstepLinear.Config
+
+
+def test_importing_the_integration_imports_no_torchtitan():
+    import subprocess
+    code = "import sys, hal.integrations.torchtitan; assert 'torchtitan' not in sys.modules, 'imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
