@@ -231,8 +231,10 @@ def _check_tying(model, hf_model):
 
 def load_from_hf(model, hf_model) -> None:
     """Copy an HF Qwen3 model's weights into TorchTitan ``model`` with TorchTitan's ``Qwen3StateDictAdapter.from_hf``
-    (fused QKV merged by TorchTitan's own load hook). Every TorchTitan parameter must be filled."""
+    (fused QKV merged by TorchTitan's own load hook). Every TorchTitan parameter must be filled; the HF model's
+    RoPE table must be the float32 one (:func:`check_rotary_table`)."""
     _check_tying(model, hf_model)
+    check_rotary_table(hf_model)
     sd = _adapter(model).from_hf(_hf_state_dict(hf_model))
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if unexpected or missing:
@@ -249,6 +251,7 @@ def sync_to_hf(model, hf_model) -> None:
     on ``hf_model`` keeps its modules). Refuses a sync that would lose the tied / untied LM head, and one that
     leaves an HF weight unset or changes a shape or dtype."""
     _check_tying(model, hf_model)
+    check_rotary_table(hf_model)
     sd = to_hf_state_dict(model)
     target = dict(hf_model.named_parameters())
     if hf_model.config.tie_word_embeddings:

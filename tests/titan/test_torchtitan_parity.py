@@ -147,6 +147,8 @@ def test_refusals_name_the_problem_and_change_nothing():
     rounded = ex.hf_qwen3(torch.float32).to(torch.bfloat16)
     with pytest.raises(UnsupportedError, match="inv_freq"):
         ltt.check_rotary_table(rounded)
+    with pytest.raises(UnsupportedError, match="inv_freq"):
+        ltt.load_from_hf(ex.titan_qwen3(hf), rounded)
     ltt.check_rotary_table(ex.hf_qwen3(torch.bfloat16))
     # attention lockstep does not compute: a window, masks other than TorchTitan's varlen metadata
     from hal.integrations import titan_modules as tm
