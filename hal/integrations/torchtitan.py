@@ -1,0 +1,391 @@
+"""TorchTitan trains, transformers samples: one model in two codebases, the same bits.
+
+    from hal.integrations import torchtitan as ltt
+    from hal.integrations import transformers as lt
+    cfg = ltt.LockstepConverter.Config().build().convert(ltt.qwen3_config_from_hf(hf_model.config))
+    #   or: torchtitan.models.qwen3.model_registry(flavor, converters=[ltt.LockstepConverter.Config()])
+    trainer = cfg.build()                                  # TorchTitan's own Qwen3 model code
+    ltt.load_from_hf(trainer, hf_model)                    # TorchTitan's Qwen3StateDictAdapter.from_hf
+    with lt.patch(hf_model):                               # the HF sampler
+        out = hf_model.generate(...)
+    masks = trainer.get_attention_masks(positions)         # TorchTitan's document packing (varlen metadata)
+    logits = trainer(tokens, positions, masks); loss.backward(); opt.step()
+    ltt.sync_to_hf(trainer, hf_model)                      # the RL weight sync (adapter.to_hf), refuses to lose a head
+
+:class:`LockstepConverter` is a TorchTitan ``ModelConfigConverter``: it swaps the *leaf* configs of a
+model config (linears, RMSNorms, cos/sin RoPE, varlen attention, SwiGLU feed-forward) for lockstep
+subclasses (titan_modules.py), so TorchTitan's decoder, blocks and attention module keep running.
+Supported: TorchTitan's dense Qwen3 of the versions in ``SUPPORTED``. Qwen3.5 (Gated DeltaNet hybrid)
+and MoE configs are refused by name. torchtitan is imported only when one of these functions is called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+import hal
+from ..errors import InputError, UnsupportedError
+
+__all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "load_from_hf",
+           "to_hf_state_dict", "sync_to_hf", "token_logprobs", "first_divergence"]
+
+SUPPORTED = ((0, 3), (0, 4))  # [low, high): the TorchTitan releases whose module forwards titan_modules mirrors
+_ENV_ANY = "LOCKSTEP_TORCHTITAN_ANY_VERSION"
+
+
+def check_version(allow_untested: bool = False) -> str:
+    """The installed torchtitan version; raises UnsupportedError outside ``SUPPORTED``.
+
+    The lockstep modules subclass TorchTitan's and rely on its forwards' signatures and on which
+    leaf computes what; another release may change either. ``allow_untested=True`` (or
+    LOCKSTEP_TORCHTITAN_ANY_VERSION=1) skips the check at the caller's risk."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        v = version("torchtitan")
+    except PackageNotFoundError:
+        raise UnsupportedError("torchtitan is not installed: pip install 'lockstep[torchtitan]'") from None
+    parts = tuple(int(x) for x in v.split(".")[:2] if x.isdigit())
+    lo, hi = SUPPORTED
+    if not (lo <= parts < hi) and not (allow_untested or os.environ.get(_ENV_ANY) == "1"):
+        raise UnsupportedError(f"torchtitan {v} is not supported by lockstep's integration (tested: >={lo[0]}.{lo[1]},"
+                               f"<{hi[0]}.{hi[1]}); its module forwards may differ from the ones lockstep replaces. "
+                               f"Set {_ENV_ANY}=1 to try anyway and check parity with first_divergence().")
+    return v
+
+
+# ---------------------------------------------------------------- the converter
+
+
+def _config_children(cfg):
+    """(name, value) of a config's fields that hold configs or lists of configs."""
+    for f in dataclasses.fields(cfg):
+        yield f.name, getattr(cfg, f.name)
+
+
+def _exact_config_types():
+    """Configs whose own forward is exact (gathers, views, splits, residual adds) or only calls its children."""
+    from torchtitan.models.common.attention import FusedQKVLinear, GQAttention, QKVLinear
+    from torchtitan.models.common.embedding import Embedding
+    from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+    return (Embedding.Config, GQAttention.Config, FusedQKVLinear.Config, QKVLinear.Config, Qwen3Model.Config,
+            Qwen3TransformerBlock.Config)
+
+
+def convert(model_config, stock=(), allow_untested: bool = False):
+    """A copy of TorchTitan ``model_config`` whose leaves compute with lockstep's ops.
+
+    ``stock``: module paths (TorchTitan FQNs, e.g. ``"layers.1.ffn_norm"``) left as they are, everything
+    inside them included, for bisecting a divergence and for negative controls. Refuses (UnsupportedError naming every path)
+    configs it does not know: MoE, Gated DeltaNet (Qwen3.5), complex RoPE, SDPA, ...
+    TorchTitan's FlexAttention (the block-causal document mask of its language models) becomes
+    lockstep's varlen attention over the same documents; the decoder then builds varlen metadata.
+    """
+    check_version(allow_untested)
+    from torchtitan.models.common.attention import FlexAttention
+    from . import titan_modules as tm
+    stock = set(stock)
+    exact = _exact_config_types()
+    unknown, used = [], set()
+
+    def walk(cfg, path):
+        if isinstance(cfg, list):
+            return [walk(c, f"{path}.{i}" if path else str(i)) for i, c in enumerate(cfg)]
+        if not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "build"):
+            return cfg
+        if path in stock:
+            used.add(path)
+            return cfg
+        kids = {name: walk(val, f"{path}.{name}" if path else name) for name, val in _config_children(cfg)}
+        kind = type(cfg)
+        if kind in tm.REPLACEMENTS:
+            return tm.REPLACEMENTS[kind](**kids)
+        if kind is FlexAttention.Config:
+            return tm.LockstepVarlenAttention.Config()
+        if kind in tm.REPLACEMENTS.values():  # converted already
+            return dataclasses.replace(cfg, **kids)
+        if kind not in exact:
+            unknown.append(f"{path or '(root)'} ({kind.__qualname__})")
+            return cfg
+        return dataclasses.replace(cfg, **kids)
+
+    out = walk(model_config, "")
+    if unknown:
+        raise UnsupportedError("lockstep's TorchTitan converter does not know these configs (they would keep "
+                               "computing stock bits): " + ", ".join(unknown[:8]) + (" ..." if len(unknown) > 8 else ""),
+                               unknown)
+    missing = stock - used
+    if missing:
+        raise InputError(f"stock= names paths that are not modules of this config: {sorted(missing)}")
+    return out
+
+
+def _converter_class():
+    from torchtitan.protocols.model import ModelConfigConverter
+
+    class LockstepConverter(ModelConfigConverter):
+        """TorchTitan ``ModelConfigConverter``: ``model_registry(flavor, converters=[LockstepConverter.Config()])``."""
+
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(ModelConfigConverter.Config):
+            stock: tuple = ()  # module paths left stock (see convert)
+            allow_untested: bool = False
+
+        def __init__(self, config):
+            self.config = config
+
+        def convert(self, model_config):
+            return convert(model_config, self.config.stock, self.config.allow_untested)
+
+    LockstepConverter.__module__ = __name__
+    return LockstepConverter
+
+
+def __getattr__(name):  # LockstepConverter subclasses a TorchTitan class: built on first use (so not in __all__)
+    if name == "LockstepConverter":
+        cls = _converter_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+# ---------------------------------------------------------------- configs and weights from / to HF
+
+
+def qwen3_config_from_hf(hf_config, allow_untested: bool = False):
+    """TorchTitan's (stock) Qwen3 config for an HF ``Qwen3Config``, built with TorchTitan's own Qwen3 builders.
+
+    Maps hidden_size -> dim, heads, head_dim (also the RoPE dim), intermediate_size -> hidden_dim,
+    rope_theta, max_position_embeddings, rms_norm_eps (TorchTitan's builder fixes 1e-6: set on every
+    norm), tie_word_embeddings -> enable_weight_tying. Varlen attention (packed documents)."""
+    check_version(allow_untested)
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models import qwen3 as tq
+    if getattr(hf_config, "model_type", None) != "qwen3":
+        raise UnsupportedError(f"qwen3_config_from_hf needs an HF Qwen3Config, got model_type "
+                               f"{getattr(hf_config, 'model_type', None)!r}")
+    problems = []
+    if getattr(hf_config, "use_sliding_window", False):
+        problems.append("use_sliding_window=True")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf_config.hidden_act!r}")
+    if getattr(hf_config, "attention_bias", False):
+        problems.append("attention_bias=True (TorchTitan's Qwen3 has no q/k/v biases)")
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rope_type={rope.get('rope_type')!r}")
+    if problems:
+        raise UnsupportedError("this Qwen3 config has no TorchTitan counterpart: " + "; ".join(problems), problems)
+    c = hf_config
+    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    theta = float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+    cfg = tq.Qwen3Model.Config(
+        vocab_size=c.vocab_size, dim=c.hidden_size, norm=RMSNorm.Config(normalized_shape=c.hidden_size),
+        enable_weight_tying=bool(c.tie_word_embeddings),
+        tok_embeddings=Embedding.Config(num_embeddings=c.vocab_size, embedding_dim=c.hidden_size),
+        lm_head=Linear.Config(in_features=c.hidden_size, out_features=c.vocab_size),
+        layers=tq._build_qwen3_layers(
+            fuse_qkv=True, n_layers=c.num_hidden_layers, dim=c.hidden_size, n_heads=c.num_attention_heads,
+            n_kv_heads=c.num_key_value_heads, head_dim=head_dim, hidden_dim=c.intermediate_size,
+            attn_backend="varlen", rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=c.max_position_embeddings,
+                                                          theta=theta)))
+    _set_norm_eps(cfg, float(c.rms_norm_eps))
+    return cfg
+
+
+def _set_norm_eps(cfg, eps):
+    from torchtitan.models.common.nn_modules import RMSNorm
+    if isinstance(cfg, list):
+        for c in cfg:
+            _set_norm_eps(c, eps)
+        return
+    if not dataclasses.is_dataclass(cfg):
+        return
+    if isinstance(cfg, RMSNorm.Config):
+        cfg.eps = eps
+    for _, val in _config_children(cfg):
+        _set_norm_eps(val, eps)
+
+
+def _adapter(model):
+    from torchtitan.models.qwen3.model import Qwen3Model
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+    if not isinstance(model, Qwen3Model):
+        raise UnsupportedError(f"weights move only for TorchTitan's Qwen3Model here, got {type(model).__name__}")
+    return Qwen3StateDictAdapter(model.config, None)
+
+
+def _hf_state_dict(hf_model):
+    return {k: v for k, v in hf_model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+
+
+def _check_tying(model, hf_model):
+    hf_tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
+    if hf_tied != bool(model.enable_weight_tying):
+        raise UnsupportedError(f"the HF model {'ties' if hf_tied else 'does not tie'} its LM head to the embedding "
+                               f"but the TorchTitan model {'does' if model.enable_weight_tying else 'does not'}: a sync "
+                               "would lose one of the two heads. Build both with the same tie_word_embeddings.")
+
+
+def load_from_hf(model, hf_model) -> None:
+    """Copy an HF Qwen3 model's weights into TorchTitan ``model`` with TorchTitan's ``Qwen3StateDictAdapter.from_hf``
+    (fused QKV merged by TorchTitan's own load hook). Every TorchTitan parameter must be filled; the HF model's
+    RoPE table must be the float32 one (:func:`check_rotary_table`)."""
+    _check_tying(model, hf_model)
+    check_rotary_table(hf_model)
+    sd = _adapter(model).from_hf(_hf_state_dict(hf_model))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or missing:
+        raise InputError(f"HF weights do not fill the TorchTitan model: missing {missing}, unexpected {unexpected}")
+
+
+def to_hf_state_dict(model) -> dict:
+    """TorchTitan ``model``'s weights under HF names (``Qwen3StateDictAdapter.to_hf``; fused QKV split by its hook)."""
+    return _adapter(model).to_hf(model.state_dict())
+
+
+def sync_to_hf(model, hf_model) -> None:
+    """The RL weight sync: the trainer's weights into the HF sampler, in place (``copy_``, so a lockstep patch
+    on ``hf_model`` keeps its modules). Refuses a sync that would lose the tied / untied LM head, and one that
+    leaves an HF weight unset or changes a shape or dtype."""
+    _check_tying(model, hf_model)
+    check_rotary_table(hf_model)
+    sd = to_hf_state_dict(model)
+    target = dict(hf_model.named_parameters())
+    if hf_model.config.tie_word_embeddings:
+        target.pop("lm_head.weight", None)
+    missing, extra = sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
+    if missing or extra:
+        raise InputError(f"trainer and sampler weights do not match: not in the trainer {missing}, not in the sampler "
+                         f"{extra}")
+    for k, t in target.items():
+        if sd[k].shape != t.shape or sd[k].dtype != t.dtype:
+            raise InputError(f"weight {k}: trainer {tuple(sd[k].shape)} {sd[k].dtype}, sampler {tuple(t.shape)} "
+                             f"{t.dtype}")
+    with torch.no_grad():
+        for k, t in target.items():
+            t.copy_(sd[k])
+
+
+def check_rotary_table(hf_model) -> None:
+    """Refuse an HF model whose RoPE ``inv_freq`` is not the float32 table TorchTitan's side computes:
+    ``model.to(torch.bfloat16)`` rounds HF's ``inv_freq`` buffer to bf16 (``from_pretrained(dtype=...)``
+    and :func:`cast_hf` keep it float32), which would rotate by other angles."""
+    from .titan_modules import torch_inv_freq
+    for name, buf in hf_model.named_buffers():
+        if name.endswith("rotary_emb.inv_freq"):
+            cfg = hf_model.config
+            head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+            theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+            want = torch_inv_freq(head_dim, theta)
+            if buf.dtype != torch.float32 or not torch.equal(buf.cpu().view(torch.int32), want.view(torch.int32)):
+                raise UnsupportedError(f"{name} is not the float32 table theta ** (-2i/d) ({buf.dtype}); was the model "
+                                       "cast with .to(dtype)? Build it with from_pretrained(dtype=...) or use "
+                                       "hal.integrations.torchtitan.cast_hf(model, dtype)")
+
+
+def cast_hf(hf_model, dtype):
+    """``hf_model.to(dtype)`` keeping the RoPE ``inv_freq`` buffers float32 (as ``from_pretrained(dtype=)`` does)."""
+    keep = {n: b.clone() for n, b in hf_model.named_buffers() if n.endswith("rotary_emb.inv_freq")}
+    hf_model.to(dtype)
+    for n, b in keep.items():
+        mod = hf_model.get_submodule(n.rsplit(".", 1)[0])
+        mod.inv_freq = b
+    return hf_model
+
+
+# ---------------------------------------------------------------- log-probs and divergence
+
+
+def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """float32 ``log p(tokens | hidden)`` with the TorchTitan model's LM head (``hal.token_logprobs``).
+
+    ``hidden``: the final-normed hidden states (the model's forward with ``model._skip_lm_head = True``,
+    as TorchTitan's chunked loss does). The same call as ``lt.token_logprobs`` on the HF side."""
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "bias", None) is not None:
+        raise UnsupportedError("token_logprobs needs a TorchTitan model with a bias-free lm_head")
+    return hal.token_logprobs(hidden, head.weight, tokens, temperature)
+
+
+def _hf_name(tt_name: str) -> str | None:
+    """The HF Qwen3 module computing what TorchTitan module ``tt_name`` computes (None: no counterpart)."""
+    fixed = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
+    if tt_name in fixed:
+        return fixed[tt_name]
+    parts = tt_name.split(".")
+    if parts[0] != "layers" or len(parts) < 3:
+        return None
+    pre = f"model.layers.{parts[1]}."
+    rest = ".".join(parts[2:])
+    table = {"attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attention": "self_attn",
+             "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
+             "attention.wo": "self_attn.o_proj", "feed_forward": "mlp", "feed_forward.w1": "mlp.gate_proj",
+             "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj"}
+    return pre + table[rest] if rest in table else None
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _main_input(args, kwargs):
+    """The hidden-state input of a module call (HF's decoder passes ``hidden_states=`` by keyword)."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    for key in ("hidden_states", "x", "input"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return kwargs[key]
+    return None
+
+
+def first_divergence(model, hf_model, tokens: torch.Tensor, positions: torch.Tensor):
+    """Run TorchTitan ``model`` (packed, its varlen metadata) and ``hf_model`` (packed row, ``position_ids``) on the
+    same tokens and return ``(torchtitan_name, hf_name)`` of the module that introduced the first difference: the
+    first, in TorchTitan's order of completion, whose input bits agree with its HF counterpart's and whose output
+    bits do not. None when every compared output agrees.
+
+    ``tokens``, ``positions``: ``[1, T]``, positions restarting at 0 for each packed document."""
+    seen = {"tt": {}, "hf": {}}
+    order, hooks = [], []
+    hf_mods = dict(hf_model.named_modules())
+
+    def record(side, name):
+        def hook(mod, args, kwargs, out):
+            x = _main_input(args, kwargs)
+            seen[side][name] = (None if x is None else x.detach().reshape(-1), _first(out).detach().reshape(-1))
+            if side == "tt":
+                order.append(name)
+        return hook
+
+    for name, mod in model.named_modules():
+        hf = _hf_name(name)
+        if hf is None or hf not in hf_mods:
+            continue
+        hooks.append(mod.register_forward_hook(record("tt", name), with_kwargs=True))
+        hooks.append(hf_mods[hf].register_forward_hook(record("hf", name), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(tokens, positions, model.get_attention_masks(positions))
+            hf_model(input_ids=tokens, position_ids=positions, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    differing = []
+    for name in order:
+        (xa, ya), (xb, yb) = seen["tt"][name], seen["hf"].get(name, (None, None))
+        if yb is None or not _same_bits(ya, yb):
+            differing.append(name)
+            if xa is not None and xb is not None and _same_bits(xa, xb):
+                return name, _hf_name(name)
+    return (differing[0], _hf_name(differing[0])) if differing else None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+            torch.float64: torch.int64}
+    return torch.equal(a.contiguous().view(ints[a.dtype]), b.contiguous().view(ints[b.dtype]))
