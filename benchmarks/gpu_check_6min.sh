@@ -6,14 +6,14 @@
 #
 # Most informative first, each stage time-boxed on its own (a slow stage cannot eat the next): 320 s of limits,
 # at most 350 s with each stage's 10 s kill grace, plus a few seconds of env.txt:
-#   graph        150 s       graph.txt/.csv: decode GEMV, rms_norm, token_logprobs, paged decode attention at the
+#   graph        120 s       graph.txt/.csv: decode GEMV, rms_norm, token_logprobs, paged decode attention at the
 #                            target shapes: launch path captured under set_sync_debug_mode("error"), replayed,
 #                            eager bits == replay bits, per-call eager / launch-path / replay microseconds
 #                            (the kernels' first compiles count in the same stage)
 #   conformance  110 s       conformance.txt/.json: foundation families (matmul rms_norm softmax token_logprobs),
 #                            quick case sets on CUDA: every level the triton backend claims (L1 batch
 #                            invariance ... A), L4 against the CPU goldens
-#   fast         60 s        fast.txt (its csv is not kept: 8 files at most): fast matmul / attention speed vs
+#   fast         90 s        fast.txt (its csv is not kept: 8 files at most): fast matmul / attention speed vs
 #                            cuBLAS and flash-attn / SDPA
 # Files: env.txt log.txt graph.txt graph.csv conformance.txt conformance.json fast.txt (7 of the 8 allowed).
 # torch 2.11 APIs only (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.set_sync_debug_mode, CUDA events);
@@ -46,10 +46,10 @@ unset TRITON_INTERPRET
   "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__); print(torch.cuda.get_device_name())"
 } > "$OUT/env.txt" 2>&1
 
-step graph "${GRAPH_TIMEOUT:-150}" graph.txt "$PY" -m benchmarks.triton_host_overhead --graph --device cuda \
+step graph "${GRAPH_TIMEOUT:-120}" graph.txt "$PY" -m benchmarks.triton_host_overhead --graph --device cuda \
   --csv "$OUT/graph.csv"
 step conformance "${CONF_TIMEOUT:-110}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
   --device cuda --ops matmul rms_norm softmax token_logprobs --quick --json "$OUT/conformance.json"
-step fast "${FAST_TIMEOUT:-60}" fast.txt "$PY" -m benchmarks.fast_bench --csv /tmp/fast.csv --repeats 10 \
+step fast "${FAST_TIMEOUT:-90}" fast.txt "$PY" -m benchmarks.fast_bench --csv /tmp/fast.csv --repeats 10 \
   --max-seconds 1.0
 log "done"
