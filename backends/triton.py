@@ -191,6 +191,7 @@ def launch_path(call):
     Setup-time only: it swaps the backend's methods for the eager call (not thread-safe).
     """
     recorded, ops, real = [], [], {name: getattr(TritonBackend, name) for name in _op_methods()}
+    own = {name for name in real if name in vars(TritonBackend)}  # the others live on the mixins
 
     def recorder(name):
         def method(self, *args, **kwargs):
@@ -204,7 +205,10 @@ def launch_path(call):
         result = call()
     finally:
         for name, method in real.items():
-            setattr(TritonBackend, name, method)
+            if name in own:
+                setattr(TritonBackend, name, method)
+            else:
+                delattr(TritonBackend, name)
     if not recorded:
         raise ValueError("launch_path: the call made no triton backend call (pass backend='triton', or "
                          "hal.use('triton'), to the ops inside it)")

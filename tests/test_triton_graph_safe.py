@@ -55,6 +55,17 @@ def test_triton_launch_paths_read_no_tensor_values():
     assert sorted(report["caught"]) == sorted([*HOST_READS, "kvcache sized from int(seqlens.max())"]), report
 
 
+def test_launch_path_refuses_a_call_that_reaches_no_triton_op():
+    import pytest
+    import torch
+    import hal
+    from hal.backends.triton import TritonBackend, _op_methods, launch_path
+    before = dict(vars(TritonBackend))
+    with pytest.raises(ValueError, match="launch_path: the call made no triton backend call"):
+        launch_path(lambda: hal.rms_norm(torch.ones(2, 8), torch.ones(8), backend="reference"))
+    assert dict(vars(TritonBackend)) == before and _op_methods()  # the backend's methods are back as they were
+
+
 # ------------------------------------------------------------------ the subprocess (TRITON_INTERPRET=1)
 
 class HostRead(AssertionError):
