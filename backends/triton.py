@@ -168,3 +168,57 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
             return ("no CUDA device (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 to run the "
                     "kernels on CPU in the Triton interpreter (verification only, slow)")
         return None
+
+
+def _op_methods() -> tuple[str, ...]:
+    """The op methods of the triton backend (its op mixins)."""
+    mixins = (FoundationOps, ElementwiseOps, SequenceOps, TrainingOps)
+    return tuple(sorted({n for cls in mixins for n, f in vars(cls).items()
+                         if callable(f) and not n.startswith("_")} - {"supports", "claimed_levels"}))
+
+
+def launch_path(call):
+    """Run ``call`` (a thunk of public hal ops on the triton backend) once, then return a thunk that repeats only
+    the backend calls it made, with the same arguments: the capture-safe path for ``torch.cuda.graph``.
+
+    The eager call is the validation step: hal checks every argument there, values included (cu_seqlens,
+    cache_seqlens, block tables, token ids read on the host). The returned thunk skips those checks, which is
+    what the caller asks for by using it: a replay trusts whatever values the same input tensors hold then
+    (a CUDA graph's static inputs), and runs only the backend's kernels and host arithmetic on shapes (none of
+    hal's own torch ops around them, e.g. the KV-cache append of ``flash_attn_with_kvcache``). Returns
+    ``(replay, result)``: ``replay()`` gives the last backend call's result, ``result`` is the eager call's;
+    ``replay.ops`` names the backend ops it repeats.
+    Setup-time only: it swaps the backend's methods for the eager call (not thread-safe).
+    """
+    recorded, ops, real = [], [], {name: getattr(TritonBackend, name) for name in _op_methods()}
+    own = {name for name in real if name in vars(TritonBackend)}  # the others live on the mixins
+
+    def recorder(name):
+        def method(self, *args, **kwargs):
+            recorded.append((self, real[name], args, kwargs))
+            ops.append(name)
+            return real[name](self, *args, **kwargs)
+        return method
+    for name in real:
+        setattr(TritonBackend, name, recorder(name))
+    try:
+        result = call()
+    finally:
+        for name, method in real.items():
+            if name in own:
+                setattr(TritonBackend, name, method)
+            else:
+                delattr(TritonBackend, name)
+    if not recorded:
+        raise ValueError("launch_path: the call made no triton backend call (pass backend='triton', or "
+                         "hal.use('triton'), to the ops inside it)")
+
+    def replay():
+        out = None
+        for backend, method, args, kwargs in recorded:
+            out = method(backend, *args, **kwargs)
+        return out
+    replay.ops = tuple(ops)  # the backend ops it repeats, in order
+    replay.calls = tuple(recorded)  # (backend, method, args, kwargs) of each
+    return replay, result
+

@@ -24,10 +24,23 @@ kernel launch replaced by a no-op (outputs are garbage), reporting per call ``ho
 and validation and the wrappers' Python and tensor set-up; Triton's own launch path is not included),
 ``torch_ops`` (torch operations the call runs, views included: on CUDA each costs host time too, a few
 microseconds for the ones that launch a kernel) and ``launches`` (Triton kernels launched).
+
+    python -m benchmarks.triton_host_overhead --graph --csv graph.csv      # CUDA only (on CPU it says so)
+    TRITON_INTERPRET=1 python -m benchmarks.triton_host_overhead --graph --dry-run   # CPU: the plumbing only
+
+graph replay at the decode target shapes (GEMV 1x4096x4096, rms_norm of 1 and 8 rows, token_logprobs of 8 rows
+over a 32000 vocab, paged decode attention: 8 sequences, 32/8 heads, D 128, pages of 16, 4096-key capacity):
+each call is made once through hal (which validates it), its launch path (``backends.triton.launch_path``)
+is captured in a ``torch.cuda.CUDAGraph`` under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync
+raises), replayed, and its output compared in raw bits with the eager call's. Per call, over back-to-back
+loops synchronised once at the end: ``eager_us`` (the hal call), ``path_us`` (the launch path alone, eager)
+and ``graph_us`` (one replay); ``bits`` is "same" or where replay and eager first differ. ``--dry-run`` runs
+the same plumbing at tiny shapes on CPU (interpreter; no capture, no timing).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -39,6 +52,7 @@ import torch.nn.functional as F
 
 import hal
 from benchmarks.harness import host_seconds, median_seconds, randn, write_csv
+from hal.conformance.bits import first_divergence
 
 
 def cases(device: str, quick: bool) -> list[tuple[str, Callable, Callable]]:
@@ -166,6 +180,121 @@ def measure_stubbed(name, ours, stock, reps: int) -> dict:
     return row
 
 
+def graph_cases(device: str, tiny: bool) -> list[tuple[str, Callable]]:
+    """(name, hal call) at the decode target shapes (tiny: interpreter-sized)."""
+    bf = torch.bfloat16
+    tri = dict(backend="triton")
+    h, vocab, rows, bsz, hq, hkv, d, page, cap = ((64, 300, 3, 2, 4, 2, 32, 16, 64) if tiny else
+                                                  (4096, 32000, 8, 8, 32, 8, 128, 16, 4096))
+    x1, x8 = randn((1, h), bf, device, 1), randn((rows, h), bf, device, 2)
+    w = randn((h, h), bf, device, 3, 0.02)
+    nw = randn((h,), bf, device, 4)
+    head = randn((vocab, h), bf, device, 5, 0.02)
+    tokens = torch.arange(rows, device=device) * 7 % vocab
+    per_seq = cap // page
+    pages = bsz * per_seq
+    kc, vc = randn((pages, page, hkv, d), bf, device, 6), randn((pages, page, hkv, d), bf, device, 7)
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(8)).to(torch.int32).reshape(bsz, per_seq)
+    table = table.to(device)
+    lens = torch.tensor([cap // 2 + 37 * i for i in range(bsz)], dtype=torch.int32, device=device).clamp_max(cap)
+    qd = randn((bsz, 1, hq, d), bf, device, 9)
+    return [
+        ("linear decode GEMV", lambda: hal.linear(x1, w, **tri)),
+        ("rms_norm 1 row", lambda: hal.rms_norm(x1, nw, 1e-6, **tri)),
+        (f"rms_norm {rows} rows", lambda: hal.rms_norm(x8, nw, 1e-6, **tri)),
+        (f"token_logprobs {rows} rows", lambda: hal.token_logprobs(x8, head, tokens, **tri)),
+        ("attention paged decode", lambda: hal.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens,
+                                                                      block_table=table, **tri)),
+    ]
+
+
+def _per_call_us(fn, reps: int) -> float:
+    """Microseconds per call of ``reps`` back-to-back calls, the device synchronised once before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def _bits(label, eager, replayed) -> str:
+    d = first_divergence(label, eager, replayed)
+    return "same" if d is None else f"DIFFER: {d}"
+
+
+def measure_graph(name, call, reps: int, dry_run: bool) -> dict:
+    """The call's launch path captured under sync-debug "error", replayed, its bits checked against eager."""
+    from hal.backends.triton import launch_path
+    recorded, eager = launch_path(call)
+    ops = " ".join(recorded.ops)
+
+    def path():
+        return _outputs(recorded())
+    if dry_run:  # CPU: the recorded path repeats the eager call's bits
+        return {"op": name, "ops": ops, "bits": _bits(name, eager, path()), "eager_us": "-", "path_us": "-",
+                "graph_us": "-"}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (compiles, workspaces), as torch's docs ask
+        for _ in range(3):
+            path()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with _sync_is_an_error():
+        path()  # the eager launch path syncs nowhere either
+    with torch.cuda.graph(graph):  # (entering and leaving synchronise on purpose: outside the debug mode)
+        with _sync_is_an_error():
+            out = path()
+    graph.replay()
+    torch.cuda.synchronize()
+    row = {"op": name, "ops": ops, "bits": _bits(name, eager, out)}
+    row["eager_us"] = f"{_per_call_us(call, reps):.1f}"
+    row["path_us"] = f"{_per_call_us(path, reps):.1f}"
+    row["graph_us"] = f"{_per_call_us(graph.replay, reps):.1f}"
+    graph.replay()
+    torch.cuda.synchronize()
+    if row["bits"] == "same":  # a later replay too
+        row["bits"] = _bits(name, eager, out)
+    return row
+
+
+@contextlib.contextmanager
+def _sync_is_an_error():
+    """Any host synchronisation inside raises (torch.cuda.set_sync_debug_mode, torch >= 1.10)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _outputs(x):
+    """The first tensor of a result (attention returns (out, lse) from the backend)."""
+    return x[0] if isinstance(x, tuple) else x
+
+
+def run_graph(args, p) -> int:
+    cuda = args.device.startswith("cuda")
+    if args.dry_run:
+        if cuda or not os.environ.get("TRITON_INTERPRET"):
+            p.error("--graph --dry-run needs --device cpu and TRITON_INTERPRET=1")
+    elif not (cuda and torch.cuda.is_available()):
+        print("graph replay needs CUDA (torch.cuda.CUDAGraph): nothing measured on this machine; "
+              "--dry-run checks the plumbing on CPU", flush=True)
+        return 0
+    rows = []
+    for name, call in graph_cases(args.device, args.dry_run):
+        try:
+            rows.append(measure_graph(name, call, args.reps or 200, args.dry_run))
+        except Exception as e:  # report and go on
+            rows.append({"op": name, "bits": f"error: {type(e).__name__}: {e}"})
+        print("  ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    if args.csv:
+        write_csv(args.csv, rows, ["op", "ops", "bits", "eager_us", "path_us", "graph_us"])
+    return 0 if all(r.get("bits") == "same" for r in rows) else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.triton_host_overhead", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
@@ -174,7 +303,12 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default=None)
     p.add_argument("--stub-kernels", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: full-size calls with no-op kernel launches (lockstep's host work)")
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA: capture each decode op's launch path in a CUDA graph, replay, check bits, time")
+    p.add_argument("--dry-run", action="store_true", help="with --graph: the plumbing on CPU (TRITON_INTERPRET=1)")
     args = p.parse_args(argv)
+    if args.graph:
+        return run_graph(args, p)
     cuda = args.device.startswith("cuda")
     if args.stub_kernels and (cuda or not os.environ.get("TRITON_INTERPRET")):
         p.error("--stub-kernels needs --device cpu and TRITON_INTERPRET=1")

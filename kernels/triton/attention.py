@@ -48,6 +48,7 @@ from . import ascend_launch, common, strict_math as sm
 from .attention_tiles import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows,
                               _store_partial, _visible, _work_item, _ws_offsets)
 from .launch import launch, next_power_of_2
+from .workspace import workspace
 
 F32 = torch.float32
 #: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
@@ -351,10 +352,11 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     if one_split:
         # one program per split (num_splits only sets parallelism: all splits run at once here)
         bh = n_seq * hq
-        wm = torch.empty((bh, n_rows, n_splits), dtype=F32, device=q.device)
-        wl = torch.empty_like(wm)
-        wn = torch.zeros((bh, n_rows, n_splits), dtype=torch.int32, device=q.device)
-        wa = torch.empty((bh, n_rows, n_splits, bd), dtype=F32, device=q.device)
+        ws = (bh, n_rows, n_splits)
+        wm = workspace("attention split max", ws, F32, q.device)
+        wl = workspace("attention split sum", ws, F32, q.device)
+        wn = workspace("attention split count", ws, torch.int32, q.device, zero=True)
+        wa = workspace("attention split acc", (*ws, bd), F32, q.device)
     else:
         wm = wl = wa = lse  # never read without ONE_SPLIT
         wn = dummy
@@ -407,16 +409,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, 
     qf = q.contiguous().reshape(bsz * sq, hq, d)
     lse = torch.full((bsz, hq, sq), float("-inf"), dtype=F32, device=dev)
     if block_table is None:  # contiguous: sequence b's keys are rows b * capacity + j
-        cap = k_cache.shape[1]
         kk = k_cache.contiguous().reshape(-1, *k_cache.shape[2:])
         vv = v_cache.contiguous().reshape(-1, *v_cache.shape[2:])
-        paged = dict(k_row0=_starts(bsz, cap, dev), block_table=None, page=1)
+        paged = dict(k_row0=_starts(bsz, k_cache.shape[1], dev), block_table=None, page=1)
     else:
         kk, vv = k_cache, v_cache
         paged = dict(k_row0=None, block_table=block_table.to(torch.int32).contiguous(), page=int(k_cache.shape[1]))
-    # one device -> host read (the longest cache sizes the key splits); every other index is made on the device
+    # the cache's capacity bounds the key splits (no host read of seqlens_k: the launch can be captured in a CUDA
+    # graph); splits past a sequence's length exit at once and the bits do not depend on their number
+    cap = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     out = attend(qf, kk, vv, q_row0=_starts(bsz, sq, dev), qlen=torch.full((bsz,), sq, dtype=torch.int32, device=dev),
                  klen=lens, **paged, lse=lse, lse_row0=_starts(bsz, hq * sq, dev),
                  lse_hstride=sq, scale=scale, causal=causal, window=window, spec=spec,
-                 num_splits=num_splits, max_q=sq, max_k=int(lens.max()) if bsz else 0)
+                 num_splits=num_splits, max_q=sq, max_k=cap if bsz else 0)
     return out.reshape(bsz, sq, hq, d), lse

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from . import strict_math as sm
 from .dtypes import tl_dtype
-from .launch import cdiv, launch, next_power_of_2
+from .launch import cdiv, float32_value, launch, next_power_of_2
 
 F32 = torch.float32
 BLOCK = 1024          # elements per program of the unary / silu_mul kernels
@@ -144,7 +144,7 @@ def rotary_cos_sin(positions, rotary_dim: int, base: float, inv_freq_, spec=None
         bp = max(1, min(64, 2048 // bh))
         # base and R as float32 arguments: the spec's float32(base), and an int equal to 1 would be a constexpr
         launch(_cos_sin_kernel, (cdiv(n, bp),), pos, f, cos, sin, n, half, float(rotary_dim),
-               float(torch.tensor(base, dtype=F32)), HAS_F=inv_freq_ is not None, BP=bp, BH=bh, persistent=True)
+               float32_value(base), HAS_F=inv_freq_ is not None, BP=bp, BH=bh, persistent=True)
     shape = (*positions.shape, half)
     return cos.reshape(shape), sin.reshape(shape)
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import ascend_launch, elementwise as ew, strict_math as sm  # ew: the one sigmoid / silu / softplus
-from .launch import cdiv, launch, next_power_of_2
+from .launch import cdiv, float32_value, launch, next_power_of_2
 
 F32 = torch.float32
 EPS_L2 = 1e-6
@@ -289,7 +289,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         lengths = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64)
     else:
         lengths = torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)])
-    qs = _prepare(to_padded(q, cu_seqlens), float(torch.tensor(scale, dtype=F32)), l2, t)
+    qs = _prepare(to_padded(q, cu_seqlens), float32_value(scale), l2, t)
     kn = _prepare(to_padded(k, cu_seqlens), None, l2, t)
     v32 = to_padded(v, cu_seqlens).to(F32).contiguous()
     g32 = to_padded(g, cu_seqlens).to(F32).contiguous()
@@ -311,7 +311,9 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         start = torch.zeros_like(position) if fresh else position
         opened = (start % C).to(dev)
         total = opened + lengths.to(dev)
-        n_chunks = int(-(-int(total.max()) // C)) if n else 0
+        # chunk rows per sequence from the shapes (no host read of the positions): total < C + lmax, and the kernel
+        # stops at each sequence's own total, so spare all-zero rows change no bits
+        n_chunks = cdiv(lmax + (0 if fresh else C - 1), C) if n else 0
         R = max(1, n_chunks) * C
         kr = _rows(None if fresh else parts.open_k, kn, opened, total, C, R)
         vr = _rows(None if fresh else parts.open_v, v32, opened, total, C, R)

@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
+import struct
 
 import torch
 import triton
@@ -30,6 +32,15 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (0 for 0, as ``triton.next_power_of_2``), without its per-call wrapper."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def float32_value(x: float) -> float:
+    """x rounded to float32 (nearest even), as a Python float: what ``float(torch.tensor(x, dtype=float32))``
+    gives, without making a tensor and reading it back (a launch path reads no tensor values)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # beyond float32's range: rounds to an infinity, as torch does
+        return math.copysign(math.inf, x)
 
 
 def triton_version() -> tuple[int, int]:

@@ -19,6 +19,7 @@ import triton.language as tl
 from . import ascend_launch, common, strict_math as sm
 from .launch import cdiv, interpreter_layout, launch, next_power_of_2
 from .dtypes import tl_dtype
+from .workspace import workspace
 
 
 @triton.jit
@@ -126,7 +127,7 @@ def _gemv(a2, b_kn, bias, k_tile, out):
         bn, nkt = max(2, next_power_of_2(min(n, 256))), next_power_of_2(n_kt)
     else:
         bn, nkt = 32, min(8, next_power_of_2(n_kt))
-    part = torch.empty((n_kt, m, n), dtype=torch.float32, device=a2.device)
+    part = workspace("gemv partials", (n_kt, m, n), torch.float32, a2.device)
     if a2.stride(1) == 1 and b_kn.stride(0) == 1 and not ascend_launch.active():  # K contiguous: vector loads
         if interpreter_layout():
             vm, vn, vkt = next_power_of_2(m), next_power_of_2(min(n, 64)), next_power_of_2(min(n_kt, 16))

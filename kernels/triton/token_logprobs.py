@@ -23,6 +23,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .launch import cdiv, interpreter_layout, launch, next_power_of_2, program_count
+from .workspace import workspace
 
 
 @triton.jit
@@ -231,12 +232,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     temp = float(temperature)
     has_temp = temp != 1.0
     f32, i32 = torch.float32, torch.int32
-    m = torch.empty((rows, n_chunks), dtype=f32, device=dev)
-    bad = torch.empty((rows, n_chunks), dtype=i32, device=dev)
-    pz = torch.empty((rows, n_chunks), dtype=i32, device=dev)
-    shift = torch.empty(rows, dtype=f32, device=dev)
-    empty = torch.empty(rows, dtype=i32, device=dev)
-    parts = torch.empty((rows, n_tiles), dtype=f32, device=dev)
+    m = workspace("token_logprobs chunk max", (rows, n_chunks), f32, dev)
+    bad = workspace("token_logprobs chunk bad", (rows, n_chunks), i32, dev)
+    pz = workspace("token_logprobs chunk pz", (rows, n_chunks), i32, dev)
+    shift = workspace("token_logprobs shift", (rows,), f32, dev)
+    empty = workspace("token_logprobs empty", (rows,), i32, dev)
+    parts = workspace("token_logprobs tile sums", (rows, n_tiles), f32, dev)
     grid2 = (n_chunks, cdiv(rows, br))
     common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=next_power_of_2(vt), VEC=16 // w.element_size(),
                        num_warps=warps)
@@ -246,7 +247,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
            BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
     # a scratch slot of one program's exps per program; the programs are capped so it stays small
     programs = program_count(grid2[0] * grid2[1], _SUM_PROGRAMS_PER_SM * _sm_count(dev))
-    scratch = torch.empty((programs, br * ntb * next_power_of_2(vt)), dtype=f32, device=dev)
+    scratch = workspace("token_logprobs exps", (programs, br * ntb * next_power_of_2(vt)), f32, dev)
     launch(_sum_kernel, grid2, h2, w, shift, parts, scratch, rows, vocab, hdim, h2.stride(0), w.stride(0), temp,
            n_tiles, **common_args, persistent=True, max_programs=programs)
     launch(_finish_kernel, (cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
