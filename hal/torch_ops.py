@@ -43,7 +43,6 @@ def _kernel(op: TorchOp):
                 out = fn(**dict(zip(names, args)), **fixed)
         finally:
             ops_registry._route_all = routing
-        # an output may not alias an input in a torch op: a pass-through (e.g. an empty case) is copied
         if isinstance(out, tuple):
             return tuple(_unaliased(o, args) for o in out)
         return _unaliased(out, args)
@@ -52,19 +51,15 @@ def _kernel(op: TorchOp):
 
 
 def _unaliased(out, args):
+    """The op's outputs are fresh and contiguous (what the fake kernels promise, whatever the input
+    strides): an output that aliases an input (a pass-through, e.g. an empty case) is copied."""
     for a in args:
         if isinstance(a, torch.Tensor) and (out is a or (out._is_view() and out._base is a)):
-            return out.clone()
-    return out
+            return out.clone(memory_format=torch.contiguous_format)
+    return out.contiguous()
 
 
 # ---------------------------------------------------------------- fake kernels (no data access)
-
-
-def _moved(x, dim):
-    """An empty tensor laid out as the softmax family's kernels return it (rows along the last axis)."""
-    d = dim % x.dim()
-    return x.new_empty(x.movedim(d, -1).shape).movedim(-1, d)
 
 
 def _fake_logsumexp(x, dim, spec, backend):
@@ -82,8 +77,8 @@ FAKES = {
     "linear": lambda x, weight, bias, spec, backend: x.new_empty((*x.shape[:-1], weight.shape[0])),
     "rms_norm": lambda x, weight, eps, spec, backend: x.new_empty(x.shape),
     "rms_norm_residual": lambda x, weight, residual, eps, spec, backend: (x.new_empty(x.shape), x.new_empty(x.shape)),
-    "softmax": lambda x, dim, spec, backend: _moved(x, dim),
-    "log_softmax": lambda x, dim, spec, backend: _moved(x, dim),
+    "softmax": lambda x, dim, spec, backend: x.new_empty(x.shape),
+    "log_softmax": lambda x, dim, spec, backend: x.new_empty(x.shape),
     "logsumexp": _fake_logsumexp,
     "token_logprobs": lambda hidden, w, tokens, temperature, spec, backend: hidden.new_empty(tokens.shape,
                                                                                            dtype=torch.float32),
