@@ -186,3 +186,27 @@ def test_errors_raised_in_a_compiled_graph_are_the_public_ops_messages():
     x, t = _batch(3)
     with pytest.raises(hal.InputError, match=rf"tokens must be in \[0, {V}\)"):
         compiled(x, t + V)
+
+
+# ---------------------------------------------------------------- Inductor's glue between lockstep ops
+
+
+def test_bf16_glue_between_lockstep_ops_is_bitwise_with_emulate_precision_casts(monkeypatch):
+    """Inductor fuses stock elementwise glue and keeps its bf16 intermediates in float32 unless
+    ``emulate_precision_casts`` rounds them as eager does (docs/integrations.md)."""
+    import torch._inductor.config as inductor_config
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(8, 64, generator=g).bfloat16(), torch.randn(8, 64, generator=g).bfloat16()
+    w, nw = (torch.randn(64, 64, generator=g) / 8).bfloat16(), torch.randn(64, generator=g).bfloat16()
+
+    def glued(x):
+        z = (hal.linear(x, w) * 1.7 + r) * torch.sigmoid(r)  # stock bf16 glue between two lockstep ops
+        return hal.rms_norm(z, nw)
+
+    want = glued(x)
+    results = {}
+    for emulate in (False, True):
+        torch._dynamo.reset()
+        monkeypatch.setattr(inductor_config, "emulate_precision_casts", emulate)
+        results[emulate] = same_bits(torch.compile(glued, fullgraph=True)(x), want)
+    assert results == {True: True, False: False}  # False: the control, the default config's fused glue differs
