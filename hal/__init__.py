@@ -27,6 +27,9 @@ from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fuse
                                gdn_causal_conv1d, gdn_gating)
 from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus
 from .aten_mode import aten_mode
+from . import torch_ops as _torch_ops
+
+_torch_ops.register_all()  # torch.ops.lockstep.*, from the op table (hal/ops_registry.py)
 
 __version__ = "0.2.0"
 

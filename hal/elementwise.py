@@ -13,6 +13,7 @@ import torch
 from . import tensor_parallel as _tp, validate as v
 from .errors import InputError
 from .ops import _acc_dtype, _needs_grad, _prepare
+from .ops_registry import route, tracing
 
 __all__ = ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary"]
 
@@ -52,6 +53,8 @@ class _UnaryFn(torch.autograd.Function):
 
 
 def _unary(kind: str, x, spec, backend):
+    if tracing():
+        return route(kind, x, spec=spec, backend=backend)
     v.tensor("x", x)
     v.floating("x", x)
     s, impl = _prepare(kind, spec, backend, x.dtype, x=x)
@@ -97,6 +100,8 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> to
 
     ``a`` (gate) and ``b`` (up projection) must have the same shape and dtype.
     """
+    if tracing():
+        return route("silu_mul", a, b, spec=spec, backend=backend)
     if _tp.has_dtensor(a, b):
         return _tp.rowwise("silu_mul", lambda a, b: silu_mul(a, b, spec=spec, backend=backend), {"a": a, "b": b}, {},
                            {"a": {a.ndim - 1}, "b": {b.ndim - 1}}, a.ndim - 1)
@@ -140,6 +145,8 @@ def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, base: float = 10000
     not used), and lockstep's own sin/cos. A trainer that builds its table for a whole packed batch and
     a sampler that builds it per token, with int32 or int64 positions, get the same bits.
     """
+    if tracing():
+        return route("rotary_cos_sin", positions, rotary_dim, base, inv_freq, spec=spec, backend=backend)
     v.tensor("positions", positions)
     v.integer("positions", positions)
     r = _rotary_dim(rotary_dim)
@@ -211,6 +218,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     full-width tables are ``cat(cos_half, cos_half)``: pass ``cos[..., :R/2]``) or interleaved pairs
     ``(2i, 2i+1)`` (GPT-J). ``out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin`` in float32, rounded once.
     """
+    if tracing():
+        return route("apply_rotary", x, cos, sin, interleaved, spec=spec, backend=backend)
     if _tp.has_dtensor(x, cos, sin):
         return _tp.rowwise("apply_rotary", lambda x, cos, sin: apply_rotary(x, cos, sin, interleaved, spec=spec,
                            backend=backend), {"x": x, "cos": cos, "sin": sin}, {},

@@ -1,4 +1,22 @@
-"""Which public op belongs to which spec family, and which levels apply to it."""
+"""The op table: every public op's spec family and the torch op (``torch.ops.lockstep.*``) it becomes.
+
+``OPS`` (public op name -> spec family) is what dispatch and the conformance suite read. ``TORCH_OPS``
+declares, once per torch op, its schema (tensors, ints, floats, bools; ``spec`` and ``backend`` as
+``str?`` ids/names), the arguments it writes (``Tensor(a!)`` in the schema) and the public python
+function its real kernel calls. hal/torch_ops.py registers every entry from this table.
+
+Routing (one place, :func:`tracing` / :func:`route`): a public op runs its direct eager path unless
+Dynamo or export is tracing it; then it calls ``torch.ops.lockstep.<op>`` with the spec as its id and
+the backend as its name, and the op's kernel resolves the rest (``hal.use``, ``HAL_BACKEND``, the
+default spec) when it runs, so a compiled graph never bakes a choice made at trace time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UnsupportedError
 
 #: op name -> spec family
 OPS: dict[str, str] = {
@@ -26,3 +44,80 @@ OPS: dict[str, str] = {
 
 def register_op(op: str, family: str) -> None:
     OPS[op] = family
+
+
+NAMESPACE = "lockstep"
+_CHOICE = "str? spec, str? backend"  # every torch op ends with these two
+
+
+@dataclass(frozen=True)
+class TorchOp:
+    """One ``torch.ops.lockstep.<name>``: ``public`` (a key of OPS, the python function
+    ``module:function`` its kernel calls with the schema's arguments by name, plus ``fixed``)."""
+    name: str
+    public: str
+    function: str
+    args: str  # the schema's arguments before ``spec, backend``
+    returns: str
+    fixed: tuple[tuple[str, object], ...] = ()  # keyword arguments the kernel adds (e.g. return_lse=True)
+
+    @property
+    def family(self) -> str:
+        return OPS[self.public]
+
+    @property
+    def schema(self) -> str:
+        return f"({self.args}, {_CHOICE}) -> {self.returns}"
+
+    @property
+    def mutates(self) -> tuple[str, ...]:
+        """The arguments the op writes, read from the schema's ``(a!)`` annotations."""
+        return tuple(a.split()[-1] for a in self.args.split(",") if "!)" in a)
+
+
+TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
+    TorchOp("matmul", "matmul", "hal.ops:matmul", "Tensor a, Tensor b", "Tensor"),
+    TorchOp("linear", "linear", "hal.ops:linear", "Tensor x, Tensor weight, Tensor? bias", "Tensor"),
+    TorchOp("rms_norm", "rms_norm", "hal.ops:rms_norm", "Tensor x, Tensor weight, float eps", "Tensor"),
+    TorchOp("rms_norm_residual", "rms_norm", "hal.ops:rms_norm",
+            "Tensor x, Tensor weight, Tensor residual, float eps", "(Tensor, Tensor)"),
+    TorchOp("softmax", "softmax", "hal.ops:softmax", "Tensor x, int dim", "Tensor"),
+    TorchOp("log_softmax", "log_softmax", "hal.ops:log_softmax", "Tensor x, int dim", "Tensor"),
+    TorchOp("logsumexp", "logsumexp", "hal.ops:logsumexp", "Tensor x, int dim", "Tensor"),
+    TorchOp("token_logprobs", "token_logprobs", "hal.ops:token_logprobs",
+            "Tensor hidden, Tensor lm_head_weight, Tensor tokens, float temperature", "Tensor"),
+    TorchOp("sigmoid", "sigmoid", "hal.elementwise:sigmoid", "Tensor x", "Tensor"),
+    TorchOp("silu", "silu", "hal.elementwise:silu", "Tensor x", "Tensor"),
+    TorchOp("softplus", "softplus", "hal.elementwise:softplus", "Tensor x", "Tensor"),
+    TorchOp("silu_mul", "silu_mul", "hal.elementwise:silu_mul", "Tensor a, Tensor b", "Tensor"),
+    TorchOp("rotary_cos_sin", "rotary_cos_sin", "hal.elementwise:rotary_cos_sin",
+            "Tensor positions, int rotary_dim, float base, Tensor? inv_freq", "(Tensor, Tensor)"),
+    TorchOp("apply_rotary", "apply_rotary", "hal.elementwise:apply_rotary",
+            "Tensor x, Tensor cos, Tensor sin, bool interleaved", "Tensor"),
+)}
+
+
+# ---------------------------------------------------------------- routing
+
+
+def tracing() -> bool:
+    """True while Dynamo (torch.compile) or torch.export traces the caller: then the public op becomes
+    its torch op. One flag read (~0.25 us): the eager path pays nothing else."""
+    return torch.compiler.is_compiling() or _route_all
+
+
+_route_all = False  # set by hal.torch_ops.routed(): eager calls through the torch ops (tests, counting)
+
+
+def route(name: str, *args, spec=None, backend=None):
+    """Call ``torch.ops.lockstep.<name>`` with the spec as its id and the backend as its name."""
+    op = TORCH_OPS[name]
+    for a in args:
+        if not (a is None or isinstance(a, (torch.Tensor, bool, int, float))):
+            raise UnsupportedError(
+                f"{op.public} under torch.compile / torch.export: an argument of type {type(a).__name__} cannot "
+                f"cross the torch op boundary", [f"{type(a).__name__} is not a tensor or a number (a prepared "
+                "hal.exact_weight is refused under compile: pass the weight tensor itself, same bits)"])
+    spec_id = spec if spec is None or isinstance(spec, str) else spec.id
+    backend_name = backend if backend is None or isinstance(backend, str) else backend.name
+    return getattr(getattr(torch.ops, NAMESPACE), name)(*args, spec_id, backend_name)

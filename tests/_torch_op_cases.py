@@ -1,0 +1,54 @@
+"""Arguments for every torch.ops.lockstep.* op (shared by test_torch_ops.py and test_compile.py)."""
+from __future__ import annotations
+
+import torch
+
+import hal
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _t(*shape, dtype=F32, grad=False, seed=0, noncontig=False):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    if noncontig:  # the same shape as a transposed view of a wider buffer
+        t = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=g).to(dtype).transpose(-1, -2)
+        assert not t.is_contiguous()
+    else:
+        t = torch.randn(*shape, generator=g).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def op_args(name: str, dtype=F32, rows: int = 3, noncontig: bool = False) -> tuple:
+    """Arguments of ``torch.ops.lockstep.<name>`` (without spec, backend), float inputs requiring grad."""
+    grad = dtype == F32 and not noncontig
+    x = _t(rows, 16, dtype=dtype, grad=grad, noncontig=noncontig)
+    if name == "matmul":
+        return (x, _t(16, 8, dtype=dtype, grad=grad, seed=1))
+    if name == "linear":
+        return (x, _t(8, 16, dtype=dtype, grad=grad, seed=1), _t(8, dtype=dtype, grad=grad, seed=2))
+    if name == "rms_norm":
+        return (x, _t(16, dtype=dtype, grad=grad, seed=1), 1e-6)
+    if name == "rms_norm_residual":
+        return (x, _t(16, dtype=dtype, grad=grad, seed=1), _t(rows, 16, dtype=dtype, grad=grad, seed=2), 1e-6)
+    if name in ("softmax", "log_softmax", "logsumexp"):
+        return (x, 0 if noncontig else -1)  # a non-last dim moves the rows: strides must follow
+    if name == "token_logprobs":
+        return (x, _t(32, 16, dtype=dtype, grad=grad, seed=1), torch.arange(rows) * 7 % 32, 0.7)
+    if name in ("sigmoid", "silu", "softplus"):
+        return (x,)
+    if name == "silu_mul":
+        return (x, _t(rows, 16, dtype=dtype, grad=grad, seed=1, noncontig=noncontig))
+    if name == "rotary_cos_sin":
+        return (torch.arange(rows) * 5, 8, 10000.0, None)
+    if name == "apply_rotary":
+        cos, sin = hal.rotary_cos_sin(torch.arange(rows), 8)
+        return (x, cos.to(dtype).requires_grad_(grad), sin.to(dtype).requires_grad_(grad), False)
+    raise KeyError(name)
+
+
+def public(name, args):
+    """The public op's call for the torch op's arguments."""
+    if name == "rms_norm_residual":
+        x, w, r, eps = args
+        return hal.rms_norm(x, w, eps, r)
+    return getattr(hal, name)(*args)
