@@ -130,11 +130,13 @@ class StockBackend(Backend):
         lengths = torch.full((n,), q.shape[1]) if cu_seqlens is None else torch.tensor([cu[i + 1] - cu[i] for i in range(n)])
         return torch.cat(outs, 1), Parts(state.position + lengths, fin, None, None, None, None, fin)
 
-    def chunk_gated_delta_rule(self, *args):
-        return self._hf_gdn("torch_chunk_gated_delta_rule", *args)
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        return self._hf_gdn("torch_chunk_gated_delta_rule", q, k, v, g, beta, scale, state, cu_seqlens, l2, spec,
+                            want_final)
 
-    def fused_recurrent_gated_delta_rule(self, *args):
-        return self._hf_gdn("torch_recurrent_gated_delta_rule", *args)
+    def fused_recurrent_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        return self._hf_gdn("torch_recurrent_gated_delta_rule", q, k, v, g, beta, scale, state, cu_seqlens, l2, spec,
+                            want_final)
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
         return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float()), torch.sigmoid(b.float())

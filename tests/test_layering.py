@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: source folder -> the package it is installed as (pyproject's package-dir)
 PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", "conformance": "hal.conformance"}
 
-FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry",
+FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
               "hal.fp_env", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
