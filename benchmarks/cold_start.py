@@ -192,6 +192,7 @@ def main():
             cold = _measure(kind, a.ops, scratch, cache, "cold")
             warm = _measure(kind, a.ops, scratch, cache, "warm")
             if a.report_dir and kind == "conformance":
+                pathlib.Path(a.report_dir).mkdir(parents=True, exist_ok=True)
                 for label in ("cold", "warm"):
                     shutil.copy(scratch / f"{kind}-{label}.json.report.json",
                                 pathlib.Path(a.report_dir) / f"conformance-{label}.json")
