@@ -34,6 +34,10 @@ PROMPTS = [_PREFIX + torch.randint(0, VOCAB, (8,), generator=_g).tolist(),
 EASY = dict(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=False, max_blocks_per_request=0)
 HARD = dict(page_size=4, num_blocks=8, max_batch_tokens=4, allow_block_sharing=True, safety_margin=0.0)
 HARD_ORDER = [3, 1, 0, 2]
+# Gated DeltaNet hybrids (Qwen3-Next): block sharing is refused (a shared prefix skips the tokens a GDN state
+# is built from), and the engine pages only the attention layers, so fewer blocks are needed to offload
+GDN_EASY = EASY
+GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=4)
 
 
 def gen_config(do_sample=False, **kw):
