@@ -5,7 +5,8 @@ HF class's forward line by line, with every op that rounds replaced by lockstep'
 (hal.linear under the patch's matmul spec, hf_matmul.py), norms (hal.rms_norm), activations
 (hal.silu_mul, hal.sigmoid), rotary
 (hal.rotary_cos_sin, hal.apply_rotary), attention (the "lockstep" attention function), and the
-Qwen3-Next Gated DeltaNet layer (hal.gdn_causal_conv1d, hal.gdn_gating, hal.*_gated_delta_rule).
+Gated DeltaNet layer of Qwen3-Next and Qwen3.5 (hal.gdn_causal_conv1d, hal.gdn_gating,
+hal.*_gated_delta_rule; one forward, the two differ only in how the projections are laid out).
 What stays torch is exact: reshapes, gathers, concatenation, residual adds and products of two
 rounded numbers (one IEEE rounding each, the same wherever the element sits).
 """
@@ -77,17 +78,45 @@ def mlp(mod, x):
     return mod.down_proj(hal.silu_mul(mod.gate_proj(x), mod.up_proj(x)))
 
 
-def rotary(mod, x, position_ids):
-    """cos/sin for HF's attention, float32 ``[..., rotary_dim]`` (the two halves repeated, as HF's).
-
-    Kept in float32: lockstep's attention forward hands the first half to hal.apply_rotary.
-    """
+def _rotary_tables(mod, position_ids):
+    """float32 half-width ``(cos, sin)`` ``position_ids.shape + (rotary_dim // 2,)`` from the module's inv_freq."""
     inv_freq = mod.inv_freq.float()
     cos, sin = hal.rotary_cos_sin(position_ids, 2 * inv_freq.shape[0], inv_freq=inv_freq)
     scale = float(getattr(mod, "attention_scaling", 1.0))
     if scale != 1.0:
         cos, sin = cos * scale, sin * scale
+    return cos, sin
+
+
+def rotary(mod, x, position_ids):
+    """cos/sin for HF's attention, float32 ``[..., rotary_dim]`` (the two halves repeated, as HF's).
+
+    Kept in float32: lockstep's attention forward hands the first half to hal.apply_rotary.
+    """
+    cos, sin = _rotary_tables(mod, position_ids)
     return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+
+
+def rotary_mrope(mod, x, position_ids):
+    """Qwen3.5's interleaved multimodal RoPE (Qwen3_5TextRotaryEmbedding): one table per position row
+    (temporal, height, width: ``position_ids [3, B, T]``, or ``[B, T]`` used for all three), then
+    frequency ``i`` taken from row 1 when ``i % 3 == 1`` and ``i < 3 * mrope_section[1]``, from row 2 when
+    ``i % 3 == 2`` and ``i < 3 * mrope_section[2]``, else from row 0. The pick is a copy (exact); for
+    text the three rows are equal and this is plain RoPE over the partial rotary dims.
+    """
+    cos, sin = _rotary_tables(mod, position_ids.expand(3, -1, -1))
+    section = list(mod.mrope_section)
+    if len(section) != 3:
+        raise UnsupportedError(f"{type(mod).__name__}: mrope_section {section} (expected 3 sections: t, h, w)")
+
+    def interleave(table):
+        out = table[0].clone()
+        for row in (1, 2):
+            pick = slice(row, 3 * section[row], 3)
+            out[..., pick] = table[row][..., pick]
+        return torch.cat((out, out), -1)
+
+    return interleave(cos), interleave(sin)
 
 
 # ---------------------------------------------------------------- attention module
@@ -102,8 +131,12 @@ def _check_cache_layer(cache, layer_idx):
                                    "by lockstep's transformers integration (use DynamicCache or StaticCache)")
 
 
+# Attention classes whose q_proj also yields a per-head output gate: ``out * sigmoid(gate)`` before o_proj.
+GATED_ATTENTION = {"Qwen3NextAttention", "Qwen3_5Attention", "Qwen3_5MoeAttention"}
+
+
 def attention(mod, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
-    """Llama / Qwen2 / Qwen3 / Mistral / Qwen3-Next (gated) self-attention."""
+    """Llama / Qwen2 / Qwen3 / Mistral / Qwen3-Next and Qwen3.5 (gated) self-attention."""
     if cache is None:
         cache = kwargs.pop("past_key_values", None)
     else:
@@ -113,7 +146,7 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
                                "lockstep's transformers integration does not support")
     shape = hidden_states.shape[:-1]
     hd = mod.head_dim
-    gated = type(mod).__name__ == "Qwen3NextAttention"
+    gated = type(mod).__name__ in GATED_ATTENTION
     q = mod.q_proj(hidden_states)
     if gated:
         q, gate = torch.chunk(q.view(*shape, -1, hd * 2), 2, dim=-1)
@@ -150,7 +183,7 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     return mod.o_proj(out), None
 
 
-# ---------------------------------------------------------------- Qwen3-Next Gated DeltaNet
+# ---------------------------------------------------------------- Gated DeltaNet (Qwen3-Next, Qwen3.5)
 
 
 def _runs(B, T, mask2d, position_ids, cu):
@@ -180,8 +213,25 @@ def _runs(B, T, mask2d, position_ids, cu):
     return runs
 
 
+# Qwen3.5's GDN: separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a with heads laid out flat.
+# Qwen3-Next's: fused in_proj_qkvz / in_proj_ba grouped per key head (fix_query_key_value_ordering).
+SPLIT_PROJECTION_GDN = {"Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"}
+
+
+def gdn_projections(mod, h):
+    """``(mixed_qkv [1, n, 2 key_dim + value_dim], z [1, n, Hv, dv], b [1, n, Hv], a [1, n, Hv])`` of packed
+    tokens ``h [1, n, hidden]``: the conv input in the flat [q | k | v] order both models convolve."""
+    n = h.shape[1]
+    if type(mod).__name__ in SPLIT_PROJECTION_GDN:
+        z = mod.in_proj_z(h).reshape(1, n, -1, mod.head_v_dim)
+        return mod.in_proj_qkv(h), z, mod.in_proj_b(h), mod.in_proj_a(h)
+    q, k, v, z, b, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(h), mod.in_proj_ba(h))
+    return torch.cat([x.reshape(1, n, -1) for x in (q, k, v)], dim=-1), z, b, a
+
+
 def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """Qwen3NextGatedDeltaNet: every sequence (padded row or packed run) computed as if alone.
+    """Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet: every sequence (padded row or packed run) computed
+    as if alone.
 
     Real tokens are gathered into one packed row with ``cu_seqlens`` (padding dropped, packed
     sequences split), so the conv window and the gated-delta-rule chunk grid start at each
@@ -218,8 +268,7 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
     cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(dev)
     n = int(cu[-1])
     h = hidden_states[bi, ti].unsqueeze(0)
-    q, k, v, z, b, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(h), mod.in_proj_ba(h))
-    mixed = torch.cat([x.reshape(1, n, -1) for x in (q, k, v)], dim=-1)
+    mixed, z, b, a = gdn_projections(mod, h)
     conv0 = prev["conv"] if prev is not None else None
     y, conv1 = hal.gdn_causal_conv1d(mixed, mod.conv1d.weight.squeeze(1), mod.conv1d.bias, conv_state=conv0,
                                      activation="silu", cu_seqlens=cu)
@@ -299,7 +348,7 @@ def _hf_bookkeeping(mod, cache, mixed, bi, ti, B, T, state):
 
 
 def decoder_position_hook(layer, args, kwargs):
-    """Forward pre-hook on a Qwen3-Next decoder layer: hand position_ids to its GatedDeltaNet.
+    """Forward pre-hook on a Qwen3-Next / Qwen3.5 decoder layer: hand position_ids to its GatedDeltaNet.
 
     HF's decoder layer does not pass position_ids to the linear-attention block, so packed
     sequences would be invisible to it.
@@ -310,7 +359,10 @@ def decoder_position_hook(layer, args, kwargs):
     return None
 
 
-# ---------------------------------------------------------------- Qwen3-Next MoE
+# ---------------------------------------------------------------- Qwen3-Next / Qwen3.5-MoE MoE
+
+# Routers that always renormalise their top-k weights (no norm_topk_prob attribute).
+ALWAYS_NORMALISED_ROUTER = {"Qwen3_5MoeTopKRouter"}
 
 
 def router(mod, hidden_states, *, mm=DEFAULT):
@@ -323,7 +375,7 @@ def router(mod, hidden_states, *, mm=DEFAULT):
     probs = hal.softmax(logits.float(), -1)
     vals, idx = torch.sort(probs, dim=-1, descending=True, stable=True)  # stable: equal probs keep index order
     vals, idx = vals[:, :mod.top_k], idx[:, :mod.top_k]
-    if mod.norm_topk_prob:
+    if type(mod).__name__ in ALWAYS_NORMALISED_ROUTER or mod.norm_topk_prob:
         total = vals[:, 0]
         for j in range(1, mod.top_k):  # a fixed left-to-right sum, not a vectorised reduction
             total = total + vals[:, j]
@@ -352,7 +404,7 @@ def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
 
 
 def sparse_moe_block(mod, hidden_states):
-    """Qwen3NextSparseMoeBlock: routed experts + sigmoid-gated shared expert."""
+    """Qwen3NextSparseMoeBlock / Qwen3_5MoeSparseMoeBlock: routed experts + sigmoid-gated shared expert."""
     B, T, H = hidden_states.shape
     h = hidden_states.reshape(-1, H)
     shared = mod.shared_expert(h)

@@ -14,7 +14,8 @@
 Modules attached after the patch (PEFT's LoRA, resize_token_embeddings) are patched on their first
 forward or refused by name; nested patches and pickling are refused (see :class:`Patch`).
 
-Supported model code: Llama, Qwen3, Qwen3-Next (gated attention, Gated DeltaNet, MoE) -- the full test
+Supported model code: Llama, Qwen3, Qwen3-Next (gated attention, Gated DeltaNet, MoE), Qwen3.5
+(``qwen3_5``: text-only ``Qwen3_5ForCausalLM``; its MoE sibling ``Qwen3_5MoeForCausalLM``) -- the full test
 set -- and Qwen2, Mistral (no sliding window) -- checked with verify -- of the transformers versions
 in ``SUPPORTED``. transformers is imported only
 when one of these functions is called, never at ``import hal``. See docs/integrations.md.
@@ -72,18 +73,20 @@ def register(allow_untested: bool = False) -> None:
 # ---------------------------------------------------------------- which forward each module class gets
 
 _NORM_W = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
-_NORM_ONE_PLUS = {"Qwen3NextRMSNorm"}
-_NORM_GATED = {"Qwen3NextRMSNormGated"}
-_ATTENTION = {"LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention", "Qwen3NextAttention"}
-_MLP = {"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "Qwen3NextMLP"}
+_NORM_ONE_PLUS = {"Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"}
+_NORM_GATED = {"Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated"}
+_ATTENTION = {"LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention", "Qwen3NextAttention",
+              "Qwen3_5Attention", "Qwen3_5MoeAttention"}
+_MLP = {"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP"}
 _ROTARY = {"LlamaRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding", "MistralRotaryEmbedding",
            "Qwen3NextRotaryEmbedding"}
+_ROTARY_MROPE = {"Qwen3_5TextRotaryEmbedding", "Qwen3_5MoeTextRotaryEmbedding"}  # interleaved t/h/w tables
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed at init (dynamic ones change with length)
-_GDN = {"Qwen3NextGatedDeltaNet"}
-_MOE = {"Qwen3NextSparseMoeBlock"}
-_ROUTER = {"Qwen3NextTopKRouter"}
-_EXPERTS = {"Qwen3NextExperts"}
-_DECODER_WITH_GDN = {"Qwen3NextDecoderLayer"}
+_GDN = {"Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"}
+_MOE = {"Qwen3NextSparseMoeBlock", "Qwen3_5MoeSparseMoeBlock"}
+_ROUTER = {"Qwen3NextTopKRouter", "Qwen3_5MoeTopKRouter"}
+_EXPERTS = {"Qwen3NextExperts", "Qwen3_5MoeExperts"}
+_DECODER_WITH_GDN = {"Qwen3NextDecoderLayer", "Qwen3_5DecoderLayer", "Qwen3_5MoeDecoderLayer"}
 # Modules whose forward is exact as it stands (gathers, residual adds) or never runs once the
 # parent is patched (the GDN's conv1d holds weights; activation modules inside patched MLPs).
 _EXACT = {"Embedding", "ModuleList", "Dropout", "Identity", "SiLUActivation", "SiLU"}
@@ -95,7 +98,8 @@ def _kind(mod) -> str | None:
     if isinstance(mod, torch.nn.Linear):
         return "linear"
     for kind, names in (("norm", _NORM_W), ("norm1p", _NORM_ONE_PLUS), ("norm_gated", _NORM_GATED),
-                        ("attention", _ATTENTION), ("mlp", _MLP), ("rotary", _ROTARY), ("gdn", _GDN),
+                        ("attention", _ATTENTION), ("mlp", _MLP), ("rotary", _ROTARY), ("rotary_mrope", _ROTARY_MROPE),
+                        ("gdn", _GDN),
                         ("moe", _MOE), ("router", _ROUTER), ("experts", _EXPERTS)):
         if name in names:
             return kind
@@ -104,6 +108,7 @@ def _kind(mod) -> str | None:
 
 _FORWARDS = {"linear": M.linear, "norm": M.rms_norm, "norm1p": M.rms_norm_one_plus,
              "norm_gated": M.rms_norm_gated, "attention": M.attention, "mlp": M.mlp, "rotary": M.rotary,
+             "rotary_mrope": M.rotary_mrope,
              "gdn": M.gated_delta_net, "moe": M.sparse_moe_block, "router": M.router, "experts": M.experts}
 
 _USES_MATMUL = {"linear", "router", "experts"}  # forwards that call hal.linear themselves: given the patch's matmul
@@ -342,7 +347,7 @@ def _check_modules(model, modules, unknown: str, matmul: PatchMatmul):
         if kind in _USES_MATMUL:
             for pname, prm in mod.named_parameters(recurse=False):
                 matmul.check_weight(f"{name}.{pname}", prm)
-        if kind == "rotary":
+        if kind in ("rotary", "rotary_mrope"):
             rt = getattr(mod, "rope_type", "default")
             if rt not in _STATIC_ROPE:
                 problems.append(f"{name}: rope_type {rt!r} (its inv_freq changes with the sequence length)")
