@@ -1,7 +1,7 @@
 """transformers' continuous-batching engine on lockstep: scheduler-invariant bits, engine == trainer.
 
-Quick set (CI): tiny Llama and Qwen3-Next (Gated DeltaNet hybrid), fp32 and bf16. Full matrix
-(Llama, Qwen3, Qwen3-Next; fp32, bf16):
+Quick set (CI): tiny Llama and Qwen3-Next (Gated DeltaNet hybrid) fp32 and bf16, Qwen3.5 fp32. Full matrix
+(Llama, Qwen3, Qwen3-Next, Qwen3.5; fp32, bf16):
 ``LOCKSTEP_ENGINE_FULL=1 python -m pytest -q tests/test_hf_engine.py``.
 Every comparison is on raw float32 bits; stock sdpa through the same cases is the caught negative control.
 """
@@ -217,13 +217,14 @@ def test_paged_adapter_matches_contiguous_keys():
     assert same_bits(got[2:], alone)
 
 
-GDN_CASES = [torch.float32, torch.bfloat16]
+GDN_CASES = [("qwen3_next", torch.float32), ("qwen3_next", torch.bfloat16), ("qwen3_5", torch.float32)] + (
+    [("qwen3_5", torch.bfloat16)] if FULL else [])
 
 
-@pytest.mark.parametrize("dtype", GDN_CASES, ids=[str(d)[6:] for d in GDN_CASES])
-def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, dtype, monkeypatch):
-    """Qwen3-Next in the engine: each request's GDN state kept by lockstep beside the paged cache."""
-    model = tiny_model("qwen3_next", dtype=dtype)
+@pytest.mark.parametrize("kind,dtype", GDN_CASES, ids=[f"{k}-{str(d)[6:]}" for k, d in GDN_CASES])
+def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype, monkeypatch):
+    """Gated DeltaNet hybrids in the engine: each request's GDN state kept by lockstep beside the paged cache."""
+    model = tiny_model(kind, dtype=dtype)
     with lt.patch(model):
         easy, _, count = run_engine(model, PROMPTS, GDN_EASY)
         hard, steps, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)

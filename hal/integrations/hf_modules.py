@@ -305,10 +305,9 @@ def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
     if pos is None or len(states.step_requests) < len(cu) - 1:
         raise UnsupportedError("GatedDeltaNet in the engine: the step's positions / request ids are missing "
                                "(the engine must be set up by lockstep on a lockstep-patched model)")
-    starts = pos.reshape(-1).tolist()
+    starts = pos.reshape(-1, pos.shape[-1])[0].tolist()  # [B=1, T] (or mRoPE rows: text positions alike)
     h = hidden_states[:, :n]
-    q, k, v, z, b, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(h), mod.in_proj_ba(h))
-    mixed = torch.cat([x.reshape(1, n, -1) for x in (q, k, v)], dim=-1)
+    mixed, z, b, a = gdn_projections(mod, h)
     g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
     weight = mod.conv1d.weight.squeeze(1)
     outs = []
