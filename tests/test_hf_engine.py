@@ -252,3 +252,31 @@ def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, d
         monkeypatch.setattr(hf_engine.GdnEngineStates, "__init__", init_unchecked)
         by_row, _, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)
     assert differing_tokens(easy, by_row) > 0
+
+
+def _forked_samples(model):
+    """Two prompts, three samples each (the engine forks the children from the parent's cache)."""
+    from transformers import ContinuousBatchingConfig
+    gen = _gen_config(do_sample=True, temperature=0.7, top_k=20, num_return_sequences=3)
+    torch.manual_seed(1)
+    return model.generate_batch(PROMPTS[:2], generation_config=gen, progress_bar=False,
+                                continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **GDN_HARD))
+
+
+def test_gdn_engine_forked_samples_equal_trainer(registered, monkeypatch):
+    """Parallel sampling (GRPO's n samples per prompt): each forked child continues its parent's GDN state."""
+    model = tiny_model("qwen3_next")
+    with lt.patch(model):
+        out = _forked_samples(model)
+        assert len(out) == 6 and all(o.error is None for o in out.values())
+        for i, p in enumerate(PROMPTS[:2]):
+            samples = [out[f"req_{i}"]] + [out[f"req_{i}__child#{c}"] for c in range(2)]
+            assert len({tuple(o.generated_tokens) for o in samples}) == 3  # three distinct samples
+            for o in samples:
+                lp = torch.tensor(o.logprobs, dtype=torch.float32)
+                assert same_bits(lp, teacher_forced(model, p, list(o.generated_tokens), temperature=0.7, top_k=20))
+        # negative control: children not given their parent's state are caught (refused, no bits recorded)
+        monkeypatch.setattr(hf_engine.GdnEngineStates, "fork", lambda self, parent, children: None)
+        out = _forked_samples(model)
+    children = [o for rid, o in out.items() if "__child#" in rid]
+    assert children and all(o.error is not None and "Gated DeltaNet" in str(o.error) for o in children)

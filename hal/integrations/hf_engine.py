@@ -15,6 +15,9 @@ request's bits independent of all that:
   ``lt.token_logprobs(model, hidden, token, temperature, top_k)`` of the hidden state the LM head saw.
 * the prefix cache: blocks computed under older weights are evicted before the next batch is
   scheduled (:meth:`_EngineState.before_schedule`).
+* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
+  (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
+  engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
 
 Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`check_processors`).
 """
@@ -194,7 +197,7 @@ class GdnEngineStates:
         raise UnsupportedError(
             f"engine request {rid!r} continues at token {start} in Gated DeltaNet layer {layer}, but lockstep holds "
             f"its state at {sorted(by_pos) or 'no position'}: the engine skipped or replayed tokens this state was "
-            "not built from (forked requests / parallel sampling and shared prefixes are not supported on GDN models)")
+            "not built from (shared prefixes are not supported on GDN models)")
 
     def store(self, row: int, layer: int, start: int, end: int, conv_state, rule_state) -> None:
         layers = self.states.setdefault(self.key(row, self.step_requests[row]), {})
@@ -204,6 +207,12 @@ class GdnEngineStates:
         by_pos[end] = (conv_state, rule_state)
         for old in list(by_pos)[:-self.KEEP]:  # insertion order: the oldest stored go first
             del by_pos[old]
+
+    def fork(self, parent_id: str, child_ids) -> None:
+        """Forked children (parallel sampling) start from their parent's states (immutable: shared)."""
+        parent = self.states.get(parent_id, {})
+        for child in child_ids:
+            self.states[child] = {layer: dict(by_pos) for layer, by_pos in parent.items()}
 
     def prune(self, live_request_ids) -> None:
         live = {self.key(i, rid) for i, rid in enumerate(self.step_requests)} | set(live_request_ids)
@@ -494,7 +503,14 @@ def install(owner, token_logprobs) -> None:
             state = _EngineState(self.model, processor)
             processor.__dict__[_STATE] = state
             if is_gdn_model(self.model):
-                processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
+                gdn = processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
+                prepare_fork = processor.cache.prepare_fork_request
+
+                def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
+                    forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
+                    gdn.fork(src_state.request_id, forked)
+                    return forked
+                processor.cache.prepare_fork_request = prepare_fork_request
             runner = processor.model_runner
             runner._forward_process_and_sample = _LockstepStep(runner, self.model)
             prepare = processor.prepare_next_batch
