@@ -229,10 +229,12 @@ def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, d
         easy, _, count = run_engine(model, PROMPTS, GDN_EASY)
         hard, steps, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)
         prove_hard_cases(steps)
+        arrived = run_arrivals(model, PROMPTS, GDN_HARD)
         assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
         for i, p in enumerate(PROMPTS):
             assert easy[i][0] == hard[i][0], i
             assert same_bits(easy[i][1], hard[i][1]), i
+            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
             assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
         # finished requests' states are dropped: a kept manager's second run holds none of the first's
         run_engine(model, PROMPTS[:2], GDN_EASY, persistent=True)
