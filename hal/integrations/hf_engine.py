@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -233,7 +234,8 @@ def _without_gdn_layers(groups_fn, allocators):
     """The engine's layer grouping, with a lockstep GDN hybrid's linear-attention layers left out: the engine
     allocates pages for the attention layers only; lockstep keeps the GDN states (GdnEngineStates)."""
     def group_layers_by_attn_type(config):
-        if _gdn_engine_configs.get(id(config)) is not config:
+        ref = _gdn_engine_configs.get(id(config))
+        if ref is None or ref() is not config:
             return groups_fn(config)
         groups: dict = {}
         for i, t in enumerate(config.layer_types):
@@ -246,7 +248,7 @@ def _without_gdn_layers(groups_fn, allocators):
     return group_layers_by_attn_type
 
 
-_gdn_engine_configs: dict = {}  # id(config) -> config of a lockstep-patched GDN model shown to the engine
+_gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GDN model's config shown to the engine
 
 
 # transformers' temperature and top-k warpers (plain or per-request): scores / t, and scores below the
@@ -478,7 +480,7 @@ def install(owner, token_logprobs) -> None:
             return switch(self, model, auto_switch_to_flash)
         if is_gdn_model(model):
             cfg = model.config.get_text_config()
-            _gdn_engine_configs[id(cfg)] = cfg
+            _gdn_engine_configs[id(cfg)] = weakref.ref(cfg)
         current = model.config._attn_implementation
         if current != _ENGINE_ATTN:
             if self._original_attn_impl is None:
