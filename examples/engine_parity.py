@@ -1,6 +1,6 @@
 """transformers' continuous-batching engine: log-prob bits across scheduler settings and vs the trainer.
 
-    python -m examples.engine_parity                    # Llama, Qwen3; fp32 and bf16 (a few minutes here)
+    python -m examples.engine_parity                    # Llama, Qwen3, Qwen3-Next, Qwen3.5; fp32 and bf16
     python -m examples.engine_parity --model llama --dtype float32
 
 For each model and dtype, lockstep (``lt.patch(model)``) and stock (the same weights, sdpa, torch's
@@ -8,7 +8,9 @@ kernels) each run the engine twice over the same four greedy requests: an easy c
 16-token page per request, a 64-token budget, no block sharing, no decode fast path) and a hard one
 (4-token pages, a 4-token budget that cuts the longest prompt into 5 prefill chunks mixed with decode
 rows, 8 blocks so requests get offloaded, block sharing on, the decode fast path on, requests submitted
-in another order). It prints the number
+in another order). Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) run GDN_EASY / GDN_HARD: the same
+without block sharing (refused for them) and with 4 blocks, so that requests still get offloaded; stock
+transformers cannot run them in the engine at all (its cache has no linear-attention layer). It prints the number
 of generated tokens whose recorded log-prob bits differ between the two runs, and from a
 teacher-forced trainer forward (``lt.token_logprobs`` on one forward over prompt + response).
 Tiny models (2 layers, hidden 64, vocab 128, random weights, nothing downloaded).
@@ -34,6 +36,10 @@ PROMPTS = [_PREFIX + torch.randint(0, VOCAB, (8,), generator=_g).tolist(),
 EASY = dict(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=False, max_blocks_per_request=0)
 HARD = dict(page_size=4, num_blocks=8, max_batch_tokens=4, allow_block_sharing=True, safety_margin=0.0)
 HARD_ORDER = [3, 1, 0, 2]
+# Gated DeltaNet hybrids (Qwen3-Next): block sharing is refused (a shared prefix skips the tokens a GDN state
+# is built from), and the engine pages only the attention layers, so fewer blocks are needed to offload
+GDN_EASY = EASY
+GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=4)
 
 
 def gen_config(do_sample=False, **kw):
@@ -78,31 +84,42 @@ def differing_tokens(a, b) -> int:
                                                        b[i][1].view(torch.int32).tolist()))
 
 
-def compare(model):
+GDN_KINDS = ("qwen3_next", "qwen3_5")
+
+
+def compare(model, gdn=False):
     """(tokens differing easy vs hard, tokens differing engine vs trainer, total tokens) for one model."""
-    easy, _, _ = run_engine(model, PROMPTS, EASY)
-    hard, _, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
+    easy, _, _ = run_engine(model, PROMPTS, GDN_EASY if gdn else EASY)
+    hard, _, _ = run_engine(model, PROMPTS, GDN_HARD if gdn else HARD, order=HARD_ORDER)
     teacher = {i: (easy[i][0], teacher_forced(model, p, easy[i][0])) for i, p in enumerate(PROMPTS)}
     return differing_tokens(easy, hard), differing_tokens(easy, teacher), len(PROMPTS) * NEW
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=["llama", "qwen3"], action="append")
+    ap.add_argument("--model", choices=["llama", "qwen3", *GDN_KINDS], action="append")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], action="append")
     args = ap.parse_args(argv)
     lt.register()
     print("| model | dtype | path | log-prob bits differ: easy vs hard scheduler | engine vs trainer |")
     print("|---|---|---|---|---|")
-    for kind in args.model or ["llama", "qwen3"]:
+    for kind in args.model or ["llama", "qwen3", *GDN_KINDS]:
+        gdn = kind in GDN_KINDS
         for dt in args.dtype or ["float32", "bfloat16"]:
             model = tiny_model(kind, dtype=getattr(torch, dt))
             stock = copy.deepcopy(model)
             stock.set_attn_implementation("sdpa")
             with lt.patch(model):
-                rows = [("lockstep", compare(model))]
-            rows.append(("stock sdpa", compare(stock)))
-            for path, (sched, trainer, n) in rows:
+                rows = [("lockstep", compare(model, gdn))]
+            try:
+                rows.append(("stock sdpa", compare(stock, gdn)))
+            except ValueError as e:  # stock transformers: no engine cache for linear-attention layers
+                rows.append(("stock sdpa", f"fails: {e}"))
+            for path, row in rows:
+                if isinstance(row, str):
+                    print(f"| {kind} | {dt} | {path} | {row} | |", flush=True)
+                    continue
+                sched, trainer, n = row
                 print(f"| {kind} | {dt} | {path} | {sched} / {n} | {trainer} / {n} |", flush=True)
 
 

@@ -1,6 +1,7 @@
 """transformers' continuous-batching engine on lockstep: scheduler-invariant bits, engine == trainer.
 
-Quick set (CI): tiny Llama fp32 and bf16. Full matrix (Llama, Qwen3; fp32, bf16):
+Quick set (CI): tiny Llama and Qwen3-Next (Gated DeltaNet hybrid) fp32 and bf16, Qwen3.5 fp32. Full matrix
+(Llama, Qwen3, Qwen3-Next, Qwen3.5; fp32, bf16):
 ``LOCKSTEP_ENGINE_FULL=1 python -m pytest -q tests/test_hf_engine.py``.
 Every comparison is on raw float32 bits; stock sdpa through the same cases is the caught negative control.
 """
@@ -18,8 +19,8 @@ from hal.errors import UnsupportedError  # noqa: E402
 from hal.integrations import hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.hf_testing import tiny_model  # noqa: E402
-from examples.engine_parity import (EASY, HARD, HARD_ORDER, NEW, PROMPTS, differing_tokens,  # noqa: E402
-                                     run_engine, teacher_forced)
+from examples.engine_parity import (EASY, GDN_EASY, GDN_HARD, HARD, HARD_ORDER, NEW, PROMPTS,  # noqa: E402
+                                     differing_tokens, run_engine, teacher_forced)
 from examples.engine_parity import gen_config as _gen_config  # noqa: E402
 
 FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
@@ -180,9 +181,11 @@ def test_engine_refusals(registered):
         assert manager.input_queue.empty()  # nothing was queued
     gdn = tiny_model("qwen3_next")
     with lt.patch(gdn):
-        with pytest.raises(UnsupportedError, match="Gated DeltaNet"):
-            gdn.generate_batch([PROMPTS[1]], generation_config=_gen_config(),
-                               continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+        for bad, match in ((dict(EASY, allow_block_sharing=True), "block sharing .* Gated DeltaNet"),
+                           (dict(EASY, use_async_batching=True), "asynchronous batching .* Gated DeltaNet")):
+            with pytest.raises(UnsupportedError, match=match):
+                gdn.generate_batch([PROMPTS[1]], generation_config=_gen_config(),
+                                   continuous_batching_config=ContinuousBatchingConfig(**bad), progress_bar=False)
 
 
 def test_paged_adapter_matches_contiguous_keys():
@@ -212,3 +215,70 @@ def test_paged_adapter_matches_contiguous_keys():
     alone = hf_engine.engine_attention(q[2:], keys[1], vals[1],
                                        hf_engine.EngineBatch(torch.tensor([0, 1]), torch.tensor([9])), 0.3)
     assert same_bits(got[2:], alone)
+
+
+GDN_CASES = [("qwen3_next", torch.float32), ("qwen3_next", torch.bfloat16), ("qwen3_5", torch.float32)] + (
+    [("qwen3_5", torch.bfloat16)] if FULL else [])
+
+
+@pytest.mark.parametrize("kind,dtype", GDN_CASES, ids=[f"{k}-{str(d)[6:]}" for k, d in GDN_CASES])
+def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype, monkeypatch):
+    """Gated DeltaNet hybrids in the engine: each request's GDN state kept by lockstep beside the paged cache."""
+    model = tiny_model(kind, dtype=dtype)
+    with lt.patch(model):
+        easy, _, count = run_engine(model, PROMPTS, GDN_EASY)
+        hard, steps, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)
+        prove_hard_cases(steps)
+        arrived = run_arrivals(model, PROMPTS, GDN_HARD)
+        assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
+        for i, p in enumerate(PROMPTS):
+            assert easy[i][0] == hard[i][0], i
+            assert same_bits(easy[i][1], hard[i][1]), i
+            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
+            assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
+        # finished requests' states are dropped: a kept manager's second run holds none of the first's
+        run_engine(model, PROMPTS[:2], GDN_EASY, persistent=True)
+        cache = model._cached_continuous_batching_manager.batch_processor.cache
+        first = set(hf_engine.gdn_engine_states(cache).states)
+        run_engine(model, PROMPTS[2:], GDN_EASY, persistent=True)
+        assert first and not first & set(hf_engine.gdn_engine_states(cache).states)
+        model.destroy_cached_continuous_batching_manager()
+        # negative control: states keyed by batch row instead of by request (rows change under chunking,
+        # mixed steps and offloading) -- the same checks catch it
+        monkeypatch.setattr(hf_engine.GdnEngineStates, "key", lambda self, row, request_id: row)
+        orig_init = hf_engine.GdnEngineStates.__init__
+
+        def init_unchecked(self):
+            orig_init(self)
+            self.check_positions = False
+        monkeypatch.setattr(hf_engine.GdnEngineStates, "__init__", init_unchecked)
+        by_row, _, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)
+    assert differing_tokens(easy, by_row) > 0
+
+
+def _forked_samples(model):
+    """Two prompts, three samples each (the engine forks the children from the parent's cache)."""
+    from transformers import ContinuousBatchingConfig
+    gen = _gen_config(do_sample=True, temperature=0.7, top_k=20, num_return_sequences=3)
+    torch.manual_seed(1)
+    return model.generate_batch(PROMPTS[:2], generation_config=gen, progress_bar=False,
+                                continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **GDN_HARD))
+
+
+def test_gdn_engine_forked_samples_equal_trainer(registered, monkeypatch):
+    """Parallel sampling (GRPO's n samples per prompt): each forked child continues its parent's GDN state."""
+    model = tiny_model("qwen3_next")
+    with lt.patch(model):
+        out = _forked_samples(model)
+        assert len(out) == 6 and all(o.error is None for o in out.values())
+        for i, p in enumerate(PROMPTS[:2]):
+            samples = [out[f"req_{i}"]] + [out[f"req_{i}__child#{c}"] for c in range(2)]
+            assert len({tuple(o.generated_tokens) for o in samples}) == 3  # three distinct samples
+            for o in samples:
+                lp = torch.tensor(o.logprobs, dtype=torch.float32)
+                assert same_bits(lp, teacher_forced(model, p, list(o.generated_tokens), temperature=0.7, top_k=20))
+        # negative control: children not given their parent's state are caught (refused, no bits recorded)
+        monkeypatch.setattr(hf_engine.GdnEngineStates, "fork", lambda self, parent, children: None)
+        out = _forked_samples(model)
+    children = [o for rid, o in out.items() if "__child#" in rid]
+    assert children and all(o.error is not None and "Gated DeltaNet" in str(o.error) for o in children)

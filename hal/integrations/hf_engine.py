@@ -15,6 +15,9 @@ request's bits independent of all that:
   ``lt.token_logprobs(model, hidden, token, temperature, top_k)`` of the hidden state the LM head saw.
 * the prefix cache: blocks computed under older weights are evicted before the next batch is
   scheduled (:meth:`_EngineState.before_schedule`).
+* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
+  (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
+  engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
 
 Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`check_processors`).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -134,14 +138,117 @@ def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
 _GDN_LAYERS = ("linear_attention",)
 
 
-def check_engine_model(model) -> None:
+def is_gdn_model(model) -> bool:
     cfg = model.config.get_text_config()
-    if any(t in _GDN_LAYERS for t in (getattr(cfg, "layer_types", None) or [])):
+    return any(t in _GDN_LAYERS for t in (getattr(cfg, "layer_types", None) or []))
+
+
+def check_engine_model(model, cb_config) -> None:
+    """Engine features a Gated DeltaNet hybrid cannot run exactly are refused by name, before anything runs."""
+    if not is_gdn_model(model):
+        return
+    name = type(model).__name__
+    if cb_config.allow_block_sharing:
         raise UnsupportedError(
-            f"the continuous-batching engine on a Gated DeltaNet model ({type(model).__name__}): the engine has no "
-            "cache for linear-attention state, and lockstep does not yet keep per-request GDN states beside it "
-            "(they would not survive the engine's chunking, preemption and block sharing). Use lockstep's "
-            "model.generate for this model.")
+            f"block sharing (prefix caching) in the continuous-batching engine on a Gated DeltaNet model ({name}): "
+            "a shared prefix would skip the tokens its linear-attention state is built from, and lockstep keeps no "
+            "state snapshot at block boundaries. Pass ContinuousBatchingConfig(allow_block_sharing=False).")
+    if cb_config.use_async_batching:
+        raise UnsupportedError(f"asynchronous batching (use_async_batching=True) in the continuous-batching engine on "
+                               f"a Gated DeltaNet model ({name}) is not supported by lockstep")
+
+
+# ---------------------------------------------------------------- Gated DeltaNet state beside the engine's cache
+
+
+_GDN_STATES = "_lockstep_gdn_states"  # attribute on the engine's PagedAttentionCache
+
+
+class GdnEngineStates:
+    """Each engine request's Gated DeltaNet state (conv window, :class:`hal.GatedDeltaRuleState`) per layer,
+    kept beside the engine's paged cache (which holds the full-attention layers only).
+
+    Keyed by request id, so a request's state never depends on the rows next to it; every entry carries the
+    token position it was computed up to, and a chunk continues only from the state at its own start
+    position (position 0: a fresh state -- a request re-prefilled from scratch after a soft-reset offload).
+    The latest two positions are kept: an offload in the engine's async mode may roll a request back by one
+    token. States of requests the scheduler no longer holds are dropped after every scheduled step.
+    """
+
+    KEEP = 2
+
+    def __init__(self):
+        self.states: dict = {}  # key -> {layer: {position: (conv_state, rule_state)}}
+        self.step_requests: list = []  # request ids of the running step, in the batch's row order
+        self.check_positions = True  # False only in the negative-control test (states keyed by row)
+
+    def key(self, row: int, request_id: str):
+        return request_id
+
+    def lookup(self, row: int, layer: int, start: int):
+        """(conv_state, rule_state) for the chunk of batch row ``row`` starting at token ``start``; None: fresh."""
+        if start == 0:
+            return None
+        rid = self.step_requests[row]
+        by_pos = self.states.get(self.key(row, rid), {}).get(layer, {})
+        if start in by_pos:
+            return by_pos[start]
+        if not self.check_positions and by_pos:
+            return by_pos[max(by_pos)]
+        raise UnsupportedError(
+            f"engine request {rid!r} continues at token {start} in Gated DeltaNet layer {layer}, but lockstep holds "
+            f"its state at {sorted(by_pos) or 'no position'}: the engine skipped or replayed tokens this state was "
+            "not built from (shared prefixes are not supported on GDN models)")
+
+    def store(self, row: int, layer: int, start: int, end: int, conv_state, rule_state) -> None:
+        layers = self.states.setdefault(self.key(row, self.step_requests[row]), {})
+        if start == 0:  # a fresh prefill (first, or after a soft reset): older states are of another run
+            layers.pop(layer, None)
+        by_pos = layers.setdefault(layer, {})
+        by_pos[end] = (conv_state, rule_state)
+        for old in list(by_pos)[:-self.KEEP]:  # insertion order: the oldest stored go first
+            del by_pos[old]
+
+    def fork(self, parent_id: str, child_ids) -> None:
+        """Forked children (parallel sampling) start from their parent's states (immutable: shared)."""
+        parent = self.states.get(parent_id, {})
+        for child in child_ids:
+            self.states[child] = {layer: dict(by_pos) for layer, by_pos in parent.items()}
+
+    def prune(self, live_request_ids) -> None:
+        live = {self.key(i, rid) for i, rid in enumerate(self.step_requests)} | set(live_request_ids)
+        for k in [k for k in self.states if k not in live]:
+            del self.states[k]
+
+
+def gdn_engine_states(cache) -> GdnEngineStates:
+    """The GDN states on an engine cache (created by the lockstep batch processor)."""
+    states = cache.__dict__.get(_GDN_STATES)
+    if states is None:
+        raise InputError("this engine cache has no lockstep Gated DeltaNet states: the engine was not set up by "
+                         "lockstep (lt.patch the model before init_continuous_batching / generate_batch)")
+    return states
+
+
+def _without_gdn_layers(groups_fn, allocators):
+    """The engine's layer grouping, with a lockstep GDN hybrid's linear-attention layers left out: the engine
+    allocates pages for the attention layers only; lockstep keeps the GDN states (GdnEngineStates)."""
+    def group_layers_by_attn_type(config):
+        ref = _gdn_engine_configs.get(id(config))
+        if ref is None or ref() is not config:
+            return groups_fn(config)
+        groups: dict = {}
+        for i, t in enumerate(config.layer_types):
+            if t in _GDN_LAYERS:
+                continue
+            if t not in allocators:
+                raise UnsupportedError(f"layer {i} of type {t!r}: the continuous-batching engine has no cache for it")
+            groups.setdefault(t, []).append(i)
+        return groups
+    return group_layers_by_attn_type
+
+
+_gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GDN model's config shown to the engine
 
 
 # transformers' temperature and top-k warpers (plain or per-request): scores / t, and scores below the
@@ -270,6 +377,10 @@ class _EngineState:
 
     def after_schedule(self) -> None:
         io = self.processor.inputs_and_outputs
+        gdn = self.processor.cache.__dict__.get(_GDN_STATES)
+        if gdn is not None:  # the finished requests' GDN states go (offloaded and waiting ones stay)
+            sched = self.processor.scheduler
+            gdn.prune([*sched.active_requests, *sched.waiting_requests])
         step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token))
                            for fs in io.requests_in_batch], self.offloads, bool(io.use_block_table))
         for fn in step_hooks(self.model):
@@ -290,6 +401,9 @@ class _LockstepStep:
         seen = []
         head = model.get_output_embeddings()
         handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+        gdn = batch_data["cache"].__dict__.get(_GDN_STATES) if "cache" in batch_data else None
+        if gdn is not None:  # the GDN layers key their states by the request in each row of this step
+            gdn.step_requests = [fs.state.request_id for fs in runner.inputs_and_outputs.requests_in_batch]
         try:
             logits = model(**batch_data).logits
         finally:
@@ -364,7 +478,9 @@ def install(owner, token_logprobs) -> None:
     def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash=True):
         if not _lockstep_model(model):
             return switch(self, model, auto_switch_to_flash)
-        check_engine_model(model)
+        if is_gdn_model(model):
+            cfg = model.config.get_text_config()
+            _gdn_engine_configs[id(cfg)] = weakref.ref(cfg)
         current = model.config._attn_implementation
         if current != _ENGINE_ATTN:
             if self._original_attn_impl is None:
@@ -372,6 +488,8 @@ def install(owner, token_logprobs) -> None:
             model.set_attn_implementation(_ENGINE_ATTN)
 
     def _create_batch_processor(self):
+        if _lockstep_model(self.model):
+            check_engine_model(self.model, self.continuous_batching_config)
         processor = create(self)
         if not _lockstep_model(self.model):
             return processor
@@ -386,6 +504,15 @@ def install(owner, token_logprobs) -> None:
         if state is None:
             state = _EngineState(self.model, processor)
             processor.__dict__[_STATE] = state
+            if is_gdn_model(self.model):
+                gdn = processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
+                prepare_fork = processor.cache.prepare_fork_request
+
+                def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
+                    forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
+                    gdn.fork(src_state.request_id, forked)
+                    return forked
+                processor.cache.prepare_fork_request = prepare_fork_request
             runner = processor.model_runner
             runner._forward_process_and_sample = _LockstepStep(runner, self.model)
             prepare = processor.prepare_next_batch
@@ -402,6 +529,9 @@ def install(owner, token_logprobs) -> None:
         return processor
 
     init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
+    from transformers.generation.continuous_batching import cache as engine_cache
+    init.group_layers_by_attn_type = engine_cache.group_layers_by_attn_type = _without_gdn_layers(
+        engine_cache.group_layers_by_attn_type, engine_cache.ATTN_TYPE_TO_ALLOCATOR)
     Manager.__init__ = __init__
     add_request = Manager.add_request
 

@@ -19,7 +19,7 @@ from ..errors import UnsupportedError
 from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
                            several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
-from .hf_engine import hf_paged_attention, is_engine_cache
+from .hf_engine import gdn_engine_states, hf_paged_attention, is_engine_cache
 
 # A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
 _OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
@@ -243,6 +243,8 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
         cache = kwargs.pop("cache_params", None)
     if getattr(mod, "activation", "silu") != "silu":
         raise UnsupportedError(f"GatedDeltaNet activation {mod.activation!r}: only silu is supported")
+    if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
+        return _engine_gated_delta_net(mod, hidden_states, gdn_engine_states(cache), kwargs["cu_seq_lens_q"])
     B, T, H = hidden_states.shape
     pos = mod.__dict__.get("_lockstep_position_ids")
     runs = _runs(B, T, attention_mask, pos, kwargs.get("cu_seq_lens_q"))
@@ -286,6 +288,53 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
     dv = mod.head_v_dim
     o = mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(1, n, -1)
     return out.index_put((bi, ti), mod.out_proj(o)[0])
+
+
+def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
+    """One engine step of a GatedDeltaNet layer: ``hidden_states [1, tokens, H]``, requests packed as
+    ``cu_seq_lens_q`` says (rows past its end: the engine's padding, zeros out).
+
+    The projections, gates and norm run over the whole step (lockstep's ops give each token the bits it has
+    alone); the conv and the gated delta rule run per request, each from that request's own state in
+    ``states`` at the chunk's start position (a prefill chunk continues the stored state with the chunk op,
+    a decode token with the recurrent op: the same bits), and the final states are stored back.
+    """
+    cu = [int(x) for x in cu_seq_lens_q.tolist()]
+    n = cu[-1]
+    pos = mod.__dict__.get("_lockstep_position_ids")
+    if pos is None or len(states.step_requests) < len(cu) - 1:
+        raise UnsupportedError("GatedDeltaNet in the engine: the step's positions / request ids are missing "
+                               "(the engine must be set up by lockstep on a lockstep-patched model)")
+    starts = pos.reshape(-1, pos.shape[-1])[0].tolist()  # [B=1, T] (or mRoPE rows: text positions alike)
+    h = hidden_states[:, :n]
+    mixed, z, b, a = gdn_projections(mod, h)
+    g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
+    weight = mod.conv1d.weight.squeeze(1)
+    outs = []
+    for row in range(len(cu) - 1):
+        t0, t1 = cu[row], cu[row + 1]
+        if t1 == t0:
+            continue
+        start = int(starts[t0])
+        prev = states.lookup(row, mod.layer_idx, start)
+        y, conv1 = hal.gdn_causal_conv1d(mixed[:, t0:t1], weight, mod.conv1d.bias,
+                                         conv_state=None if prev is None else prev[0], activation="silu")
+        yq, yk, yv = torch.split(y, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+        rule = (hal.fused_recurrent_gated_delta_rule if prev is not None and t1 - t0 == 1
+                else hal.chunk_gated_delta_rule)
+        o, st = rule(yq.reshape(1, t1 - t0, -1, mod.head_k_dim), yk.reshape(1, t1 - t0, -1, mod.head_k_dim),
+                     yv.reshape(1, t1 - t0, -1, mod.head_v_dim), g[:, t0:t1], beta[:, t0:t1],
+                     initial_state=None if prev is None else prev[1], output_final_state="state",
+                     use_qk_l2norm_in_kernel=True)
+        states.store(row, mod.layer_idx, start, start + t1 - t0, conv1, st)
+        outs.append(o)
+    out = hidden_states.new_zeros((1, hidden_states.shape[1], mod.out_proj.weight.shape[0]))
+    if n == 0:
+        return out
+    dv = mod.head_v_dim
+    o = mod.norm(torch.cat(outs, dim=1).reshape(-1, dv), z.reshape(-1, dv)).reshape(1, n, -1)
+    out[:, :n] = mod.out_proj(o)
+    return out
 
 
 def _hf_bookkeeping(mod, cache, mixed, bi, ti, B, T, state):
