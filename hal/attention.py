@@ -251,6 +251,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                      cache_batch_idx=(cache_batch_idx, lambda x: x is None),
                      cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),
                      alibi_slopes=(alibi_slopes, lambda x: x is None))
+        _no_grad_needed("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
         if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):  # a tensor crosses the op
             cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
         out, lse = route("flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,

@@ -211,6 +211,28 @@ def _backward(op: TorchOp, fn_class, n_grads: int):
     return backward
 
 
+#: ops without a backward: an input that requires grad is refused when the op is called, never a silently
+#: grad-less output (flash_attn_with_kvcache, which mutates and so cannot register autograd, refuses in its
+#: public function before routing, as eagerly)
+_NO_BACKWARD = {
+    "hf_attention": "the patched HF attention under torch.compile / torch.export has no backward pass yet; "
+                    "compile the patched model for inference (torch.no_grad()) or train it eagerly",
+}
+
+
+def _refuse(name):
+    def setup(ctx, inputs, output):
+        from .errors import UnsupportedError
+        raise UnsupportedError(_NO_BACKWARD[name])
+    return setup
+
+
+def _no_backward(name):
+    def backward(ctx, *grads):
+        raise AssertionError(f"unreachable: {name}'s setup_context refuses inputs that require grad")
+    return backward
+
+
 # ---------------------------------------------------------------- registration
 
 
@@ -236,6 +258,9 @@ def register_all() -> None:
                                             setup_context=setup, lib=lib)
     torch.library.register_autograd(f"{NAMESPACE}::flash_attn_varlen", _varlen_backward,
                                     setup_context=_varlen_setup, lib=lib)
+    for name in _NO_BACKWARD:
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", _no_backward(name), setup_context=_refuse(name),
+                                        lib=lib)
     _lib = lib
 
 

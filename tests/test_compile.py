@@ -168,6 +168,8 @@ def test_kvcache_writes_made_by_a_compiled_graph_are_eagers():
     got = torch.compile(decode, fullgraph=True)(q, *caches[1], k, v)
     assert same_bits(got, want)
     assert same_bits(caches[1], caches[0]) and not same_bits(caches[1][0], kc)  # written, and as eager wrote
+    with pytest.raises(Exception, match="no backward pass"):  # refused as eagerly, not a grad-less output
+        torch.compile(decode, fullgraph=True)(q.clone().requires_grad_(True), kc.clone(), vc.clone(), k, v)
 
 
 # ---------------------------------------------------------------- choices are never baked into a graph
