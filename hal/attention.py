@@ -24,6 +24,7 @@ from .kernels.layout import (append_kv, capacity as cache_capacity, key_visibili
                              mask_causal_window, padded_to_varlen, query_positions, token_slots, varlen_to_padded,
                              varlen_via_padded)
 from .ops import _prepare
+from .ops_registry import route, tracing
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
 
@@ -182,6 +183,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     and queries that see no key get out 0 and lse -inf. Differentiable in q, k, v (and lse).
     ``deterministic`` is accepted for compatibility: lockstep always is.
     """
+    if tracing():
+        _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
+                     alibi_slopes=(alibi_slopes, lambda x: x is None))
+        out, lse = route("flash_attn_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, bool(causal), list(window_size), spec=spec, backend=backend)
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     chk.tensor("q", q, ndim=3), chk.tensor("k", k, ndim=3), chk.tensor("v", v, ndim=3)
     dtype = chk.same_dtype(q=chk.floating("q", q), k=chk.floating("k", k), v=chk.floating("v", v))
     _kv_pair("k", k, "v", v)
@@ -237,6 +246,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Every argument is checked before the cache is touched. Returns ``out [batch, Sq, Hq, D]`` and,
     with ``return_lse``, ``lse [batch, Hq, Sq]`` float32. No backward pass (inference op).
     """
+    if tracing():
+        _unsupported(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
+                     cache_batch_idx=(cache_batch_idx, lambda x: x is None),
+                     cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),
+                     alibi_slopes=(alibi_slopes, lambda x: x is None))
+        _no_grad_needed("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+        if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):  # a tensor crosses the op
+            cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+        out, lse = route("flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                         softmax_scale, bool(causal), list(window_size), num_splits, spec=spec, backend=backend)
+        return (out, lse) if (return_lse or return_softmax_lse) else out
     call = plan_kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
                              window_size, num_splits, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                              cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, softcap=softcap,

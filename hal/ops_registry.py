@@ -94,6 +94,21 @@ TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
             "Tensor positions, int rotary_dim, float base, Tensor? inv_freq", "(Tensor, Tensor)"),
     TorchOp("apply_rotary", "apply_rotary", "hal.elementwise:apply_rotary",
             "Tensor x, Tensor cos, Tensor sin, bool interleaved", "Tensor"),
+    # attention: lse is always returned (the public op drops it unless asked); max_seqlen as SymInt
+    TorchOp("flash_attn_varlen", "flash_attn_varlen_func", "hal.attention:flash_attn_varlen_func",
+            "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+            "SymInt max_seqlen_k, float? softmax_scale, bool causal, SymInt[] window_size", "(Tensor, Tensor)",
+            fixed=(("return_lse", True),)),
+    # appends k, v into the caches in place: the schema says so (a!), (b!)
+    TorchOp("flash_attn_with_kvcache", "flash_attn_with_kvcache", "hal.attention:flash_attn_with_kvcache",
+            "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+            "Tensor? block_table, float? softmax_scale, bool causal, SymInt[] window_size, int num_splits",
+            "(Tensor, Tensor)", fixed=(("return_lse", True),)),
+    # the patched HF attention: mask / positions -> sequences (a plan that reads values) + varlen attention,
+    # all inside one kernel so that a traced model holds no data-dependent host code
+    TorchOp("hf_attention", "flash_attn_varlen_func", "hal.integrations.hf_attention:masked_attention",
+            "Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
+            "Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, float? scaling", "Tensor"),
 )}
 
 
@@ -113,7 +128,9 @@ def route(name: str, *args, spec=None, backend=None):
     """Call ``torch.ops.lockstep.<name>`` with the spec as its id and the backend as its name."""
     op = TORCH_OPS[name]
     for a in args:
-        if not (a is None or isinstance(a, (torch.Tensor, bool, int, float))):
+        if isinstance(a, (list, tuple)) and all(isinstance(x, (int, torch.SymInt)) for x in a):
+            continue  # int[] arguments (window_size)
+        if not (a is None or isinstance(a, (torch.Tensor, bool, int, float, torch.SymInt, torch.SymFloat))):
             raise UnsupportedError(
                 f"{op.public} under torch.compile / torch.export: an argument of type {type(a).__name__} cannot "
                 f"cross the torch op boundary", [f"{type(a).__name__} is not a tensor or a number (a prepared "

@@ -34,9 +34,10 @@ def _names(op: TorchOp) -> list[str]:
 
 
 def _kernel(op: TorchOp):
-    fn, names, fixed = _function(op), _names(op), dict(op.fixed)
+    names, fixed = _names(op), dict(op.fixed)
 
     def kernel(*args):
+        fn = _function(op)  # resolved at the call: the hf_attention op's module sits above hal's core
         routing, ops_registry._route_all = ops_registry._route_all, False  # the direct path from here on
         try:
             with torch.no_grad():  # autograd is the registered formula's, above this kernel
@@ -72,6 +73,23 @@ def _fake_rotary_cos_sin(positions, rotary_dim, base, inv_freq, spec, backend):
     return (positions.new_empty(shape, dtype=torch.float32), positions.new_empty(shape, dtype=torch.float32))
 
 
+def _fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                 window_size, spec, backend):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+def _fake_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
+                  num_splits, spec, backend):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[-1])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _fake_hf_attention(query, key, value, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k, causal,
+                       scaling, spec, backend):
+    b, hq, tq, _ = query.shape
+    return query.new_empty((b, tq, hq, value.shape[-1]))
+
+
 FAKES = {
     "matmul": lambda a, b, spec, backend: a.new_empty((*a.shape[:-1], b.shape[1])),
     "linear": lambda x, weight, bias, spec, backend: x.new_empty((*x.shape[:-1], weight.shape[0])),
@@ -88,7 +106,52 @@ FAKES = {
     "silu_mul": lambda a, b, spec, backend: a.new_empty(a.shape),
     "rotary_cos_sin": _fake_rotary_cos_sin,
     "apply_rotary": lambda x, cos, sin, interleaved, spec, backend: x.new_empty(x.shape),
+    "flash_attn_varlen": _fake_varlen,
+    "flash_attn_with_kvcache": _fake_kvcache,
+    "hf_attention": _fake_hf_attention,
 }
+
+
+# ---------------------------------------------------------------- varlen attention's backward, itself an op
+# Its math reads cu_seqlens on the host (sequence by sequence), so under AOT autograd it must be opaque too.
+
+_VARLEN_BACKWARD = ("flash_attn_varlen_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, "
+                    "bool causal, SymInt[] window_size, Tensor gout, Tensor? glse, str? spec, str? backend) "
+                    "-> (Tensor, Tensor, Tensor)")
+
+
+def _varlen_backward_kernel(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, gout, glse, spec,
+                            backend):
+    """_VarlenFn.backward with the backend chosen now (as the forward kernel chose its own)."""
+    from types import SimpleNamespace
+
+    from .attention import _VarlenFn
+    from .ops import _prepare
+    _, impl = _prepare("flash_attn_varlen_func", spec, backend, q.dtype, q=q, k=k, v=v, cu_seqlens_q=cu_q,
+                       cu_seqlens_k=cu_k)
+    ctx = SimpleNamespace(saved_tensors=(q, k, v, cu_q, cu_k, out, lse), args=(scale, causal, tuple(window)),
+                          maxes=(max_q, max_k), impl=impl)
+    with torch.no_grad():
+        gq, gk, gv = _VarlenFn.backward(ctx, gout, glse)[:3]
+    return gq.contiguous(), gk.contiguous(), gv.contiguous()
+
+
+def _varlen_setup(ctx, inputs, output):
+    from .attention import _scale, _window
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, spec, backend = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+    ctx.rest = (max_q, max_k, _scale(softmax_scale, q.shape[2]), bool(causal), list(_window(window)), spec, backend)
+
+
+def _varlen_backward(ctx, gout, glse):
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    max_q, max_k, scale, causal, window, spec, backend = ctx.rest
+    if gout is None:
+        gout = torch.zeros_like(out)
+    gq, gk, gv = getattr(torch.ops, NAMESPACE).flash_attn_varlen_backward(
+        q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, gout, glse, spec, backend)
+    return gq, gk, gv, *[None] * 9
 
 
 # ---------------------------------------------------------------- autograd: today's backward formulas
@@ -148,6 +211,28 @@ def _backward(op: TorchOp, fn_class, n_grads: int):
     return backward
 
 
+#: ops without a backward: an input that requires grad is refused when the op is called, never a silently
+#: grad-less output (flash_attn_with_kvcache, which mutates and so cannot register autograd, refuses in its
+#: public function before routing, as eagerly)
+_NO_BACKWARD = {
+    "hf_attention": "the patched HF attention under torch.compile / torch.export has no backward pass yet; "
+                    "compile the patched model for inference (torch.no_grad()) or train it eagerly",
+}
+
+
+def _refuse(name):
+    def setup(ctx, inputs, output):
+        from .errors import UnsupportedError
+        raise UnsupportedError(_NO_BACKWARD[name])
+    return setup
+
+
+def _no_backward(name):
+    def backward(ctx, *grads):
+        raise AssertionError(f"unreachable: {name}'s setup_context refuses inputs that require grad")
+    return backward
+
+
 # ---------------------------------------------------------------- registration
 
 
@@ -158,6 +243,11 @@ def register_all() -> None:
         return
     lib = torch.library.Library(NAMESPACE, "DEF")
     autograd = _autograd_table()
+    lib.define(_VARLEN_BACKWARD)
+    lib.impl("flash_attn_varlen_backward", _varlen_backward_kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::flash_attn_varlen_backward",
+                                lambda q, k, v, *rest: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                        v.new_empty(v.shape)), lib=lib)
     for op in TORCH_OPS.values():
         lib.define(op.name + op.schema)
         lib.impl(op.name, _kernel(op), "CompositeExplicitAutograd")
@@ -166,6 +256,11 @@ def register_all() -> None:
             fn_class, setup, n_grads = autograd[op.name]
             torch.library.register_autograd(f"{NAMESPACE}::{op.name}", _backward(op, fn_class, n_grads),
                                             setup_context=setup, lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::flash_attn_varlen", _varlen_backward,
+                                    setup_context=_varlen_setup, lib=lib)
+    for name in _NO_BACKWARD:
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", _no_backward(name), setup_context=_refuse(name),
+                                        lib=lib)
     _lib = lib
 
 

@@ -43,6 +43,24 @@ def op_args(name: str, dtype=F32, rows: int = 3, noncontig: bool = False) -> tup
     if name == "apply_rotary":
         cos, sin = hal.rotary_cos_sin(torch.arange(rows), 8)
         return (x, cos.to(dtype).requires_grad_(grad), sin.to(dtype).requires_grad_(grad), False)
+    if name == "flash_attn_varlen":  # two sequences (rows - 1 and 1 queries), GQA 4 -> 2 heads, fewer q than k
+        q = _t(rows, 4, 8, dtype=dtype, grad=grad, noncontig=noncontig)
+        k, v = (_t(rows + 2, 2, 8, dtype=dtype, grad=grad, seed=s) for s in (1, 2))
+        cu_q = torch.tensor([0, rows - 1, rows], dtype=torch.int32)
+        cu_k = torch.tensor([0, rows, rows + 2], dtype=torch.int32)
+        return (q, k, v, cu_q, cu_k, rows, rows + 1, None, True, [-1, -1])
+    if name == "flash_attn_with_kvcache":  # batch 2 with 3 and 1 cached tokens, append `rows` tokens each
+        q = _t(2, rows, 4, 8, dtype=dtype, noncontig=noncontig)
+        k_cache, v_cache = (_t(2, rows + 5, 2, 8, dtype=dtype, seed=s) for s in (1, 2))
+        k, v = (_t(2, rows, 2, 8, dtype=dtype, seed=s) for s in (3, 4))
+        return (q, k_cache, v_cache, k, v, torch.tensor([3, 1], dtype=torch.int32), None, 0.3, True, [-1, -1], 0)
+    if name == "hf_attention":  # HF layout [B, H, T, D]; row 1 left-padded by 2 (an additive float mask)
+        q = _t(2, 4, rows + 2, 8, dtype=dtype, noncontig=noncontig)
+        k, v = (_t(2, 2, rows + 2, 8, dtype=dtype, seed=s) for s in (1, 2))
+        t = rows + 2
+        vis = torch.ones(t, t, dtype=torch.bool).tril().expand(2, 1, t, t).clone()
+        vis[1, :, :, :2] = False
+        return (q, k, v, vis, None, None, None, True, 0.25)
     raise KeyError(name)
 
 
@@ -51,4 +69,14 @@ def public(name, args):
     if name == "rms_norm_residual":
         x, w, r, eps = args
         return hal.rms_norm(x, w, eps, r)
+    if name == "flash_attn_varlen":
+        *head, scale, causal, window = args
+        return hal.flash_attn_varlen_func(*head, scale, causal, window, return_lse=True)
+    if name == "flash_attn_with_kvcache":
+        q, kc, vc, k, v, lens, table, scale, causal, window, splits = args
+        return hal.flash_attn_with_kvcache(q, kc, vc, k, v, lens, table, scale, causal, window, splits,
+                                           return_lse=True)
+    if name == "hf_attention":
+        from hal.integrations.hf_attention import masked_attention
+        return masked_attention(*args)
     return getattr(hal, name)(*args)

@@ -52,7 +52,7 @@ def _cases(rows):
 def test_every_op_compiled_fullgraph_gives_eager_bits(dynamic):
     counter = GraphCount()
     compiled = torch.compile(every_op, fullgraph=True, dynamic=dynamic)
-    for rows in (3, 5):
+    for rows in (5, 7):  # never a fixed size of the cases (cu_seqlens 3, heads 4): duck sizing would tie them
         cases = _cases(rows)
         got, want = compiled(cases), every_op(cases)
         for name in TORCH_OPS:
@@ -134,6 +134,42 @@ def test_backward_through_the_compiled_chain():
     # Inductor fuses the backward's float32 math (a backward is not a spec: docs/design.md principle 6)
     assert torch.isfinite(xs[2].grad).all() and torch.isfinite(ws[2].grad).all()
     assert xs[2].grad.shape == x.shape and ws[2].grad.shape == w.shape
+
+
+# ---------------------------------------------------------------- attention ops: backward, cache writes
+
+
+def test_varlen_attention_backward_through_a_compiled_graph_gives_eager_grads():
+    """The op's backward is itself a lockstep op (its math reads cu_seqlens on the host): the compiled
+    graph's grads are the eager op's bits, under aot_eager and Inductor alike."""
+    q, k, v, cu_q, cu_k, mq, mk, scale, causal, window = op_args("flash_attn_varlen", F32, 5)
+
+    def loss(q, k, v):
+        out, lse = hal.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, scale, causal, window, return_lse=True)
+        return (out * out).sum() + lse.sum()
+
+    leaves = [[t.detach().clone().requires_grad_(True) for t in (q, k, v)] for _ in range(3)]
+    loss(*leaves[0]).backward()
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves[1]).backward()
+    torch.compile(loss, fullgraph=True)(*leaves[2]).backward()
+    for got in leaves[1:]:
+        assert all(same_bits(a.grad, b.grad) for a, b in zip(got, leaves[0]))
+
+
+def test_kvcache_writes_made_by_a_compiled_graph_are_eagers():
+    args = op_args("flash_attn_with_kvcache", F32, 2)
+    q, kc, vc, k, v, lens, table, scale, causal, window, splits = args
+
+    def decode(q, kc, vc, k, v):
+        return hal.flash_attn_with_kvcache(q, kc, vc, k, v, lens, table, scale, causal, window, splits)
+
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    want = decode(q, *caches[0], k, v)
+    got = torch.compile(decode, fullgraph=True)(q, *caches[1], k, v)
+    assert same_bits(got, want)
+    assert same_bits(caches[1], caches[0]) and not same_bits(caches[1][0], kc)  # written, and as eager wrote
+    with pytest.raises(Exception, match="no backward pass"):  # refused as eagerly, not a grad-less output
+        torch.compile(decode, fullgraph=True)(q.clone().requires_grad_(True), kc.clone(), vc.clone(), k, v)
 
 
 # ---------------------------------------------------------------- choices are never baked into a graph

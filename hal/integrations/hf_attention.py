@@ -22,6 +22,7 @@ import torch
 
 from ..attention import flash_attn_varlen_func
 from ..errors import InputError, UnsupportedError
+from ..ops_registry import route, tracing
 
 NAME = "lockstep"
 
@@ -171,9 +172,20 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     check_attention_args(dropout, sliding_window, softcap, s_aux)
     B, Hq, Tq, D = query.shape
     causal = bool(getattr(module, "is_causal", True))
-    vis = visibility(B, Tq, key.shape[2], attention_mask, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"),
-                     kwargs.get("cu_seq_lens_k"), causal)
-    return attend(query, key, value, vis, scaling), None
+    return masked_attention(query, key, value, attention_mask, kwargs.get("position_ids"),
+                            kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"), causal, scaling), None
+
+
+def masked_attention(query, key, value, attention_mask=None, position_ids=None, cu_seq_lens_q=None,
+                     cu_seq_lens_k=None, causal=True, scaling=None, spec=None, backend=None):
+    """:func:`visibility` then :func:`attend`. Under torch.compile / export one ``torch.ops.lockstep.hf_attention``
+    (the plan reads the mask's values on the host: inside the op's kernel, never in the traced graph)."""
+    if tracing():
+        return route("hf_attention", query, key, value, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k,
+                     bool(causal), scaling, spec=spec, backend=backend)
+    vis = visibility(query.shape[0], query.shape[2], key.shape[2], attention_mask, position_ids, cu_seq_lens_q,
+                     cu_seq_lens_k, causal)
+    return attend(query, key, value, vis, scaling, spec=spec, backend=backend)
 
 
 def several_sequences_per_row(vis: torch.Tensor) -> bool:
@@ -186,7 +198,7 @@ def several_sequences_per_row(vis: torch.Tensor) -> bool:
     return bool(((hi >= 0) & (hi != lo)).any())
 
 
-def attend(query, key, value, vis, scaling):
+def attend(query, key, value, vis, scaling, spec=None, backend=None):
     """``query [B, Hq, Tq, D]``, ``key/value [B, Hkv, Tk, D]``, visibility [B, Tq, Tk] -> ``[B, Tq, Hq, Dv]``."""
     B, Hq, Tq, D = query.shape
     qt = query.transpose(1, 2)
@@ -199,5 +211,5 @@ def attend(query, key, value, vis, scaling):
     bq, iq, bk, jk = (t.to(dev) for t in (bq, iq, bk, jk))
     kt, vt = key.transpose(1, 2), value.transpose(1, 2)
     o = flash_attn_varlen_func(qt[bq, iq], kt[bk, jk], vt[bk, jk], cu_q.to(dev), cu_k.to(dev), mq, mk,
-                               softmax_scale=scaling, causal=True)
+                               softmax_scale=scaling, causal=True, spec=spec, backend=backend)
     return out.index_put((bq, iq), o)

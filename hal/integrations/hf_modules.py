@@ -16,8 +16,9 @@ import torch
 
 import hal
 from ..errors import UnsupportedError
-from .hf_attention import (attend, check_attention_args, segments_from_cu, segments_from_positions,
-                           several_sequences_per_row, visibility)
+from ..ops_registry import tracing
+from .hf_attention import (attend, check_attention_args, masked_attention, segments_from_cu,
+                           segments_from_positions, several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
 from .hf_engine import gdn_engine_states, hf_paged_attention, is_engine_cache
 
@@ -164,6 +165,10 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
         out = hf_paged_attention(mod, q, k, v, cache, kwargs)
         return mod.o_proj(out * hal.sigmoid(gate) if gated else out), None
+    if cache is not None and tracing():
+        raise UnsupportedError("a KV cache in a patched forward under torch.compile / torch.export is not supported "
+                               "yet (lockstep marks caches filled by packed rows, a check that reads the mask's "
+                               "values); compile the forward with use_cache=False")
     if cache is not None:
         _check_cache_layer(cache, mod.layer_idx)
         if getattr(cache, "_lockstep_packed", False) and cache.get_seq_length(mod.layer_idx) > 0:
@@ -172,11 +177,15 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
         k, v = cache.update(k, v, mod.layer_idx, kwargs=kwargs)
     dropout = 0.0 if not mod.training else float(getattr(mod, "attention_dropout", 0.0))
     check_attention_args(dropout)
-    vis = visibility(q.shape[0], q.shape[2], k.shape[2], attention_mask, kwargs.get("position_ids"),
-                     kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"), bool(getattr(mod, "is_causal", True)))
-    if cache is not None and several_sequences_per_row(vis):
-        cache._lockstep_packed = True
-    out = attend(q, k, v, vis, mod.scaling)
+    masks = (attention_mask, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"))
+    causal = bool(getattr(mod, "is_causal", True))
+    if cache is None:
+        out = masked_attention(q, k, v, *masks, causal, mod.scaling)
+    else:  # eager only (refused above under tracing): the cache is marked from the visibility
+        vis = visibility(q.shape[0], q.shape[2], k.shape[2], *masks, causal)
+        if several_sequences_per_row(vis):
+            cache._lockstep_packed = True
+        out = attend(q, k, v, vis, mod.scaling)
     out = out.reshape(*shape, -1)
     if gated:
         out = out * hal.sigmoid(gate)
