@@ -227,7 +227,7 @@ def test_errors_raised_in_a_compiled_graph_are_the_public_ops_messages():
 # ---------------------------------------------------------------- Inductor's glue between lockstep ops
 
 
-def test_bf16_glue_between_lockstep_ops_is_bitwise_with_emulate_precision_casts(monkeypatch):
+def test_bf16_glue_between_lockstep_ops_is_bitwise_with_emulate_precision_casts():
     """Inductor fuses stock elementwise glue and keeps its bf16 intermediates in float32 unless
     ``emulate_precision_casts`` rounds them as eager does (docs/integrations.md)."""
     import torch._inductor.config as inductor_config
@@ -243,6 +243,7 @@ def test_bf16_glue_between_lockstep_ops_is_bitwise_with_emulate_precision_casts(
     results = {}
     for emulate in (False, True):
         torch._dynamo.reset()
-        monkeypatch.setattr(inductor_config, "emulate_precision_casts", emulate)
-        results[emulate] = same_bits(torch.compile(glued, fullgraph=True)(x), want)
+        # config.patch, not monkeypatch: undoing a monkeypatch on torch's config module deletes the option
+        with inductor_config.patch(emulate_precision_casts=emulate):
+            results[emulate] = same_bits(torch.compile(glued, fullgraph=True)(x), want)
     assert results == {True: True, False: False}  # False: the control, the default config's fused glue differs
