@@ -42,9 +42,9 @@ GDN_EASY = EASY
 GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=4)
 
 
-def gen_config(do_sample=False, **kw):
+def gen_config(do_sample=False, new=NEW, **kw):
     from transformers import GenerationConfig
-    return GenerationConfig(max_new_tokens=NEW, do_sample=do_sample, eos_token_id=-1, pad_token_id=0, **kw)
+    return GenerationConfig(max_new_tokens=new, do_sample=do_sample, eos_token_id=-1, pad_token_id=0, **kw)
 
 
 def run_engine(model, prompts, cb, gen=None, order=None, persistent=False):
