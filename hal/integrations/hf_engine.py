@@ -427,7 +427,7 @@ class EngineStep:
     """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
     (has_new_token False: a prefill chunk that does not end its prompt), ``offloads`` so far, whether
     it took the engine's decode fast path (block table), and ``decoding``: the ids of the requests whose
-    row is a decode row (the engine's DECODING status; every other row is a prefill chunk)."""
+    row is a decode row (one generated token fed back; every other row is a prompt's prefill chunk)."""
     requests: list
     offloads: int
     decode_fast_path: bool
@@ -471,7 +471,10 @@ class _EngineState:
         rows = io.requests_in_batch
         step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token)) for fs in rows],
                           self.offloads, bool(io.use_block_table),
-                          frozenset(fs.state.request_id for fs in rows if fs.state.status.name == "DECODING"))
+                          # a decode row: its request has a generated token to feed (the engine labels a prompt's
+                          # last prefill chunk DECODING already; a soft-reset request re-prefills with none)
+                          frozenset(fs.state.request_id for fs in rows
+                                    if fs.state.status.name == "DECODING" and fs.state.generated_tokens))
         for fn in step_hooks(self.model):
             fn(step)
 
