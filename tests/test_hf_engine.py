@@ -68,9 +68,11 @@ def check_engine_invariant_and_equal_to_trainer(model, easy_cb, hard_cb):
     """The easy configuration, the hard one (in another order; hook-proved) and requests arriving while one
     decodes give the same greedy tokens and log-prob bits, equal to the teacher-forced trainer; the model ran
     prompt + generated - 1 positions per request (no second pass). Returns the easy run."""
-    easy, _, count = run_engine(model, PROMPTS, easy_cb)
+    easy, easy_steps, count = run_engine(model, PROMPTS, easy_cb)
     hard, steps, _ = run_engine(model, PROMPTS, hard_cb, order=HARD_ORDER)
     prove_hard_cases(steps)
+    with pytest.raises(AssertionError):  # the proof can fail: the easy configuration does none of it
+        prove_hard_cases(easy_steps)
     arrived = run_arrivals(model, PROMPTS, hard_cb)
     assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
     assert_same_requests(easy, hard, "hard scheduler")
