@@ -2,6 +2,8 @@
 
     python -m examples.engine_parity                    # Llama, Qwen3, Qwen3-Next, Qwen3.5; fp32 and bf16
     python -m examples.engine_parity --model llama --dtype float32
+    python -m examples.engine_parity --model llama --sampled      # + sampled top-p rows
+    python -m examples.engine_parity --model qwen3_5 --real-shaped  # + Qwen3.5's real shapes (minutes)
 
 For each model and dtype, lockstep (``lt.patch(model)``) and stock (the same weights, sdpa, torch's
 kernels) each run the engine twice over the same four greedy requests: an easy configuration (one
@@ -133,19 +135,28 @@ def compare_sampled(model, settings, lockstep):
     return differing_tokens(out, trainer), len(PROMPTS) * NEW
 
 
+# the real-shaped runs: two requests (5 and 3 tokens), a 3-token budget (the first prompt is prefilled over two
+# steps, one step mixes a decode row with a prefill chunk), 2 greedy tokens each
+REAL_SHAPED_CB = dict(page_size=4, num_blocks=16, max_batch_tokens=3, allow_block_sharing=False)
+REAL_SHAPED_NEW = 2
+
+
+def real_shaped_prompts(vocab):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (5, 3)]
+
+
 def compare_real_shaped(dtype):
     """(tokens whose engine log-prob bits differ from lockstep's trainer, from a stock-kernel trainer, total)."""
     from hal.integrations.hf_testing import real_shaped_qwen3_5
     model = real_shaped_qwen3_5(dtype=dtype)
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(1, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 3)]
-    cb = dict(page_size=4, num_blocks=16, max_batch_tokens=3, allow_block_sharing=False)
+    prompts = real_shaped_prompts(model.config.vocab_size)
     with lt.patch(model):
-        out, _, _ = run_engine(model, prompts, cb, gen=gen_config(new=2))
+        out, _, _ = run_engine(model, prompts, REAL_SHAPED_CB, gen=gen_config(new=REAL_SHAPED_NEW))
         trainer = {i: (out[i][0], teacher_forced(model, p, out[i][0])) for i, p in enumerate(prompts)}
     model.config._attn_implementation = "sdpa"
     stock = {i: (out[i][0], teacher_forced(model, p, out[i][0])) for i, p in enumerate(prompts)}
-    return differing_tokens(out, trainer), differing_tokens(out, stock), 2 * len(prompts)
+    return differing_tokens(out, trainer), differing_tokens(out, stock), REAL_SHAPED_NEW * len(prompts)
 
 
 def main(argv=None):

@@ -272,18 +272,18 @@ def test_real_shaped_qwen3_5_engine_equals_trainer(real_shaped):
     lt.token_logprobs bit for bit, and the model ran prompt + generated - 1 positions per request. Negative
     control: the trainer's forward on stock kernels (the same weights) is caught by the same check.
     (Stock transformers cannot build the engine for a GDN model at all.)"""
-    from examples.engine_parity import gen_config, run_engine, teacher_forced
+    from examples.engine_parity import (REAL_SHAPED_CB, REAL_SHAPED_NEW, gen_config, real_shaped_prompts, run_engine,
+                                        teacher_forced)
     dtype, m = real_shaped
-    seqs = [s.tolist() for s in prompts(seed=5, lengths=(5, 3), vocab=m.config.vocab_size)]
-    cb = dict(page_size=4, num_blocks=16, max_batch_tokens=3, allow_block_sharing=False)
+    seqs = real_shaped_prompts(m.config.vocab_size)
     with lt.patch(m):
-        out, steps, count = run_engine(m, seqs, cb, gen=gen_config(new=2))
-        assert count == sum(len(s) + 2 - 1 for s in seqs)  # no second pass
+        out, steps, count = run_engine(m, seqs, REAL_SHAPED_CB, gen=gen_config(new=REAL_SHAPED_NEW))
+        assert count == sum(len(s) + REAL_SHAPED_NEW - 1 for s in seqs)  # no second pass
         assert sum(any(rid == "req_0" and rid not in st.decoding for rid, _, _ in st.requests) for st in steps) >= 2
         assert any(st.decoding and any(rid not in st.decoding for rid, _, _ in st.requests) for st in steps)
         for i, s in enumerate(seqs):
             tokens, lp = out[i]
-            assert lp.shape == (2,) and bool(torch.isfinite(lp).all())
+            assert lp.shape == (REAL_SHAPED_NEW,) and bool(torch.isfinite(lp).all())
             assert same(lp, teacher_forced(m, s, tokens), f"real-shaped {dtype} engine vs trainer, request {i}")
     m.config._attn_implementation = "sdpa"
     try:
