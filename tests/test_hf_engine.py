@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hal.errors import UnsupportedError  # noqa: E402
+from hal.errors import InputError, UnsupportedError  # noqa: E402
 from hal.integrations import hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
 from examples.engine_parity import (EASY, GDN_EASY, GDN_HARD, HARD, HARD_ORDER, NEW, PROMPTS,  # noqa: E402
                                      differing_tokens, run_engine, teacher_forced)
 from examples.engine_parity import gen_config as _gen_config  # noqa: E402
@@ -39,19 +39,47 @@ def teacher_hidden(model, prompt, tokens):
 
 
 def prove_hard_cases(steps):
-    """The hard configuration really chunked, mixed and offloaded (scheduler hook)."""
-    prefill_steps, decoding, mixed = {}, set(), False
+    """The hard configuration really chunked, mixed and offloaded (scheduler hook): one prompt prefilled over
+    three or more steps before its first token, one step with a prefill chunk next to the decode rows of two
+    or more requests, an offload, and the decode fast path."""
+    prefill_steps, first_token, mixed = {}, set(), False
     for s in steps:
-        decode_rows = [rid for rid, _, _ in s.requests if rid in decoding]
-        prefill_rows = [rid for rid, _, _ in s.requests if rid not in decoding]
-        mixed |= bool(prefill_rows) and bool(decode_rows) and len(s.requests) >= 2
+        prefill_rows = [rid for rid, _, _ in s.requests if rid not in s.decoding]
+        mixed |= bool(prefill_rows) and len(s.decoding) >= 2
         for rid in prefill_rows:
-            prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
-        decoding |= {rid for rid, _, new in s.requests if new}
+            if rid not in first_token:
+                prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+        first_token |= {rid for rid, _, new in s.requests if new}
     assert max(prefill_steps.values()) >= 3, prefill_steps
-    assert mixed, [s.requests for s in steps]
+    assert mixed, [(s.requests, sorted(s.decoding)) for s in steps]
     assert steps[-1].offloads >= 1, "no request was offloaded"
     assert any(s.decode_fast_path for s in steps), "no step took the decode fast path"
+
+
+def assert_same_requests(want, got, label):
+    """Every request of run ``got`` has ``want``'s tokens and log-prob bits ({i: (tokens, log-probs)})."""
+    assert sorted(want) == sorted(got), label
+    for i in want:
+        assert want[i][0] == got[i][0], f"{label}: request {i} tokens"
+        assert same_bits(want[i][1], got[i][1]), f"{label}: request {i} log-prob bits"
+
+
+def check_engine_invariant_and_equal_to_trainer(model, easy_cb, hard_cb):
+    """The easy configuration, the hard one (in another order; hook-proved) and requests arriving while one
+    decodes give the same greedy tokens and log-prob bits, equal to the teacher-forced trainer; the model ran
+    prompt + generated - 1 positions per request (no second pass). Returns the easy run."""
+    easy, easy_steps, count = run_engine(model, PROMPTS, easy_cb)
+    hard, steps, _ = run_engine(model, PROMPTS, hard_cb, order=HARD_ORDER)
+    prove_hard_cases(steps)
+    with pytest.raises(AssertionError):  # the proof can fail: the easy configuration does none of it
+        prove_hard_cases(easy_steps)
+    arrived = run_arrivals(model, PROMPTS, hard_cb)
+    assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
+    assert_same_requests(easy, hard, "hard scheduler")
+    assert_same_requests(easy, arrived, "arrivals")
+    trainer = {i: (easy[i][0], teacher_forced(model, p, easy[i][0])) for i, p in enumerate(PROMPTS)}
+    assert_same_requests(easy, trainer, "engine vs trainer")
+    return easy
 
 
 def run_arrivals(model, prompts, cb):
@@ -98,18 +126,8 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
     stock = copy.deepcopy(model)
     stock.set_attn_implementation("sdpa")
     with lt.patch(model):
-        easy, _, count = run_engine(model, PROMPTS, EASY)
-        hard, steps, _ = run_engine(model, PROMPTS, HARD, order=HARD_ORDER)
-        prove_hard_cases(steps)
-        arrived = run_arrivals(model, PROMPTS, HARD)
+        check_engine_invariant_and_equal_to_trainer(model, EASY, HARD)
         assert model.config._attn_implementation == lt.NAME  # the engine's stop() put the name back
-        # no second pass: every request's prompt + generated - 1 positions, nothing more
-        assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
-        for i, p in enumerate(PROMPTS):
-            assert easy[i][0] == hard[i][0], i
-            assert same_bits(easy[i][1], hard[i][1]), i
-            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
-            assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
     # negative control: stock sdpa, same cases, differs across the scheduler settings or from teacher forcing
     s_easy, _, _ = run_engine(stock, PROMPTS, EASY)
     s_hard, _, _ = run_engine(stock, PROMPTS, HARD, order=HARD_ORDER)
@@ -117,24 +135,104 @@ def test_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, dtype
     assert differing_tokens(s_easy, s_hard) + differing_tokens(s_easy, teacher) > 0
 
 
-def test_engine_sampled_topk_equals_trainer(registered):
+def tied_head_model():
+    """The tiny Llama with its LM head rows equal in groups of 4: every score comes in four tied tokens, so a
+    top-p boundary usually falls inside a tied group (lockstep keeps the whole group, transformers part of it)."""
     model = tiny_model("llama")
-    gen = _gen_config(do_sample=True, temperature=0.7, top_k=20)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.copy_(w[::4].repeat_interleave(4, 0))
+    return model
+
+
+def transformers_kept_set(scores, top_k=None, top_p=None, min_tokens_to_keep=1):
+    """The negative control's kept set: transformers' own TopK / TopP warpers (torch's softmax, a float32 cumsum,
+    an unstable sort at ties)."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+    if top_k is not None:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p is not None and top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores > float("-inf")
+
+
+def test_kept_set_rule():
+    """hf_engine.kept_set: transformers' top-k / top-p rule (same sets on tie-free rows), ties kept whole,
+    min_tokens_to_keep, top_p 0 and 1; transformers splits a tied group at the boundary."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, VOCAB, generator=g) * 2
+    for top_k, top_p in ((None, 0.1), (None, 0.5), (None, 0.9), (20, 0.5), (20, 0.9), (20, None), (5, None)):
+        got = hf_engine.kept_set(scores, top_k, top_p)
+        assert torch.equal(got, transformers_kept_set(scores, top_k, top_p)), (top_k, top_p)
+    assert hf_engine.kept_set(scores, None, 0.9).sum(-1).min() > 1  # the settings above really cut
+    four = torch.zeros(1, 4)  # four tied tokens, top_p 0.5: lockstep keeps the group, transformers two of them
+    assert hf_engine.kept_set(four, None, 0.5).tolist() == [[True] * 4]
+    assert transformers_kept_set(four, None, 0.5).sum() == 2
+    row = torch.tensor([[3.0, 2.0, 2.0, 0.0]])
+    assert hf_engine.kept_set(row, None, 0.0).tolist() == [[True, False, False, False]]  # min_tokens_to_keep=1
+    assert hf_engine.kept_set(row, None, 0.0, min_tokens_to_keep=2).tolist() == [[True, True, True, False]]
+    assert torch.equal(hf_engine.kept_set(scores, None, 1.0), torch.ones_like(scores, dtype=torch.bool))
+    # the top-p mass runs over what top-k kept: tokens top-k dropped never come back
+    assert not (hf_engine.kept_set(scores, 3, 0.999) & ~hf_engine.kept_set(scores, 3)).any()
+    for bad, match in ((dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(top_p=True), "top_p")):
+        with pytest.raises(InputError, match=match):
+            hf_engine.kept_set(scores, **bad)
+
+
+SAMPLED = {"top_k": dict(top_k=20), "top_p": dict(top_p=0.6), "top_k+top_p": dict(top_k=20, top_p=0.6)}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED))
+def test_engine_sampled_equals_trainer(registered, name, monkeypatch):
+    """Sampled decoding (temperature 0.7 with top-k, top-p, both) through the hard scheduler configuration: the
+    engine samples from lockstep's kept set and records log p renormalised over it; the trainer's
+    lt.token_logprobs(..., top_k=, top_p=) gives the same bits (autograd path too); a token outside the kept
+    set is refused. Controls: the full-vocabulary value differs, and (top-p) a trainer deciding the kept set
+    with transformers' own warpers is caught."""
+    settings = SAMPLED[name]
+    model = tied_head_model()
+    gen = _gen_config(do_sample=True, temperature=0.7, **settings)
     with lt.patch(model):
         torch.manual_seed(1)
-        out, _, _ = run_engine(model, PROMPTS[:2], HARD, gen=gen)
-        for i, p in enumerate(PROMPTS[:2]):
+        out, steps, _ = run_engine(model, PROMPTS, HARD, gen=gen)
+        assert len(steps) > len(PROMPTS) and any(len(s.requests) >= 2 for s in steps)
+        cut = 0
+        for i, p in enumerate(PROMPTS):
             tokens, lp = out[i]
-            assert same_bits(lp, teacher_forced(model, p, tokens, temperature=0.7, top_k=20)), i
+            assert same_bits(lp, teacher_forced(model, p, tokens, temperature=0.7, **settings)), i
             # the trainer's autograd path: the same bits, and a gradient
             h = teacher_hidden(model, p, tokens).requires_grad_()
-            lp_grad = lt.token_logprobs(model, h, torch.tensor(tokens), temperature=0.7, top_k=20)
+            lp_grad = lt.token_logprobs(model, h, torch.tensor(tokens), temperature=0.7, **settings)
             assert same_bits(lp, lp_grad.detach()), i
             lp_grad.sum().backward()
             assert h.grad is not None and bool(h.grad.abs().sum() > 0)
-            # the control: the full-vocabulary (raw) value is another number on every token
+            # the kept sets really cut (top-p cut below top-k's set where both are on); where they cut, the
+            # full-vocabulary (raw) value is another number
+            scores = hf_engine.sampling_scores(model.lm_head(h.detach()), 0.7)
+            kept = hf_engine.kept_set(scores, settings.get("top_k"), settings.get("top_p")).sum(-1)
+            wider = hf_engine.kept_set(scores, settings.get("top_k")).sum(-1) if "top_p" in settings else VOCAB
+            cut += int((kept < wider).sum())
             raw = teacher_forced(model, p, tokens, temperature=0.7)
-            assert not (lp.view(torch.int32) == raw.view(torch.int32)).any()
+            assert not (lp.view(torch.int32) == raw.view(torch.int32))[kept < VOCAB].any(), i
+        assert cut > 0
+        # refused: a token outside its row's kept set (it cannot have been sampled with these settings)
+        h = teacher_hidden(model, PROMPTS[0], out[0][0])[:1]
+        outside = int((~hf_engine.kept_set(hf_engine.sampling_scores(model.lm_head(h), 0.7),
+                                           settings.get("top_k"), settings.get("top_p"))[0]).nonzero()[0])
+        with pytest.raises(InputError, match="outside the kept set"):
+            lt.token_logprobs(model, h, torch.tensor([outside]), temperature=0.7, **settings)
+        if "top_p" not in settings:
+            return
+        # negative control: the trainer decides the kept set with transformers' warpers (its boundary splits
+        # tied groups): refused or other bits on some request
+        monkeypatch.setattr(hf_engine, "kept_set", transformers_kept_set)
+        caught = 0
+        for i, p in enumerate(PROMPTS):
+            try:
+                caught += not same_bits(out[i][1], teacher_forced(model, p, out[i][0], temperature=0.7, **settings))
+            except InputError:
+                caught += 1
+        assert caught > 0
 
 
 def test_prefix_blocks_invalidated_after_weight_update(registered):
@@ -172,9 +270,13 @@ def test_engine_refusals(registered):
     from transformers import ContinuousBatchingConfig
     model = tiny_model("llama")
     with lt.patch(model):
-        with pytest.raises(UnsupportedError, match="TopPLogitsWarper"):
-            model.generate_batch([PROMPTS[1]], generation_config=_gen_config(do_sample=True, top_p=0.9),
-                                 continuous_batching_config=ContinuousBatchingConfig(**EASY), progress_bar=False)
+        # processors other than temperature / top-k / top-p, whether the engine keeps them (min_p) or would drop
+        # them and sample without (repetition penalty), refused by name before anything runs
+        for gen, match in ((_gen_config(do_sample=True, min_p=0.1), "MinPLogitsWarper"),
+                           (_gen_config(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor .* drop it")):
+            with pytest.raises(UnsupportedError, match=match):
+                model.generate_batch([PROMPTS[1]], generation_config=gen, progress_bar=False,
+                                     continuous_batching_config=ContinuousBatchingConfig(**EASY))
         manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(**EASY))
         with pytest.raises(UnsupportedError, match=r"per-request sampling settings \['temperature'\]"):
             manager.add_request(PROMPTS[1], temperature=0.5)
@@ -226,16 +328,7 @@ def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, d
     """Gated DeltaNet hybrids in the engine: each request's GDN state kept by lockstep beside the paged cache."""
     model = tiny_model(kind, dtype=dtype)
     with lt.patch(model):
-        easy, _, count = run_engine(model, PROMPTS, GDN_EASY)
-        hard, steps, _ = run_engine(model, PROMPTS, GDN_HARD, order=HARD_ORDER)
-        prove_hard_cases(steps)
-        arrived = run_arrivals(model, PROMPTS, GDN_HARD)
-        assert count == sum(len(p) + NEW - 1 for p in PROMPTS)
-        for i, p in enumerate(PROMPTS):
-            assert easy[i][0] == hard[i][0], i
-            assert same_bits(easy[i][1], hard[i][1]), i
-            assert easy[i][0] == arrived[i][0] and same_bits(easy[i][1], arrived[i][1]), i
-            assert same_bits(easy[i][1], teacher_forced(model, p, easy[i][0])), i
+        easy = check_engine_invariant_and_equal_to_trainer(model, GDN_EASY, GDN_HARD)
         # finished requests' states are dropped: a kept manager's second run holds none of the first's
         run_engine(model, PROMPTS[:2], GDN_EASY, persistent=True)
         cache = model._cached_continuous_batching_manager.batch_processor.cache

@@ -224,22 +224,33 @@ def test_backward_deterministic_and_train_forward_equals_sampler():
 # ---------------------------------------------------------------- real shapes (issue 25 item 5)
 
 
-# CI runs the float32 case; the bfloat16 one (another 2 GB model and its kernels) runs with LOCKSTEP_FULL=1:
+# CI runs the float32 cases (generate and engine share one model); the bfloat16 ones run with
 #   LOCKSTEP_FULL=1 python -m pytest -q tests/test_hf_qwen3_5.py -k real_shaped
+# (the bf16 engine check alone measured 72 s + a 10 s build on the loaded CI machine, over the ~90 s allowed
+# for the pair with fp32's 14 s; 14 s when the bf16 generate check ran first). One model alive at a time.
 REAL_SHAPED_DTYPES = ["fp32"] + (["bf16"] if os.environ.get("LOCKSTEP_FULL") == "1" else [])
+REAL_SHAPED_ENGINE_DTYPES = REAL_SHAPED_DTYPES
 
 
-@pytest.mark.parametrize("dtype", REAL_SHAPED_DTYPES)
-def test_real_shaped_qwen3_5_generate_equals_teacher_forced(dtype):
-    """Qwen3.5's real layer shapes (hidden 2048, attention head dim 256, GDN head dims 128, the 248,320-token
-    LM head), two layers (GDN + full attention), random weights: generate two tokens, then the teacher-forced
-    lt.token_logprobs equal the sampler's log-probs bit for bit; in float32, stock kernels on the same weights do not."""
-    m = real_shaped_qwen3_5(dtype=DTYPES[dtype])
+@pytest.fixture(scope="module")
+def real_shaped(request):
+    """(dtype name, the real-shaped Qwen3.5 in that dtype); one model alive at a time (2 GB in float32)."""
+    m = real_shaped_qwen3_5(dtype=DTYPES[request.param])
     cfg = m.config
     assert (cfg.hidden_size, cfg.head_dim, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.vocab_size) == \
         (2048, 256, 128, 128, 248320) and cfg.layer_types == ["linear_attention", "full_attention"]
-    assert m.lm_head.weight.shape == (REAL_SHAPED_QWEN3_5["vocab_size"], 2048) and m.lm_head.weight.dtype == DTYPES[dtype]
-    seqs = prompts(seed=5, lengths=(3,), vocab=cfg.vocab_size)
+    assert m.lm_head.weight.shape == (REAL_SHAPED_QWEN3_5["vocab_size"], 2048)
+    assert m.lm_head.weight.dtype == DTYPES[request.param]
+    yield request.param, m
+
+
+@pytest.mark.parametrize("real_shaped", REAL_SHAPED_DTYPES, indirect=True)
+def test_real_shaped_qwen3_5_generate_equals_teacher_forced(real_shaped):
+    """Qwen3.5's real layer shapes (hidden 2048, attention head dim 256, GDN head dims 128, the 248,320-token
+    LM head), two layers (GDN + full attention), random weights: generate two tokens, then the teacher-forced
+    lt.token_logprobs equal the sampler's log-probs bit for bit; in float32, stock kernels on the same weights do not."""
+    dtype, m = real_shaped
+    seqs = prompts(seed=5, lengths=(3,), vocab=m.config.vocab_size)
     with lt.patch(m):
         lp_s, lp_t = sampler_vs_trainer(m, seqs, new=2)
     assert lp_s.shape == (1, 2) and bool(torch.isfinite(lp_s).all())
@@ -247,5 +258,37 @@ def test_real_shaped_qwen3_5_generate_equals_teacher_forced(dtype):
     if dtype == "fp32":  # negative control: the same model with stock kernels. (In bf16 stock's two decode
         # log-probs happened to round to the teacher-forced bits here; the tiny bf16 test holds that control.)
         m.config._attn_implementation = "sdpa"
-        s_s, s_t = sampler_vs_trainer(m, seqs, new=2)
+        try:
+            s_s, s_t = sampler_vs_trainer(m, seqs, new=2)
+        finally:
+            m.config._attn_implementation = lt.NAME
         assert not same(s_s, s_t), "stock sampler and trainer log-probs should differ at real shapes"
+
+
+@pytest.mark.parametrize("real_shaped", REAL_SHAPED_ENGINE_DTYPES, indirect=True)
+def test_real_shaped_qwen3_5_engine_equals_trainer(real_shaped):
+    """The real-shaped stack in transformers' continuous-batching engine under lt.patch: two requests, a 3-token
+    budget (one prompt prefilled over two steps, a step mixing a decode row with a prefill chunk, hook-proved),
+    two greedy tokens each: the engine's recorded log-probs equal the trainer's teacher-forced
+    lt.token_logprobs bit for bit, and the model ran prompt + generated - 1 positions per request. Negative
+    control: the trainer's forward on stock kernels (the same weights) is caught by the same check.
+    (Stock transformers cannot build the engine for a GDN model at all.)"""
+    from examples.engine_parity import (REAL_SHAPED_CB, REAL_SHAPED_NEW, gen_config, real_shaped_prompts, run_engine,
+                                        teacher_forced)
+    dtype, m = real_shaped
+    seqs = real_shaped_prompts(m.config.vocab_size)
+    with lt.patch(m):
+        out, steps, count = run_engine(m, seqs, REAL_SHAPED_CB, gen=gen_config(new=REAL_SHAPED_NEW))
+        assert count == sum(len(s) + REAL_SHAPED_NEW - 1 for s in seqs)  # no second pass
+        assert sum(any(rid == "req_0" and rid not in st.decoding for rid, _, _ in st.requests) for st in steps) >= 2
+        assert any(st.decoding and any(rid not in st.decoding for rid, _, _ in st.requests) for st in steps)
+        for i, s in enumerate(seqs):
+            tokens, lp = out[i]
+            assert lp.shape == (REAL_SHAPED_NEW,) and bool(torch.isfinite(lp).all())
+            assert same(lp, teacher_forced(m, s, tokens), f"real-shaped {dtype} engine vs trainer, request {i}")
+    m.config._attn_implementation = "sdpa"
+    try:
+        stock = [teacher_forced(m, s, out[i][0]) for i, s in enumerate(seqs)]
+    finally:
+        m.config._attn_implementation = lt.NAME
+    assert not all(same(out[i][1], stock[i]) for i in range(len(seqs))), "the stock trainer should be caught"

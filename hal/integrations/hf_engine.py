@@ -12,14 +12,15 @@ request's bits independent of all that:
   :func:`hf_paged_attention` is the transformers shim; another engine is another thin shim.
 * log-probs: the engine's own forward step is replaced by :class:`_LockstepStep`, the same forward
   (one model call per step, no second pass) whose recorded log-prob is
-  ``lt.token_logprobs(model, hidden, token, temperature, top_k)`` of the hidden state the LM head saw.
+  ``lt.token_logprobs(model, hidden, token, temperature, top_k, top_p)`` of the hidden state the LM head
+  saw; the tokens are sampled from lockstep's kept set (:func:`kept_set`), not from transformers' warpers.
 * the prefix cache: blocks computed under older weights are evicted before the next batch is
   scheduled (:meth:`_EngineState.before_schedule`).
 * Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
   (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
   engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
 
-Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`check_processors`).
+Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`sampling_settings`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import flash_attn_varlen_func
+from ..ops import softmax
 from ..errors import InputError, UnsupportedError
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
@@ -251,30 +253,114 @@ def _without_gdn_layers(groups_fn, allocators):
 _gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GDN model's config shown to the engine
 
 
-# transformers' temperature and top-k warpers (plain or per-request): scores / t, and scores below the
-# k-th highest masked (ties kept) -- both reproduced exactly by kept_logprobs
-_EXACT_PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "ContinuousBatchingTemperatureLogitsWarper",
-                     "ContinuousBatchingTopKLogitsWarper"}
+# transformers' temperature, top-k and top-p warpers (plain or per-request), in the order its
+# _get_logits_processor builds them. Temperature and top-k are reproduced exactly; top-p's kept set is
+# lockstep's (kept_set), and the engine samples from that set, never from transformers' own mask.
+_WARPERS = {"TemperatureLogitsWarper": "temperature", "TopKLogitsWarper": "top_k", "TopPLogitsWarper": "top_p"}
 
 
-def sampling_settings(processor_list) -> tuple[float, int | None]:
-    """(temperature, top_k) of the engine's logits processors; refuses any other processor by name."""
-    temperature, top_k = 1.0, None
-    for proc in processor_list.logits_processor:
+@dataclass(frozen=True)
+class Sampling:
+    """What sampling draws from: softmax(logits / ``temperature``) over :func:`kept_set` (``top_k``,
+    ``top_p``: None = off)."""
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 1):
+            raise InputError(f"top_k must be a positive int or None, got {self.top_k!r}")
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                                       or not 0.0 <= self.top_p <= 1.0):
+            raise InputError(f"top_p must be a float in [0, 1] or None, got {self.top_p!r}")
+
+    @property
+    def filters(self) -> bool:
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
+
+
+def sampling_settings(processors) -> Sampling:
+    """The engine's sampling settings, read from its logits processors (a list, or the engine's
+    ``ContinuousBatchingLogitsProcessorList``); any other processor, a warper out of transformers' order,
+    or ``min_tokens_to_keep != 1`` is refused by name."""
+    procs = list(getattr(processors, "logits_processor", processors))
+    order = list(_WARPERS.values())
+    found: dict = {}
+    for proc in procs:
         name = type(proc).__name__
-        if name not in _EXACT_PROCESSORS:
+        setting = _WARPERS.get(name.removeprefix("ContinuousBatching"))
+        if setting is None:
+            dropped = (" (transformers' engine would drop it and sample without it)"
+                       if getattr(proc, "supports_continuous_batching", None) is False else "")
             raise UnsupportedError(
-                f"the engine's logits processor {name} is not supported by lockstep: its kept set / scores "
-                "are computed with torch ops a trainer cannot reproduce bit for bit (supported: temperature, "
-                "top_k; top_p, repetition penalties and the like are refused)")
-        if name.endswith("TemperatureLogitsWarper"):
-            temperature = float(proc.temperature)
-        else:
-            top_k = int(proc.top_k)
-    return temperature, top_k
+                f"the engine's logits processor {name} is not supported by lockstep{dropped}: its scores are "
+                "computed with torch ops a trainer cannot reproduce bit for bit (supported: temperature, top_k, "
+                "top_p; repetition penalties, min_p, typical_p and the like are refused)")
+        if setting in found or any(order.index(s) > order.index(setting) for s in found):
+            raise UnsupportedError(f"the engine's logits processors {[type(p).__name__ for p in procs]} are not in "
+                                   "transformers' order (temperature, top-k, top-p, each once)")
+        if getattr(proc, "min_tokens_to_keep", 1) != 1:
+            raise UnsupportedError(f"{name} with min_tokens_to_keep={proc.min_tokens_to_keep}: lockstep's trainer "
+                                   "API (lt.token_logprobs) keeps one token at least")
+        found[setting] = getattr(proc, setting)
+    return Sampling(temperature=float(found.get("temperature", 1.0)),
+                    top_k=None if "top_k" not in found else int(found["top_k"]),
+                    top_p=None if "top_p" not in found else float(found["top_p"]))
 
 
-# ---------------------------------------------------------------- log-probs over the kept set
+# ---------------------------------------------------------------- the kept set, and log-probs over it
+
+
+_FIXED_ONE = 2 ** 60  # probability 1 in kept_set's fixed point: the mass sums are exact int64 sums
+
+
+def sampling_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 ``logits / temperature``: the scores sampling and :func:`kept_set` see (engine and trainer alike)."""
+    return logits.float() / temperature
+
+
+def kept_set(scores: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
+             min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """bool ``[n, V]``: the tokens sampling may draw from in each row of ``scores [n, V]`` (:func:`sampling_scores`).
+
+    The rule, applied in transformers' order (top-k, then top-p over what top-k kept):
+
+    * top-k: the scores >= the row's k-th highest (``k = max(top_k, min_tokens_to_keep)``): ties at the
+      k-th score are all kept, as transformers' warper keeps them;
+    * top-p: ``p = hal.softmax`` of the row with the tokens top-k dropped set to -inf (lockstep's softmax:
+      the same bits whatever the batch). A token is kept when the mass of the tokens strictly more probable
+      than it is < ``top_p``: the smallest set of most probable tokens whose mass reaches ``top_p``, plus
+      every token tied with its least probable one; the ``min_tokens_to_keep`` most probable are always kept
+      (ties with the last of them too), and a token of probability < 2**-60 only through that minimum.
+      The mass is summed exactly, in any order and on any device: each ``p`` floored to a multiple of
+      2**-60 and added as int64 (the floor changes a row's mass by < V * 2**-60). ``top_p`` >= 1: no top-p.
+
+    transformers' TopPLogitsWarper keeps the tokens whose ascending float32 cumulative sum of torch's softmax
+    exceeds ``1 - top_p``: the same rule in exact arithmetic, except that its result depends on the rounding
+    of that sum near the boundary, and at a tie across the boundary it keeps whichever of the tied tokens
+    its (unstable) sort put last -- lockstep keeps them all.
+    """
+    if scores.dim() != 2 or scores.dtype != torch.float32:
+        raise InputError(f"kept_set takes float32 scores [n, vocab], got {tuple(scores.shape)} {scores.dtype}")
+    Sampling(top_k=top_k, top_p=top_p)  # validates both
+    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
+        raise InputError(f"min_tokens_to_keep must be a positive int, got {min_tokens_to_keep!r}")
+    vocab = scores.shape[-1]
+    kept = torch.ones_like(scores, dtype=torch.bool)
+    if top_k is not None:
+        k = min(max(top_k, min_tokens_to_keep), vocab)
+        kept = scores >= scores.topk(k, dim=-1).values[:, -1:]
+    if top_p is None or top_p >= 1.0 or scores.shape[0] == 0:
+        return kept
+    p = softmax(scores.masked_fill(~kept, float("-inf")), dim=-1)
+    q = (p.double() * _FIXED_ONE).floor().to(torch.int64)  # exact: float32 -> float64, a power-of-two scale
+    desc = q.sort(dim=-1, descending=True).values
+    above = desc.cumsum(-1) - desc  # mass of the tokens sorted before each (int64: exact, order-free)
+    limit = math.ceil(top_p * _FIXED_ONE)  # top_p * 2**60 is exact in float64; above < it <=> above < ceil
+    n_keep = ((above < limit) & (desc > 0)).sum(-1).clamp(min=min(min_tokens_to_keep, vocab))
+    least = desc.gather(1, (n_keep - 1).reshape(-1, 1))  # the least probable kept; its ties are kept too
+    return kept & (q >= least)
 
 
 def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -305,27 +391,26 @@ def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list
     return (lp_token.double() - log_sum).float()
 
 
-def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int,
-                  logprobs_fn) -> torch.Tensor:
-    """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to the top-k kept set
-    (ties at the k-th score kept, as transformers' top-k does). ``hidden [..., H]``, ``tokens [...]``."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise InputError(f"top_k must be a positive int, got {top_k!r}")
+def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, logprobs_fn,
+                  scores: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to :func:`kept_set`.
+    ``hidden [..., H]``, ``tokens [...]``; ``scores`` (the engine's): :func:`sampling_scores` of these rows,
+    else computed here with the model's (patched) LM head, the logits the engine sampled from.
+    Cost: one full-vocabulary ``logprobs_fn`` row per kept token (fine for top-k's tens of tokens; a top-p
+    set over a flat distribution of a large vocabulary is correspondingly slow)."""
     shape = tokens.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     t = tokens.reshape(-1)
-    head = model.get_output_embeddings()
-    with torch.no_grad():
-        scores = head(h).float() / temperature  # the patched LM head: the logits the engine sampled from
-    k = min(top_k, scores.shape[-1])
-    kth = scores.topk(k, dim=-1).values[:, -1:]
-    kept = scores >= kth
+    if scores is None:
+        with torch.no_grad():
+            scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)
+    kept = kept_set(scores, sampling.top_k, sampling.top_p)
     if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1).to(torch.int64)).all()):
-        raise InputError(f"a token is outside the top-{top_k} kept set of its row: it cannot have been sampled "
-                         "with these settings")
+        raise InputError(f"a token is outside the kept set of its row (top_k={sampling.top_k}, top_p={sampling.top_p}):"
+                         " it cannot have been sampled with these settings")
     rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
-    lp_all = logprobs_fn(h[rows], ids, temperature)
-    lp_tok = logprobs_fn(h, t, temperature)
+    lp_all = logprobs_fn(h[rows], ids, sampling.temperature)
+    lp_tok = logprobs_fn(h, t, sampling.temperature)
     return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
 
 
@@ -340,11 +425,13 @@ def _weights_version(model) -> tuple:
 @dataclass(frozen=True)
 class EngineStep:
     """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
-    (has_new_token False: a prefill chunk that does not end its prompt), ``offloads`` so far, and whether
-    it took the engine's decode fast path (block table)."""
+    (has_new_token False: a prefill chunk that does not end its prompt), ``offloads`` so far, whether
+    it took the engine's decode fast path (block table), and ``decoding``: the ids of the requests whose
+    row is a decode row (one generated token fed back; every other row is a prompt's prefill chunk)."""
     requests: list
     offloads: int
     decode_fast_path: bool
+    decoding: frozenset = frozenset()
 
 
 class _EngineState:
@@ -381,8 +468,13 @@ class _EngineState:
         if gdn is not None:  # the finished requests' GDN states go (offloaded and waiting ones stay)
             sched = self.processor.scheduler
             gdn.prune([*sched.active_requests, *sched.waiting_requests])
-        step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token))
-                           for fs in io.requests_in_batch], self.offloads, bool(io.use_block_table))
+        rows = io.requests_in_batch
+        step = EngineStep([(fs.state.request_id, int(fs.query_length), bool(fs.has_new_token)) for fs in rows],
+                          self.offloads, bool(io.use_block_table),
+                          # a decode row: its request has a generated token to feed (the engine labels a prompt's
+                          # last prefill chunk DECODING already; a soft-reset request re-prefills with none)
+                          frozenset(fs.state.request_id for fs in rows
+                                    if fs.state.status.name == "DECODING" and fs.state.generated_tokens))
         for fn in step_hooks(self.model):
             fn(step)
 
@@ -397,7 +489,9 @@ class _LockstepStep:
     def __call__(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids):
         runner = self.runner
         runner.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
-        temperature, top_k = sampling_settings(runner.logit_processor)
+        sampling = sampling_settings(runner.logit_processor)  # refuses other processors, greedy or not
+        if not runner.do_sample:
+            sampling = Sampling()  # greedy: the recorded value is the temperature-1 full-vocabulary log-prob
         seen = []
         head = model.get_output_embeddings()
         handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
@@ -409,24 +503,27 @@ class _LockstepStep:
         finally:
             handle.remove()
         idx = batch_data["logits_indices"]
-        hidden = seen[-1][0]
+        hidden = seen[-1][0].detach()
         if "logits_to_keep" not in batch_data:
             logits, hidden = logits[:, idx], hidden[idx]
-        scores = logits[0].float()
-        if runner.logit_processor.do_processing:
-            scores = runner.logit_processor(batch_data["input_ids"][0, idx], scores,
-                                            batch_data["logits_processor_args"])
+        # lockstep's scores and kept set replace the engine's warpers: the sampler's mask IS kept_set's
+        scores = sampling_scores(logits[0], sampling.temperature)
+        sampled_from = scores
+        if sampling.filters:
+            sampled_from = scores.masked_fill(~kept_set(scores, sampling.top_k, sampling.top_p), float("-inf"))
         if runner.do_sample:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(-1)
+            tokens = torch.multinomial(torch.softmax(sampled_from, dim=-1), num_samples=1).squeeze(-1)
         else:
             tokens = torch.argmax(scores, dim=-1)  # lockstep's logits: no softmax rounding between them and argmax
         n = tokens.shape[0]
         output_ids[0, :n].copy_(tokens)
         if runner.return_logprobs:
             token_logprobs = _hooks["token_logprobs"]
-            t = temperature if runner.do_sample else 1.0
-            k = top_k if runner.do_sample else None
-            lp = token_logprobs(model, hidden.detach(), tokens, t, top_k=k)
+            if sampling.filters:
+                lp = kept_logprobs(model, hidden, tokens, sampling, lambda h, t, temp: token_logprobs(model, h, t, temp),
+                                   scores=scores)
+            else:
+                lp = token_logprobs(model, hidden, tokens, sampling.temperature)
             output_ids[1, :n].copy_(lp.view(torch.int32))
 
 
@@ -468,10 +565,12 @@ def install(owner, token_logprobs) -> None:
 
     init_manager = Manager.__init__
 
-    def __init__(self, model, *args, **kwargs):
+    def __init__(self, model, generation_config, *args, **kwargs):
         _building.lockstep = _lockstep_model(model)
         try:
-            init_manager(self, model, *args, **kwargs)
+            if _building.lockstep:  # before the engine drops the processors it does not support (it would
+                sampling_settings(model._get_logits_processor(generation_config))  # sample without them)
+            init_manager(self, model, generation_config, *args, **kwargs)
         finally:
             _building.lockstep = False
 

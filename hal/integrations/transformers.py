@@ -425,20 +425,24 @@ def revert(model) -> None:
 
 
 def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-                   top_k: int | None = None) -> torch.Tensor:
+                   top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
     """float32 ``log p(tokens | hidden)`` with the model's LM head (hal.token_logprobs).
 
-    ``top_k``: the log-prob under the distribution top-k sampling draws from -- softmax(logits /
-    temperature) renormalised over each row's kept set (the k highest scores, ties kept), the value
-    the continuous-batching engine records under lockstep (hf_engine.kept_logprobs).
+    ``top_k`` / ``top_p``: the log-prob under the distribution top-k / top-p (nucleus) sampling draws
+    from -- softmax(logits / temperature) renormalised over each row's kept set, decided by
+    ``hf_engine.kept_set`` (top-k: the k highest scores, ties kept; top-p, after top-k: the smallest set of
+    most probable tokens whose lockstep-softmax mass reaches top_p, summed exactly, ties kept), the value
+    the continuous-batching engine records under lockstep (hf_engine.kept_logprobs). A token outside its
+    row's kept set is refused (InputError).
 
     ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
     ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens. On a model patched
     with ``matmul_spec``, the token_logprobs spec whose logits use that dot (exact s ->
     ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
     """
-    if top_k is not None:
-        return hf_engine.kept_logprobs(model, hidden, tokens, temperature, top_k,
+    sampling = hf_engine.Sampling(temperature, top_k, top_p)
+    if sampling.filters:
+        return hf_engine.kept_logprobs(model, hidden, tokens, sampling,
                                        lambda h, t, temp: token_logprobs(model, h, t, temp))
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
