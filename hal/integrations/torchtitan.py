@@ -92,6 +92,16 @@ def _replacements(qwen3_5: bool):
     return {**tm.REPLACEMENTS, **tq.REPLACEMENTS}, ((Conv1d.Config, tq.WEIGHT_HOLDERS),), tq.VISION
 
 
+# config fields whose module the parent builds under another attribute name (stock= takes module paths)
+_MODULE_NAMES = {("Qwen35TransformerBlock.Config", "attention"): "attn",
+                 ("Qwen35TransformerBlock.Config", "delta_net"): "attn"}
+
+
+def _child_path(kind, path, field):
+    name = _MODULE_NAMES.get((kind.__qualname__, field), field)
+    return f"{path}.{name}" if path else name
+
+
 def convert(model_config, stock=(), allow_untested: bool = False):
     """A copy of TorchTitan ``model_config`` whose leaves compute with lockstep's ops.
 
@@ -125,7 +135,7 @@ def convert(model_config, stock=(), allow_untested: bool = False):
             return cfg
         if any(kind is k and path.rsplit(".", 1)[-1] in names for k, names in weight_holders):
             return cfg
-        kids = {name: walk(val, f"{path}.{name}" if path else name) for name, val in _config_children(cfg)}
+        kids = {name: walk(val, _child_path(kind, path, name)) for name, val in _config_children(cfg)}
         if kind in replacements:
             return replacements[kind](**kids)
         if kind is FlexAttention.Config:
