@@ -29,6 +29,7 @@ import hal
 from ..errors import InputError, UnsupportedError
 
 __all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "qwen3_5_config_from_hf", "forward",
+           "compile_blocks",
            "load_from_hf",
            "to_hf_state_dict", "sync_to_hf", "token_logprobs", "first_divergence"]
 
@@ -419,6 +420,20 @@ def cast_hf(hf_model, dtype):
         owner, attr = n.rsplit(".", 1)
         setattr(hf_model.get_submodule(owner), attr, b)
     return hf_model
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def compile_blocks(model, backend: str = "inductor") -> None:
+    """TorchTitan's per-block compile (``torchtitan.distributed.compile.apply_compile``: every transformer block
+    ``compile(fullgraph=True)``) on one device, without data or tensor parallelism. lockstep's ops are torch custom
+    ops (``torch.ops.lockstep.*``): Inductor compiles the glue around them and keeps their bits."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    apply_compile(model, compile_config=CompileConfig(enable=True, backend=backend), parallel_dims=dims)
 
 
 # ---------------------------------------------------------------- log-probs and divergence
