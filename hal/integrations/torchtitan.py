@@ -8,15 +8,17 @@
     ltt.load_from_hf(trainer, hf_model)                    # TorchTitan's Qwen3StateDictAdapter.from_hf
     with lt.patch(hf_model):                               # the HF sampler
         out = hf_model.generate(...)
-    masks = trainer.get_attention_masks(positions)         # TorchTitan's document packing (varlen metadata)
-    logits = trainer(tokens, positions, masks); loss.backward(); opt.step()
+    logits = ltt.forward(trainer, tokens, positions)       # TorchTitan's document packing (its own masks)
+    loss.backward(); opt.step()
     ltt.sync_to_hf(trainer, hf_model)                      # the RL weight sync (adapter.to_hf), refuses to lose a head
 
 :class:`LockstepConverter` is a TorchTitan ``ModelConfigConverter``: it swaps the *leaf* configs of a
 model config (linears, RMSNorms, cos/sin RoPE, varlen attention, SwiGLU feed-forward) for lockstep
 subclasses (titan_modules.py), so TorchTitan's decoder, blocks and attention module keep running.
-Supported: TorchTitan's dense Qwen3 of the versions in ``SUPPORTED``. Qwen3.5 (Gated DeltaNet hybrid)
-and MoE configs are refused by name. torchtitan is imported only when one of these functions is called.
+Supported: TorchTitan's dense Qwen3 and text Qwen3.5 (Gated DeltaNet hybrid, ``qwen3_5_config_from_hf``;
+its leaves in titan_qwen35_modules.py) of the versions in ``SUPPORTED``; MoE configs are refused by path.
+:func:`compile_blocks` is TorchTitan's per-block compile. torchtitan is imported only when one of these
+functions is called (TorchTitan's qwen3_5, which imports ``fla``, only for Qwen3.5 configs).
 """
 from __future__ import annotations
 
