@@ -1,6 +1,7 @@
 """One RL step across two codebases: transformers samples, TorchTitan trains, the same bits.
 
     python -m examples.torchtitan_parity                 # tiny Qwen3, float32 and bfloat16
+    python -m examples.torchtitan_parity --model qwen3_5 # tiny Qwen3.5 (Gated DeltaNet hybrid)
 
 For each dtype and each path (lockstep: the HF model under ``lt.patch`` and TorchTitan's Qwen3 built
 through ``LockstepConverter``; stock: the same weights with sdpa and TorchTitan's own modules):
@@ -71,6 +72,39 @@ def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "
     return model
 
 
+def hf_qwen3_5(dtype=torch.float32, seed: int = 0, tied: bool = False):
+    """A tiny text HF Qwen3.5 (one Gated DeltaNet layer, one gated full-attention layer; hal.integrations.hf_testing's
+    shapes, random weights) in ``dtype`` with a float32 RoPE table."""
+    import transformers as tf
+    from hal.integrations import hf_testing
+    lt.register()
+    if not tied:
+        return ltt.cast_hf(hf_testing.tiny_model("qwen3_5", seed, torch.float32), dtype).eval()
+    cfg = hf_testing.tiny_config("qwen3_5")
+    cfg.tie_word_embeddings = True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ltt.cast_hf(tf.Qwen3_5ForCausalLM(cfg), dtype).eval()
+
+
+def titan_qwen3_5(hf_model, lockstep: bool = True, stock=()):
+    """TorchTitan's Qwen3.5 for ``hf_model``'s config, weights loaded through TorchTitan's Qwen3.5 HF adapter.
+
+    One process, no device mesh: TorchTitan's ``partial_dtensor`` SPMD backend (its trainer's
+    ``parallelism.spmd_backend``; the default ``spmd_types`` needs a mesh)."""
+    from torchtitan.distributed.utils import set_spmd_backend
+    set_spmd_backend("partial_dtensor")
+    cfg = ltt.qwen3_5_config_from_hf(hf_model.config)
+    if lockstep:
+        cfg = ltt.LockstepConverter.Config(stock=tuple(stock)).build().convert(cfg)
+    dtype = next(hf_model.parameters()).dtype
+    with torch.random.fork_rng(devices=[]):
+        model = cfg.build()
+    model.to(dtype)
+    ltt.load_from_hf(model, hf_model)
+    return model
+
+
 def pack(prompts, responses):
     """Prompt+response documents in one row: tokens [1, T], positions [1, T] restarting at 0, and the row of
     each response token's prediction (the token before it)."""
@@ -87,8 +121,7 @@ def trainer_logprobs(model, path, prompts, responses):
     """TorchTitan's packed forward (its varlen metadata / flex block mask from the positions): float32 log-probs of
     every response token ``[n, new]``, differentiable when grad is on."""
     tokens, positions, rows = pack(prompts, responses)
-    masks = model.get_attention_masks(positions)
-    logits = model(tokens, positions, masks)[0].float()
+    logits = ltt.forward(model, tokens, positions)[0].float()
     lp = log_softmax(path, logits[rows]).gather(-1, torch.cat(list(responses))[:, None])[:, 0]
     return lp.reshape(responses.shape)
 
@@ -120,9 +153,13 @@ def differing(a, b) -> int:
     return int((a.reshape(-1).view(torch.int32) != b.reshape(-1).view(torch.int32)).sum())
 
 
+MODELS = {"qwen3": ("Qwen3 (tiny)", hf_qwen3, titan_qwen3), "qwen3_5": ("Qwen3.5 (tiny)", hf_qwen3_5, titan_qwen3_5)}
+
+
 def run_lockstep(dtype, args):
-    hf = hf_qwen3(dtype, args.seed)
-    tt = titan_qwen3(hf)
+    _, hf_build, tt_build = MODELS[args.model]
+    hf = hf_build(dtype, args.seed)
+    tt = tt_build(hf)
     prompts = make_prompts(args.prompts, args.seed, VOCAB)
     rounds = []
     with lt.patch(hf):
@@ -153,6 +190,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3")
     args = ap.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     lines = ["| model | dtype | tokens | lockstep: bits differ (before / after the step) | stock: bits differ |",
@@ -160,18 +198,22 @@ def main(argv=None):
     t0 = time.perf_counter()
     for dtype in (torch.float32, torch.bfloat16):
         lock = run_lockstep(dtype, args)
-        stock = run_stock(dtype, args)
         n = lock[0]["sampler"].numel()
         d = [differing(r["sampler"], r["trainer"]) for r in lock]
-        s = differing(stock[0]["sampler"], stock[0]["trainer"])
         name = str(dtype).replace("torch.", "")
         print(f"{name}: lockstep round 1 {lock[0]['metrics']}")
         print(f"{name}: lockstep round 2 (after the TorchTitan step and the weight sync) {lock[1]['metrics']}")
-        print(f"{name}: stock {stock[0]['metrics']}")
-        lines.append(f"| Qwen3 (tiny) | {name} | {n} | {d[0]} / {d[1]} | {s} |")
+        if args.model == "qwen3":
+            stock = run_stock(dtype, args)
+            s = str(differing(stock[0]["sampler"], stock[0]["trainer"]))
+            print(f"{name}: stock {stock[0]['metrics']}")
+        else:  # stock TorchTitan's Qwen3.5 calls FLA's Triton kernels: no CPU forward at all
+            s = "cannot run on CPU (FLA Triton kernels)"
+        lines.append(f"| {MODELS[args.model][0]} | {name} | {n} | {d[0]} / {d[1]} | {s} |")
     print("\n".join(lines))
-    print("stock TorchTitan's trainer: SDPA, one row per document, forward only (on CPU its varlen attention is "
-          "CUDA-only and FlexAttention has no backward)")
+    if args.model == "qwen3":
+        print("stock TorchTitan's trainer: SDPA, one row per document, forward only (on CPU its varlen attention "
+              "is CUDA-only and FlexAttention has no backward)")
     print(f"total {time.perf_counter() - t0:.1f} s")
 
 

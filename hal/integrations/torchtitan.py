@@ -8,15 +8,17 @@
     ltt.load_from_hf(trainer, hf_model)                    # TorchTitan's Qwen3StateDictAdapter.from_hf
     with lt.patch(hf_model):                               # the HF sampler
         out = hf_model.generate(...)
-    masks = trainer.get_attention_masks(positions)         # TorchTitan's document packing (varlen metadata)
-    logits = trainer(tokens, positions, masks); loss.backward(); opt.step()
+    logits = ltt.forward(trainer, tokens, positions)       # TorchTitan's document packing (its own masks)
+    loss.backward(); opt.step()
     ltt.sync_to_hf(trainer, hf_model)                      # the RL weight sync (adapter.to_hf), refuses to lose a head
 
 :class:`LockstepConverter` is a TorchTitan ``ModelConfigConverter``: it swaps the *leaf* configs of a
 model config (linears, RMSNorms, cos/sin RoPE, varlen attention, SwiGLU feed-forward) for lockstep
 subclasses (titan_modules.py), so TorchTitan's decoder, blocks and attention module keep running.
-Supported: TorchTitan's dense Qwen3 of the versions in ``SUPPORTED``. Qwen3.5 (Gated DeltaNet hybrid)
-and MoE configs are refused by name. torchtitan is imported only when one of these functions is called.
+Supported: TorchTitan's dense Qwen3 and text Qwen3.5 (Gated DeltaNet hybrid, ``qwen3_5_config_from_hf``;
+its leaves in titan_qwen35_modules.py) of the versions in ``SUPPORTED``; MoE configs are refused by path.
+:func:`compile_blocks` is TorchTitan's per-block compile. torchtitan is imported only when one of these
+functions is called (TorchTitan's qwen3_5, which imports ``fla``, only for Qwen3.5 configs).
 """
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ import torch
 import hal
 from ..errors import InputError, UnsupportedError
 
-__all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "load_from_hf",
+__all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "qwen3_5_config_from_hf", "forward",
+           "compile_blocks",
+           "load_from_hf",
            "to_hf_state_dict", "sync_to_hf", "token_logprobs", "first_divergence"]
 
 SUPPORTED = ((0, 3), (0, 4))  # [low, high): the TorchTitan releases whose module forwards titan_modules mirrors
@@ -64,13 +68,41 @@ def _config_children(cfg):
         yield f.name, getattr(cfg, f.name)
 
 
-def _exact_config_types():
+def _is_qwen3_5(model_config) -> bool:
+    return type(model_config).__module__.startswith("torchtitan.models.qwen3_5")
+
+
+def _exact_config_types(qwen3_5: bool):
     """Configs whose own forward is exact (gathers, views, splits, residual adds) or only calls its children."""
     from torchtitan.models.common.attention import FusedQKVLinear, GQAttention, QKVLinear
     from torchtitan.models.common.embedding import Embedding
     from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
-    return (Embedding.Config, GQAttention.Config, FusedQKVLinear.Config, QKVLinear.Config, Qwen3Model.Config,
-            Qwen3TransformerBlock.Config)
+    exact = (Embedding.Config, GQAttention.Config, FusedQKVLinear.Config, QKVLinear.Config, Qwen3Model.Config,
+             Qwen3TransformerBlock.Config)
+    if qwen3_5:
+        from torchtitan.models.qwen3_5.model import Qwen35Model, Qwen35TransformerBlock
+        exact += (Qwen35Model.Config, Qwen35TransformerBlock.Config)
+    return exact
+
+
+def _replacements(qwen3_5: bool):
+    """(stock config -> lockstep config, configs only read for weights by their lockstep parent, vision configs)."""
+    from . import titan_modules as tm
+    if not qwen3_5:  # Qwen3.5's modules import TorchTitan's qwen3_5 package, which imports fla: only when needed
+        return dict(tm.REPLACEMENTS), (), {}
+    from torchtitan.models.common import Conv1d
+    from . import titan_qwen35_modules as tq
+    return {**tm.REPLACEMENTS, **tq.REPLACEMENTS}, ((Conv1d.Config, tq.WEIGHT_HOLDERS),), tq.VISION
+
+
+# config fields whose module the parent builds under another attribute name (stock= takes module paths)
+_MODULE_NAMES = {("Qwen35TransformerBlock.Config", "attention"): "attn",
+                 ("Qwen35TransformerBlock.Config", "delta_net"): "attn"}
+
+
+def _child_path(kind, path, field):
+    name = _MODULE_NAMES.get((kind.__qualname__, field), field)
+    return f"{path}.{name}" if path else name
 
 
 def convert(model_config, stock=(), allow_untested: bool = False):
@@ -86,7 +118,9 @@ def convert(model_config, stock=(), allow_untested: bool = False):
     from torchtitan.models.common.attention import FlexAttention
     from . import titan_modules as tm
     stock = set(stock)
-    exact = _exact_config_types()
+    qwen3_5 = _is_qwen3_5(model_config)
+    exact = _exact_config_types(qwen3_5)
+    replacements, weight_holders, vision = _replacements(qwen3_5)
     unknown, used = [], set()
 
     def walk(cfg, path):
@@ -97,13 +131,19 @@ def convert(model_config, stock=(), allow_untested: bool = False):
         if path in stock:
             used.add(path)
             return cfg
-        kids = {name: walk(val, f"{path}.{name}" if path else name) for name, val in _config_children(cfg)}
         kind = type(cfg)
-        if kind in tm.REPLACEMENTS:
-            return tm.REPLACEMENTS[kind](**kids)
+        if kind in vision:  # kept as built (weights only): its lockstep subclass refuses to run
+            return vision[kind](**dict(_config_children(cfg)))
+        if kind in vision.values():
+            return cfg
+        if any(kind is k and path.rsplit(".", 1)[-1] in names for k, names in weight_holders):
+            return cfg
+        kids = {name: walk(val, _child_path(kind, path, name)) for name, val in _config_children(cfg)}
+        if kind in replacements:
+            return replacements[kind](**kids)
         if kind is FlexAttention.Config:
             return tm.LockstepVarlenAttention.Config()
-        if kind in tm.REPLACEMENTS.values():  # converted already
+        if kind in replacements.values():  # converted already
             return dataclasses.replace(cfg, **kids)
         if kind not in exact:
             unknown.append(f"{path or '(root)'} ({kind.__qualname__})")
@@ -195,6 +235,61 @@ def qwen3_config_from_hf(hf_config, allow_untested: bool = False):
     return cfg
 
 
+def qwen3_5_config_from_hf(hf_config, allow_untested: bool = False):
+    """TorchTitan's (stock) Qwen3.5 config for an HF ``Qwen3_5TextConfig`` (text ``Qwen3_5ForCausalLM``), built
+    with TorchTitan's own Qwen3.5 builders (``_build_qwen35_layers``: GDN and full-attention layers, varlen).
+
+    Maps the attention and Gated DeltaNet shapes (``linear_num_key_heads`` -> ``n_key_heads``, ...), the rotary
+    dim ``head_dim * partial_rotary_factor``, rope_theta, mrope_section and rms_norm_eps. TorchTitan knows one
+    layer pattern, a full-attention layer every ``full_attention_interval``: other ``layer_types`` are refused.
+    The vision encoder TorchTitan always builds is the smallest it allows (text only: it never runs)."""
+    check_version(allow_untested)
+    from torchtitan.models.common import Embedding, Linear
+    from torchtitan.models import qwen3_5 as tq
+    from torchtitan.models.qwen3_5.rope import MRoPE
+    c = getattr(hf_config, "text_config", hf_config)
+    if getattr(c, "model_type", None) != "qwen3_5_text":
+        raise UnsupportedError(f"qwen3_5_config_from_hf needs an HF Qwen3.5 text config, got model_type "
+                               f"{getattr(c, 'model_type', None)!r}")
+    types_ = list(c.layer_types)
+    problems = []
+    interval = types_.index("full_attention") + 1 if "full_attention" in types_ else len(types_) + 1
+    want = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(len(types_))]
+    if types_ != want:
+        problems.append(f"layer_types {types_} (TorchTitan: a full-attention layer every N layers)")
+    if getattr(c, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={c.hidden_act!r}")
+    if getattr(c, "attention_bias", False):
+        problems.append("attention_bias=True")
+    if getattr(c, "linear_conv_kernel_dim", 4) != 4:
+        problems.append(f"linear_conv_kernel_dim={c.linear_conv_kernel_dim} (TorchTitan's builder: 4)")
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rope_type={rope.get('rope_type')!r}")
+    if problems:
+        raise UnsupportedError("this Qwen3.5 config has no TorchTitan counterpart: " + "; ".join(problems), problems)
+    rotary_dim = int(c.head_dim * float(rope.get("partial_rotary_factor", 0.25)))
+    vision = tq._qwen35_vision_encoder_config(dim=16, ffn_dim=16, num_layers=1, num_heads=1, patch_size=2,
+                                              temporal_patch_size=1, spatial_merge_size=1, out_hidden_size=c.hidden_size,
+                                              num_position_embeddings=4)
+    cfg = tq.Qwen35Model.Config(
+        vocab_size=c.vocab_size, dim=c.hidden_size, norm=tq._offset_norm(c.hidden_size),
+        tok_embeddings=Embedding.Config(num_embeddings=c.vocab_size, embedding_dim=c.hidden_size),
+        lm_head=Linear.Config(in_features=c.hidden_size, out_features=c.vocab_size),
+        layers=tq._build_qwen35_layers(
+            rope=MRoPE.Config(dim=rotary_dim, max_seq_len=c.max_position_embeddings,
+                              theta=float(rope.get("rope_theta", 10000.0)),
+                              mrope_section=list(rope.get("mrope_section", [11, 11, 10]))),
+            attn_backend="varlen", n_layers=c.num_hidden_layers, dim=c.hidden_size, n_heads=c.num_attention_heads,
+            n_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, rotary_dim=rotary_dim,
+            hidden_dim=c.intermediate_size, n_key_heads=c.linear_num_key_heads,
+            n_value_heads=c.linear_num_value_heads, key_head_dim=c.linear_key_head_dim,
+            value_head_dim=c.linear_value_head_dim, full_attention_interval=interval),
+        vision_encoder=vision)
+    _set_norm_eps(cfg, float(c.rms_norm_eps))
+    return cfg
+
+
 def _set_norm_eps(cfg, eps):
     from torchtitan.models.common.nn_modules import RMSNorm
     if isinstance(cfg, list):
@@ -203,22 +298,50 @@ def _set_norm_eps(cfg, eps):
         return
     if not dataclasses.is_dataclass(cfg):
         return
-    if isinstance(cfg, RMSNorm.Config):
+    if isinstance(cfg, RMSNorm.Config) or type(cfg).__qualname__ in ("OffsetRMSNorm.Config", "RMSNormGated.Config"):
         cfg.eps = eps
     for _, val in _config_children(cfg):
         _set_norm_eps(val, eps)
 
 
+def _is_qwen3_5_model(model) -> bool:
+    return type(model).__module__.startswith("torchtitan.models.qwen3_5")
+
+
 def _adapter(model):
+    """TorchTitan's own HF state-dict adapter for ``model`` (Qwen3 or Qwen3.5)."""
+    if _is_qwen3_5_model(model):
+        from torchtitan.models.qwen3_5.model import Qwen35Model
+        from torchtitan.models.qwen3_5.state_dict_adapter import Qwen35StateDictAdapter
+        if isinstance(model, Qwen35Model):
+            return Qwen35StateDictAdapter(model.config, None)
     from torchtitan.models.qwen3.model import Qwen3Model
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
     if not isinstance(model, Qwen3Model):
-        raise UnsupportedError(f"weights move only for TorchTitan's Qwen3Model here, got {type(model).__name__}")
+        raise UnsupportedError(f"weights move only for TorchTitan's Qwen3Model and Qwen35Model here, got "
+                               f"{type(model).__name__}")
     return Qwen3StateDictAdapter(model.config, None)
 
 
-def _hf_state_dict(hf_model):
-    return {k: v for k, v in hf_model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+# TorchTitan's Qwen3.5 adapter speaks the multimodal checkpoint's names (model.language_model.*); a text
+# Qwen3_5ForCausalLM names its decoder model.*
+_QWEN35_HF_PREFIX = ("model.", "model.language_model.")
+
+
+def _hf_state_dict(hf_model, model=None):
+    sd = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("inv_freq")}
+    if model is not None and _is_qwen3_5_model(model) and not any(k.startswith(_QWEN35_HF_PREFIX[1]) for k in sd):
+        old, new = _QWEN35_HF_PREFIX
+        sd = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
+    return sd
+
+
+def _from_adapter_names(model, hf_model, sd):
+    """``to_hf``'s names back to ``hf_model``'s own (a text Qwen3.5 has no ``language_model`` level)."""
+    if not _is_qwen3_5_model(model) or any(k.startswith(_QWEN35_HF_PREFIX[1]) for k in hf_model.state_dict()):
+        return sd
+    new, old = _QWEN35_HF_PREFIX
+    return {(new + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
 
 
 def _check_tying(model, hf_model):
@@ -226,7 +349,8 @@ def _check_tying(model, hf_model):
     if hf_tied != bool(model.enable_weight_tying):
         raise UnsupportedError(f"the HF model {'ties' if hf_tied else 'does not tie'} its LM head to the embedding "
                                f"but the TorchTitan model {'does' if model.enable_weight_tying else 'does not'}: a sync "
-                               "would lose one of the two heads. Build both with the same tie_word_embeddings.")
+                               "would lose one of the two heads. Build both with the same tie_word_embeddings "
+                               "(TorchTitan's Qwen3.5 never ties: use an untied HF Qwen3.5).")
 
 
 def load_from_hf(model, hf_model) -> None:
@@ -235,8 +359,9 @@ def load_from_hf(model, hf_model) -> None:
     RoPE table must be the float32 one (:func:`check_rotary_table`)."""
     _check_tying(model, hf_model)
     check_rotary_table(hf_model)
-    sd = _adapter(model).from_hf(_hf_state_dict(hf_model))
+    sd = _adapter(model).from_hf(_hf_state_dict(hf_model, model))
     missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.startswith("vision_encoder.")]  # text-only HF Qwen3.5: never runs
     if unexpected or missing:
         raise InputError(f"HF weights do not fill the TorchTitan model: missing {missing}, unexpected {unexpected}")
 
@@ -252,8 +377,10 @@ def sync_to_hf(model, hf_model) -> None:
     leaves an HF weight unset or changes a shape or dtype."""
     _check_tying(model, hf_model)
     check_rotary_table(hf_model)
-    sd = to_hf_state_dict(model)
+    sd = _from_adapter_names(model, hf_model, to_hf_state_dict(model))
     target = dict(hf_model.named_parameters())
+    if not any(k.startswith("model.visual.") for k in target):
+        sd = {k: v for k, v in sd.items() if not k.startswith("model.visual.")}
     if hf_model.config.tie_word_embeddings:
         target.pop("lm_head.weight", None)
     missing, extra = sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
@@ -276,10 +403,11 @@ def check_rotary_table(hf_model) -> None:
     from .titan_modules import torch_inv_freq
     for name, buf in hf_model.named_buffers():
         if name.endswith("rotary_emb.inv_freq"):
-            cfg = hf_model.config
-            head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
-            theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
-            want = torch_inv_freq(head_dim, theta)
+            cfg = getattr(hf_model.config, "text_config", hf_model.config)
+            rope = getattr(cfg, "rope_parameters", None) or {}
+            dim = int((cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads)
+                      * float(rope.get("partial_rotary_factor", 1.0)))
+            want = torch_inv_freq(dim, float(rope.get("rope_theta", 10000.0)))
             if buf.dtype != torch.float32 or not torch.equal(buf.cpu().view(torch.int32), want.view(torch.int32)):
                 raise UnsupportedError(f"{name} is not the float32 table theta ** (-2i/d) ({buf.dtype}); was the model "
                                        "cast with .to(dtype)? Build it with from_pretrained(dtype=...) or use "
@@ -288,12 +416,26 @@ def check_rotary_table(hf_model) -> None:
 
 def cast_hf(hf_model, dtype):
     """``hf_model.to(dtype)`` keeping the RoPE ``inv_freq`` buffers float32 (as ``from_pretrained(dtype=)`` does)."""
-    keep = {n: b.clone() for n, b in hf_model.named_buffers() if n.endswith("rotary_emb.inv_freq")}
+    keep = {n: b.clone() for n, b in hf_model.named_buffers() if n.endswith("inv_freq")}
     hf_model.to(dtype)
     for n, b in keep.items():
-        mod = hf_model.get_submodule(n.rsplit(".", 1)[0])
-        mod.inv_freq = b
+        owner, attr = n.rsplit(".", 1)
+        setattr(hf_model.get_submodule(owner), attr, b)
     return hf_model
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def compile_blocks(model, backend: str = "inductor") -> None:
+    """TorchTitan's per-block compile (``torchtitan.distributed.compile.apply_compile``: every transformer block
+    ``compile(fullgraph=True)``) on one device, without data or tensor parallelism. lockstep's ops are torch custom
+    ops (``torch.ops.lockstep.*``): Inductor compiles the glue around them and keeps their bits."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    apply_compile(model, compile_config=CompileConfig(enable=True, backend=backend), parallel_dims=dims)
 
 
 # ---------------------------------------------------------------- log-probs and divergence
@@ -310,21 +452,53 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     return hal.token_logprobs(hidden, head.weight, tokens, temperature)
 
 
-def _hf_name(tt_name: str) -> str | None:
-    """The HF Qwen3 module computing what TorchTitan module ``tt_name`` computes (None: no counterpart)."""
+# Qwen3.5 modules without an HF counterpart (HF fuses q/k/v projections and convs, has no kernel module)
+_HF_LAYER_NAMES = {"attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                   "attention": "self_attn", "attention.q_norm": "self_attn.q_norm",
+                   "attention.k_norm": "self_attn.k_norm", "attention.wo": "self_attn.o_proj", "feed_forward": "mlp",
+                   "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+                   "feed_forward.w2": "mlp.down_proj",
+                   # Qwen3.5: ``attn`` is the full attention (self_attn) or the Gated DeltaNet (linear_attn)
+                   "attn:full": "self_attn", "attn.q_norm:full": "self_attn.q_norm",
+                   "attn.k_norm:full": "self_attn.k_norm", "attn.wo:full": "self_attn.o_proj",
+                   "attn:linear": "linear_attn", "attn.in_proj_z:linear": "linear_attn.in_proj_z",
+                   "attn.in_proj_a:linear": "linear_attn.in_proj_a", "attn.in_proj_b:linear": "linear_attn.in_proj_b",
+                   "attn.norm:linear": "linear_attn.norm", "attn.out_proj:linear": "linear_attn.out_proj"}
+
+
+def _hf_name(tt_name: str, linear_layers=()) -> str | None:
+    """The HF module computing what TorchTitan module ``tt_name`` computes (None: no counterpart).
+
+    ``linear_layers``: indices of Qwen3.5's Gated DeltaNet layers (the others' ``attn`` is full attention)."""
     fixed = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
     if tt_name in fixed:
         return fixed[tt_name]
     parts = tt_name.split(".")
     if parts[0] != "layers" or len(parts) < 3:
         return None
-    pre = f"model.layers.{parts[1]}."
     rest = ".".join(parts[2:])
-    table = {"attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attention": "self_attn",
-             "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
-             "attention.wo": "self_attn.o_proj", "feed_forward": "mlp", "feed_forward.w1": "mlp.gate_proj",
-             "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj"}
-    return pre + table[rest] if rest in table else None
+    if parts[2] == "attn":
+        rest += ":linear" if int(parts[1]) in linear_layers else ":full"
+    hf = _HF_LAYER_NAMES.get(rest)
+    return None if hf is None else f"model.layers.{parts[1]}.{hf}"
+
+
+def _linear_layers(model) -> set:
+    return {int(name) for name, layer in getattr(model, "layers").items()
+            if getattr(layer, "full_attn", True) is False}
+
+
+_NO_VISION = {"image_id": -1, "video_id": -1}  # Qwen3.5's forward reads these ids even for text batches
+
+
+def forward(model, tokens: torch.Tensor, positions: torch.Tensor, attention_masks=None):
+    """TorchTitan ``model``'s packed training forward on ``tokens, positions [1, T]`` (positions restarting at 0
+    per document), with its own document masks (``get_attention_masks``) unless given: the one call for Qwen3
+    (``model(tokens, positions, masks)``) and Qwen3.5 (keywords, text only)."""
+    masks = model.get_attention_masks(positions) if attention_masks is None else attention_masks
+    if _is_qwen3_5_model(model):
+        return model(tokens, attention_masks=masks, positions=positions, special_tokens=_NO_VISION)
+    return model(tokens, positions, masks)
 
 
 def _first(out):
@@ -360,15 +534,16 @@ def first_divergence(model, hf_model, tokens: torch.Tensor, positions: torch.Ten
                 order.append(name)
         return hook
 
+    linear = _linear_layers(model)
     for name, mod in model.named_modules():
-        hf = _hf_name(name)
+        hf = _hf_name(name, linear)
         if hf is None or hf not in hf_mods:
             continue
         hooks.append(mod.register_forward_hook(record("tt", name), with_kwargs=True))
         hooks.append(hf_mods[hf].register_forward_hook(record("hf", name), with_kwargs=True))
     try:
         with torch.no_grad():
-            model(tokens, positions, model.get_attention_masks(positions))
+            forward(model, tokens, positions)
             hf_model(input_ids=tokens, position_ids=positions, use_cache=False)
     finally:
         for h in hooks:
@@ -379,8 +554,8 @@ def first_divergence(model, hf_model, tokens: torch.Tensor, positions: torch.Ten
         if yb is None or not _same_bits(ya, yb):
             differing.append(name)
             if xa is not None and xb is not None and _same_bits(xa, xb):
-                return name, _hf_name(name)
-    return (differing[0], _hf_name(differing[0])) if differing else None
+                return name, _hf_name(name, linear)
+    return (differing[0], _hf_name(differing[0], linear)) if differing else None
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
