@@ -107,7 +107,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 @pytest.mark.parametrize("target", ["sm80", "sm90"])
 def test_fast_kernel_uses_tensor_cores(target):
     pytest.importorskip("triton")
-    from hal.kernels.triton import fast_lint, lint
+    from hal.kernels.checks import fast_lint, lint
     for case, warps, stages in fast_lint.fast_kernels()[:1] + fast_lint.fast_kernels()[-1:]:  # matmul, decode attention
         assert fast_lint.lint(case, target, warps, stages) == [], case.name
     case, warps, stages = fast_lint.fast_kernels()[0]
@@ -118,7 +118,7 @@ def test_fast_kernel_uses_tensor_cores(target):
 @needs_compiler
 def test_fast_lint_rejects_the_strict_kernel():
     pytest.importorskip("triton")
-    from hal.kernels.triton import fast_lint, lint
+    from hal.kernels.checks import fast_lint, lint
     strict = next(c for c in lint.strict_kernels() if c.name == "matmul[bf16]")
     problems = fast_lint.lint(strict, "sm90")
     assert any("no tensor-core instruction" in p for p in problems) and any("no tt.dot" in p for p in problems)

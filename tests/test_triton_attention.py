@@ -85,7 +85,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 def _case(name):
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True) if c.name == name)
 
 
@@ -95,7 +95,7 @@ def _score_chain_growth(name, **consts) -> tuple[dict, dict]:
     Compiles the lint case (a packed GQA group of 4 rows, split-KV) at head dims 64 and 128 with the same
     128-wide [rows, head dim] tiles, so only the score chains differ: the per-key loop and the epilogue drop out."""
     import dataclasses
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     case = _case(name)
     c = dict(case.constexprs, **consts)
     small, large = (profile_case(dataclasses.replace(case, constexprs=dict(c, D=d))) for d in (64, 128))

@@ -2,7 +2,7 @@
 
 * tests/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
   shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
-* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.triton.sass_profile): the vector GEMV reads its
+* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.checks.sass_profile): the vector GEMV reads its
   operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernels read the hidden
   states and weights only with 16-byte loads, without spills; negative control: the element-per-step GEMV
   kernel, which the same check flags (2-byte loads, layout conversions through shared memory).
@@ -36,7 +36,7 @@ def test_swapped_chain_order_is_caught():
 
 
 def _case(name):
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True) if c.name == name)
 
 
@@ -53,7 +53,7 @@ def _streams_vectors(p) -> str | None:
 @pytest.mark.parametrize("name", ["matmul.gemv_vec[bf16,rows=1]", "matmul.gemv_vec[fp32,rows=1]",
                                   "matmul.gemv_vec[bf16,rows=8]"])
 def test_vector_kernel_streams_16_byte_loads(name):
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case(name))
     assert _streams_vectors(p) is None, (name, p)
     assert p.ffma == 64 * int(name.split("rows=")[1].rstrip("]"))  # one K tile of 64 per chain, unrolled
@@ -62,7 +62,7 @@ def test_vector_kernel_streams_16_byte_loads(name):
 @needs_compiler
 @pytest.mark.parametrize("name", ["token_logprobs.max", "token_logprobs.sum"])
 def test_lm_head_kernels_stream_16_byte_loads(name):
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case(name))
     weights = {op: n for op, n in p.global_loads.items() if op != "LDG.E"}  # LDG.E: the sum pass's fp32 row shift
     assert p.vector_loads and not p.narrow_loads and set(weights) == {"LDG.E.128"} and not p.stack, p
@@ -70,6 +70,6 @@ def test_lm_head_kernels_stream_16_byte_loads(name):
 
 @needs_compiler
 def test_element_per_step_kernel_is_flagged():
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case("matmul.gemv_partials[bf16]"))
     assert _streams_vectors(p) is not None and p.narrow_loads, p
