@@ -1,7 +1,7 @@
 """The fast policy (FastMatmulSpec, FastAttentionSpec: Triton tensor cores), verified without a GPU.
 
 * spec: every knob that decides bits is in the id; float32 and the strict-only backends are refused clearly;
-* interpreter (tests/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
+* interpreter (tests/scripts/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
   bits across batch compositions, two wrong variants caught (block_k chosen from the batch, split-K);
   attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
   merged in reverse) caught; LOCKSTEP_FULL=1 adds attention L1 and a second wrong variant, every spec x dtype;
@@ -23,7 +23,7 @@ from hal.spec import AttentionSpec, FastAttentionSpec, FastMatmulSpec, MatmulSpe
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks
 
-SCRIPT = os.path.join(ROOT, "tests", "fast_policy_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "fast_policy_check.py")
 
 
 def test_fast_spec_id_names_every_knob():

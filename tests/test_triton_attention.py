@@ -1,6 +1,6 @@
 """Triton strict attention == the reference bit for bit, in the Triton interpreter (CPU).
 
-Checks (tests/triton_seq_check.py): varlen (GQA/MQA, causal, sliding window, non-causal with a
+Checks (tests/scripts/triton_seq_check.py): varlen (GQA/MQA, causal, sliding window, non-causal with a
 right window, p_precision "input", fp32/bf16/fp16, padding rows, an empty sequence) and the KV cache
 (paged with page size 7 and a shuffled block table, contiguous, decode, num_splits 0/2/3), with
 spec tiles small enough that every block, split and dot tile boundary is crossed. Negative

@@ -1,7 +1,7 @@
 """RMSNorm and softmax sums on the triton backend: the reference's bits in the interpreter, vector loads in the
 machine code.
 
-* tests/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
+* tests/scripts/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
   interpreter's register layout give the reference's raw bits on edge shapes; a chain with two neighbours swapped
   is caught in both kernels, through both splits (common.eight and four).
 * the compiled kernels (sm_90, aligned launch; hal.kernels.checks.sass_profile and the TTGIR): every global load
@@ -22,7 +22,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_norm_softmax_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_norm_softmax_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                     reason="kernels are interpreter objects under TRITON_INTERPRET=1")

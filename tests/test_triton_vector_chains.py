@@ -1,6 +1,6 @@
 """Chains fed by 16-byte vector loads (decode GEMV, the LM head of token_logprobs) on the triton backend.
 
-* tests/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
+* tests/scripts/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
   shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
 * the compiled kernels (sm_90 cubin, disassembled; hal.kernels.checks.sass_profile): the vector GEMV reads its
   operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernels read the hidden
@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_vector_chain_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_vector_chain_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                     reason="kernels are interpreter objects under TRITON_INTERPRET=1")

@@ -70,8 +70,7 @@ def fast_kernels():
     for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode (a GQA group packed)
         pack = 4 if one else 1
         consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
-                      KB=a.kv_block, KS=a.kv_split, OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False,
-                      WRONG_HEAD=False)
+                      KB=a.kv_block, KS=a.kv_split, OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False)
         sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
         out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
                     a.num_warps, a.num_stages))

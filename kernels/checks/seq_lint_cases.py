@@ -37,11 +37,11 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             tiles = dict(BLOCK_M=4, ROWS=1, PACK=4) if one else dict(BLOCK_M=16, ROWS=16, PACK=1)
             vec, options = A._score_layout(tiles["BLOCK_M"], 64, tdt.primitive_bitwidth // 8)  # as attend launches
             consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
-                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, WRONG_HEAD=False)
+                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu)
             sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts,
                                   divisible=attn_divisible, num_warps=options.get("num_warps")))
-        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, REVERSE=False, NPU=npu)
+        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, NPU=npu)
         sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
         out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts,
                               divisible=("stride_qt", "stride_qh")))
@@ -93,7 +93,7 @@ def backward_cases(KernelCase, full: bool = False) -> list:
     from ..triton import gdn_backward as G
     tiles = dict(DK=128, DV=128, C=64, **{k: v for k, v in G._config(128, 128).items() if k.startswith("B")})
     for name, fn, consts in (("gdn_bwd.scan_fwd", G._scan_fwd_kernel, tiles),
-                             ("gdn_bwd.scan_bwd", G._scan_bwd_kernel, dict(tiles, HAS_DSTARTS=True, DECAY=True))):
+                             ("gdn_bwd.scan_bwd", G._scan_bwd_kernel, dict(tiles, HAS_DSTARTS=True))):
         sig = {k: v for k, v in _sig(fn, {"nc": "i32", "n_ch": "i32"}, "*fp32").items() if k not in consts}
         out.append(KernelCase(name, fn, sig, consts, strict=False))
     return out
