@@ -194,7 +194,7 @@ class JaxBackend(Backend):
 
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
-        from hal.jax.gated_delta_rule import GDNState, gated_delta_rule_padded
+        from hal.jax.gated_delta_rule import GatedDeltaRuleState, gated_delta_rule_padded
         dev = v.device
         xs = [to_padded(x, cu_seqlens) for x in (q, k, v, g, beta)]
         n, lmax = xs[0].shape[:2]
@@ -217,7 +217,7 @@ class JaxBackend(Backend):
         for a in range(0, n, nb):
             rows = slice(a, min(n, a + nb))
             j = lambda t: None if t is None else self._j(_pad_to(t[rows], 0, nb))  # noqa: E731
-            st = GDNState(j(start.to(torch.int32)), j(state.S), *(j(x) for x in opens), None)
+            st = GatedDeltaRuleState(j(start.to(torch.int32)), j(state.S), *(j(x) for x in opens), None)
             for t0 in range(0, lmax, tb):
                 lens = (lengths - t0).clamp(0, tb)
                 if not bool((lens[rows] > 0).any()):  # this group's sequences are done

@@ -30,8 +30,8 @@ source benchmarks/check_steps.sh
   "$PY" -m hal.cli info
 } > "$OUT/env.txt" 2>&1
 
-step lint 60 lint.txt "$PY" -m hal.kernels.triton.ascend_lint
-step math 300 math.txt "$PY" tests/ascend_npu_math_check.py
+step lint 60 lint.txt "$PY" -m hal.kernels.checks.ascend_lint
+step math 300 math.txt "$PY" tests/scripts/ascend_npu_math_check.py
 # shellcheck disable=SC2086
 step conformance "${CONF_TIMEOUT:-900}" conformance.txt "$PY" -m hal.cli conformance run --backend ascend \
   --device npu --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"

@@ -39,7 +39,7 @@ source benchmarks/check_steps.sh
   "$PY" -m hal.cli info
 } > "$OUT/env.txt" 2>&1
 
-step lint 90 lint.txt "$PY" -m hal.kernels.triton.lint
+step lint 90 lint.txt "$PY" -m hal.kernels.checks.lint
 # shellcheck disable=SC2086
 step conformance "${CONF_TIMEOUT:-240}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
   --device cuda --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
@@ -62,7 +62,7 @@ step gdn-train "${GDN_TRAIN_TIMEOUT:-180}" gdn_train.txt "$PY" -m benchmarks.gdn
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu
 # The fast policy (tensor cores, FastMatmulSpec / FastAttentionSpec): matmul batch invariance in raw bits on the
 # device, speed vs cuBLAS and flash-attn / SDPA; then the fast conformance families (L0-L3 + A, no L4).
-step fast-lint 60 fast_lint.txt "$PY" -m hal.kernels.triton.fast_lint
+step fast-lint 60 fast_lint.txt "$PY" -m hal.kernels.checks.fast_lint
 step fast "${FAST_TIMEOUT:-90}" fast.txt "$PY" -m benchmarks.fast_bench --csv "$OUT/fast.csv"
 step conformance-fast "${FAST_CONF_TIMEOUT:-60}" conformance_fast.txt "$PY" -m hal.cli conformance run \
   --backend triton --device cuda --ops matmul_fast attention_fast --quick --json "$OUT/conformance_fast.json"

@@ -59,7 +59,7 @@ def _marks_running(fn):
 
 
 class Backend:
-    #: Name used by ``backend=``, ``hal.use`` and ``HAL_BACKEND``.
+    #: Name used by ``backend=``, ``hal.use`` and ``LOCKSTEP_BACKEND``.
     name: str = ""
     #: Device types (``torch.device.type``) this backend serves.
     device_types: tuple[str, ...] = ()

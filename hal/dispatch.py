@@ -1,7 +1,8 @@
 """Backend registry and selection.
 
 Order of precedence for a call: ``backend=`` argument > innermost ``with hal.use(name)`` >
-``HAL_BACKEND`` environment variable > automatic choice by the tensors' device.
+``LOCKSTEP_BACKEND`` environment variable (``HAL_BACKEND``, its older name, is still read when it is unset) >
+automatic choice by the tensors' device.
 
 A named backend that cannot serve the call raises :class:`UnsupportedError` with every reason.
 The automatic choice tries the backends serving the device in priority order and logs once when
@@ -26,6 +27,9 @@ from .spec import OpSpec
 log = logging.getLogger("lockstep")
 
 ENTRY_POINT_GROUP = "lockstep.backends"
+#: The environment variables that name a backend, in the order they are read: lockstep's own prefix first, then
+#: the older name (kept one release; every other variable is LOCKSTEP_*).
+BACKEND_ENV_VARS = ("LOCKSTEP_BACKEND", "HAL_BACKEND")
 _BUILTIN = {
     "cpu": "hal.backends.cpu:CpuBackend",
     "reference": "hal.backends.reference:ReferenceBackend",
@@ -113,9 +117,10 @@ def requested_backend() -> tuple[str | None, str]:
     stack = _current.get()
     if stack:
         return stack[-1], "hal.use"
-    env = os.environ.get("HAL_BACKEND", "").strip()
-    if env and env != "auto":
-        return env, "HAL_BACKEND"
+    for var in BACKEND_ENV_VARS:
+        env = os.environ.get(var, "").strip()
+        if env:
+            return (None, "auto") if env == "auto" else (env, var)
     return None, "auto"
 
 
@@ -137,7 +142,7 @@ def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, back
 
     The answer is remembered per (op, spec, dtype, device, request): a per-call search costs more
     than a small kernel. What may change between calls is checked again on every hit: the
-    request (``hal.use`` / ``HAL_BACKEND``, read each call), the registry (register/unregister
+    request (``hal.use`` / ``LOCKSTEP_BACKEND``, read each call), the registry (register/unregister
     clear the memo; a replaced registry drops it) and the chosen backend's availability. Only a
     backend that needed no fallback is remembered, so the automatic choice stays the first
     capable backend by priority."""

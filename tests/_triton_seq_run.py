@@ -1,4 +1,4 @@
-"""Triton interpreter subprocesses for the tests: tests/triton_seq_check.py (or another check script's) checks,
+"""Triton interpreter subprocesses for the tests: tests/scripts/triton_seq_check.py (or another check script's) checks,
 the conformance suite's quick case sets."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "triton_seq_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_seq_check.py")
 
 
 def interpreter_ok() -> bool:
@@ -35,7 +35,7 @@ def interpreter_env(**extra) -> dict:
 
 
 def run_checks(*names: str, script: str = SCRIPT) -> str:
-    """Run the named checks of ``script`` (default tests/triton_seq_check.py); every result line must say ok."""
+    """Run the named checks of ``script`` (default tests/scripts/triton_seq_check.py); every result line must say ok."""
     r = subprocess.run([sys.executable, script, *names], cwd=ROOT, env=interpreter_env(), capture_output=True,
                        text=True, timeout=600)
     if r.returncode == 3:

@@ -3,14 +3,14 @@ reason, and its kernel variant in the Triton interpreter against the reference b
 
 Interpreter runs (subprocesses, TRITON_INTERPRET=1):
 * the NPU substitutes (division, sqrt, fp16 rounding, log through the substituted division) over
-  the strict-math inputs, launched on the plain Triton path with NPU=True (tests/triton_math_check.py
+  the strict-math inputs, launched on the plain Triton path with NPU=True (tests/scripts/triton_math_check.py
   --npu), with a negative control (the seed without the exact correction);
 * the Ascend variant with its NPU tiles (more work items than the 3 fake cores, so every program
-  loops), tests/ascend_variant_check.py, with a negative control (one work item left out);
+  loops), tests/scripts/ascend_variant_check.py, with a negative control (one work item left out);
 * the conformance quick set per family through `hal conformance run --backend ascend --device cpu`.
 
 * attention and the gated delta rule on the Ascend variant (one short case each, NPU block sizes) with
-  a negative control (the last work item of each persistent launch dropped), tests/triton_seq_check.py
+  a negative control (the last work item of each persistent launch dropped), tests/scripts/triton_seq_check.py
   --ascend.
 
 CI runs the quick sets of rms_norm and softmax (the families using the division / sqrt / log
@@ -196,20 +196,20 @@ def test_persistent_grid_is_capped_only_in_the_variant():
 
 @needs_interpreter
 def test_npu_substitutes_match_reference_bits():
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu"], cwd=ROOT,
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_math_check.py"), "--npu"], cwd=ROOT,
                        env=interpreter_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = {ln.split(":")[0]: ln for ln in r.stdout.splitlines() if " inputs, " in ln}
     for name in ("log", "log(|x|)", "div", "div(subnormal results)", "sqrt", "fp16"):
         assert lines[name].endswith(" 0 differ"), lines[name]
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_math_check.py"), "--npu", "--variant",
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_math_check.py"), "--npu", "--variant",
                         "div_seed"], cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and int(r.stdout.split(" inputs, ")[1].split()[0]) > 0, r.stdout + r.stderr
 
 
 @needs_interpreter
 def test_variant_with_npu_tiles_and_persistent_loops_gives_reference_bits():
-    script = os.path.join(ROOT, "tests", "ascend_variant_check.py")
+    script = os.path.join(ROOT, "tests", "scripts", "ascend_variant_check.py")
     r = subprocess.run([sys.executable, script], cwd=ROOT, env=interpreter_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("same bits"), r.stdout + r.stderr
@@ -223,8 +223,8 @@ def test_variant_with_npu_tiles_and_persistent_loops_gives_reference_bits():
 def test_sequence_kernels_ascend_variant_give_reference_bits():
     # one varlen attention case and one chunked GDN case (two calls, open rows carried) on the Ascend
     # variant with its NPU block sizes, and the negative control: the last work item of every persistent
-    # launch dropped must be caught (tests/triton_seq_check.py --ascend)
-    script = os.path.join(ROOT, "tests", "triton_seq_check.py")
+    # launch dropped must be caught (tests/scripts/triton_seq_check.py --ascend)
+    script = os.path.join(ROOT, "tests", "scripts", "triton_seq_check.py")
     r = subprocess.run([sys.executable, script, "--ascend", "attn-varlen", "gdn-chunked", "persistent-negative"],
                        cwd=ROOT, env=interpreter_env(LOCKSTEP_ASCEND_NPU_LAYOUT="1"), capture_output=True, text=True,
                        timeout=900)

@@ -6,7 +6,8 @@ import pytest
 triton = pytest.importorskip("triton", reason="triton is not installed")
 import triton.language as tl  # noqa: E402
 
-from hal.kernels.triton import ascend_lint, strict_math as sm  # noqa: E402
+from hal.kernels.checks import ascend_lint  # noqa: E402
+from hal.kernels.triton import strict_math as sm  # noqa: E402
 
 
 @triton.jit
@@ -48,7 +49,7 @@ def test_negative_control_is_caught_by_every_rule():
 def test_npu_variant_compiles_with_the_triton_compiler():
     # triton-ascend cannot be installed here; community Triton's compiler (sm_80 target, no GPU needed)
     # at least proves the NPU=True source (int64 tests, substitutes, persistent loop) is valid Triton
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     wanted = {"rms_norm[fp16,residual]", "softmax[fp16,mode1]", "token_logprobs.finish", "attention.merge[bf16]",
               "gdn.serial", "gdn.gating"}
     cases = [c for c in lint.strict_kernels(full=True, npu=True) if c.name in wanted]

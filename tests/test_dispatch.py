@@ -106,6 +106,19 @@ def test_env_var_and_explicit_argument(temp_backends, monkeypatch):
     assert (a.calls, b.calls) == (1, 2)
 
 
+def test_lockstep_backend_env_var_wins_and_hal_backend_is_still_read(temp_backends, monkeypatch):
+    a, b = temp_backends(Recording("rec_a")), temp_backends(Recording("rec_b"))
+    monkeypatch.delenv("LOCKSTEP_BACKEND", raising=False)
+    monkeypatch.setenv("HAL_BACKEND", "rec_a")  # the older name alone: still read
+    _mm()
+    assert dispatch.requested_backend() == ("rec_a", "HAL_BACKEND")
+    monkeypatch.setenv("LOCKSTEP_BACKEND", "rec_b")  # both set: lockstep's own prefix wins
+    _mm()
+    assert dispatch.requested_backend() == ("rec_b", "LOCKSTEP_BACKEND") and (a.calls, b.calls) == (1, 1)
+    monkeypatch.setenv("LOCKSTEP_BACKEND", "auto")  # auto, by its own variable, is the automatic choice
+    assert dispatch.requested_backend() == (None, "auto")
+
+
 def test_explicit_unavailable_backend_raises_with_reason(temp_backends):
     temp_backends(Broken())
     with pytest.raises(UnsupportedError, match="frobnicator"):

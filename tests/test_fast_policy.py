@@ -1,7 +1,7 @@
 """The fast policy (FastMatmulSpec, FastAttentionSpec: Triton tensor cores), verified without a GPU.
 
 * spec: every knob that decides bits is in the id; float32 and the strict-only backends are refused clearly;
-* interpreter (tests/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
+* interpreter (tests/scripts/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
   bits across batch compositions, two wrong variants caught (block_k chosen from the batch, split-K);
   attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
   merged in reverse) caught; LOCKSTEP_FULL=1 adds attention L1 and a second wrong variant, every spec x dtype;
@@ -23,7 +23,7 @@ from hal.spec import AttentionSpec, FastAttentionSpec, FastMatmulSpec, MatmulSpe
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks
 
-SCRIPT = os.path.join(ROOT, "tests", "fast_policy_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "fast_policy_check.py")
 
 
 def test_fast_spec_id_names_every_knob():
@@ -107,7 +107,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 @pytest.mark.parametrize("target", ["sm80", "sm90"])
 def test_fast_kernel_uses_tensor_cores(target):
     pytest.importorskip("triton")
-    from hal.kernels.triton import fast_lint, lint
+    from hal.kernels.checks import fast_lint, lint
     for case, warps, stages in fast_lint.fast_kernels()[:1] + fast_lint.fast_kernels()[-1:]:  # matmul, decode attention
         assert fast_lint.lint(case, target, warps, stages) == [], case.name
     case, warps, stages = fast_lint.fast_kernels()[0]
@@ -118,7 +118,7 @@ def test_fast_kernel_uses_tensor_cores(target):
 @needs_compiler
 def test_fast_lint_rejects_the_strict_kernel():
     pytest.importorskip("triton")
-    from hal.kernels.triton import fast_lint, lint
+    from hal.kernels.checks import fast_lint, lint
     strict = next(c for c in lint.strict_kernels() if c.name == "matmul[bf16]")
     problems = fast_lint.lint(strict, "sm90")
     assert any("no tensor-core instruction" in p for p in problems) and any("no tt.dot" in p for p in problems)

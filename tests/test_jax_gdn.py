@@ -93,7 +93,7 @@ def test_gdn_prefill_varlen_then_decode_bits_equal_reference(variant):
     ro, rst = _reference_prefill(variant)
     jo, jst = hj.chunk_gated_delta_rule(*map(J, args), initial_state=J(x["s0"]), output_final_state="state",
                                         cu_seqlens=J(x["cu"]), **kw)
-    assert isinstance(jst, hj.GDNState) and (variant == "serial") == (jst.open_k is None)
+    assert isinstance(jst, hj.GatedDeltaRuleState) and (variant == "serial") == (jst.open_k is None)
     assert_same_bits("prefill o", ro, T(jo))
     assert_same_bits("prefill final", rst.final_state, T(jst.final))
     assert_same_bits("prefill S", rst.parts.S, T(jst.S))
@@ -106,7 +106,7 @@ def test_gdn_prefill_varlen_then_decode_bits_equal_reference(variant):
     ro2, rf2 = hal.fused_recurrent_gated_delta_rule(*dec, initial_state=rst, output_final_state=True,
                                                     backend="reference", **kw)
     jo2, jst2 = hj.fused_recurrent_gated_delta_rule(*map(J, dec), initial_state=jst, output_final_state=True, **kw)
-    assert isinstance(jst2, hj.GDNState)  # True with a state in: a state out, as in the torch API
+    assert isinstance(jst2, hj.GatedDeltaRuleState)  # True with a state in: a state out, as in the torch API
     assert_same_bits("decode o", ro2, T(jo2))
     assert_same_bits("decode final", rf2.final_state, T(jst2.final))
 
@@ -162,7 +162,7 @@ def test_gdn_bad_input_is_refused():
                                   jnp.repeat(g[..., :1], 3, 2), jnp.repeat(beta[..., :1], 3, 2), spec=s)
     with pytest.raises(hal.InputError, match="cu_seqlens"):
         hj.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=jnp.array([0, 5, 4, 9]), spec=s)
-    serial_state = jgdn.GDNState(jnp.zeros((1,), jnp.int32), jnp.zeros((1, HV, DK, DV)), None, None, None, None,
+    serial_state = jgdn.GatedDeltaRuleState(jnp.zeros((1,), jnp.int32), jnp.zeros((1, HV, DK, DV)), None, None, None, None,
                                  jnp.zeros((1, HV, DK, DV)))
     with pytest.raises(hal.InputError, match="open chunk rows"):
         hj.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=serial_state, spec=s)
@@ -187,7 +187,7 @@ def _twice_same(fn, *args):
 
 
 def test_gdn_grad_through_a_state_with_open_rows():
-    """Chunked spec, fp32: 10 tokens from a GDNState holding s0, then 10 more from the returned state
+    """Chunked spec, fp32: 10 tokens from a GatedDeltaRuleState holding s0, then 10 more from the returned state
     (its 10 open rows replayed); jax.grad of a loss on both outputs and the final state equals the
     torch op's autograd over the whole 20 tokens. Both calls have one shape: one compilation."""
     s = SPECS["chunked"]
@@ -206,7 +206,7 @@ def test_gdn_grad_through_a_state_with_open_rows():
     def loss(q, k, v, g, beta, s0):
         kw = dict(use_qk_l2norm_in_kernel=True, spec=s)
         zero = jnp.zeros((2, s.chunk, 2), jnp.float32)
-        st = hj.GDNState(jnp.zeros((2,), jnp.int32), s0, jnp.zeros((2, s.chunk, 1, 8), jnp.float32),
+        st = hj.GatedDeltaRuleState(jnp.zeros((2,), jnp.int32), s0, jnp.zeros((2, s.chunk, 1, 8), jnp.float32),
                          jnp.zeros((2, s.chunk, 2, 8), jnp.float32), zero, zero, s0)
         o1, st = hj.chunk_gated_delta_rule(q[:, :10], k[:, :10], v[:, :10], g[:, :10], beta[:, :10],
                                            initial_state=st, output_final_state="state", **kw)
@@ -297,3 +297,11 @@ def test_gdn_layer_pieces_grad_match_torch_autograd():
     grads = _twice_same(jax.grad(conv_loss, argnums=(0, 1, 2, 3)), *map(J, (x, w, bias, st0)))
     for name, leaf, gr in zip(("x", "weight", "bias", "conv_state"), leaves, grads):
         _close(name, leaf.grad, gr)
+
+
+def test_gdn_state_old_name_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="GatedDeltaRuleState"):
+        old = hj.GDNState
+    assert old is hj.GatedDeltaRuleState
+    with pytest.raises(AttributeError):
+        hj.NoSuchName  # noqa: B018

@@ -59,6 +59,10 @@ def test_wheel_has_one_top_level_package_and_the_goldens(wheel):
     assert want and any(w.endswith("manifest.json") for w in want)
     missing = sorted(want - set(names))
     assert not missing, missing[:5]
+    # the verification tools (kernels/checks: lints, machine-code profile) run from a checkout, never ship
+    assert (ROOT / "kernels" / "checks" / "lint.py").is_file()
+    shipped_tools = [n for n in names if n.startswith("hal/kernels/checks/")]
+    assert not shipped_tools, shipped_tools
     # the dist-info declares exactly one top-level name too
     top_level = [n for n in names if n.endswith(".dist-info/top_level.txt")]
     if top_level:

@@ -1,6 +1,6 @@
 """Triton strict attention == the reference bit for bit, in the Triton interpreter (CPU).
 
-Checks (tests/triton_seq_check.py): varlen (GQA/MQA, causal, sliding window, non-causal with a
+Checks (tests/scripts/triton_seq_check.py): varlen (GQA/MQA, causal, sliding window, non-causal with a
 right window, p_precision "input", fp32/bf16/fp16, padding rows, an empty sequence) and the KV cache
 (paged with page size 7 and a shuffled block table, contiguous, decode, num_splits 0/2/3), with
 spec tiles small enough that every block, split and dot tile boundary is crossed. Negative
@@ -85,7 +85,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 def _case(name):
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True) if c.name == name)
 
 
@@ -95,7 +95,7 @@ def _score_chain_growth(name, **consts) -> tuple[dict, dict]:
     Compiles the lint case (a packed GQA group of 4 rows, split-KV) at head dims 64 and 128 with the same
     128-wide [rows, head dim] tiles, so only the score chains differ: the per-key loop and the epilogue drop out."""
     import dataclasses
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     case = _case(name)
     c = dict(case.constexprs, **consts)
     small, large = (profile_case(dataclasses.replace(case, constexprs=dict(c, D=d))) for d in (64, 128))

@@ -1,6 +1,6 @@
 """Triton attention backward kernels in the Triton interpreter (CPU), through hal's autograd.
 
-Checks (tests/triton_attn_backward_check.py): varlen with empty sequences, padding rows, Tq < Tk and a
+Checks (tests/scripts/triton_attn_backward_check.py): varlen with empty sequences, padding rows, Tq < Tk and a
 sequence with more queries than keys (rows that see no key), GQA / MQA, causal, causal + sliding window,
 a non-causal (left, right) window, an lse gradient, fp32 / bf16 / fp16: gradients within a dtype tolerance
 of hal's float64 torch backward (backward bits are not a spec); a second run gives the same raw bits;
@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
-SCRIPT = os.path.join(ROOT, "tests", "triton_attn_backward_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_attn_backward_check.py")
 
 
 def test_gradients_close_to_float64_deterministic_zero_rows():

@@ -1,5 +1,5 @@
 """Triton sigmoid / silu / softplus / silu_mul and rotary (tables, rotation) == the reference bit for bit,
-in the Triton interpreter (tests/triton_elementwise_check.py in a TRITON_INTERPRET=1 subprocess).
+in the Triton interpreter (tests/scripts/triton_elementwise_check.py in a TRITON_INTERPRET=1 subprocess).
 
 Edge values in every dtype (NaN payloads, +-inf, +-0, subnormals), a 1024-element block and its tail,
 non-contiguous views, positions up to 2**24 - 1, partial rotary, broadcast / bf16 / six-leading-dim tables;
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_elementwise_and_rotary_bits_equal_reference(variant):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_elementwise_check.py"), *variant],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_elementwise_check.py"), *variant],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     lines = [ln for ln in r.stdout.splitlines() if ": ok" in ln or ": FAIL" in ln]

@@ -1,6 +1,6 @@
 """Triton strict gated delta rule and GDN layer pieces == the reference bit for bit (Triton interpreter).
 
-Checks (tests/triton_seq_check.py): serial and chunked (C = 16 so chunk boundaries are crossed)
+Checks (tests/scripts/triton_seq_check.py): serial and chunked (C = 16 so chunk boundaries are crossed)
 over two calls (varlen, GVA, L2 norm in kernel or not, initial state, open rows carried across
 calls, a one-token decode, final state), gdn_gating and gdn_causal_conv1d (varlen, conv state,
 fp32/bf16/fp16). Negative control: a chunk grid restarting at the call start is caught.

@@ -1,6 +1,6 @@
 """The GDN backward's chunk-state scan as Triton kernels (kernels/triton/gdn_backward.py), in the interpreter.
 
-Checks (tests/triton_gdn_backward_check.py, one subprocess each): the scan's outputs and gradients within 1e-5
+Checks (tests/scripts/triton_gdn_backward_check.py, one subprocess each): the scan's outputs and gradients within 1e-5
 (relative) of hal's torch scan in float64, with and without a gradient into S_starts, masked head dims in
 LOCKSTEP_FULL=1; a second run gives the same raw bits; end to end, ``hal.chunk_gated_delta_rule(...,
 backend="triton")`` gradients (varlen, GQA, initial state, L2 norm) within 1e-5 of the float64 token-by-token
@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_gdn_backward_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_gdn_backward_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 
 

@@ -4,7 +4,7 @@ Each family's quick case set (cases that still cross every tile boundary, each d
 once) runs in a subprocess with TRITON_INTERPRET=1 (Triton picks interpreter or compiler when a
 kernel module is imported) and every level the backend claims must pass against the stored goldens
 (L4), the float64 oracle (A) and the family's L0/L1/L3 checks. A deliberately wrong variant
-(tree-summed softmax, tests/triton_negative_backend.py) must be caught by the same suite.
+(tree-summed softmax, tests/scripts/triton_negative_backend.py) must be caught by the same suite.
 
 Full run (every case; slow, ~1 h on 2 cores):
     TRITON_INTERPRET=1 python -m hal.cli conformance run --backend triton --device cpu \
@@ -40,7 +40,7 @@ def test_quick_conformance_in_interpreter(family, tmp_path):
 
 def test_wrong_summation_order_is_caught(tmp_path):
     out = tmp_path / "neg.json"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_negative_backend.py"), str(out)],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_negative_backend.py"), str(out)],
                        cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=900)
     records = json.loads(out.read_text())
     failed = {(rec["op"], rec["level"]) for rec in records if rec["status"] == "fail"}

@@ -1,7 +1,7 @@
 """PTX / TTIR lint of the strict Triton kernels (no GPU needed), each rule with a negative control.
 
 CI compiles a few strict kernels for sm_80 and sm_90 (Triton caches compiles on disk); every kernel
-and variant: ``python -m hal.kernels.triton.lint --full``.
+and variant: ``python -m hal.kernels.checks.lint --full``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from hal.kernels.triton import lint  # noqa: E402
+from hal.kernels.checks import lint  # noqa: E402
 
 
 @pytest.mark.parametrize("case", lint.strict_kernels(full=False), ids=lambda c: c.name)

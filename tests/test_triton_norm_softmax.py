@@ -1,10 +1,10 @@
 """RMSNorm and softmax sums on the triton backend: the reference's bits in the interpreter, vector loads in the
 machine code.
 
-* tests/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
+* tests/scripts/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
   interpreter's register layout give the reference's raw bits on edge shapes; a chain with two neighbours swapped
   is caught in both kernels, through both splits (common.eight and four).
-* the compiled kernels (sm_90, aligned launch; hal.kernels.triton.sass_profile and the TTGIR): every global load
+* the compiled kernels (sm_90, aligned launch; hal.kernels.checks.sass_profile and the TTGIR): every global load
   is a 16-byte vector load, and the chain loop (the loop that splits the vectors with tl.split) loads VEC
   elements per thread and converts no layout. Negative controls: the Ascend variant (NPU=True, element per step)
   has narrow loads; the GPU variant with too few (row, tile) lanes for the threads (64 for 128) splits each
@@ -22,7 +22,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_norm_softmax_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_norm_softmax_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                     reason="kernels are interpreter objects under TRITON_INTERPRET=1")
@@ -46,7 +46,7 @@ def test_swapped_chain_order_is_caught():
 
 
 def _case(name, npu=False):
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True, npu=npu) if c.name == name)
 
 
@@ -93,8 +93,8 @@ def _load_problem(p) -> str | None:
 
 
 def _problems(case) -> list[str]:
-    from hal.kernels.triton.lint import compile_case
-    from hal.kernels.triton.sass_profile import profile
+    from hal.kernels.checks.lint import compile_case
+    from hal.kernels.checks.sass_profile import profile
     compiled = compile_case(case, "sm90", aligned=True)
     loads = _load_problem(profile(compiled))
     return ([loads] if loads else []) + _chain_loop_problems(compiled.asm["ttgir"], case.constexprs["VEC"])
@@ -110,7 +110,7 @@ def test_chains_stream_16_byte_loads(name):
 def test_rms_norm_converts_no_layout():
     # weights are loaded in h's layout and the chain partials stay where the splits leave them (fp32 still moves
     # the per-row inverse once per row block, outside the loops)
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     for name in ("rms_norm[bf16,residual]", "rms_norm[fp16,residual]"):
         p = profile_case(_case(name))
         assert (p.shared, p.barriers, p.stack) == (0, 0, 0), (name, p)
@@ -119,7 +119,7 @@ def test_rms_norm_converts_no_layout():
 @needs_compiler
 @pytest.mark.parametrize("name", ["rms_norm[bf16,residual]", "softmax[bf16,mode0]", "softmax[fp32,mode0]"])
 def test_element_per_step_variant_is_flagged(name):
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case(name, npu=True))  # the Ascend variant: step j loads element j of every tile
     assert _load_problem(p) is not None, p
 

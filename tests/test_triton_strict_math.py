@@ -1,6 +1,6 @@
 """hal.kernels.triton.strict_math == kernels/reference/strict_math.py bit for bit, in the Triton interpreter.
 
-Each check runs tests/triton_math_check.py in a subprocess with TRITON_INTERPRET=1 (Triton picks
+Each check runs tests/scripts/triton_math_check.py in a subprocess with TRITON_INTERPRET=1 (Triton picks
 interpreter or compiler when a kernel module is imported, so the mode needs its own process).
 Inputs: all 2**16 bfloat16 patterns as float32, 2**16 random float32 patterns, 8192 subnormals,
 16384 values in exp's busy range, crafted edge cases (~2 s each).
@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "triton_math_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_math_check.py")
 
 
 def _run(*args):

@@ -1,8 +1,8 @@
 """Chains fed by 16-byte vector loads (decode GEMV, the LM head of token_logprobs) on the triton backend.
 
-* tests/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
+* tests/scripts/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
   shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
-* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.triton.sass_profile): the vector GEMV reads its
+* the compiled kernels (sm_90 cubin, disassembled; hal.kernels.checks.sass_profile): the vector GEMV reads its
   operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernels read the hidden
   states and weights only with 16-byte loads, without spills; negative control: the element-per-step GEMV
   kernel, which the same check flags (2-byte loads, layout conversions through shared memory).
@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tests", "triton_vector_chain_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_vector_chain_check.py")
 needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
 needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                     reason="kernels are interpreter objects under TRITON_INTERPRET=1")
@@ -36,7 +36,7 @@ def test_swapped_chain_order_is_caught():
 
 
 def _case(name):
-    from hal.kernels.triton import lint
+    from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True) if c.name == name)
 
 
@@ -53,7 +53,7 @@ def _streams_vectors(p) -> str | None:
 @pytest.mark.parametrize("name", ["matmul.gemv_vec[bf16,rows=1]", "matmul.gemv_vec[fp32,rows=1]",
                                   "matmul.gemv_vec[bf16,rows=8]"])
 def test_vector_kernel_streams_16_byte_loads(name):
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case(name))
     assert _streams_vectors(p) is None, (name, p)
     assert p.ffma == 64 * int(name.split("rows=")[1].rstrip("]"))  # one K tile of 64 per chain, unrolled
@@ -62,7 +62,7 @@ def test_vector_kernel_streams_16_byte_loads(name):
 @needs_compiler
 @pytest.mark.parametrize("name", ["token_logprobs.max", "token_logprobs.sum"])
 def test_lm_head_kernels_stream_16_byte_loads(name):
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case(name))
     weights = {op: n for op, n in p.global_loads.items() if op != "LDG.E"}  # LDG.E: the sum pass's fp32 row shift
     assert p.vector_loads and not p.narrow_loads and set(weights) == {"LDG.E.128"} and not p.stack, p
@@ -70,6 +70,6 @@ def test_lm_head_kernels_stream_16_byte_loads(name):
 
 @needs_compiler
 def test_element_per_step_kernel_is_flagged():
-    from hal.kernels.triton.sass_profile import profile_case
+    from hal.kernels.checks.sass_profile import profile_case
     p = profile_case(_case("matmul.gemv_partials[bf16]"))
     assert _streams_vectors(p) is not None and p.narrow_loads, p

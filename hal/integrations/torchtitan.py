@@ -50,13 +50,11 @@ def check_version(allow_untested: bool = False) -> str:
         v = version("torchtitan")
     except PackageNotFoundError:
         raise UnsupportedError("torchtitan is not installed: pip install 'lockstep[torchtitan]'") from None
-    parts = tuple(int(x) for x in v.split(".")[:2] if x.isdigit())
-    lo, hi = SUPPORTED
-    if not (lo <= parts < hi) and not (allow_untested or os.environ.get(_ENV_ANY) == "1"):
-        raise UnsupportedError(f"torchtitan {v} is not supported by lockstep's integration (tested: >={lo[0]}.{lo[1]},"
-                               f"<{hi[0]}.{hi[1]}); its module forwards may differ from the ones lockstep replaces. "
-                               f"Set {_ENV_ANY}=1 to try anyway and check parity with first_divergence().")
-    return v
+    from ._versions import check_supported
+    return check_supported("torchtitan", v, SUPPORTED, "lockstep's integration",
+                           "; its module forwards may differ from the ones lockstep replaces. "
+                           f"Set {_ENV_ANY}=1 to try anyway and check parity with first_divergence().",
+                           allow_untested or os.environ.get(_ENV_ANY) == "1")
 
 
 # ---------------------------------------------------------------- the converter

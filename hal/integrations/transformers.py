@@ -51,14 +51,12 @@ def check_version(allow_untested: bool = False) -> str:
     LOCKSTEP_HF_ANY_VERSION=1) skips the check at the caller's risk.
     """
     import transformers
-    v = transformers.__version__
-    parts = tuple(int(x) for x in v.split(".")[:2] if x.isdigit())
-    lo, hi = SUPPORTED
-    if not (lo <= parts < hi) and not (allow_untested or os.environ.get(_ENV_ANY) == "1"):
-        raise UnsupportedError(f"transformers {v} is not supported by lockstep's integration (tested: "
-                               f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}); its model code may differ from the forwards "
-                               f"lockstep mirrors. Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).")
-    return v
+
+    from ._versions import check_supported
+    return check_supported("transformers", transformers.__version__, SUPPORTED, "lockstep's integration",
+                           "; its model code may differ from the forwards lockstep mirrors. "
+                           f"Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).",
+                           allow_untested or os.environ.get(_ENV_ANY) == "1")
 
 
 def register(allow_untested: bool = False) -> None:

@@ -64,15 +64,11 @@ _SAMPLING_DEFAULTS = {"top_k": (0, None), "top_p": (1.0,), "min_p": (None, 0.0),
 
 def check_version(allow_untested: bool = False) -> str:
     """The installed TRL version; UnsupportedError naming it outside :data:`SUPPORTED`."""
-    v = trl.__version__
-    parts = tuple(int(x) for x in v.split(".")[:2] if x.isdigit())
-    lo, hi = SUPPORTED
-    if not (lo <= parts < hi) and not allow_untested:
-        raise UnsupportedError(f"TRL {v} is not supported by hal.integrations.trl (tested: >={lo[0]}.{lo[1]},"
-                               f"<{hi[0]}.{hi[1]}): it hooks GRPOTrainer internals (where the engine's log-probs "
-                               "are dropped, where use_vllm gates the IS correction) that another release may "
-                               "move. Install trl==1.16.0, or pass allow_untested=True at your own risk.")
-    return v
+    from ._versions import check_supported
+    return check_supported("TRL", trl.__version__, SUPPORTED, "hal.integrations.trl",
+                           ": it hooks GRPOTrainer internals (where the engine's log-probs are dropped, where use_vllm "
+                           "gates the IS correction) that another release may move. Install trl==1.16.0, or pass "
+                           "allow_untested=True at your own risk.", allow_untested)
 
 
 def _check_args(args) -> None:

@@ -16,6 +16,17 @@ __all__ += ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_
 from .qwen3_next import gdn_causal_conv1d, gdn_gating  # noqa: E402
 
 __all__ += ["gdn_gating", "gdn_causal_conv1d"]
-from .gated_delta_rule import GDNState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
+from .gated_delta_rule import GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
 
-__all__ += ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "GDNState"]
+__all__ += ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "GatedDeltaRuleState"]
+
+
+def __getattr__(name):
+    """``GDNState``: the old name of :class:`GatedDeltaRuleState` (one name everywhere public, as in
+    ``hal.GatedDeltaRuleState``), kept for one release with a DeprecationWarning."""
+    if name == "GDNState":
+        import warnings
+        warnings.warn("hal.jax.GDNState is deprecated: use hal.jax.GatedDeltaRuleState (the same class)",
+                      DeprecationWarning, stacklevel=2)
+        return GatedDeltaRuleState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

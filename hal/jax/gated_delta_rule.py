@@ -31,7 +31,7 @@ EPS_L2 = 1e-6
 F32 = jnp.float32
 
 
-class GDNState(NamedTuple):
+class GatedDeltaRuleState(NamedTuple):
     """The exact recurrent state of N sequences (a pytree of arrays: passes through jit, scan, vmap).
 
     Mirrors kernels/reference/gated_delta_rule.py ``Parts``: ``S`` is the materialised float32 state
@@ -280,14 +280,14 @@ _STATIC = ("scale", "l2", "spec", "fresh")
 _gdn_padded = strict_op(stock=_stock_padded, static=_STATIC)(_strict_padded)
 
 
-def gated_delta_rule_padded(q, k, v, g, beta, lengths, state: GDNState, *, scale: float, l2: bool, spec,
+def gated_delta_rule_padded(q, k, v, g, beta, lengths, state: GatedDeltaRuleState, *, scale: float, l2: bool, spec,
                             fresh: bool):
-    """The core on padded inputs (used by the torch-facing backend): returns (o, new GDNState)."""
+    """The core on padded inputs (used by the torch-facing backend): returns (o, new GatedDeltaRuleState)."""
     o, S, ok, ov, og, ob, final = _gdn_padded(q, k, v, g, beta, lengths, state.position, state.S, state.open_k,
                                               state.open_v, state.open_g, state.open_beta, scale=scale, l2=l2,
                                               spec=spec, fresh=fresh)
     position = (state.position + lengths.astype(state.position.dtype))
-    return o, GDNState(position, S, ok, ov, og, ob, final)
+    return o, GatedDeltaRuleState(position, S, ok, ov, og, ob, final)
 
 
 # ---------------------------------------------------------------- public ops (FLA signatures)
@@ -332,7 +332,7 @@ def _lengths(cu_seqlens, B: int, T: int, max_seqlen):
     return cu, lengths, T if max_seqlen is None else int(max_seqlen)
 
 
-def _start_state(initial_state, spec, n: int, layout) -> tuple[GDNState, bool]:
+def _start_state(initial_state, spec, n: int, layout) -> tuple[GatedDeltaRuleState, bool]:
     """(the incoming state, fresh: no open rows)."""
     H, HV, dk, dv = layout
     shape = (n, HV, dk, dv)
@@ -344,13 +344,13 @@ def _start_state(initial_state, spec, n: int, layout) -> tuple[GDNState, bool]:
         else:
             opens = (jnp.zeros((n, C, H, dk), F32), jnp.zeros((n, C, HV, dv), F32), jnp.zeros((n, C, HV), F32),
                      jnp.zeros((n, C, HV), F32))
-        return GDNState(jnp.zeros((n,), jnp.int32), S, *opens, S), True
+        return GatedDeltaRuleState(jnp.zeros((n,), jnp.int32), S, *opens, S), True
     if initial_state is None:
         return fresh_state(jnp.zeros(shape, F32))
-    if not isinstance(initial_state, GDNState):
+    if not isinstance(initial_state, GatedDeltaRuleState):
         S = initial_state
         if jnp.shape(S) != shape or jnp.dtype(S.dtype) != jnp.float32:
-            raise InputError(f"initial_state must be a float32 [N, HV, d_k, d_v] = {shape} array or a GDNState, "
+            raise InputError(f"initial_state must be a float32 [N, HV, d_k, d_v] = {shape} array or a GatedDeltaRuleState, "
                              f"got {getattr(S, 'dtype', type(S).__name__)} {jnp.shape(S)}")
         return fresh_state(S)
     st = initial_state
@@ -374,9 +374,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     Packed sequences: B = 1 and ``cu_seqlens`` (N+1 offsets); under jit with a traced cu_seqlens
     pass ``max_seqlen`` (a Python int bound on the lengths; default: T). ``initial_state``: None, a
     bare float32 [N, HV, d_k, d_v] array (a state at a chunk boundary, as in FLA) or a
-    :class:`GDNState` (exact continuation at any split). Returns (o like v, final): final is None,
-    the float32 state after the last token (``output_final_state=True``), or a GDNState
-    (``"state"``, or True when ``initial_state`` is a GDNState).
+    :class:`GatedDeltaRuleState` (exact continuation at any split). Returns (o like v, final): final is None,
+    the float32 state after the last token (``output_final_state=True``), or a GatedDeltaRuleState
+    (``"state"``, or True when ``initial_state`` is a GatedDeltaRuleState).
     """
     s = specs.resolve("gated_delta_rule", spec)
     layout = _check(q, k, v, g, beta)
@@ -393,7 +393,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     cu, lengths, lmax = _lengths(cu_seqlens, B, T, max_seqlen)
     n = B if cu is None else cu.shape[0] - 1
     state, fresh = _start_state(initial_state, s, n, layout)
-    as_state = output_final_state == "state" or (output_final_state is True and isinstance(initial_state, GDNState))
+    as_state = output_final_state == "state" or (output_final_state is True and isinstance(initial_state, GatedDeltaRuleState))
     if T == 0:
         o, new = jnp.zeros(v.shape, v.dtype), state
     else:

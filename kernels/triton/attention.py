@@ -51,10 +51,6 @@ from .launch import launch, next_power_of_2
 from .workspace import workspace
 
 F32 = torch.float32
-#: Negative control for the tests only: merge split partials in reverse order (the checks must catch it).
-_REVERSE_MERGE_FOR_TESTS = False
-#: Negative control for the tests only: packed rows read the q of the next head of their group (out, lse stay).
-_WRONG_HEAD_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -199,15 +195,13 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  ROWS: tl.constexpr, PACK: tl.constexpr,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr, VEC: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                 NPU: tl.constexpr, WRONG_HEAD: tl.constexpr):
+                 NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)  # grid (row tile, sequence x head group, split)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
         if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             qr_off = q_off  # where rows read q (out and lse go to q_off)
-            if WRONG_HEAD:  # negative control only: the next head of the group
-                qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)
             hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)
             lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, ROWS)
             if ONE_SPLIT:
@@ -235,8 +229,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
 def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits, n_work, n1,
                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-                  PACK: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr, REVERSE: tl.constexpr,
-                  NPU: tl.constexpr):
+                  PACK: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr, NPU: tl.constexpr):
     """Merge the split partials of a row tile in split order and write out / lse (the attention kernel's
     tile rows: (query row, head) pairs)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
@@ -245,8 +238,7 @@ def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
         if pid_m * ROWS < qlen:
             dcol = tl.arange(0, BLOCK_D)
             M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
-            for k in range(0, n_ws_splits):
-                sp = n_ws_splits - 1 - k if REVERSE else k
+            for sp in range(0, n_ws_splits):  # in split order
                 w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)
                 m = tl.load(WM + w, mask=valid, other=float("-inf"))
                 l = tl.load(WL + w, mask=valid, other=0.0)
@@ -323,15 +315,14 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         kernel, bm, bd, spec_args, options = (cfg["kernel"], cfg["block_m"], cfg["block_d"], cfg["constexprs"],
                                               cfg["options"])
         rows, pack = _fast_tiles(max_q, group, bm)
-        spec_args = dict(spec_args, ROWS=rows, PACK=pack, WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
+        spec_args = dict(spec_args, ROWS=rows, PACK=pack)
         dots = sequential_dot()
     else:
         kernel, bd = _attn_kernel, next_power_of_2(d)
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
         vec, options = _score_layout(bm, spec.kv_block, q.element_size())
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
-                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack,
-                         WRONG_HEAD=_WRONG_HEAD_FOR_TESTS and pack > 1)
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack)
         dots = contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
@@ -369,7 +360,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     if one_split:
         launch(_merge_kernel, (n_tiles, n_groups), out, lse, wm, wl, wa, wn, q_row0, qlen, klen, lse_row0,
                q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits, OUT=_TL[q.dtype],
-               REVERSE=_REVERSE_MERGE_FOR_TESTS, ROWS=rows, PACK=pack, **meta, persistent=True)
+               ROWS=rows, PACK=pack, **meta, persistent=True)
     return out
 
 

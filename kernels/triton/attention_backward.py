@@ -34,8 +34,6 @@ from .launch import cdiv, interpreting, launch, next_power_of_2
 F32 = torch.float32
 #: Head dims served by the kernels; larger ones take hal's torch backward (tiles would not fit on chip).
 MAX_HEAD_DIM = 256
-#: Negative control for the tests only: drop the dlse term from delta (the gradient checks must catch it).
-_DROP_DLSE_FOR_TESTS = False
 
 
 @triton.jit
@@ -222,7 +220,7 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
     cfg = _config(d, q.dtype)
     bd = cfg["BLOCK_D"]
     delta = torch.empty((hq, tq), dtype=F32, device=dev)
-    has_dlse = glse is not None and not _DROP_DLSE_FOR_TESTS
+    has_dlse = glse is not None
     dlse = glse.contiguous() if has_dlse else lse
     br = 16
     launch(_preprocess_kernel, (cdiv(tq, br), hq), out, gout, dlse, delta, tq, q.stride(0), q.stride(1),

@@ -11,7 +11,7 @@ the interpreter), so sums in spec order are explicit loops. Two exact tricks mak
   bytes with one vector load (8 bf16/fp16 or 4 float32) then runs them through its chain in order
   (:func:`fma_steps`, :func:`add_steps`) with no shuffle and no shared memory.
   It is the GPU layout of every sequential chain over a contiguous axis (decode GEMV, RMSNorm, softmax
-  sums): memory-coalesced vector loads, chains in registers (``python -m hal.kernels.triton.sass_profile``
+  sums): memory-coalesced vector loads, chains in registers (``python -m hal.kernels.checks.sass_profile``
   shows the load widths and layout conversions of the compiled kernels).
 * :func:`row_max` is ``tl.max`` (max is exact and order-free) with the spec's rules made explicit:
   NaN or +inf anywhere poisons the row (NaN); -0.0 < +0.0 so the result never depends on order.

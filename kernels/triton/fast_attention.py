@@ -74,7 +74,7 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
                       KS: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                      NPU: tl.constexpr, WRONG_HEAD: tl.constexpr):
+                      NPU: tl.constexpr):
     """The strict _attn_kernel's grid, tile rows (PACK query heads of a GQA group share a decode tile) and
     workspace contract with the tensor-core block step. A row's bits do not depend on the other rows of
     its tile (each output element of a tensor-core dot is its own row times its own column)."""
@@ -84,8 +84,6 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
         if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             qr_off = q_off  # where rows read q (out and lse go to q_off)
-            if WRONG_HEAD:  # negative control only: the next head of the group
-                qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)
             dcol = tl.arange(0, BLOCK_D)
             q = tl.load(Q + qr_off[:, None] + dcol[None, :], mask=valid[:, None] & (dcol[None, :] < D), other=0.0)
             hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)

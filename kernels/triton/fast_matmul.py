@@ -6,7 +6,7 @@ looks at M (no split-K for small batches, no autotuner): a row's bits depend on 
 on B and on the spec, so any batch composition gives the same bits on one GPU model (L1). The
 epilogue is the strict kernels' (bias added once in float32, integer round-to-nearest-even, canonical
 NaN). This kernel is NOT a strict kernel: the strict lint rejects it (tensor cores), the fast lint
-(kernels/triton/fast_lint.py) requires tensor cores instead. In the interpreter, ``tl.dot`` is the
+(kernels/checks/fast_lint.py) requires tensor cores instead. In the interpreter, ``tl.dot`` is the
 deterministic stand-in of interpreter_dot.py.
 """
 from __future__ import annotations

@@ -32,8 +32,6 @@ from .launch import cdiv, float32_value, launch, next_power_of_2
 F32 = torch.float32
 EPS_L2 = 1e-6
 EPS = tl.constexpr(9.999999974752427e-07)  # float32(1e-6), exact
-#: Negative control for the tests only: restart the chunk grid at every call (ignore the open rows).
-_RESTART_GRID_FOR_TESTS = False
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -307,7 +305,7 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         new = Parts(position + lengths.to(position.device), S, None, None, None, None, S)
     else:
         C = spec.chunk
-        fresh = parts.open_k is None or _RESTART_GRID_FOR_TESTS
+        fresh = parts.open_k is None
         start = torch.zeros_like(position) if fresh else position
         opened = (start % C).to(dev)
         total = opened + lengths.to(dev)

@@ -39,8 +39,6 @@ from .launch import cdiv, interpreting, launch, next_power_of_2
 F32 = torch.float32
 #: Head dims served (d_k and d_v); larger ones keep hal's torch scan (the state tile would not fit on chip).
 MAX_HEAD_DIM = 256
-#: Negative control for the tests only: the backward forgets the end_c decay of dS (the checks must catch it).
-_DROP_DECAY_FOR_TESTS = False
 
 
 @triton.jit
@@ -80,7 +78,7 @@ def _scan_fwd_kernel(U, W, KT, END, S0, UO, STARTS, SEND, nc,
 
 @triton.jit
 def _scan_bwd_kernel(W, KT, END, UO, STARTS, DU, DSTARTS, DSEND, DUT, DW_PART, DKT_PART, DEND_PART, DS0, nc, n_ch,
-                     HAS_DSTARTS: tl.constexpr, DECAY: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                     HAS_DSTARTS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                      C: tl.constexpr, BDK: tl.constexpr, BV: tl.constexpr):
     bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -101,8 +99,7 @@ def _scan_bwd_kernel(W, KT, END, UO, STARTS, DU, DSTARTS, DSEND, DUT, DW_PART, D
         tl.store(DW_PART + part * C * DK + w_off, -_dot(dut, tl.trans(S)), mask=rm[None, :])
         tl.store(DKT_PART + part * DK * C + kt_off, _dot(dS, tl.trans(u)), mask=rm[:, None])
         tl.store(DEND_PART + part + ch, tl.sum(dS * S))
-        if DECAY:
-            dS = tl.load(END + ch) * dS
+        dS = tl.load(END + ch) * dS
         dS = dS - _dot(tl.trans(w), dut)
         if HAS_DSTARTS:
             dS += tl.load(DSTARTS + ch * DK * DV + s_off, mask=s_m, other=0.0)
@@ -191,7 +188,7 @@ class _ScanFn(torch.autograd.Function):
                     launch(_scan_bwd_kernel, (n * hv, nb), W, kt, e, u, starts, du,
                        dstarts.contiguous() if has else starts,
                        dS_end, dU, dW, dkt, dend, dS0, nc, n * hv * nc, HAS_DSTARTS=has,
-                       DECAY=not _DROP_DECAY_FOR_TESTS, DK=dk, DV=dv, C=c, **cfg, strict=False)
+                       DK=dk, DV=dv, C=c, **cfg, strict=False)
         # the column blocks' partials, added in a fixed order (torch's sum over a dim: deterministic)
         return dU, dW.sum(0), dkt.sum(0), dend.sum(0).reshape(ctx.end_shape), dS0
 

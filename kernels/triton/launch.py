@@ -81,10 +81,6 @@ def interpreter_layout() -> bool:
     return interpreting() and not ascend_launch.npu_layout()
 
 
-#: Negative control for the tests only: persistent launches skip their last work item (the checks must catch it).
-_DROP_LAST_ITEM_FOR_TESTS = False
-
-
 def persistent_args(grid) -> tuple[int, dict]:
     """(n_work, kwargs) of a persistent launch over a logical grid of up to three dims: n_work items,
     flattened in row-major order; the kernel recovers its indices from n1 (2-D: w -> (w // n1, w % n1))
@@ -128,7 +124,5 @@ def launch(kernel, grid, *args, persistent: bool = False, strict: bool = True, m
         n_work, extra = persistent_args(grid)
         kwargs.update(extra)
         grid = (program_count(n_work, max_programs),)
-        if _DROP_LAST_ITEM_FOR_TESTS and n_work > 1:
-            n_work -= 1
         kwargs.update(n_work=n_work, NPU=ascend_launch.active())
     kernel[grid](*args, **kwargs, **(STRICT_OPTIONS if strict else {}))

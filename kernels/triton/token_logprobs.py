@@ -209,7 +209,7 @@ def _blocks(rows: int, n_tiles: int):
     if ascend_launch.active():
         return (16 if rows > 8 else next_power_of_2(rows)), 1, 4
     # one vocab entry (of a 256 tile) per thread; 8 rows keep the 8 x 8 hidden values of a step in registers
-    # (sm_90 machine code, hal.kernels.triton.sass_profile: 152 registers, no spills; 16 rows need 254)
+    # (sm_90 machine code, hal.kernels.checks.sass_profile: 152 registers, no spills; 16 rows need 254)
     return min(8, next_power_of_2(rows)), 1, 8
 
 

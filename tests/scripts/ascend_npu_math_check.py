@@ -1,11 +1,11 @@
 """The strict math on a real Ascend NPU against the reference bits (run by benchmarks/ascend_check.sh).
 
-    python tests/ascend_npu_math_check.py [--device npu|cuda]
+    python tests/scripts/ascend_npu_math_check.py [--device npu|cuda]
 
 (--device cuda runs the same comparison through community Triton on a GPU: the substitutes compiled
 by a real compiler, not the interpreter.)
 
-Runs tests/triton_math_check.py's kernel on NPU tensors, twice: NPU=True (what the ascend backend
+Runs tests/scripts/triton_math_check.py's kernel on NPU tensors, twice: NPU=True (what the ascend backend
 uses: fma/int64 division and sqrt, fp16 rounding without tensor shifts) and NPU=False (triton-ascend's
 own div_rn / sqrt_rn), and prints the differing count per function. exp / log differing with NPU=True
 would mean the compiler contracts a*b + c into an fma (triton-ascend accepts enable_fp_fusion but its
@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import argparse  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The Ascend variant (persistent grid of 3 programs, NPU tiles, NPU substitutes) compiled and run on a
 CUDA GPU through community Triton, against the reference bits computed on CPU.
 
-    LOCKSTEP_ASCEND_NPU_LAYOUT=1 python tests/ascend_variant_device_check.py --device cuda
+    LOCKSTEP_ASCEND_NPU_LAYOUT=1 python tests/scripts/ascend_variant_device_check.py --device cuda
 
 Triton's real compiler instead of the interpreter: checks that the variant's source keeps its bits
 when compiled (int64 tests, bit operations, persistent loops); it says nothing about triton-ascend's
@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 

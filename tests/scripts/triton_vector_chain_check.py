@@ -2,7 +2,7 @@
 reference's bits, with the interpreter's block sizes and with the GPU's (``interpreter_layout`` patched off).
 
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_vector_chains.py.
-Usage: python tests/triton_vector_chain_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
+Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
 
 * ``gemv``: ``hal.linear`` / ``hal.matmul`` with 1-16 rows give the reference's raw bits, through the vector
   kernel (K contiguous in both operands: 8 consecutive k per load) and through the element-per-step kernel
@@ -22,7 +22,7 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 from _check_cli import main, report  # noqa: E402
 

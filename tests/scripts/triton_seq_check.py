@@ -2,7 +2,7 @@
 
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_attention.py and
 tests/test_triton_gdn.py (Triton decides interpreter or compiler when a kernel module is imported).
-Usage: python tests/triton_seq_check.py [--ascend] CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
+Usage: python tests/scripts/triton_seq_check.py [--ascend] CHECK...; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
 CI runs the first case of each check; LOCKSTEP_FULL=1 runs every dtype / mode.
 --ascend: the same checks on the kernels' Ascend variant (persistent grid on the interpreter's 3 fake
 cores, NPU substitutes; with LOCKSTEP_ASCEND_NPU_LAYOUT=1 also its unified-buffer block sizes), run by
@@ -17,17 +17,18 @@ import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal, not an installed one
 import torch  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
-from hal.kernels.triton import ascend_launch, launch as tri_launch  # noqa: E402
+from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
+from _variants import dropped_last_work_item, kernel_variant  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
 FAILED = []
@@ -125,11 +126,9 @@ def attn_negative():
     kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
     q = rnd(3, 1, hq, d).to(dt)
     o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 0, spec)
-    tri_attn._REVERSE_MERGE_FOR_TESTS = True
-    try:
+    with kernel_variant(tri_attn, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
+                        "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
         o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 3, spec)
-    finally:
-        tri_attn._REVERSE_MERGE_FOR_TESTS = False
     _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
 
 
@@ -245,14 +244,13 @@ def attn_gqa_negative():
     seqlens = torch.tensor([33, 0, 5])
     q = rnd(3, 1, hq, d).to(dt)
     o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), 0, spec)
-    tri_attn._WRONG_HEAD_FOR_TESTS = True
-    try:
+    # packed rows read the q of the next head of their group (out and lse still go to their own head)
+    with kernel_variant(tri_attn, "_attn_kernel", "qr_off = q_off  # where rows read q (out and lse go to q_off)",
+                        "qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)"):
         for ns in (1, 3):  # the in-kernel merge and the split-KV workspace + merge kernel
             o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), ns, spec)
             _differs(f"attn-gqa-negative-control[wrong head in group,num_splits={ns}]",
                      [("out", o1, o2), ("lse", l1, l2)])
-    finally:
-        tri_attn._WRONG_HEAD_FOR_TESTS = False
 
 
 # ------------------------------------------------------------------ gated delta rule
@@ -323,11 +321,8 @@ def gdn_negative():
     parts = ref_gdn.Parts(torch.zeros(2, dtype=torch.int64), torch.zeros(2, hv, dk, dv), None, None, None, None, None)
     _, p1 = ref_gdn.gated_delta_rule(*x1, 0.3, parts, cu1, l2, spec, True)
     o1, f1 = ref_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
-    tri_gdn._RESTART_GRID_FOR_TESTS = True
-    try:
-        o2, f2 = tri_gdn.gated_delta_rule(*x2, 0.3, p1, cu2, l2, spec, True)
-    finally:
-        tri_gdn._RESTART_GRID_FOR_TESTS = False
+    # the chunk grid restarted at the call: the kernel is handed the state without its open chunk rows
+    o2, f2 = tri_gdn.gated_delta_rule(*x2, 0.3, p1._replace(open_k=None), cu2, l2, spec, True)
     _differs("gdn-negative-control[chunk grid restarts at the call]", [("o", o1, o2), ("final", f1.final, f2.final)])
 
 
@@ -359,12 +354,9 @@ def persistent_negative():
     x, cu = _gdn_inputs(_gen(61), dt, h, hv, dk, dv, l2, (21, 3, 9))
     parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), torch.zeros(3, hv, dk, dv), None, None, None, None, None)
     g1, f1 = ref_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, gspec, True)
-    tri_launch._DROP_LAST_ITEM_FOR_TESTS = True
-    try:
+    with dropped_last_work_item():
         o2, l2_ = tri_attn.flash_attn_varlen_func(*args)
         g2, f2 = tri_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, gspec, True)
-    finally:
-        tri_launch._DROP_LAST_ITEM_FOR_TESTS = False
     _differs("persistent-negative-control[attention: last work item dropped]", [("out", o1, o2), ("lse", l1, l2_)])
     _differs("persistent-negative-control[gdn chunked: last work item dropped]", [("o", g1, g2),
                                                                                 ("final", f1.final, f2.final)])

@@ -1,6 +1,6 @@
 """Lint of the fast-policy Triton kernels without a GPU: compiled for sm_80 / sm_90, they must USE tensor cores.
 
-    python -m hal.kernels.triton.fast_lint
+    python -m hal.kernels.checks.fast_lint
 
 The strict lint (lint.py) rejects tensor cores and must never be applied to these kernels; this one
 requires them: a fast kernel whose ``tl.dot`` fell back to FMA units (an fp32 operand, a tile too small
@@ -17,7 +17,7 @@ import sys
 
 import triton.language as tl
 
-from .launch import STRICT_OPTIONS
+from ..triton.launch import STRICT_OPTIONS
 from .lint import PTX_RULES, KernelCase, _ints, _ptrs, compile_case, run_cases
 
 _TENSOR_CORE = {"sm90": ("wgmma.mma_async", re.compile(r"^\s*(?:@!?%p\d+\s+)?wgmma\.mma_async\b", re.M)),
@@ -47,7 +47,7 @@ def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3)
 def fast_kernels():
     """(case, num_warps, num_stages) of every fast kernel, with the default specs' tiles."""
     from hal.spec import FastMatmulSpec
-    from . import fast_matmul as fm
+    from ..triton import fast_matmul as fm
     s = FastMatmulSpec()
     out = []
     for dt, tdt in (("bf16", tl.bfloat16), ("fp16", tl.float16)):
@@ -58,7 +58,7 @@ def fast_kernels():
             {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": s.block_m, "BN": s.block_n, "BK": s.block_k,
              "GROUP": fm.GROUP_M}), s.num_warps, s.num_stages))
     from hal.spec import FastAttentionSpec
-    from . import fast_attention as fa
+    from ..triton import fast_attention as fa
     from .seq_lint_cases import _sig
     a = FastAttentionSpec()
     i32 = "i32"
@@ -70,8 +70,7 @@ def fast_kernels():
     for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode (a GQA group packed)
         pack = 4 if one else 1
         consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
-                      KB=a.kv_block, KS=a.kv_split, OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False,
-                      WRONG_HEAD=False)
+                      KB=a.kv_block, KS=a.kv_split, OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False)
         sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
         out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
                     a.num_warps, a.num_stages))

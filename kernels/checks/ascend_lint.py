@@ -1,7 +1,7 @@
 """Lint of the strict kernels' Ascend variant: only Triton APIs that triton-ascend documents as
 supported (with the dtypes the kernels use) may be reachable when ``NPU=True``.
 
-    python -m hal.kernels.triton.ascend_lint
+    python -m hal.kernels.checks.ascend_lint
 
 No compiler is needed (triton-ascend cannot be installed beside community Triton): the lint reads the
 kernel sources (AST), follows calls from each persistent kernel into the jit helpers of
@@ -55,7 +55,7 @@ class Problem:
 
 
 def _modules():
-    from . import (attention, common, elementwise, gated_delta_rule, matmul, rms_norm, softmax, strict_math,
+    from ..triton import (attention, common, elementwise, gated_delta_rule, matmul, rms_norm, softmax, strict_math,
                    token_logprobs)
     return {"common": common, "sm": strict_math, "strict_math": strict_math, "matmul": matmul,
             "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs, "elementwise": elementwise,
@@ -154,8 +154,8 @@ def lint_function(fn, module=None, seen=None) -> list[Problem]:
 
 def ascend_kernels() -> list:
     """Every kernel the ascend backend launches (all persistent)."""
-    from . import attention as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm, softmax
-    from . import token_logprobs as tlp
+    from ..triton import attention as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm, softmax
+    from ..triton import token_logprobs as tlp
     return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel,
             matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel,
             tlp._stats_kernel, tlp._sum_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,

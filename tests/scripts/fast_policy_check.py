@@ -3,7 +3,7 @@
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_fast_policy.py. The interpreter's ``tl.dot``
 is replaced by the deterministic stand-in of kernels/triton/interpreter_dot.py (per output element:
 its row, its column, the accumulator, the K tile), so these check what the kernel decides: which
-tiles, in which order, chosen by what. Usage: python tests/fast_policy_check.py [CHECK...];
+tiles, in which order, chosen by what. Usage: python tests/scripts/fast_policy_check.py [CHECK...];
 prints "CHECK: ok ..." / "CHECK: FAIL ..." lines. LOCKSTEP_FULL=1 runs every spec x dtype.
 """
 from __future__ import annotations
@@ -14,13 +14,14 @@ import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 
 import hal  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
 from hal.spec import FastAttentionSpec, FastMatmulSpec  # noqa: E402
 from triton_seq_check import FAILED, _differs, _gen, _pick, _same  # noqa: E402
+from _variants import kernel_variant  # noqa: E402
 
 SMALL = FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
 MM_CASES = [(SMALL, torch.bfloat16), (FastMatmulSpec(), torch.float16), (SMALL, torch.float16),
@@ -181,27 +182,23 @@ def attn_reverse_merge_negative():
     for spec, dt, d in _pick(ATTN_CASES):
         q, k, v = _attn_inputs(dt, d)
         out, lse = _prefill(q, k, v, spec)
-        tri_attn._REVERSE_MERGE_FOR_TESTS = True
-        try:
+        with kernel_variant(tri_attn, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
+                            "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
             o, l = _from_cache(q[40:], k, v, L_SEQ, spec, num_splits=8)  # 30 rows x 4 heads, 2-3 splits each
             pairs = [("rows-40-69:lse", lse[:, 40:], l), ("rows-40-69:out", out[40:], o)]
-        finally:
-            tri_attn._REVERSE_MERGE_FOR_TESTS = False
         _differs(f"attn-reverse-merge-negative[{spec.id},{dt}]", pairs)
 
 
 def attn_wrong_head_negative():
     """Negative control: decode tiles that pack a GQA group's heads reading the q of the next head are caught
     (the packed rows are checked against one-head-per-program prefill by attn_split_invariance)."""
-    from hal.kernels.triton import attention as tri_attn
+    from hal.kernels.triton import fast_attention
     for spec, dt, d in _pick(ATTN_CASES):
         q, k, v = _attn_inputs(dt, d)
         out, lse = _prefill(q, k, v, spec)
-        tri_attn._WRONG_HEAD_FOR_TESTS = True
-        try:
+        with kernel_variant(fast_attention, "_fast_attn_kernel", "qr_off = q_off  # where rows read q (out and lse go to q_off)",
+                            "qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)"):
             o, l = _from_cache(q[60:61], k, v, 61, spec, num_splits=1)  # one row: the group's 2 heads packed
-        finally:
-            tri_attn._WRONG_HEAD_FOR_TESTS = False
         _differs(f"attn-wrong-head-negative[{spec.id},{dt}]", [("out", out[60:61], o), ("lse", lse[:, 60:61], l)])
 
 

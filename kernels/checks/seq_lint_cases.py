@@ -1,4 +1,4 @@
-"""Lint cases of the attention / gated-delta-rule kernels for kernels/triton/lint.py.
+"""Lint cases of the attention / gated-delta-rule kernels for kernels/checks/lint.py.
 
 ``cases(KernelCase, full)`` returns them in lint.py's own ``KernelCase`` type (passed in, so this
 module does not import the linter): lint.py's ``strict_kernels`` adds ``seq_lint_cases.cases(KernelCase,
@@ -18,7 +18,7 @@ def _sig(fn, types: dict, default: str) -> dict:
 
 
 def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
-    from . import attention as A, gated_delta_rule as G
+    from ..triton import attention as A, gated_delta_rule as G
     i32 = "i32"
     attn_types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     attn_types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
@@ -37,11 +37,11 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             tiles = dict(BLOCK_M=4, ROWS=1, PACK=4) if one else dict(BLOCK_M=16, ROWS=16, PACK=1)
             vec, options = A._score_layout(tiles["BLOCK_M"], 64, tdt.primitive_bitwidth // 8)  # as attend launches
             consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
-                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, WRONG_HEAD=False)
+                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu)
             sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts,
                                   divisible=attn_divisible, num_warps=options.get("num_warps")))
-        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, REVERSE=False, NPU=npu)
+        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, NPU=npu)
         sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
         out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts,
                               divisible=("stride_qt", "stride_qh")))
@@ -73,7 +73,7 @@ def _tiles(cfg: dict) -> dict:
 
 def backward_cases(KernelCase, full: bool = False) -> list:
     """The attention backward kernels (kernels/triton/attention_backward.py) at D 128 with their GPU tiles."""
-    from . import attention_backward as B
+    from ..triton import attention_backward as B
     ints = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_t", "stride_h", "n_rows", "causal",
             "left", "right", "n_blk")
     types = {n: "*i32" for n in ("Q_ROW0", "QLEN", "KLEN", "K_ROW0")}
@@ -90,10 +90,10 @@ def backward_cases(KernelCase, full: bool = False) -> list:
                                  ("attention_bwd.dq", B._dq_kernel, dict(meta, **_tiles(cfg["q"])))):
             sig = {k: v for k, v in _sig(fn, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"{name}[{dt}]", fn, sig, consts, strict=False))
-    from . import gdn_backward as G
+    from ..triton import gdn_backward as G
     tiles = dict(DK=128, DV=128, C=64, **{k: v for k, v in G._config(128, 128).items() if k.startswith("B")})
     for name, fn, consts in (("gdn_bwd.scan_fwd", G._scan_fwd_kernel, tiles),
-                             ("gdn_bwd.scan_bwd", G._scan_bwd_kernel, dict(tiles, HAS_DSTARTS=True, DECAY=True))):
+                             ("gdn_bwd.scan_bwd", G._scan_bwd_kernel, dict(tiles, HAS_DSTARTS=True))):
         sig = {k: v for k, v in _sig(fn, {"nc": "i32", "n_ch": "i32"}, "*fp32").items() if k not in consts}
         out.append(KernelCase(name, fn, sig, consts, strict=False))
     return out

@@ -1,7 +1,7 @@
 """What the compiled strict kernels do with memory, read from their machine code (no GPU needed).
 
-    python -m hal.kernels.triton.sass_profile            # the CI kernel set on sm_90
-    python -m hal.kernels.triton.sass_profile --full --targets sm80 sm90
+    python -m hal.kernels.checks.sass_profile            # the CI kernel set on sm_90
+    python -m hal.kernels.checks.sass_profile --full --targets sm80 sm90
 
 Each kernel is compiled as a launch with aligned tensors would compile it (pointers and the row strides /
 lengths in ``KernelCase.divisible`` carry Triton's divisibility-by-16 hint), its cubin is disassembled
@@ -88,7 +88,7 @@ def _row(name: str, target: str, p: Profile) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hal.kernels.triton.sass_profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hal.kernels.checks.sass_profile", description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
     ap.add_argument("--targets", nargs="*", default=["sm90"], choices=list(TARGETS))
     ap.add_argument("--only", nargs="*", default=None, help="kernels whose name contains one of these")

@@ -5,7 +5,7 @@ with ``tl.sum`` (a tree: numpy pairwise in the interpreter, shuffles on the GPU)
 tiled sequential order. Everything else (lsm1 exp/log, max, rounding, canonical NaN) is the real code,
 so only the summation order differs, and the conformance suite must see it (L4 against the goldens).
 
-    TRITON_INTERPRET=1 python tests/triton_negative_backend.py OUT.json
+    TRITON_INTERPRET=1 python tests/scripts/triton_negative_backend.py OUT.json
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -1,7 +1,7 @@
 """Triton elementwise / rotary kernels == the reference, bit for bit (run under TRITON_INTERPRET=1).
 
 Run by tests/test_triton_elementwise.py in a subprocess (Triton decides interpreter or compiler when a
-kernel module is imported). Usage: python tests/triton_elementwise_check.py [--npu]; prints
+kernel module is imported). Usage: python tests/scripts/triton_elementwise_check.py [--npu]; prints
 "CHECK: ok ..." / "CHECK: FAIL ..." lines, exits 1 on any differing bit. --npu: the Ascend variant.
 Negative controls: torch's own sigmoid / silu / softplus, an HF-style rotation (x * cos and rotated * sin
 rounded separately) and torch's cos / sin tables must be seen to differ by the same comparison.
@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402

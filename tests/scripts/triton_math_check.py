@@ -2,7 +2,7 @@
 
 Run by tests/test_triton_strict_math.py in a subprocess (Triton decides interpreter vs compiler when
 a kernel module is imported, so each mode gets its own process). Usage:
-    TRITON_INTERPRET=1 python tests/triton_math_check.py [--npu] [--variant log_fused|tl_exp|div_seed]
+    TRITON_INTERPRET=1 python tests/scripts/triton_math_check.py [--npu] [--variant log_fused|tl_exp|div_seed]
 
 --npu runs the Ascend variants (NPU=True: div/sqrt from the fma/int64 substitutes, fp16 rounding
 without tensor shifts, log through the substituted division) against the same reference bits.
@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

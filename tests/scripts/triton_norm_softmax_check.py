@@ -1,7 +1,7 @@
 """RMSNorm and softmax sums on the triton backend (kernels/triton/rms_norm.py, softmax.py), in the interpreter.
 
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_triton_norm_softmax.py.
-Usage: python tests/triton_norm_softmax_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
+Usage: python tests/scripts/triton_norm_softmax_check.py CHECK...; prints "LABEL: ok" / "LABEL: FAIL ..." lines.
 
 * ``bits``: the GPU layout (reg=False: 16-byte vector steps through common.eight / four) and the interpreter's
   register layout (reg=True; power-of-2 tiles only, its [BR, NTB, T] block needs one) give the reference's raw
@@ -19,7 +19,7 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's hal
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 from _check_cli import main, report  # noqa: E402
 

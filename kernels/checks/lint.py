@@ -1,8 +1,8 @@
 """Lint of the strict Triton kernels without a GPU: compile to TTIR and PTX for sm_80 / sm_90, reject
 what would break the bits.
 
-    python -m hal.kernels.triton.lint            # CI set: a few kernels x 2 targets
-    python -m hal.kernels.triton.lint --full     # every strict kernel and variant
+    python -m hal.kernels.checks.lint            # CI set: a few kernels x 2 targets
+    python -m hal.kernels.checks.lint --full     # every strict kernel and variant
 
 PTX rules (a strict kernel may only use correctly rounded IEEE operations):
   ``.approx`` (ex2/lg2/sin/rcp/sqrt/rsqrt approximations, ``div.approx``), ``.ftz`` (flush to zero),
@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .launch import STRICT_OPTIONS
+from ..triton.launch import STRICT_OPTIONS
 
 TARGETS = {"sm80": GPUTarget("cuda", 80, 32), "sm90": GPUTarget("cuda", 90, 32)}
 
@@ -155,7 +155,7 @@ def _ints(*names: str) -> dict:
 def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
     """The strict kernels with representative constexprs; full adds every dtype / mode variant; npu: the
     Ascend variant (NPU=True: division / sqrt substitutes, fp16 rounding without tensor shifts)."""
-    from . import matmul, rms_norm, softmax, token_logprobs as tlp
+    from ..triton import matmul, rms_norm, softmax, token_logprobs as tlp
     cases = []
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         cases.append(KernelCase(
@@ -219,7 +219,7 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
              "temp": "fp32",
              "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
             num_warps=None if npu else 8))
-    from . import elementwise as ew  # elementwise ops and rotary
+    from ..triton import elementwise as ew  # elementwise ops and rotary
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):
             cases.append(KernelCase(
@@ -249,7 +249,7 @@ def backward_kernels(full: bool = False) -> list[KernelCase]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hal.kernels.triton.lint", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hal.kernels.checks.lint", description=__doc__.split("\n")[0])
     p.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
     p.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
     args = p.parse_args(argv)
