@@ -5,11 +5,13 @@
 
 Columns (µs per call, best of the repeats of ``--calls`` calls each; lower is better):
 
-* ``public_us``: ``hal.linear`` / ``hal.rms_norm`` as a user calls them eagerly (with the routing check:
-  one ``torch.compiler.is_compiling()`` flag read at the top of the op);
+* ``public_us``: ``hal.linear`` / ``hal.rms_norm`` as a user calls them eagerly (with the routing check
+  at the top of the op);
 * ``torch_op_us``: ``torch.ops.lockstep.<op>`` called directly (what every eager call would cost if it
   went through the dispatcher: the design does not do that; "-" on a tree without the torch ops);
-* ``check_us``: the routing check alone (``hal.ops_registry.tracing()``);
+* ``check_us``: the routing check alone, as a linear's head makes it: ``hal.ops_registry.routing("linear",
+  x, w, None)`` (one flag read, a type check per tensor); on an older tree ``tracing()`` followed by
+  ``hal.tensor_parallel.has_dtensor(x, w, None)``, the two checks it replaced;
 * ``stock_us``: ``F.linear`` / ``x * rsqrt(mean(x^2) + eps) * w`` (stock torch), and the ratios to it.
 """
 from __future__ import annotations
@@ -49,10 +51,21 @@ def main(argv=None):
     }
     check = "-"
     try:
-        from hal.ops_registry import tracing
-        check = f"{per_call_us(tracing, args.calls * 10, args.repeats):.2f}"
+        from hal.ops_registry import routing
+
+        def head():
+            return routing("linear", x, w, None)
     except ImportError:
-        pass
+        try:
+            from hal.ops_registry import tracing
+            from hal.tensor_parallel import has_dtensor
+
+            def head():
+                return tracing() or has_dtensor(x, w, None)
+        except ImportError:
+            head = None
+    if head is not None:
+        check = f"{per_call_us(head, args.calls * 10, args.repeats):.2f}"
     print(f"hal from {hal.__file__}; torch {torch.__version__}; {torch.get_num_threads()} threads")
     print(f"{'op':10s} {'public_us':>10s} {'torch_op_us':>12s} {'check_us':>9s} {'stock_us':>9s} "
           f"{'public/stock':>13s} {'torch_op/stock':>15s}")

@@ -24,7 +24,7 @@ from .kernels.layout import (append_kv, capacity as cache_capacity, key_visibili
                              mask_causal_window, padded_to_varlen, query_positions, token_slots, varlen_to_padded,
                              varlen_via_padded)
 from .ops import _prepare
-from .ops_registry import route, tracing
+from .ops_registry import TORCH_OP, route, routing
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
 
@@ -183,7 +183,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     and queries that see no key get out 0 and lse -inf. Differentiable in q, k, v (and lse).
     ``deterministic`` is accepted for compatibility: lockstep always is.
     """
-    if tracing():
+    if routing("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k) is TORCH_OP:
         _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
                      alibi_slopes=(alibi_slopes, lambda x: x is None))
         out, lse = route("flash_attn_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -246,7 +246,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Every argument is checked before the cache is touched. Returns ``out [batch, Sq, Hq, D]`` and,
     with ``return_lse``, ``lse [batch, Hq, Sq]`` float32. No backward pass (inference op).
     """
-    if tracing():
+    if routing("flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table) is TORCH_OP:
         _unsupported(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
                      cache_batch_idx=(cache_batch_idx, lambda x: x is None),
                      cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),

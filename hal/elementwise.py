@@ -13,7 +13,7 @@ import torch
 from . import tensor_parallel as _tp, validate as v
 from .errors import InputError
 from .ops import _acc_dtype, _needs_grad, _prepare
-from .ops_registry import route, tracing
+from .ops_registry import DTENSOR, TORCH_OP, route, routing
 
 __all__ = ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary"]
 
@@ -53,7 +53,7 @@ class _UnaryFn(torch.autograd.Function):
 
 
 def _unary(kind: str, x, spec, backend):
-    if tracing():
+    if routing(kind, x) is TORCH_OP:
         return route(kind, x, spec=spec, backend=backend)
     v.tensor("x", x)
     v.floating("x", x)
@@ -100,9 +100,10 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> to
 
     ``a`` (gate) and ``b`` (up projection) must have the same shape and dtype.
     """
-    if tracing():
+    how = routing("silu_mul", a, b)
+    if how is TORCH_OP:
         return route("silu_mul", a, b, spec=spec, backend=backend)
-    if _tp.has_dtensor(a, b):
+    if how is DTENSOR:
         return _tp.rowwise("silu_mul", lambda a, b: silu_mul(a, b, spec=spec, backend=backend), {"a": a, "b": b}, {},
                            {"a": {a.ndim - 1}, "b": {b.ndim - 1}}, a.ndim - 1)
     v.tensor("a", a), v.tensor("b", b)
@@ -145,7 +146,7 @@ def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, base: float = 10000
     not used), and lockstep's own sin/cos. A trainer that builds its table for a whole packed batch and
     a sampler that builds it per token, with int32 or int64 positions, get the same bits.
     """
-    if tracing():
+    if routing("rotary_cos_sin", positions, inv_freq) is TORCH_OP:
         return route("rotary_cos_sin", positions, rotary_dim, base, inv_freq, spec=spec, backend=backend)
     v.tensor("positions", positions)
     v.integer("positions", positions)
@@ -218,9 +219,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     full-width tables are ``cat(cos_half, cos_half)``: pass ``cos[..., :R/2]``) or interleaved pairs
     ``(2i, 2i+1)`` (GPT-J). ``out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin`` in float32, rounded once.
     """
-    if tracing():
+    how = routing("apply_rotary", x, cos, sin)
+    if how is TORCH_OP:
         return route("apply_rotary", x, cos, sin, interleaved, spec=spec, backend=backend)
-    if _tp.has_dtensor(x, cos, sin):
+    if how is DTENSOR:
         return _tp.rowwise("apply_rotary", lambda x, cos, sin: apply_rotary(x, cos, sin, interleaved, spec=spec,
                            backend=backend), {"x": x, "cos": cos, "sin": sin}, {},
                            {"x": {x.ndim - 1}, "cos": {cos.ndim - 1}, "sin": {sin.ndim - 1}}, x.ndim - 1)

@@ -12,7 +12,7 @@ from . import dispatch, spec as specs, tensor_parallel as _tp, validate as v
 from .errors import SpecError, UnsupportedError
 from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
-from .ops_registry import OPS, route, tracing
+from .ops_registry import DTENSOR, OPS, TORCH_OP, route, routing
 
 __all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
            "token_logprobs"]
@@ -109,7 +109,7 @@ def matmul(a: torch.Tensor, b, *, spec=None, backend=None) -> torch.Tensor:
     """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in the inputs' dtype (float32 accumulation).
 
     ``b`` may be ``hal.exact_weight(b, spec=..., layout="matmul")`` under that exact spec."""
-    if tracing():
+    if routing("matmul", a, b) is TORCH_OP:
         return route("matmul", a, b, spec=spec, backend=backend)
     prepared, b = _unprepared("b", b, "matmul")
     v.tensor("a", a, ndim_min=2), v.tensor("b", b, ndim=2)
@@ -145,9 +145,10 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=No
     """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``).
 
     ``weight`` may be ``hal.exact_weight(weight, spec=...)`` under that exact spec (sliced once)."""
-    if tracing():
+    how = routing("linear", x, weight, bias)
+    if how is TORCH_OP:
         return route("linear", x, weight, bias, spec=spec, backend=backend)
-    if _tp.has_dtensor(x, weight, bias):
+    if how is DTENSOR:
         return _tp.linear(lambda x, w, b: linear(x, w, b, spec=spec, backend=backend), x, weight, bias, spec)
     prepared, weight = _unprepared("weight", weight, "linear")
     v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
@@ -200,10 +201,11 @@ class _RMSNormFn(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None, *,
              spec=None, backend=None):
     """RMSNorm over the last dim. With ``residual``: ``h = x + residual`` (fused), returns ``(y, h)``."""
-    if tracing():
+    how = routing("rms_norm", x, weight, residual)
+    if how is TORCH_OP:
         return (route("rms_norm", x, weight, eps, spec=spec, backend=backend) if residual is None else
                 route("rms_norm_residual", x, weight, residual, eps, spec=spec, backend=backend))
-    if _tp.has_dtensor(x, weight, residual):
+    if how is DTENSOR:
         return _tp.rowwise("rms_norm", lambda x, residual, weight: rms_norm(x, weight, eps, residual, spec=spec,
                            backend=backend), {"x": x, "residual": residual}, {"weight": weight},
                            {"x": {x.ndim - 1}, "residual": {x.ndim - 1}}, x.ndim - 1)
@@ -250,9 +252,10 @@ class _SoftmaxFamilyFn(torch.autograd.Function):
 
 
 def _softmax_family(kind: str, x: torch.Tensor, dim: int, spec, backend):
-    if tracing():
+    how = routing(kind, x)
+    if how is TORCH_OP:
         return route(kind, x, dim, spec=spec, backend=backend)
-    if _tp.has_dtensor(x) and kind != "logsumexp":
+    if how is DTENSOR:
         d = v.normalize_dim(dim, x.ndim)
         return _tp.rowwise(kind, lambda x: _softmax_family(kind, x, dim, spec, backend), {"x": x}, {}, {"x": {d}},
                            x.ndim)
@@ -319,9 +322,10 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     rounded below float32. This is the number a sampler records and a trainer recomputes. Under an
     exact spec the LM head may be ``hal.exact_weight(lm_head_weight, spec=...)`` (sliced once).
     """
-    if tracing():
+    how = routing("token_logprobs", hidden, lm_head_weight, tokens)
+    if how is TORCH_OP:
         return route("token_logprobs", hidden, lm_head_weight, tokens, temperature, spec=spec, backend=backend)
-    if _tp.has_dtensor(hidden, lm_head_weight, tokens):
+    if how is DTENSOR:
         return _tp.rowwise("token_logprobs", lambda hidden, tokens, lm_head_weight: token_logprobs(
             hidden, lm_head_weight, tokens, temperature, spec=spec, backend=backend), {"hidden": hidden, "tokens": tokens},
             {"lm_head_weight": lm_head_weight}, {"hidden": {hidden.ndim - 1}, "tokens": set()}, hidden.ndim - 1)

@@ -5,13 +5,29 @@ declares, once per torch op, its schema (tensors, ints, floats, bools; ``spec`` 
 ``str?`` ids/names), the arguments it writes (``Tensor(a!)`` in the schema) and the public python
 function its real kernel calls. hal/torch_ops.py registers every entry from this table.
 
-Routing (one place, :func:`tracing` / :func:`route`): a public op runs its direct eager path unless
-Dynamo or export is tracing it; then it calls ``torch.ops.lockstep.<op>`` with the spec as its id and
-the backend as its name, and the op's kernel resolves the rest (``hal.use``, ``HAL_BACKEND``, the
-default spec) when it runs, so a compiled graph never bakes a choice made at trace time.
+Routing, one call at every public op's head: ``how = routing("linear", x, weight, bias)`` says how this
+call runs, one of
+
+* ``DIRECT``: the op's own eager path (validate, dispatch, kernel; the common case, ~0.5 us to decide);
+* ``TORCH_OP``: Dynamo or torch.export is tracing the caller (or :func:`hal.torch_ops.routed` is on):
+  the op calls :func:`route`, i.e. ``torch.ops.lockstep.<op>`` with the spec as its id and the backend
+  as its name, and the op's kernel resolves the rest (``hal.use``, ``HAL_BACKEND``, the default spec)
+  when it runs, so a compiled graph never bakes a choice made at trace time;
+* ``DTENSOR``: a tensor argument is a DTensor: the op applies its sharding rule (hal/tensor_parallel.py).
+  Only the ops in ``DTENSOR_RULES`` have one; for any other op :func:`routing` raises UnsupportedError
+  naming the op, never a DTensor run through plain-tensor code.
+
+A new public op starts with the same head::
+
+    how = routing("my_op", x, w)          # every tensor argument, None allowed
+    if how is TORCH_OP:
+        return route("my_op", x, w, spec=spec, backend=backend)
+    if how is DTENSOR:                    # only if "my_op" is in DTENSOR_RULES
+        return tensor_parallel.rowwise(...)
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -106,22 +122,69 @@ TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
             "(Tensor, Tensor)", fixed=(("return_lse", True),)),
     # the patched HF attention: mask / positions -> sequences (a plan that reads values) + varlen attention,
     # all inside one kernel so that a traced model holds no data-dependent host code
+    # (lse [B, Tq, Hq] is returned for the backward op, which gathers it as the varlen backward needs it)
     TorchOp("hf_attention", "flash_attn_varlen_func", "hal.integrations.hf_attention:masked_attention",
             "Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
-            "Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, float? scaling", "Tensor"),
+            "Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, float? scaling", "(Tensor, Tensor)",
+            fixed=(("return_lse", True),)),
 )}
 
 
 # ---------------------------------------------------------------- routing
 
+DIRECT, TORCH_OP, DTENSOR = "direct", "torch_op", "dtensor"  # what routing() answers
+
+#: public ops with a DTensor rule in hal/tensor_parallel.py (row-wise over a sharded batch; TP linears)
+DTENSOR_RULES = frozenset({"linear", "rms_norm", "softmax", "log_softmax", "silu_mul", "token_logprobs",
+                           "apply_rotary"})
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_is_compiling = torch.compiler.is_compiling  # bound once: Dynamo knows the function, not the name
+
 
 def tracing() -> bool:
-    """True while Dynamo (torch.compile) or torch.export traces the caller: then the public op becomes
-    its torch op. One flag read (~0.25 us): the eager path pays nothing else."""
-    return torch.compiler.is_compiling() or _route_all
+    """True while Dynamo (torch.compile) or torch.export traces the caller (or under ``routed()``): then
+    a public op becomes its torch op. One flag read (~0.25 us)."""
+    return _is_compiling() or _route_all
 
 
 _route_all = False  # set by hal.torch_ops.routed(): eager calls through the torch ops (tests, counting)
+
+
+def routing(op: str, *tensors) -> str:
+    """How public op ``op`` runs this call, given its tensor arguments: DIRECT, TORCH_OP or DTENSOR (the
+    module docstring). Plain tensors and None cost one type check each (other values are allowed and
+    never a DTensor); tracing wins over DTensor (a traced DTensor reaches the torch op)."""
+    if _is_compiling() or _route_all:
+        return TORCH_OP
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN and _is_dtensor(t):
+            if op not in DTENSOR_RULES:
+                raise UnsupportedError(
+                    f"{op}: DTensor arguments are not supported (lockstep's sharding rules cover "
+                    f"{', '.join(sorted(DTENSOR_RULES))}); pass local tensors (DTensor.to_local()) or "
+                    "redistribute to a plain tensor first")
+            return DTENSOR
+    return DIRECT
+
+
+def dtensor_class():
+    """The DTensor class, or None while torch.distributed.tensor was never imported (then no DTensor exists,
+    and checking a tensor subclass such as a FakeTensor costs no import)."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
+def _is_dtensor(t) -> bool:
+    cls = dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def has_dtensor(*tensors) -> bool:
+    """True if any argument is a DTensor (plain tensors and None cost one type check)."""
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN and _is_dtensor(t):
+            return True
+    return False
 
 
 def route(name: str, *args, spec=None, backend=None):

@@ -1,9 +1,10 @@
 """DTensor inputs to lockstep's ops: row-wise sharding, and tensor-parallel linears.
 
-The public ops call :func:`has_dtensor` first (a type check per argument); a call with a DTensor comes
-here, runs the op itself on the local tensors and wraps the result with the placements it has. Only
-placements under which that is bitwise the unsharded op are taken; anything else raises
-UnsupportedError naming the placement -- never a silent gather or a stock computation.
+A public op's routing check (``hal.ops_registry.routing``: a type check per argument) sends a call with a
+DTensor here (the ops in ``hal.ops_registry.DTENSOR_RULES``); the rule runs the op itself on the local
+tensors and wraps the result with the placements it has. Only placements under which that is bitwise the
+unsharded op are taken; anything else raises UnsupportedError naming the placement -- never a silent
+gather or a stock computation.
 
 * Row-wise ops (linear, rms_norm, softmax, log_softmax, silu_mul, token_logprobs, apply_rotary): the
   row tensors may be ``Shard(d)`` on a batch dim (not the reduced / feature dim) or ``Replicate``; the
@@ -23,33 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 
 import torch
 
 from .errors import UnsupportedError
+from .ops_registry import dtensor_class as _dtensor, has_dtensor  # noqa: F401 (has_dtensor: re-exported)
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _float_partials = contextvars.ContextVar("lockstep_float_partial_sums", default=False)
-
-
-def _dtensor():
-    """The DTensor class, or None while torch.distributed.tensor was never imported (then no DTensor exists, and
-    checking a tensor subclass such as a FakeTensor costs no import)."""
-    mod = sys.modules.get("torch.distributed.tensor")
-    return getattr(mod, "DTensor", None)
-
-
-def has_dtensor(*tensors) -> bool:
-    """True if any argument is a DTensor (plain tensors and None cost one type check)."""
-    cls = None
-    for t in tensors:
-        if t is None or type(t) in _PLAIN:
-            continue
-        cls = cls or _dtensor()
-        if cls is not None and isinstance(t, cls):
-            return True
-    return False
 
 
 @contextlib.contextmanager

@@ -3,8 +3,11 @@
 Per op: the schema from the table (``torch.library.Library("lockstep", "DEF").define``), one real kernel
 for every device (CompositeExplicitAutograd: it calls the public python function under ``no_grad``, so
 the compiled path runs the very code the eager path runs, and reads ``hal.use`` / ``HAL_BACKEND`` / the
-default spec when it runs), a fake kernel (shapes, dtypes and strides; no data) and, for the ops that
-have a backward, ``register_autograd`` reusing the backward of the op's autograd.Function.
+default spec when it runs), a fake kernel (shapes, dtypes and strides; no data) and ``register_autograd``
+reusing the backward of the op's autograd.Function (flash_attn_with_kvcache, which mutates its caches,
+has none: its public function refuses inputs that require grad). The attention backwards read host values
+(cu_seqlens, the HF mask plan), so they are ops too (``flash_attn_varlen_backward``,
+``hf_attention_backward``): a compiled training step keeps them opaque.
 
 APIs used (all in torch 2.11): torch.library.Library(ns, "DEF"), Library.define, Library.impl,
 torch.library.register_fake(lib=), torch.library.register_autograd(setup_context=, lib=).
@@ -87,7 +90,7 @@ def _fake_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax
 def _fake_hf_attention(query, key, value, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k, causal,
                        scaling, spec, backend):
     b, hq, tq, _ = query.shape
-    return query.new_empty((b, tq, hq, value.shape[-1]))
+    return query.new_empty((b, tq, hq, value.shape[-1])), query.new_empty((b, tq, hq), dtype=torch.float32)
 
 
 FAKES = {
@@ -112,8 +115,9 @@ FAKES = {
 }
 
 
-# ---------------------------------------------------------------- varlen attention's backward, itself an op
-# Its math reads cu_seqlens on the host (sequence by sequence), so under AOT autograd it must be opaque too.
+# ---------------------------------------------------------------- attention backwards, themselves ops
+# Their math reads cu_seqlens / the mask plan on the host (sequence by sequence), so under AOT autograd they
+# must be opaque too. Each: schema, real kernel, fake kernel; the forward op's autograd calls it.
 
 _VARLEN_BACKWARD = ("flash_attn_varlen_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, "
@@ -152,6 +156,52 @@ def _varlen_backward(ctx, gout, glse):
     gq, gk, gv = getattr(torch.ops, NAMESPACE).flash_attn_varlen_backward(
         q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, gout, glse, spec, backend)
     return gq, gk, gv, *[None] * 9
+
+
+_HF_ATTENTION_BACKWARD = ("hf_attention_backward(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, "
+                          "Tensor? position_ids, Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, "
+                          "float? scaling, Tensor out, Tensor lse, Tensor gout, Tensor? glse, str? spec, "
+                          "str? backend) -> (Tensor, Tensor, Tensor)")
+
+
+def _hf_attention_backward_kernel(query, key, value, attention_mask, position_ids, cu_q, cu_k, causal, scaling, out,
+                                  lse, gout, glse, spec, backend):
+    """The mask plan again (host values), then the eager patched attention's gradients (attend_backward)."""
+    from .integrations.hf_attention import attend_backward, visibility
+    vis = visibility(query.shape[0], query.shape[2], key.shape[2], attention_mask, position_ids, cu_q, cu_k, causal)
+    with torch.no_grad():
+        return attend_backward(query, key, value, vis, scaling, out, lse, gout, glse, spec=spec, backend=backend)
+
+
+def _fake_hf_attention_backward(query, key, value, *rest):
+    """The real kernel's layout: [B, H, T, D] views of [B, T, H, D] buffers (as eager's gradients)."""
+    return tuple(t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2)
+                 for t in (query, key, value))
+
+
+def _hf_attention_setup(ctx, inputs, output):
+    query, key, value, *masks, causal, scaling, spec, backend = inputs
+    ctx.save_for_backward(query, key, value, *masks, *output)
+    ctx.rest = (bool(causal), scaling, spec, backend)
+
+
+def _hf_attention_backward(ctx, gout, glse):
+    query, key, value, mask, positions, cu_q, cu_k, out, lse = ctx.saved_tensors
+    causal, scaling, spec, backend = ctx.rest
+    if gout is None:
+        gout = torch.zeros_like(out)
+    grads = getattr(torch.ops, NAMESPACE).hf_attention_backward(
+        query, key, value, mask, positions, cu_q, cu_k, causal, scaling, out, lse, gout, glse, spec, backend)
+    return *grads, *[None] * 8
+
+
+#: name -> (schema, real kernel, fake kernel)
+_BACKWARD_OPS = {
+    "flash_attn_varlen_backward": (_VARLEN_BACKWARD, _varlen_backward_kernel,
+                                   lambda q, k, v, *rest: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                           v.new_empty(v.shape))),
+    "hf_attention_backward": (_HF_ATTENTION_BACKWARD, _hf_attention_backward_kernel, _fake_hf_attention_backward),
+}
 
 
 # ---------------------------------------------------------------- autograd: today's backward formulas
@@ -211,28 +261,6 @@ def _backward(op: TorchOp, fn_class, n_grads: int):
     return backward
 
 
-#: ops without a backward: an input that requires grad is refused when the op is called, never a silently
-#: grad-less output (flash_attn_with_kvcache, which mutates and so cannot register autograd, refuses in its
-#: public function before routing, as eagerly)
-_NO_BACKWARD = {
-    "hf_attention": "the patched HF attention under torch.compile / torch.export has no backward pass yet; "
-                    "compile the patched model for inference (torch.no_grad()) or train it eagerly",
-}
-
-
-def _refuse(name):
-    def setup(ctx, inputs, output):
-        from .errors import UnsupportedError
-        raise UnsupportedError(_NO_BACKWARD[name])
-    return setup
-
-
-def _no_backward(name):
-    def backward(ctx, *grads):
-        raise AssertionError(f"unreachable: {name}'s setup_context refuses inputs that require grad")
-    return backward
-
-
 # ---------------------------------------------------------------- registration
 
 
@@ -243,11 +271,10 @@ def register_all() -> None:
         return
     lib = torch.library.Library(NAMESPACE, "DEF")
     autograd = _autograd_table()
-    lib.define(_VARLEN_BACKWARD)
-    lib.impl("flash_attn_varlen_backward", _varlen_backward_kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{NAMESPACE}::flash_attn_varlen_backward",
-                                lambda q, k, v, *rest: (q.new_empty(q.shape), k.new_empty(k.shape),
-                                                        v.new_empty(v.shape)), lib=lib)
+    for name, (schema, kernel, fake) in _BACKWARD_OPS.items():
+        lib.define(schema)
+        lib.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
     for op in TORCH_OPS.values():
         lib.define(op.name + op.schema)
         lib.impl(op.name, _kernel(op), "CompositeExplicitAutograd")
@@ -258,9 +285,8 @@ def register_all() -> None:
                                             setup_context=setup, lib=lib)
     torch.library.register_autograd(f"{NAMESPACE}::flash_attn_varlen", _varlen_backward,
                                     setup_context=_varlen_setup, lib=lib)
-    for name in _NO_BACKWARD:
-        torch.library.register_autograd(f"{NAMESPACE}::{name}", _no_backward(name), setup_context=_refuse(name),
-                                        lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::hf_attention", _hf_attention_backward,
+                                    setup_context=_hf_attention_setup, lib=lib)
     _lib = lib
 
 

@@ -55,8 +55,8 @@ def op_args(name: str, dtype=F32, rows: int = 3, noncontig: bool = False) -> tup
         k, v = (_t(2, rows, 2, 8, dtype=dtype, seed=s) for s in (3, 4))
         return (q, k_cache, v_cache, k, v, torch.tensor([3, 1], dtype=torch.int32), None, 0.3, True, [-1, -1], 0)
     if name == "hf_attention":  # HF layout [B, H, T, D]; row 1 left-padded by 2 (an additive float mask)
-        q = _t(2, 4, rows + 2, 8, dtype=dtype, noncontig=noncontig)
-        k, v = (_t(2, 2, rows + 2, 8, dtype=dtype, seed=s) for s in (1, 2))
+        q = _t(2, 4, rows + 2, 8, dtype=dtype, grad=grad, noncontig=noncontig)
+        k, v = (_t(2, 2, rows + 2, 8, dtype=dtype, grad=grad, seed=s) for s in (1, 2))
         t = rows + 2
         vis = torch.ones(t, t, dtype=torch.bool).tril().expand(2, 1, t, t).clone()
         vis[1, :, :, :2] = False
@@ -78,5 +78,5 @@ def public(name, args):
                                            return_lse=True)
     if name == "hf_attention":
         from hal.integrations.hf_attention import masked_attention
-        return masked_attention(*args)
+        return masked_attention(*args, return_lse=True)
     return getattr(hal, name)(*args)

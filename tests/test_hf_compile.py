@@ -106,10 +106,3 @@ def test_a_kv_cache_under_compile_is_refused_naming_the_feature():
     # Dynamo re-raises the error its trace met wrapped in its own type: the message is lockstep's
     with lt.patch(model), torch.no_grad(), pytest.raises(Exception, match="KV cache .* under torch.compile"):
         torch.compile(model, fullgraph=True, backend="eager")(**{**inputs(), "use_cache": True})
-
-
-def test_training_a_patched_model_under_compile_is_refused_naming_the_feature():
-    model = tiny_model("llama")
-    torch._dynamo.reset()
-    with lt.patch(model), pytest.raises(Exception, match="no backward pass yet"):
-        torch.compile(model, fullgraph=True, backend="aot_eager")(**inputs())

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import flash_attn_varlen_func
+from ..attention import _scale, flash_attn_varlen_func
 from ..errors import InputError, UnsupportedError
-from ..ops_registry import route, tracing
+from ..ops_registry import TORCH_OP, route, routing
 
 NAME = "lockstep"
 
@@ -177,15 +177,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
 
 def masked_attention(query, key, value, attention_mask=None, position_ids=None, cu_seq_lens_q=None,
-                     cu_seq_lens_k=None, causal=True, scaling=None, spec=None, backend=None):
+                     cu_seq_lens_k=None, causal=True, scaling=None, spec=None, backend=None, return_lse=False):
     """:func:`visibility` then :func:`attend`. Under torch.compile / export one ``torch.ops.lockstep.hf_attention``
-    (the plan reads the mask's values on the host: inside the op's kernel, never in the traced graph)."""
-    if tracing():
-        return route("hf_attention", query, key, value, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k,
-                     bool(causal), scaling, spec=spec, backend=backend)
+    (the plan reads the mask's values on the host: inside the op's kernel, never in the traced graph); its
+    backward is ``torch.ops.lockstep.hf_attention_backward`` (:func:`attend_backward`), the eager grads' bits."""
+    if routing("hf_attention", query, key, value, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k) is TORCH_OP:
+        out, lse = route("hf_attention", query, key, value, attention_mask, position_ids, cu_seq_lens_q,
+                         cu_seq_lens_k, bool(causal), scaling, spec=spec, backend=backend)
+        return (out, lse) if return_lse else out
     vis = visibility(query.shape[0], query.shape[2], key.shape[2], attention_mask, position_ids, cu_seq_lens_q,
                      cu_seq_lens_k, causal)
-    return attend(query, key, value, vis, scaling, spec=spec, backend=backend)
+    return attend(query, key, value, vis, scaling, spec=spec, backend=backend, return_lse=return_lse)
 
 
 def several_sequences_per_row(vis: torch.Tensor) -> bool:
@@ -198,18 +200,65 @@ def several_sequences_per_row(vis: torch.Tensor) -> bool:
     return bool(((hi >= 0) & (hi != lo)).any())
 
 
-def attend(query, key, value, vis, scaling, spec=None, backend=None):
-    """``query [B, Hq, Tq, D]``, ``key/value [B, Hkv, Tk, D]``, visibility [B, Tq, Tk] -> ``[B, Tq, Hq, Dv]``."""
+class _Rows:
+    """A plan's index tensors on the queries' device: query rows (bq, iq) and key rows (bk, jk) of the
+    packed sequences, their cu_seqlens and longest lengths."""
+
+    def __init__(self, p, device):
+        bq, iq, bk, jk, cu_q, cu_k, self.max_q, self.max_k = p
+        self.q, self.k = (bq.to(device), iq.to(device)), (bk.to(device), jk.to(device))
+        self.cu_q, self.cu_k = cu_q.to(device), cu_k.to(device)
+
+    def packed(self, query, key, value):
+        """``[B, H, T, D]`` HF tensors -> the packed ``[total, H, D]`` rows of the plan's sequences."""
+        kt, vt = key.transpose(1, 2), value.transpose(1, 2)
+        return query.transpose(1, 2)[self.q], kt[self.k], vt[self.k]
+
+
+def attend(query, key, value, vis, scaling, spec=None, backend=None, return_lse=False):
+    """``query [B, Hq, Tq, D]``, ``key/value [B, Hkv, Tk, D]``, visibility [B, Tq, Tk] -> ``[B, Tq, Hq, Dv]``
+    (and with ``return_lse`` the float32 ``lse [B, Tq, Hq]``, -inf where a query sees no key)."""
     B, Hq, Tq, D = query.shape
-    qt = query.transpose(1, 2)
-    out = qt.new_zeros((B, Tq, Hq, value.shape[-1]))
+    out = query.new_zeros((B, Tq, Hq, value.shape[-1]))
+    lse = query.new_full((B, Tq, Hq), float("-inf"), dtype=torch.float32) if return_lse else None
+    p = plan(vis)
+    if p is not None:
+        rows = _Rows(p, query.device)
+        o, lse_rows = flash_attn_varlen_func(*rows.packed(query, key, value), rows.cu_q, rows.cu_k, rows.max_q,
+                                             rows.max_k, softmax_scale=scaling, causal=True, return_lse=True,
+                                             spec=spec, backend=backend)
+        out = out.index_put(rows.q, o)
+        if return_lse:
+            lse = lse.index_put(rows.q, lse_rows.t())
+    return (out, lse) if return_lse else out
+
+
+def attend_backward(query, key, value, vis, scaling, out, lse, gout, glse=None, spec=None, backend=None):
+    """The gradients of :func:`attend` (query, key, value), bit for bit what eager autograd gives.
+
+    Eager autograd runs: the output scatter's backward (a gather of ``gout``), varlen attention's backward
+    (``torch.ops.lockstep.flash_attn_varlen_backward``: the op's own, with a zero lse gradient when lse
+    was not used, as autograd materialises it), then the packing gathers' backward (zeros, index_put with
+    accumulate). ``out``, ``lse``: :func:`attend`'s outputs (with ``return_lse``)."""
     p = plan(vis)
     if p is None:
-        return out
-    bq, iq, bk, jk, cu_q, cu_k, mq, mk = p
-    dev = query.device
-    bq, iq, bk, jk = (t.to(dev) for t in (bq, iq, bk, jk))
-    kt, vt = key.transpose(1, 2), value.transpose(1, 2)
-    o = flash_attn_varlen_func(qt[bq, iq], kt[bk, jk], vt[bk, jk], cu_q.to(dev), cu_k.to(dev), mq, mk,
-                               softmax_scale=scaling, causal=True, spec=spec, backend=backend)
-    return out.index_put((bq, iq), o)
+        return tuple(_unpacked(None, t, None) for t in (query, key, value))
+    rows = _Rows(p, query.device)
+    q, k, v = rows.packed(query, key, value)
+    lse_rows = lse[rows.q].t()
+    glse_rows = torch.zeros_like(lse_rows) if glse is None else glse[rows.q].t()
+    gq, gk, gv = torch.ops.lockstep.flash_attn_varlen_backward(
+        q, k, v, out[rows.q], lse_rows.contiguous(), rows.cu_q, rows.cu_k, rows.max_q, rows.max_k,
+        _scale(scaling, query.shape[-1]), True, [-1, -1], gout[rows.q], glse_rows.contiguous(), spec, backend)
+    return _unpacked(gq, query, rows.q), _unpacked(gk, key, rows.k), _unpacked(gv, value, rows.k)
+
+
+def _unpacked(g, like, index):
+    """Packed rows' gradient ``g [total, H, D]`` -> ``like``'s ``[B, H, T, D]``: summed into zeros laid out
+    ``[B, T, H, D]`` as eager's index backward does (the gathers index the ``transpose(1, 2)`` view), so
+    the same strides reach the later backward kernels."""
+    b, h, t, d = like.shape
+    full = like.new_zeros((b, t, h, d))
+    if g is not None:
+        full.index_put_(index, g, accumulate=True)
+    return full.transpose(1, 2)
