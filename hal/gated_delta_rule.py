@@ -346,10 +346,10 @@ def _routed_gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     open_rows, s = 0, None
     if want == 2:  # the state's spec must be known here, not resolved when the graph runs (it shapes the outputs)
         named = spec if spec is not None else state_spec
-        if named is None:
-            raise UnsupportedError(
-                f"{op}(output_final_state='state') under torch.compile / torch.export needs its spec named: pass "
-                "spec=<a gated_delta_rule spec id> (or an initial_state object, which carries its spec id)")
+        if named is None:  # (Dynamo shows a refusal met while tracing by this source line: keep it telling)
+            raise UnsupportedError(f"{op}: a state object out under torch.compile / export needs its spec named: "
+                                   "pass spec=<a gated_delta_rule spec id> (or an initial_state object, which "
+                                   "carries its spec id)")
         s = specs.resolve(OPS[op], named)
         open_rows = s.chunk if s.variant == "chunked" else 0
     o, final, position, S, *opens = route(op, q, k, v, g, beta, scale, bare, state_spec, layout, *parts, want,
