@@ -118,6 +118,11 @@ TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
     TorchOp("gdn_causal_conv1d", "gdn_causal_conv1d", "hal.gated_delta_rule:gdn_causal_conv1d",
             "Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, Tensor? cu_seqlens",
             "(Tensor, Tensor)"),
+    # the patched HF GatedDeltaNet's mask / positions -> packed sequences (a plan that reads values), conv and
+    # chunk rule in one kernel: o [B, T, HV, dv] with zeros at padding (hal/integrations/hf_modules.py)
+    TorchOp("hf_gated_delta_net", "chunk_gated_delta_rule", "hal.integrations.hf_modules:packed_conv_and_rule",
+            "Tensor mixed, Tensor g, Tensor beta, Tensor conv_weight, Tensor? conv_bias, Tensor? attention_mask, "
+            "Tensor? position_ids, Tensor? cu_seq_lens_q, int key_dim, int head_k_dim, int head_v_dim", "Tensor"),
     # the patched HF attention: mask / positions -> sequences (a plan that reads values) + varlen attention,
     # all inside one kernel so that a traced model holds no data-dependent host code
     TorchOp("hf_attention", "flash_attn_varlen_func", "hal.integrations.hf_attention:masked_attention",

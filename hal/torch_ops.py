@@ -133,8 +133,21 @@ def _gdn_fake_conv(x, weight, bias, conv_state, activation, cu_seqlens, spec, ba
     return x.new_empty(x.shape), x.new_empty((n, weight.shape[1] - 1, x.shape[2]))
 
 
+def _gdn_fake_hf(mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids, cu_seq_lens_q, key_dim,
+                 head_k_dim, head_v_dim, spec, backend):
+    return mixed.new_empty((*mixed.shape[:2], g.shape[-1], head_v_dim))
+
+
 FAKES.update({"chunk_gated_delta_rule": _gdn_fake_rule, "fused_recurrent_gated_delta_rule": _gdn_fake_rule,
-              "gdn_gating": _gdn_fake_gating, "gdn_causal_conv1d": _gdn_fake_conv})
+              "gdn_gating": _gdn_fake_gating, "gdn_causal_conv1d": _gdn_fake_conv, "hf_gated_delta_net": _gdn_fake_hf})
+
+_HF_GDN_NO_BACKWARD = ("the patched HF GatedDeltaNet under torch.compile / torch.export has no backward pass yet; "
+                       "compile the patched model for inference (torch.no_grad()) or train it eagerly")
+
+
+def _hf_gdn_refuse(ctx, inputs, output):
+    from .errors import UnsupportedError
+    raise UnsupportedError(_HF_GDN_NO_BACKWARD)
 
 
 def _like_or_empty(*inputs, fallback):
@@ -234,6 +247,8 @@ def _register_gdn(lib) -> None:
                                     lib=lib)
     torch.library.register_autograd(f"{NAMESPACE}::gdn_causal_conv1d", _gdn_conv_backward,
                                     setup_context=_gdn_conv_setup, lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::hf_gated_delta_net", _no_backward("hf_gated_delta_net"),
+                                    setup_context=_hf_gdn_refuse, lib=lib)
 
 
 # ---------------------------------------------------------------- varlen attention's backward, itself an op
