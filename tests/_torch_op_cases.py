@@ -63,6 +63,13 @@ def op_args(name: str, dtype=F32, rows: int = 3, noncontig: bool = False) -> tup
         return (q, k, v, vis, None, None, None, True, 0.25)
     if name in GDN_RULES:
         return gdn_rule_args(dtype, rows, noncontig)
+    if name == "hf_gated_delta_net":  # [B, T, ...] conv input and gates, row 1 left-padded by 2; 2 key / 4 value heads
+        t = rows + 2
+        mask = torch.ones(2, t, dtype=torch.long)
+        mask[1, :2] = 0
+        g = -_t(2, t, 4, dtype=F32, seed=3).abs()
+        return (_t(2, t, 64, dtype=dtype, noncontig=noncontig), g, torch.sigmoid(_t(2, t, 4, seed=4)),
+                _t(64, 4, dtype=dtype, seed=1) * 0.5, None, mask, None, None, 16, 8, 8)
     if name == "gdn_gating":  # a, b [1, rows, HV] as the HF layer passes them
         return (_t(4, dtype=dtype, grad=grad) * 0.5, _t(1, rows, 4, dtype=dtype, grad=grad, seed=1),
                 _t(4, dtype=dtype, grad=grad, seed=2), _t(1, rows, 4, dtype=dtype, grad=grad, seed=3))
@@ -138,4 +145,7 @@ def public(name, args):
         return masked_attention(*args)
     if name in GDN_RULES:
         return gdn_public(name, args)
+    if name == "hf_gated_delta_net":
+        from hal.integrations.hf_modules import packed_conv_and_rule
+        return packed_conv_and_rule(*args)
     return getattr(hal, name)(*args)

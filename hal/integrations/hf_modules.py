@@ -320,9 +320,9 @@ def _traced_gated_delta_net(mod, hidden_states, attention_mask, cu_seq_lens_q):
     pos = mod.__dict__.get("_lockstep_position_ids")
     mixed, z, b, a = gdn_projections(mod, hidden_states.reshape(1, B * T, -1))
     g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
-    o = route("hf_gated_delta_net", mixed.reshape(B, T, -1), g.reshape(B, T, -1), beta.reshape(B, T, -1),
-              mod.conv1d.weight.squeeze(1), mod.conv1d.bias, attention_mask, pos, cu_seq_lens_q, mod.key_dim,
-              mod.head_k_dim, mod.head_v_dim)
+    o = packed_conv_and_rule(mixed.reshape(B, T, -1), g.reshape(B, T, -1), beta.reshape(B, T, -1),
+                             mod.conv1d.weight.squeeze(1), mod.conv1d.bias, attention_mask, pos, cu_seq_lens_q,
+                             mod.key_dim, mod.head_k_dim, mod.head_v_dim)
     dv = mod.head_v_dim
     out = mod.out_proj(mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(B, T, -1))
     if attention_mask is None:
@@ -335,7 +335,10 @@ def packed_conv_and_rule(mixed, g, beta, conv_weight, conv_bias, attention_mask,
     """The kernel of ``torch.ops.lockstep.hf_gated_delta_net``: the real tokens of ``mixed [B, T, C]`` (the conv
     input) and the gates ``g, beta [B, T, HV]`` packed as :func:`gated_delta_net` packs them (from the mask and
     positions), the conv and the chunk rule over the packed sequences, then ``o [B, T, HV, dv]`` scattered
-    back (zeros at padding)."""
+    back (zeros at padding). While tracing, the call is that op."""
+    if tracing():
+        return route("hf_gated_delta_net", mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids,
+                     cu_seq_lens_q, key_dim, head_k_dim, head_v_dim, spec=spec, backend=backend)
     B, T, _ = mixed.shape
     out = mixed.new_zeros((B, T, g.shape[-1], head_v_dim))
     runs = _runs(B, T, attention_mask, position_ids, cu_seq_lens_q)
