@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 
 from . import dispatch, spec as specs, validate as val
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .ops import _needs_grad, _prepare
-from .ops_registry import OPS
+from .ops_registry import OPS, TORCH_OP, route, routing
 
 __all__ = ["GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_gating",
            "gdn_causal_conv1d"]
@@ -206,9 +206,7 @@ def _start_parts(initial_state, layout, n, dtype, device, s):
             if S.device != device:
                 raise InputError(f"initial_state is on {S.device}, inputs on {device}")
         return P(torch.zeros(n, dtype=torch.int64), S, None, None, None, None, S)
-    if not isinstance(initial_state, GatedDeltaRuleState):
-        raise InputError(f"initial_state must be None, a float32 tensor [N, HV, d_k, d_v] or a GatedDeltaRuleState, "
-                         f"got {type(initial_state).__name__}")
+    _check_initial_state(initial_state)
     st = initial_state
     if st.spec_id != s.id:
         raise InputError(f"initial_state was made under spec {st.spec_id} but this call uses {s.id}; a state "
@@ -255,17 +253,29 @@ class _GDNFn(torch.autograd.Function):
 # ---------------------------------------------------------------- the two public ops
 
 
-def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
-         spec, backend):
-    if beta is None:
-        val.tensor("g", g)
-        beta = torch.ones(tuple(g.shape), dtype=g.dtype, device=g.device)
+_FINAL_STATES = (False, True, "state")
+
+
+def _check_final_state(output_final_state):
+    if output_final_state not in _FINAL_STATES:
+        raise InputError(f"output_final_state must be False, True (FLA tensor) or 'state' (exact state object), "
+                         f"got {output_final_state!r}")
+
+
+def _check_initial_state(initial_state):
+    if not (initial_state is None or isinstance(initial_state, (torch.Tensor, GatedDeltaRuleState))):
+        raise InputError(f"initial_state must be None, a float32 tensor [N, HV, d_k, d_v] or a GatedDeltaRuleState, "
+                         f"got {type(initial_state).__name__}")
+
+
+def _plan(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+          spec, backend):
+    """Every check of a gated delta rule call, then its choices: (spec, backend, incoming Parts, cu list,
+    float32 scale, layout). Shared by the forward and the backward torch op's kernel."""
     dtype, layout = _check_inputs(q, k, v, g, beta)
     cu = _cu_list(cu_seqlens, q)
     n = q.shape[0] if cu is None else len(cu) - 1
-    if output_final_state not in (False, True, "state"):
-        raise InputError(f"output_final_state must be False, True (FLA tensor) or 'state' (exact state object), "
-                         f"got {output_final_state!r}")
+    _check_final_state(output_final_state)
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise InputError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
     dk = layout[2]
@@ -275,6 +285,19 @@ def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     device = dispatch.common_device(dict(q=q, k=k, v=v, g=g, beta=beta))
     parts = _start_parts(initial_state, layout, n, dtype, device, s)
     impl = dispatch.select(op, s, dtype, device, backend)
+    return s, impl, parts, cu, scale, layout
+
+
+def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+         spec, backend):
+    if beta is None:
+        val.tensor("g", g)
+        beta = torch.ones(tuple(g.shape), dtype=g.dtype, device=g.device)
+    if routing(op, q, k, v, g, beta, cu_seqlens) is TORCH_OP:
+        return _routed_gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                           use_qk_l2norm_in_kernel, spec, backend)
+    s, impl, parts, cu, scale, layout = _plan(op, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                              cu_seqlens, use_qk_l2norm_in_kernel, spec, backend)
     as_state = output_final_state == "state" or (output_final_state is True and
                                                  isinstance(initial_state, GatedDeltaRuleState))
     # Nothing to do (no token, or no sequence: batch 0): o is empty, the state unchanged (a copy: the
@@ -298,6 +321,133 @@ def _gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     if as_state:
         return o, GatedDeltaRuleState(s.id, layout, new)
     return o, (fin if output_final_state else None)
+
+
+# ---------------------------------------------------------------- the torch ops (hal/ops_registry.py rows)
+# A state object crosses the op boundary as tensors: its spec id (``state_spec``), layout and the seven
+# Parts fields go in as arguments, and the op returns (o, final, position, S, open_k, open_v, open_g,
+# open_beta); the public function rebuilds the object outside the op. Fields a call does not return are
+# empty [0] tensors, fields a spec has not (serial: no open rows) are [N, 0, ...]: the fake kernel knows
+# every shape from the arguments alone (``output_final_state``: 0 none, 1 the FLA tensor, 2 the state).
+
+_WANT = {0: False, 1: True, 2: "state"}
+
+
+def _routed_gdn(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, l2, spec, backend):
+    """The call as ``torch.ops.lockstep.<op>`` (under torch.compile / torch.export, or hal.torch_ops.routed())."""
+    _check_final_state(output_final_state)
+    _check_initial_state(initial_state)
+    state_in = isinstance(initial_state, GatedDeltaRuleState)
+    want = 2 if output_final_state == "state" or (output_final_state is True and state_in) else int(output_final_state)
+    if state_in:
+        bare, state_spec, layout, parts = None, initial_state.spec_id, list(initial_state.layout), tuple(initial_state.parts)
+    else:
+        bare, state_spec, layout, parts = initial_state, None, [], (None,) * 7
+    open_rows, s = 0, None
+    if want == 2:  # the state's spec must be known here, not resolved when the graph runs (it shapes the outputs)
+        named = spec if spec is not None else state_spec
+        if named is None:  # (Dynamo shows a refusal met while tracing by this source line: keep it telling)
+            raise UnsupportedError(f"{op}: a state object out under torch.compile / export needs its spec named: "
+                                   "pass spec=<a gated_delta_rule spec id> (or an initial_state object, which "
+                                   "carries its spec id)")
+        s = specs.resolve(OPS[op], named)
+        open_rows = s.chunk if s.variant == "chunked" else 0
+    o, final, position, S, *opens = route(op, q, k, v, g, beta, scale, bare, state_spec, layout, *parts, want,
+                                          open_rows, cu_seqlens, l2, spec=spec, backend=backend)
+    if want < 2:
+        return o, (final if want else None)
+    P = _parts_type()
+    return o, GatedDeltaRuleState(s.id, (q.shape[2], v.shape[2], q.shape[3], v.shape[3]),
+                                  P(position, S, *(opens if open_rows else [None] * 4), final))
+
+
+def _incoming(initial_state, state_spec, state_layout, parts):
+    """The public ``initial_state`` argument rebuilt from the op's arguments."""
+    if state_spec is None:
+        return initial_state
+    return GatedDeltaRuleState(state_spec, tuple(state_layout), _parts_type()(*parts))
+
+
+def _rule_kernel(op, q, k, v, g, beta, scale, initial_state, state_spec, state_layout, state_position, state_S,
+                 open_k, open_v, open_g, open_beta, state_final, output_final_state, open_rows, cu_seqlens,
+                 use_qk_l2norm_in_kernel, spec, backend):
+    """The real kernel of both rule ops: the public function, its results flattened to the op's outputs."""
+    parts = (state_position, state_S, open_k, open_v, open_g, open_beta, state_final)
+    o, final = _gdn(op, q, k, v, g, beta, scale, _incoming(initial_state, state_spec, state_layout, parts),
+                    _WANT[output_final_state], cu_seqlens, use_qk_l2norm_in_kernel, spec, backend)
+    fields = _rule_fake(q, v, beta, initial_state, state_S, output_final_state, open_rows, cu_seqlens)
+    if output_final_state == 2:
+        got = final.parts
+        if open_rows != (0 if got.open_k is None else got.open_k.shape[1]):  # the fake's shapes would be wrong
+            raise AssertionError(f"{op}: spec {final.spec_id} kept {got.open_k is not None and got.open_k.shape[1]} "
+                                 f"open rows, the op expected {open_rows}")
+        fin = final.final_state
+        fin = fin.clone() if fin is got.S else fin  # serial: final is S; two outputs may not share storage
+        return (o, fin, got.position, got.S, *(f if x is None else x for f, x in zip(fields[4:], got[2:6])))
+    return (o, fields[1] if final is None else final, *fields[2:])
+
+
+def _rule_fake(q, v, beta, initial_state, state_S, output_final_state, open_rows, cu_seqlens):
+    """The outputs' shapes and dtypes (no data): (o, final, position, S, open_k, open_v, open_g, open_beta)."""
+    B, _, H, dk = q.shape
+    HV, dv = v.shape[2], v.shape[3]
+    n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    sdtype = F64 if v.dtype == F64 else F32
+    state = (n, HV, dk, dv)
+
+    def empty(shape=(0,), dtype=sdtype):
+        return q.new_empty(shape, dtype=dtype)
+    o = v.new_empty(v.shape)
+    if output_final_state == 0:
+        return (o, *(empty() for _ in range(7)))
+    if output_final_state == 1:
+        return (o, empty(state), *(empty() for _ in range(6)))
+    opened = [(n, open_rows, H, dk), (n, open_rows, HV, dv), (n, open_rows, HV), (n, open_rows, HV)]
+    return (o, empty(state), empty((n,), torch.int64), empty(state), *(empty(s, F32) for s in opened))
+
+
+def _chunk_kernel(**args):
+    return _rule_kernel("chunk_gated_delta_rule", **args)
+
+
+def _fused_recurrent_kernel(**args):
+    return _rule_kernel("fused_recurrent_gated_delta_rule", **args)
+
+
+def _rule_backward_kernel(q, k, v, g, beta, scale, initial_state, state_spec, state_layout, state_position, state_S,
+                          open_k, open_v, open_g, open_beta, state_final, cu_seqlens, use_qk_l2norm_in_kernel, do,
+                          dfinal, op, spec, backend):
+    """_GDNFn.backward (hal/gdn_backward.py) with spec and backend chosen now, as the forward's kernel chose
+    them. Returns the grads of (q, k, v, g, beta, initial_state); [0] for an initial_state not given."""
+    from .gdn_backward import grads
+    parts = (state_position, state_S, open_k, open_v, open_g, open_beta, state_final)
+    incoming = _incoming(initial_state, state_spec, state_layout, parts)
+    _, impl, start, cu, scale, _ = _plan(op, q, k, v, g, beta, scale, incoming, False, cu_seqlens,
+                                         use_qk_l2norm_in_kernel, spec, backend)
+    with torch.no_grad():
+        out = grads((q, k, v, g, beta), initial_state, start, scale, cu, use_qk_l2norm_in_kernel, do, dfinal, impl)
+    return tuple((q.new_empty((0,)) if x is None else x.new_zeros(x.shape)) if gr is None else gr.contiguous()
+                 for gr, x in zip(out, (q, k, v, g, beta, initial_state)))
+
+
+def _recompute_backward(oracle, inputs, rest, grads_out):
+    """_RecomputeFn.backward for the op kernels: grads of ``inputs`` ([0] for an input not given)."""
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(saved_tensors=tuple(inputs), oracle_fn=oracle, rest=tuple(rest))
+    got = _RecomputeFn.backward(ctx, *grads_out)[3:3 + len(inputs)]
+    return tuple((x.new_zeros(x.shape) if x is not None else grads_out[0].new_empty((0,))) if gr is None
+                 else gr.contiguous() for gr, x in zip(got, inputs))
+
+
+def _gating_backward_kernel(A_log, a, dt_bias, b, grad_g, grad_beta):
+    from hal.kernels.oracle.gated_delta_rule import gdn_gating as oracle
+    return _recompute_backward(oracle, (A_log, a, dt_bias, b), (), (grad_g, grad_beta))
+
+
+def _conv_backward_kernel(x, weight, bias, conv_state, activation, cu_seqlens, grad_y, grad_state):
+    from hal.kernels.oracle.gated_delta_rule import causal_conv1d as oracle
+    cu = _cu_list(cu_seqlens, x.unsqueeze(-1))
+    return _recompute_backward(oracle, (x, weight, bias, conv_state), (activation, cu), (grad_y, grad_state))
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -366,6 +516,8 @@ def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
 
     ``A_log, dt_bias [HV]``; ``a, b [..., HV]``. Per element, so decode-exact by construction.
     """
+    if routing("gdn_gating", A_log, a, dt_bias, b) is TORCH_OP:
+        return route("gdn_gating", A_log, a, dt_bias, b, spec=spec, backend=backend)
     for name, t in (("A_log", A_log), ("a", a), ("dt_bias", dt_bias), ("b", b)):
         val.tensor(name, t)
         val.floating(name, t)
@@ -396,6 +548,11 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
     ``conv_state [N, K-1, D]`` (the previous K-1 inputs, x's dtype; None = zeros). Returns
     ``(y like x, new conv_state)``; continuing with the returned state is exact at any split.
     """
+    if routing("gdn_causal_conv1d", x, weight, bias, conv_state, cu_seqlens) is TORCH_OP:
+        if activation not in ("silu", None):
+            raise InputError(f"activation must be 'silu' or None, got {activation!r}")
+        return route("gdn_causal_conv1d", x, weight, bias, conv_state, activation, cu_seqlens, spec=spec,
+                     backend=backend)
     val.tensor("x", x, ndim=3), val.tensor("weight", weight, ndim=2)
     val.floating("x", x), val.floating("weight", weight)
     D, K = weight.shape

@@ -120,6 +120,25 @@ TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
             "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
             "Tensor? block_table, float? softmax_scale, bool causal, SymInt[] window_size, int num_splits",
             "(Tensor, Tensor)", fixed=(("return_lse", True),)),
+    # gated delta rule: a GatedDeltaRuleState crosses as tensors (its spec id, layout and Parts fields in;
+    # o, final and the Parts fields out; empty where absent): hal/gated_delta_rule.py, "the torch ops"
+    *(TorchOp(name, name, f"hal.gated_delta_rule:{kernel}",
+              "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, Tensor? initial_state, "
+              "str? state_spec, int[] state_layout, Tensor? state_position, Tensor? state_S, Tensor? open_k, "
+              "Tensor? open_v, Tensor? open_g, Tensor? open_beta, Tensor? state_final, int output_final_state, "
+              "SymInt open_rows, Tensor? cu_seqlens, bool use_qk_l2norm_in_kernel", "(" + ", ".join(["Tensor"] * 8) + ")")
+      for name, kernel in (("chunk_gated_delta_rule", "_chunk_kernel"),
+                           ("fused_recurrent_gated_delta_rule", "_fused_recurrent_kernel"))),
+    TorchOp("gdn_gating", "gdn_gating", "hal.gated_delta_rule:gdn_gating",
+            "Tensor A_log, Tensor a, Tensor dt_bias, Tensor b", "(Tensor, Tensor)"),
+    TorchOp("gdn_causal_conv1d", "gdn_causal_conv1d", "hal.gated_delta_rule:gdn_causal_conv1d",
+            "Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, Tensor? cu_seqlens",
+            "(Tensor, Tensor)"),
+    # the patched HF GatedDeltaNet's mask / positions -> packed sequences (a plan that reads values), conv and
+    # chunk rule in one kernel: o [B, T, HV, dv] with zeros at padding (hal/integrations/hf_modules.py)
+    TorchOp("hf_gated_delta_net", "chunk_gated_delta_rule", "hal.integrations.hf_modules:packed_conv_and_rule",
+            "Tensor mixed, Tensor g, Tensor beta, Tensor conv_weight, Tensor? conv_bias, Tensor? attention_mask, "
+            "Tensor? position_ids, Tensor? cu_seq_lens_q, int key_dim, int head_k_dim, int head_v_dim", "Tensor"),
     # the patched HF attention: mask / positions -> sequences (a plan that reads values) + varlen attention,
     # all inside one kernel so that a traced model holds no data-dependent host code
     # (lse [B, Tq, Hq] is returned for the backward op, which gathers it as the varlen backward needs it)
@@ -193,7 +212,7 @@ def route(name: str, *args, spec=None, backend=None):
     for a in args:
         if isinstance(a, (list, tuple)) and all(isinstance(x, (int, torch.SymInt)) for x in a):
             continue  # int[] arguments (window_size)
-        if not (a is None or isinstance(a, (torch.Tensor, bool, int, float, torch.SymInt, torch.SymFloat))):
+        if not (a is None or isinstance(a, (torch.Tensor, bool, int, float, str, torch.SymInt, torch.SymFloat))):
             raise UnsupportedError(
                 f"{op.public} under torch.compile / torch.export: an argument of type {type(a).__name__} cannot "
                 f"cross the torch op boundary", [f"{type(a).__name__} is not a tensor or a number (a prepared "

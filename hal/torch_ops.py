@@ -115,6 +115,151 @@ FAKES = {
 }
 
 
+# ---------------------------------------------------------------- gated delta rule ops (fakes, backward ops)
+# Their backwards are ops too: the rule's reads cu_seqlens on the host and, like the conv's and the gates',
+# differentiates a recompute with torch.autograd.grad, which must stay out of AOT autograd's trace.
+
+
+def _gdn_fake_rule(q, k, v, g, beta, scale, initial_state, state_spec, state_layout, state_position, state_S, open_k,
+                   open_v, open_g, open_beta, state_final, output_final_state, open_rows, cu_seqlens, l2, spec, backend):
+    from .gated_delta_rule import _rule_fake
+    return _rule_fake(q, v, beta, initial_state, state_S, output_final_state, open_rows, cu_seqlens)
+
+
+def _gdn_fake_gating(A_log, a, dt_bias, b, spec, backend):
+    dtype = torch.float64 if torch.float64 in (A_log.dtype, a.dtype, dt_bias.dtype, b.dtype) else torch.float32
+    return a.new_empty(a.shape, dtype=dtype), a.new_empty(a.shape, dtype=dtype)
+
+
+def _gdn_fake_conv(x, weight, bias, conv_state, activation, cu_seqlens, spec, backend):
+    n = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return x.new_empty(x.shape), x.new_empty((n, weight.shape[1] - 1, x.shape[2]))
+
+
+def _gdn_fake_hf(mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids, cu_seq_lens_q, key_dim,
+                 head_k_dim, head_v_dim, spec, backend):
+    return mixed.new_empty((*mixed.shape[:2], g.shape[-1], head_v_dim))
+
+
+FAKES.update({"chunk_gated_delta_rule": _gdn_fake_rule, "fused_recurrent_gated_delta_rule": _gdn_fake_rule,
+              "gdn_gating": _gdn_fake_gating, "gdn_causal_conv1d": _gdn_fake_conv, "hf_gated_delta_net": _gdn_fake_hf})
+
+_HF_GDN_NO_BACKWARD = ("the patched HF GatedDeltaNet under torch.compile / torch.export has no backward pass yet; "
+                       "compile the patched model for inference (torch.no_grad()) or train it eagerly")
+
+
+def _no_backward(name):
+    def backward(ctx, *grads):
+        raise AssertionError(f"unreachable: {name}'s setup_context refuses inputs that require grad")
+    return backward
+
+
+def _hf_gdn_refuse(ctx, inputs, output):
+    from .errors import UnsupportedError
+    raise UnsupportedError(_HF_GDN_NO_BACKWARD)
+
+
+def _like_or_empty(*inputs, fallback):
+    """A fake gradient per input: its shape and dtype, or [0] for an input not given."""
+    return tuple(fallback.new_empty((0,)) if x is None else x.new_empty(x.shape) for x in inputs)
+
+
+# name -> (schema, the kernel in hal/gated_delta_rule.py, fake)
+_GDN_BACKWARDS = {
+    "gated_delta_rule_backward": (
+        "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, Tensor? initial_state, str? state_spec, "
+        "int[] state_layout, Tensor? state_position, Tensor? state_S, Tensor? open_k, Tensor? open_v, "
+        "Tensor? open_g, Tensor? open_beta, Tensor? state_final, Tensor? cu_seqlens, bool use_qk_l2norm_in_kernel, "
+        "Tensor do, Tensor dfinal, str op, str? spec, str? backend) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        "_rule_backward_kernel", lambda q, k, v, g, beta, scale, init, *rest: _like_or_empty(q, k, v, g, beta, init,
+                                                                                           fallback=q)),
+    "gdn_gating_backward": (
+        "(Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor grad_g, Tensor grad_beta) "
+        "-> (Tensor, Tensor, Tensor, Tensor)",
+        "_gating_backward_kernel", lambda A_log, a, dt_bias, b, gg, gb: _like_or_empty(A_log, a, dt_bias, b, fallback=a)),
+    "gdn_causal_conv1d_backward": (
+        "(Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, Tensor? cu_seqlens, "
+        "Tensor grad_y, Tensor grad_state) -> (Tensor, Tensor, Tensor, Tensor)",
+        "_conv_backward_kernel", lambda x, weight, bias, state, *rest: _like_or_empty(x, weight, bias, state,
+                                                                                     fallback=x)),
+}
+
+
+def _gdn_kernel(name):
+    def kernel(*args):
+        from . import gated_delta_rule
+        return getattr(gated_delta_rule, name)(*args)
+    kernel.__name__ = f"lockstep_{name}"
+    return kernel
+
+
+def _gdn_rule_setup(ctx, inputs, output):
+    (q, k, v, g, beta, scale, init, state_spec, layout, *parts), rest = inputs[:16], inputs[16:]
+    want, _, cu, l2, spec, backend = rest
+    ctx.save_for_backward(q, k, v, g, beta, init, *parts, cu)
+    ctx.rest = (scale, state_spec, list(layout), want, l2, spec, backend)
+
+
+def _gdn_rule_backward(op):
+    def backward(ctx, do, dfinal, *unused):
+        q, k, v, g, beta, init, *parts, cu = ctx.saved_tensors
+        scale, state_spec, layout, want, l2, spec, backend = ctx.rest
+        n = q.shape[0] if cu is None else cu.shape[0] - 1
+        if do is None:
+            do = torch.zeros_like(v)
+        if want == 0 or dfinal is None:  # no final state returned (an empty output): nothing flows from it
+            dfinal = v.new_zeros((n, v.shape[2], q.shape[3], v.shape[3]),
+                                 dtype=torch.float64 if v.dtype == torch.float64 else torch.float32)
+        grads = getattr(torch.ops, NAMESPACE).gated_delta_rule_backward(
+            q, k, v, g, beta, scale, init, state_spec, layout, *parts, cu, l2, do, dfinal, op, spec, backend)
+        return (*grads[:5], None, grads[5] if init is not None else None, *[None] * 15)
+    return backward
+
+
+def _gdn_gating_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+
+
+def _gdn_gating_backward(ctx, grad_g, grad_beta):
+    A_log, a, dt_bias, b = ctx.saved_tensors
+    dtype = torch.float64 if torch.float64 in (A_log.dtype, a.dtype, dt_bias.dtype, b.dtype) else torch.float32
+    grad_g, grad_beta = (a.new_zeros(a.shape, dtype=dtype) if x is None else x for x in (grad_g, grad_beta))
+    grads = getattr(torch.ops, NAMESPACE).gdn_gating_backward(A_log, a, dt_bias, b, grad_g, grad_beta)
+    return (*grads, None, None)
+
+
+def _gdn_conv_setup(ctx, inputs, output):
+    x, weight, bias, conv_state, activation, cu = inputs[:6]
+    ctx.save_for_backward(x, weight, bias, conv_state, cu)
+    ctx.activation, ctx.state_shape = activation, output[1].shape
+
+
+def _gdn_conv_backward(ctx, grad_y, grad_state):
+    x, weight, bias, conv_state, cu = ctx.saved_tensors
+    grad_y = torch.zeros_like(x) if grad_y is None else grad_y
+    grad_state = x.new_zeros(ctx.state_shape) if grad_state is None else grad_state
+    gx, gw, gb, gs = getattr(torch.ops, NAMESPACE).gdn_causal_conv1d_backward(
+        x, weight, bias, conv_state, ctx.activation, cu, grad_y, grad_state)
+    return gx, gw, gb if bias is not None else None, gs if conv_state is not None else None, None, None, None, None
+
+
+def _register_gdn(lib) -> None:
+    """The gated delta rule ops' backward ops and autograd (their forward rows are in the table)."""
+    for name, (schema, kernel, fake) in _GDN_BACKWARDS.items():
+        lib.define(name + schema)
+        lib.impl(name, _gdn_kernel(kernel), "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+    for op in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        torch.library.register_autograd(f"{NAMESPACE}::{op}", _gdn_rule_backward(op), setup_context=_gdn_rule_setup,
+                                        lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::gdn_gating", _gdn_gating_backward, setup_context=_gdn_gating_setup,
+                                    lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::gdn_causal_conv1d", _gdn_conv_backward,
+                                    setup_context=_gdn_conv_setup, lib=lib)
+    torch.library.register_autograd(f"{NAMESPACE}::hf_gated_delta_net", _no_backward("hf_gated_delta_net"),
+                                    setup_context=_hf_gdn_refuse, lib=lib)
+
+
 # ---------------------------------------------------------------- attention backwards, themselves ops
 # Their math reads cu_seqlens / the mask plan on the host (sequence by sequence), so under AOT autograd they
 # must be opaque too. Each: schema, real kernel, fake kernel; the forward op's autograd calls it.
@@ -287,6 +432,7 @@ def register_all() -> None:
                                     setup_context=_varlen_setup, lib=lib)
     torch.library.register_autograd(f"{NAMESPACE}::hf_attention", _hf_attention_backward,
                                     setup_context=_hf_attention_setup, lib=lib)
+    _register_gdn(lib)
     _lib = lib
 
 

@@ -182,15 +182,15 @@ def _linear(x, spec=None, backend=None):
     return hal.linear(x, _WL, spec=spec, backend=backend)
 
 
-def follows_the_current_backend(compiled) -> bool:
+def follows_the_current_backend(compiled, fn=_linear, args=(_X,)) -> bool:
     """Compiled under hal.use("reference"), called under hal.use("stock"): stock's bits, and back."""
     with hal.use("reference"):
-        first = compiled(_X)
+        first = compiled(*args)
     with hal.use("stock"):
-        later = compiled(_X)
-        stock = _linear(_X)
+        later = compiled(*args)
+        stock = fn(*args)
     with hal.use("reference"):
-        reference = _linear(_X)
+        reference = fn(*args)
     assert not same_bits(stock, reference)  # the two choices are told apart by their bits
     return same_bits(first, reference) and same_bits(later, stock)
 
@@ -247,3 +247,147 @@ def test_bf16_glue_between_lockstep_ops_is_bitwise_with_emulate_precision_casts(
         with inductor_config.patch(emulate_precision_casts=emulate):
             results[emulate] = same_bits(torch.compile(glued, fullgraph=True)(x), want)
     assert results == {True: True, False: False}  # False: the control, the default config's fused glue differs
+
+
+# ---------------------------------------------------------------- the gated delta rule ops
+
+GH, GHV, GD = 2, 4, 16  # q/k heads, value heads, head dim of the GDN cases
+
+def _gdn_weights():
+    g = torch.Generator().manual_seed(21)
+    return dict(qkv=torch.randn((2 * GH + GHV) * GD, H, generator=g) / 16, ab=torch.randn(2 * GHV, H, generator=g) / 16,
+                conv=torch.randn((2 * GH + GHV) * GD, 4, generator=g) / 2, A_log=torch.randn(GHV, generator=g) / 2,
+                dt_bias=torch.randn(GHV, generator=g) / 2)
+
+
+GW = _gdn_weights()
+
+
+def gdn_layer(x, linear=hal.linear):
+    """A Gated DeltaNet layer's lockstep part over x [B, T, H]: projections, conv, gates, the delta rule."""
+    b, t, _ = x.shape
+    y, _ = hal.gdn_causal_conv1d(linear(x, GW["qkv"]), GW["conv"])
+    q, k, v = y.split([GH * GD, GH * GD, GHV * GD], -1)
+    a, beta_in = hal.linear(x, GW["ab"]).chunk(2, -1)
+    g, beta = hal.gdn_gating(GW["A_log"], a, GW["dt_bias"], beta_in)
+    o, _ = hal.chunk_gated_delta_rule(q.reshape(b, t, GH, GD), k.reshape(b, t, GH, GD), v.reshape(b, t, GHV, GD), g,
+                                      beta, use_qk_l2norm_in_kernel=True)
+    return o
+
+
+def _gdn_batch(n, t=5):
+    return torch.randn(37, t, H, generator=torch.Generator().manual_seed(23))[:n]
+
+
+def test_compiled_gdn_layer_gives_eager_bits_and_rows_do_not_change_with_the_batch():
+    counter = GraphCount()
+    compiled = torch.compile(gdn_layer, fullgraph=True, dynamic=True)
+    for n in (2, 37):
+        assert same_bits(compiled(_gdn_batch(n)), gdn_layer(_gdn_batch(n)))
+    assert same_bits(compiled(_gdn_batch(2)), compiled(_gdn_batch(37))[:2])
+    assert counter.frame_count == 1  # one graph served both batch sizes
+
+
+def test_negative_control_a_stock_projection_before_the_gdn_ops_is_caught_by_the_batch_check():
+    torch._dynamo.reset()  # every graph of this test from a fresh cache (the recompile limit is per function)
+    compiled = torch.compile(functools.partial(gdn_layer, linear=F.linear), fullgraph=True, dynamic=True)
+    assert not same_bits(compiled(_gdn_batch(2)), compiled(_gdn_batch(37))[:2])
+
+
+def _rule_inputs(t, seed=0, b=2):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, t, GH, GD, generator=g) for _ in range(2))
+    v = torch.randn(b, t, GHV, GD, generator=g)
+    return q, k, v, -torch.rand(b, t, GHV, generator=g), torch.rand(b, t, GHV, generator=g)
+
+
+def _rule(q, k, v, g, beta, initial_state=None, output_final_state="state", spec=None):
+    return hal.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
+                                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=True, spec=spec)
+
+
+def _split(xs, at):
+    return tuple(x[:, :at] for x in xs), tuple(x[:, at:] for x in xs)
+
+
+@pytest.mark.parametrize("spec", ["chunked", "serial"])
+def test_a_state_object_crosses_the_compiled_graph_and_continues_exactly(spec):
+    """Prefill 70 tokens, continue 30 then decode 1 from the returned state objects (split mid-chunk):
+    the bits of one call over 101 tokens, compiled as eagerly. Under compile the state needs its spec named."""
+    spec_id = next(s.id for s in hal.spec.all_specs() if s.family == "gated_delta_rule" and f".{spec}." in s.id)
+    xs = _rule_inputs(101)
+    torch._dynamo.reset()  # every graph of this test from a fresh cache (the recompile limit is per function)
+    compiled = torch.compile(_rule, fullgraph=True)
+    whole, st_whole = compiled(*xs, spec=spec_id)
+    assert same_bits(whole, _rule(*xs, spec=spec_id)[0])
+    first, rest = _split(xs, 70)
+    mid, last = _split(rest, 30)
+    o1, st = compiled(*first, spec=spec_id)
+    assert isinstance(st, hal.GatedDeltaRuleState) and st.spec_id == spec_id and st.position.tolist() == [70, 70]
+    o2, st = compiled(*mid, initial_state=st, spec=spec_id)  # (a state continues under the spec that made it)
+    o3, st = torch.compile(hal.fused_recurrent_gated_delta_rule, fullgraph=True)(
+        *last, initial_state=st, output_final_state=True, use_qk_l2norm_in_kernel=True, spec=spec_id)
+    assert same_bits(torch.cat([o1, o2, o3], 1), whole) and same_bits(st.final_state, st_whole.final_state)
+    # the spec shapes the state's tensors, so it is never left to the graph's run time (Dynamo wraps the
+    # refusal its trace met in its own error, naming the raising line)
+    with pytest.raises(Exception, match="state object out under torch.compile / export needs its spec named"):
+        compiled(*first)
+
+
+def test_negative_control_continuing_from_the_bare_final_tensor_mid_chunk_is_caught():
+    xs = _rule_inputs(101)
+    torch._dynamo.reset()  # every graph of this test from a fresh cache (the recompile limit is per function)
+    compiled = torch.compile(_rule, fullgraph=True)
+    whole, _ = compiled(*xs, output_final_state=False)
+    first, rest = _split(xs, 70)
+    o1, fin = compiled(*first, output_final_state=True)  # FLA's tensor: the state at 70, no open chunk rows
+    o2, _ = compiled(*rest, initial_state=fin, output_final_state=False)
+    assert isinstance(fin, torch.Tensor) and not same_bits(torch.cat([o1, o2], 1), whole)
+
+
+def test_backward_through_the_compiled_gdn_ops_gives_eager_grads():
+    """The four ops' backwards are lockstep ops too (the rule's reads cu_seqlens on the host): the compiled
+    graph's grads are eager's bits under aot_eager and Inductor."""
+    torch._dynamo.reset()  # every graph of this test from a fresh cache (the recompile limit is per function)
+    x = _gdn_batch(1, 9)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    weights = [GW[name] for name in ("qkv", "conv", "A_log", "dt_bias")]
+
+    def loss(x, w_qkv, w_conv, A_log, dt_bias, S0):
+        y, state = hal.gdn_causal_conv1d(hal.linear(x, w_qkv), w_conv, cu_seqlens=cu)
+        q, k, v = y.split([GH * GD, GH * GD, GHV * GD], -1)
+        a, b = hal.linear(x, GW["ab"]).chunk(2, -1)
+        g, beta = hal.gdn_gating(A_log, a, dt_bias, b)
+        o, fin = hal.chunk_gated_delta_rule(q.reshape(1, 9, GH, GD), k.reshape(1, 9, GH, GD),
+                                            v.reshape(1, 9, GHV, GD), g, beta, initial_state=S0,
+                                            output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        return (o * 0.5).sum() + fin.sum() + state.sum()
+
+    S0 = torch.randn(2, GHV, GD, GD, generator=torch.Generator().manual_seed(5)) * 0.1
+    leaves = [[t.detach().clone().requires_grad_(True) for t in (x, *weights, S0)] for _ in range(3)]
+    loss(*leaves[0]).backward()
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves[1]).backward()
+    torch.compile(loss, fullgraph=True)(*leaves[2]).backward()
+    for got in leaves[1:]:
+        assert all(same_bits(a.grad, b.grad) for a, b in zip(got, leaves[0]))
+    assert all(bool(t.grad.abs().sum() > 0) for t in leaves[0])  # every input got a gradient
+
+
+def _rule_out(q, k, v, g, beta, spec=None, backend=None):
+    return hal.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, spec=spec, backend=backend)[0]
+
+
+def test_a_compiled_gdn_graph_follows_hal_use_and_recompiles_on_a_spec_change():
+    xs = _rule_inputs(5)
+    counter = GraphCount()
+    compiled = torch.compile(_rule_out, fullgraph=True, backend="aot_eager")  # the guard is Dynamo's
+    assert follows_the_current_backend(compiled, _rule_out, xs)
+    serial = "gated_delta_rule.strict.serial.d64.lsm1.v2"
+    default, other = compiled(*xs), compiled(*xs, spec=serial)
+    assert same_bits(default, _rule_out(*xs)) and same_bits(other, _rule_out(*xs, spec=serial))
+    assert not same_bits(default, other)  # the two specs are told apart by their bits
+    assert counter.frame_count == 2  # the spec id is a guarded constant: a second graph
+    with hal.use("reference"):  # negative control: a backend resolved when the graph is traced is caught
+        baked = torch.compile(functools.partial(_rule_out, backend=hal.dispatch.requested_backend()[0]),
+                              fullgraph=True, backend="aot_eager")
+    assert not follows_the_current_backend(baked, _rule_out, xs)

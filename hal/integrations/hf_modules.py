@@ -16,7 +16,7 @@ import torch
 
 import hal
 from ..errors import UnsupportedError
-from ..ops_registry import tracing
+from ..ops_registry import TORCH_OP, route, routing, tracing
 from .hf_attention import (attend, check_attention_args, masked_attention, segments_from_cu,
                            segments_from_positions, several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
@@ -252,6 +252,12 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
         cache = kwargs.pop("cache_params", None)
     if getattr(mod, "activation", "silu") != "silu":
         raise UnsupportedError(f"GatedDeltaNet activation {mod.activation!r}: only silu is supported")
+    if cache is not None and tracing():
+        raise UnsupportedError("a cached GatedDeltaNet forward under torch.compile / torch.export is not supported yet "
+                               "(its exact states live in Python objects beside the cache); compile the forward "
+                               "with use_cache=False")
+    if tracing():
+        return _traced_gated_delta_net(mod, hidden_states, attention_mask, kwargs.get("cu_seq_lens_q"))
     if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
         return _engine_gated_delta_net(mod, hidden_states, gdn_engine_states(cache), kwargs["cu_seq_lens_q"])
     B, T, H = hidden_states.shape
@@ -297,6 +303,59 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
     dv = mod.head_v_dim
     o = mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(1, n, -1)
     return out.index_put((bi, ti), mod.out_proj(o)[0])
+
+
+def _traced_gated_delta_net(mod, hidden_states, attention_mask, cu_seq_lens_q):
+    """:func:`gated_delta_net` without a cache, as torch.compile / torch.export trace it: no host read.
+
+    Which tokens form which sequence is read from the mask and positions, values only the op's kernel may
+    read (:func:`packed_conv_and_rule`, one ``torch.ops.lockstep.hf_gated_delta_net``). Everything per
+    token runs over all B x T tokens, padding included (projections, gates, the gated norm, out_proj:
+    lockstep gives each row the bits it has alone); padding's outputs are then zeroed, as eagerly.
+    """
+    B, T, _ = hidden_states.shape
+    if attention_mask is not None and tuple(attention_mask.shape) != (B, T):
+        raise UnsupportedError(f"GatedDeltaNet: padding mask of shape {tuple(attention_mask.shape)}, "
+                               f"expected [{B}, {T}]")
+    pos = mod.__dict__.get("_lockstep_position_ids")
+    mixed, z, b, a = gdn_projections(mod, hidden_states.reshape(1, B * T, -1))
+    g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
+    o = packed_conv_and_rule(mixed.reshape(B, T, -1), g.reshape(B, T, -1), beta.reshape(B, T, -1),
+                             mod.conv1d.weight.squeeze(1), mod.conv1d.bias, attention_mask, pos, cu_seq_lens_q,
+                             mod.key_dim, mod.head_k_dim, mod.head_v_dim)
+    dv = mod.head_v_dim
+    out = mod.out_proj(mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(B, T, -1))
+    if attention_mask is None:
+        return out
+    return torch.where(attention_mask.bool().unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
+
+
+def packed_conv_and_rule(mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids, cu_seq_lens_q,
+                         key_dim, head_k_dim, head_v_dim, spec=None, backend=None):
+    """The kernel of ``torch.ops.lockstep.hf_gated_delta_net``: the real tokens of ``mixed [B, T, C]`` (the conv
+    input) and the gates ``g, beta [B, T, HV]`` packed as :func:`gated_delta_net` packs them (from the mask and
+    positions), the conv and the chunk rule over the packed sequences, then ``o [B, T, HV, dv]`` scattered
+    back (zeros at padding). While tracing, the call is that op."""
+    if routing("hf_gated_delta_net", mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids) is TORCH_OP:
+        return route("hf_gated_delta_net", mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids,
+                     cu_seq_lens_q, key_dim, head_k_dim, head_v_dim, spec=spec, backend=backend)
+    B, T, _ = mixed.shape
+    out = mixed.new_zeros((B, T, g.shape[-1], head_v_dim))
+    runs = _runs(B, T, attention_mask, position_ids, cu_seq_lens_q)
+    if not runs:
+        return out
+    dev = mixed.device
+    bi = torch.cat([torch.full((t1 - t0,), b) for b, t0, t1 in runs]).to(dev)
+    ti = torch.cat([torch.arange(t0, t1) for b, t0, t1 in runs]).to(dev)
+    cu = torch.tensor([0] + [t1 - t0 for _, t0, t1 in runs], dtype=torch.int64).cumsum(0).to(dev)
+    n = int(cu[-1])
+    y, _ = hal.gdn_causal_conv1d(mixed[bi, ti].unsqueeze(0), conv_weight, conv_bias, activation="silu", cu_seqlens=cu,
+                                 spec=spec, backend=backend)
+    q, k, v = torch.split(y, [key_dim, key_dim, y.shape[-1] - 2 * key_dim], dim=-1)
+    o, _ = hal.chunk_gated_delta_rule(q.reshape(1, n, -1, head_k_dim), k.reshape(1, n, -1, head_k_dim),
+                                      v.reshape(1, n, -1, head_v_dim), g[bi, ti].unsqueeze(0), beta[bi, ti].unsqueeze(0),
+                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True, spec=spec, backend=backend)
+    return out.index_put((bi, ti), o[0])
 
 
 def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
@@ -396,6 +455,8 @@ def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
     if getattr(mod, "has_bias", False):
         raise UnsupportedError(f"{type(mod).__name__} with expert biases is not supported")
     out = torch.zeros_like(hidden_states)
+    if tracing():
+        return _dense_experts(mod, hidden_states, top_k_index, top_k_weights, mm)
     for j in range(top_k_index.shape[-1]):
         acc = torch.zeros_like(hidden_states)
         col = top_k_index[:, j]
@@ -407,6 +468,25 @@ def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
             gate, up = gate_up.chunk(2, dim=-1)
             y = mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
+        out = out + acc
+    return out
+
+
+def _dense_experts(mod, hidden_states, top_k_index, top_k_weights, mm):
+    """:func:`experts` as torch.compile / torch.export trace it: which experts a token chose is a value, so every
+    expert runs over every token and each token keeps the outputs of the ones it chose (num_experts times the
+    expert work: the price of a graph without host reads). Each row's bits are the sparse form's (lockstep's
+    linears give a row the bits it has alone), summed in the same rank order."""
+    out = torch.zeros_like(hidden_states)
+    ys = []
+    for e in range(mod.num_experts):
+        gate, up = mm.linear(hidden_states, mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e)).chunk(2, dim=-1)
+        ys.append(mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e)))
+    for j in range(top_k_index.shape[-1]):
+        acc = torch.zeros_like(hidden_states)
+        col = top_k_index[:, j, None]
+        for e, y in enumerate(ys):
+            acc = torch.where(col == e, y * top_k_weights[:, j, None].to(y.dtype), acc)
         out = out + acc
     return out
 
