@@ -121,7 +121,7 @@ def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
             acc[c] = fma(pj, widen(vr[c]), acc[c])
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined: inlined into the range loop it compiled slower
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
     """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
     query heads. The heads of a group see the same keys, so they share the visible-key list and, in

@@ -206,7 +206,7 @@ def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out, lo, h
 # ---------------------------------------------------------------- chunked
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined: inlined into the range loop it compiled several times slower
 def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
                   C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task):
     """One (sequence, value head) of :func:`_chunked`. The work arrays are left uninitialised:

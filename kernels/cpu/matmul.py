@@ -106,7 +106,7 @@ def _store(c, ncols, tot, ni, r, c0, bias_rows, bias):
                 c[o + uint64(j)] = canon(v)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot):
     """_R rows of A (a: [rows, K] flat) times a block of panels (p: [panels, K, _L] flat) into C
     (c: [rows, ncols] flat). Flat arrays with unsigned offsets: a row view costs reference counting
@@ -203,7 +203,7 @@ def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
     return vload(tmp, 0)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined, as _gemm_task
 def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
     """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
     k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each

@@ -13,7 +13,7 @@ from .reduce import tiled_dot
 from .strict_math import ONE, canon, widen
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _rms_row(h, w, eps, t, out, r):
     n = h.shape[1]
     x = np.empty(n, np.float32)

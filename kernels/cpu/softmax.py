@@ -107,7 +107,7 @@ def _exp_shifted(x, m, e):
         e[i] = exp(widen(x[i]) - m)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _softmax_row(x, t, kind, out, r):
     n = x.shape[1]
     o = out[r]
@@ -162,7 +162,7 @@ def logsumexp(x, spec):
     return _run(x, spec, LOGSUMEXP)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)  # not inlined, as _softmax_row
 def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
     """out[row0 + r] from row r of logits [C, V] (one token's logits per row, our scratch: divided by
     the temperature in place when scale, then overwritten by exp(logit - shift) once the token's
