@@ -5,13 +5,11 @@ name and remains the source of the golden bits. Ops it does not implement (see `
 back to the reference through dispatch. Without numba it is unavailable and auto-selection falls
 back to the reference. float64 inputs run the float64 oracle, as on the reference.
 
-Threads: each call runs the numba kernels on ``torch.get_num_threads()`` threads (capped by numba's
-pool), so ``torch.set_num_threads`` governs both. Work is split over independent outputs only,
-so the thread count never changes a bit. numba's threading layer is the process's own choice
-(``NUMBA_THREADING_LAYER``, else numba's default order): lockstep never changes it, as it is
-process-wide and a layer the user's own parallel code cannot live with (``workqueue`` aborts the
-process on concurrent launches) would be forced on them. Calls are serialised by a lock (numba's
-thread count is per calling thread and set here; ``workqueue``, if chosen, is not re-entrant).
+Threads: a large call splits its kernel's tasks over ``torch.get_num_threads()`` threads of lockstep's
+own pool (kernels/cpu/pool.py: one compiled serial kernel per op, no numba ``parallel=True`` driver), so
+``torch.set_num_threads`` governs both. Work is split over independent outputs only, so the thread
+count never changes a bit. numba's thread pool and threading layer are never used: the process's
+numba settings stay the user's own. Calls are serialised by a lock.
 
 Unavailable (auto-selection falls back, with the reason logged; a named request fails with it):
 without numba, with numba's JIT switched off (``NUMBA_DISABLE_JIT=1``: the kernels would run as
@@ -25,8 +23,6 @@ import importlib.util
 import os
 import sys
 import threading
-
-import torch
 
 from hal import fp_env
 from hal.backend import FLOAT_DTYPES, LEVELS, Backend
@@ -44,30 +40,28 @@ def _exact():
     return _kernel("exact_slice")  # compiled slicing, torch._int_mm slice products
 
 
-_lock = threading.RLock()  # re-entrant: a call's FP check may probe numba's pool
-_threads = threading.local()  # numba's thread count is per calling thread: what this backend last set there
+_lock = threading.RLock()  # one call at a time (its kernels may use every pool thread); re-entrant: a call's FP check probes the pool
 
 
-def _numba_threads_keep_subnormals() -> bool:
-    import numba
-    from hal.kernels.cpu import host
+def _pool():
+    from hal.kernels.cpu import pool
+    return pool
+
+
+def _pool_keeps_subnormals() -> bool:
     with _lock:  # one launch at a time, on every thread of the pool
-        n = numba.get_num_threads()
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        try:
-            return bool(host.probe_workers(4 * numba.config.NUMBA_NUM_THREADS).all())
-        finally:
-            numba.set_num_threads(n)
+        return _pool().keep_subnormals()
 
 
-#: numba's pool is started once and only ever runs numba kernels
-NUMBA_THREADS = fp_env.WorkerThreads(
-    "numba's worker threads", _numba_threads_keep_subnormals,
-    "call torch.set_flush_denormal(False) before the process's first parallel numba launch")
+#: the cpu kernels' worker threads (started on demand, never replaced: its size names the set)
+POOL_THREADS = fp_env.WorkerThreads(
+    "the cpu backend's worker threads", _pool_keeps_subnormals,
+    "call torch.set_flush_denormal(False) before the process's first cpu-backend call",
+    lambda: (_pool().size(), _pool().threads()))
 
 
 def _fp_reason() -> str | None:
-    return fp_env.flush_reason("cpu", (fp_env.TORCH_THREADS, NUMBA_THREADS))
+    return fp_env.flush_reason("cpu", (fp_env.TORCH_THREADS, POOL_THREADS))
 
 
 def _jit_disabled() -> bool:
@@ -83,21 +77,14 @@ _cpu_kernels = functools.cache(lambda: importlib.import_module("hal.kernels.cpu"
 
 
 def _strict(fn):
-    """Check the FP environment and set numba's thread count before a compiled call.
-
-    Per-call work is kept to a few attribute reads (a small kernel takes microseconds): numba's
-    thread count is set only when torch's differs from what this thread last set."""
+    """Check the FP environment before a compiled call (a few attribute reads when nothing changed: a
+    small kernel takes microseconds)."""
     op = fn.__name__
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         with _lock:
             _cpu_kernels().current_op = op  # named by the one-line notice if this call compiles
-            n = torch.get_num_threads()
-            if getattr(_threads, "n", None) != n:
-                import numba
-                numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-                _threads.n = n
             why = _fp_reason()  # also checked at selection; here for callers of the backend's methods
             if why is not None:
                 raise UnsupportedError(why)

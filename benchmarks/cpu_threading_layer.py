@@ -1,5 +1,7 @@
-"""The cpu backend's parallel drivers under numba's default threading layer and under workqueue
-(lockstep leaves the choice to the process: NUMBA_THREADING_LAYER), stock torch in the same process.
+"""The cpu backend at 2 threads with numba's threading layer left to its default and set to workqueue
+(NUMBA_THREADING_LAYER), stock torch in the same process. The backend now runs on its own threads
+(kernels/cpu/pool.py) and starts no numba layer ("layer=unused"): the two lines should match. Before the
+pool its prange drivers ran on numba's layer, and OpenMP's spinning workers made linear 3x slower.
 
     python -m benchmarks.cpu_threading_layer
 
@@ -13,7 +15,7 @@ import subprocess
 import sys
 
 _CHILD = r'''
-import statistics, time, torch, numba, hal, torch.nn.functional as F
+import os, statistics, time, torch, numba, hal, torch.nn.functional as F
 torch.set_num_threads(2)
 x, w = torch.randn(128, 1024), torch.randn(1024, 1024)
 s = torch.randn(32, 32768)
@@ -25,7 +27,11 @@ def t(fn, n=15):
     return statistics.median(r) * 1e3
 a = t(lambda: hal.linear(x, w, backend="cpu")); b = t(lambda: F.linear(x, w))
 c = t(lambda: hal.softmax(s, backend="cpu")); d = t(lambda: torch.softmax(s, -1))
-print(f"layer={numba.threading_layer():<10} linear 128x1024x1024 {a:7.2f} ms (stock {b:7.2f}, ratio {a / b:.1f}); "
+try:
+    layer = numba.threading_layer()
+except ValueError:  # no numba parallel region ran in this process
+    layer = "unused"
+print(f"env={os.environ.get('NUMBA_THREADING_LAYER', 'default'):<10} layer={layer:<10} linear 128x1024x1024 {a:7.2f} ms (stock {b:7.2f}, ratio {a / b:.1f}); "
       f"softmax 32x32768 {c:6.2f} ms (stock {d:6.2f}, ratio {c / d:.1f})")
 '''
 

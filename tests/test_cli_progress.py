@@ -20,7 +20,7 @@ def _run_bar(stream, cases=200, verbose=False, compile_at=None):
         progress(i, cases, f"cpu softmax s case{i} ({i + 1}/{cases})", None)
         if i == compile_at:
             bar.compile_started("softmax._softmax_row", "lockstep: compiling the cpu backend's numba kernels ...")
-            bar.compile_started("softmax._softmax_ser", None)
+            bar.compile_started("softmax._softmax_tasks", None)
         progress(i + 1, cases, f"cpu softmax s case{i} ({i + 1}/{cases})", 0.01)
     bar.close("done")
     return stream.getvalue()
@@ -37,7 +37,7 @@ def test_not_a_terminal_gets_a_few_lines_and_the_compile_notice_once():
 def test_a_terminal_gets_one_line_redrawn_in_place_naming_the_compile():
     out = _run_bar(_Terminal(), compile_at=3)
     assert out.count("\n") == 2, repr(out[-300:])  # the notice's line and the finished bar: the rest is redrawn
-    assert "compiling softmax._softmax_ser (first run on this machine)" in out
+    assert "compiling softmax._softmax_tasks (first run on this machine)" in out
     # the compile is shown while it runs, not after the case that compiled has ended
     assert "compiling" not in out.rsplit("case5", 1)[1]
 

@@ -373,11 +373,11 @@ def test_concurrent_calls_from_python_threads():
 
 # ------------------------------------------------------------------ drivers and host passes
 
-def test_parallel_and_serial_drivers_same_bits():
-    """Each kernel's parallel driver (taken for large work at > 1 thread) and serial driver (small
-    work, or 1 thread) run one task body: same bits, across task boundaries (rows past _R, panels
-    past _PB, columns past a panel, short last tiles), the weight packed or x packed (C^T computed). A different k tile, checked the same way, must differ."""
-    import numba
+def test_parallel_and_serial_drivers_same_bits(monkeypatch):
+    """Each kernel's tasks split over 2 threads (pool.run, taken for large work at > 1 thread) and run
+    on the calling thread alone (small work, or 1 thread): same bits, across task boundaries (rows
+    past _R, panels past _PB, columns past a panel, short last tiles), the weight packed or x packed
+    (C^T computed). A different k tile, checked the same way, must differ."""
     from hal.kernels.cpu import matmul as km
     g = torch.Generator().manual_seed(7)
     a = randn(g, 70, 130, dtype=torch.bfloat16)
@@ -385,16 +385,17 @@ def test_parallel_and_serial_drivers_same_bits():
     a2, w2 = km.raw(a), km.raw(w)
     wt2 = km.raw(w.t())
     assert 300 > km._L * km._PB and 70 % km._R and 300 % km._L  # the boundaries named above are crossed
-    old = numba.get_num_threads()
-    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
-        for name, par, ser, args in (("gemm nk", km._gemm_par, km._gemm_ser, (a2, w2, True)),
-                                     ("gemm nk, x packed", km._gemm_par, km._gemm_ser, (w2, a2, True)),
-                                     ("gemm kn", km._gemm_par, km._gemm_ser, (a2, wt2, False)),
-                                     ("dots", km._dots_par, km._dots_ser, (a2[:3], w2))):
+        for name, fn, args in (("gemm nk", km._gemm_into, (a2, w2, True)),
+                               ("gemm nk, x packed", km._gemm_into, (w2, a2, True)),
+                               ("gemm kn", km._gemm_into, (a2, wt2, False)),
+                               ("dots", km._dots_into, (a2[:3], w2))):
             xpacked = name.endswith("x packed")  # C^T = W . x^T inside, then transposed
             outs = []
-            for fn, t in ((par, 64), (ser, 64), (ser, 32)):
+            for par, t in ((True, 64), (False, 64), (False, 32)):
+                monkeypatch.setattr(km, "parallel_worth", lambda work, par=par: par)
                 out = np.zeros((3 if name == "dots" else 70, 300), np.float32)
                 fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
                 outs.append(torch.from_numpy(out))
@@ -405,21 +406,20 @@ def test_parallel_and_serial_drivers_same_bits():
             elif xpacked:  # the two orientations of one linear: same bits
                 assert first_divergence("x packed vs weight packed", plain, outs[0]) is None
     finally:
-        numba.set_num_threads(old)
+        torch.set_num_threads(old)
     same("linear across tasks", *both(hal.linear, a, w))
     same("matmul across tasks", *both(hal.matmul, a, w.t()))
 
 
 def test_attention_parallel_and_serial_drivers_same_bits(monkeypatch):
-    """Attention's prange driver (tasks = (sequence, query row, kv head), split over 2 threads) and its
-    serial driver run one task body: same bits as each other and as the reference (GQA groups of 4
-    and of 3, varlen with an empty sequence). Forcing the driver choice is the only change."""
-    import numba
+    """Attention's tasks ((sequence, query row, kv head)) split over 2 threads (pool.run) and run on the
+    calling thread alone: same bits as each other and as the reference (GQA groups of 4 and of 3,
+    varlen with an empty sequence). Forcing the split is the only change."""
     from hal.kernels.cpu import attention as ka
     g = torch.Generator().manual_seed(8)
     cu = torch.tensor([0, 70, 70, 130], dtype=torch.int32)
-    old = numba.get_num_threads()
-    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         for hq, hkv in ((8, 2), (3, 1)):
             q, k, v = randn(g, 130, hq, 40), randn(g, 130, hkv, 40), randn(g, 130, hkv, 40)
@@ -428,15 +428,15 @@ def test_attention_parallel_and_serial_drivers_same_bits(monkeypatch):
             for par in (True, False):
                 monkeypatch.setattr(ka, "parallel_worth", lambda work, par=par: par)
                 outs.append(hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="cpu"))
-            same(f"attention H{hq}/{hkv} parallel vs serial", outs[0], outs[1])
+            same(f"attention H{hq}/{hkv} 2 threads vs one", outs[0], outs[1])
             same(f"attention H{hq}/{hkv} vs reference",
                  hal.flash_attn_varlen_func(*args, causal=True, return_lse=True, backend="reference"), outs[0])
     finally:
-        numba.set_num_threads(old)
+        torch.set_num_threads(old)
 
 
 def test_elementwise_serial_and_prange_drivers_same_bits():
-    """Elementwise maps run a serial driver up to _SERIAL_MAX elements and the prange driver above:
+    """Elementwise maps run on one thread up to _SERIAL_MAX elements and split over threads above:
     a large input's leading elements equal the same elements computed alone, and the reference
     (specials included). Stock torch silu, checked the same way, must differ."""
     from hal.kernels.cpu import elementwise as ke

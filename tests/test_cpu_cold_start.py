@@ -29,10 +29,9 @@ def test_attention_compiles_one_body_for_three_dtypes():
         out = hal.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, backend="cpu")
         ref = hal.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, backend="reference")
         assert torch.equal(_bits(out), _bits(ref)), dt
-    # the task body: one float32 signature, whatever the input dtype (before: inlined into each driver, per dtype)
-    # (0 where the drivers came from a warm disk cache: a cached caller links its callee without loading it)
-    assert len(attention._attend_task.signatures) <= 1
-    assert len(attention._attend_ser.signatures) <= 1
+    # the kernel: one float32 signature, whatever the input dtype (before: one per dtype)
+    # (0 where it came from a warm disk cache: a cached kernel does not list its signatures until loaded)
+    assert len(attention._attend_tasks.signatures) <= 1
 
 
 def test_gated_delta_rule_compiles_once_for_three_dtypes():
@@ -47,7 +46,7 @@ def test_gated_delta_rule_compiles_once_for_three_dtypes():
             ref, _ = hal.chunk_gated_delta_rule(q, k, v, gate, beta, spec=spec, backend="reference")
             assert torch.equal(_bits(out), _bits(ref)), (dt, spec)
     # before: one compile of each per dtype (the tokens reached the kernels raw)
-    assert len(gated_delta_rule._chunked_task.signatures) <= 1  # 0 from a warm cache, as above
+    assert len(gated_delta_rule._chunked.signatures) <= 1  # 0 from a warm cache, as above
     assert len(gated_delta_rule._serial.signatures) <= 1
 
 
@@ -96,19 +95,87 @@ def test_warmup_rejects_an_unknown_family(tmp_path):
     assert r.returncode != 0 and "unknown op family no_such_family" in r.stderr
 
 
-def test_parallel_and_serial_drivers_share_one_compiled_body():
+_POOL_PROGRAM = """
+import threading, numba, torch, hal
+from hal.kernels.cpu import pool
+torch.set_num_threads(2)
+x = torch.randn(1 << 16)
+assert torch.equal(hal.silu(x, backend="cpu").view(torch.int32), hal.silu(x, backend="reference").view(torch.int32))
+print("pool", pool.size(), sorted(t.name for t in threading.enumerate() if t.name.startswith("lockstep-cpu")))
+try:
+    print("layer", numba.threading_layer())
+except ValueError:  # numba: no parallel region has run in this process
+    print("layer none")
+if USER_PRANGE:
+    from numba import njit, prange
+
+    @njit(parallel=True)
+    def total(a):
+        s = 0.0
+        for i in prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    total(x.double().numpy())
+    print("layer", numba.threading_layer() is not None)
+"""
+
+
+def test_one_kernel_per_op_no_numba_parallel_driver(tmp_path):
+    """The cpu kernels are serial ``nogil`` kernels over task ranges that lockstep's own threads run
+    (pool.py): a parallel call starts the pool's worker thread and never numba's threading layer
+    (a parallel=True driver compiled a task body a second and third time). Control: a prange function
+    in the same program does start numba's layer, and the check sees it."""
+    from hal.kernels import cpu as kernels
+    import inspect
+
+    for name in ("attention", "elementwise", "exact_slice", "gated_delta_rule", "matmul", "qwen3_next",
+                 "rms_norm", "softmax", "strict_math", "host"):
+        src = inspect.getsource(__import__(f"hal.kernels.cpu.{name}", fromlist=["_"]))
+        assert "parallel=True" not in src and "prange" not in src, name
+    assert kernels.pool.PARALLEL_MIN_WORK > 0
+    out = _python(_POOL_PROGRAM.replace("USER_PRANGE", "False"), tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pool 1 ['lockstep-cpu-1']" in out.stdout and "layer none" in out.stdout, out.stdout
+    control = _python(_POOL_PROGRAM.replace("USER_PRANGE", "True"), tmp_path)
+    assert control.returncode == 0, control.stderr[-3000:]
+    assert control.stdout.split()[-2:] == ["layer", "True"], control.stdout
+
+
+def test_pool_splits_tasks_over_threads_with_the_same_bits():
+    """pool.run over 2 threads (ranges taken in turn, each once) and on the calling thread: the same bits
+    (RMSNorm rows); a kernel's error, on whichever thread, reaches the caller."""
     import numpy as np
 
-    from hal.kernels.cpu import rms_norm as k
-    h = np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8)
-    w = np.linspace(0.5, 2, 8, dtype=np.float32)
+    from hal.kernels.cpu import pool, rms_norm as k
+    h = np.linspace(-3, 3, 64 * 40, dtype=np.float32).reshape(64, 40)
+    w = np.linspace(0.5, 2, 40, dtype=np.float32)
     par, ser = np.empty_like(h), np.empty_like(h)
-    k._rms_par(h, w, np.float32(1e-6), 4, par)
-    k._rms_ser(h, w, np.float32(1e-6), 4, ser)
-    assert np.array_equal(par.view(np.int32), ser.view(np.int32))
-    # prange's index is unsigned: passed as is, the row body would compile a second time for the parallel driver
-    f32_rows = [s for s in k._rms_row.signatures if str(s[0]).startswith("array(float32")]
-    assert len(f32_rows) <= 1, k._rms_row.signatures  # 0 where the drivers came from a warm disk cache
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pool.run(k._rms_tasks, 64, h, w, np.float32(1e-6), 4, par, parallel=True)
+        assert pool.size() >= 1
+        pool.run(k._rms_tasks, 64, h, w, np.float32(1e-6), 4, ser, parallel=False)
+        assert np.array_equal(par.view(np.int32), ser.view(np.int32))
+        other = np.empty_like(h)
+        pool.run(k._rms_tasks, 64, h, w, np.float32(1e-6), 8, other, parallel=True)  # control: another tile
+        assert not np.array_equal(par.view(np.int32), other.view(np.int32))
+        ranges = []
+        pool.run(lambda lo, hi: ranges.append((lo, hi)), 16, parallel=True)
+        assert sorted(ranges) == [(lo, lo + 2) for lo in range(0, 16, 2)]  # every range taken exactly once
+
+        def fails(lo, hi):
+            if lo == 8:
+                raise RuntimeError("task range failed")
+        with pytest.raises(RuntimeError, match="task range failed"):
+            pool.run(fails, 16, parallel=True)
+    finally:
+        torch.set_num_threads(old)
+    # one float32 signature for both (RMSNorm reads 16-bit inputs in place: one more per dtype); 0 where it came
+    # from a warm disk cache
+    f32 = [s for s in k._rms_tasks.signatures if str(s[0]).startswith("array(float32")]
+    assert len(f32) <= 1, k._rms_tasks.signatures
 
 
 def test_row_wise_kernels_compile_one_body_for_three_dtypes():
@@ -131,6 +198,6 @@ def test_row_wise_kernels_compile_one_body_for_three_dtypes():
             got, ref = call("cpu"), call("reference")
             for o, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
                 assert o.dtype == r.dtype and torch.equal(_bits(o), _bits(r)), (dt, i)
-    for fn in (softmax._softmax_row, elementwise._map_unary_ser, elementwise._map_silu_mul_ser,
-               qwen3_next._gating_par, qwen3_next._conv):
+    for fn in (softmax._softmax_tasks, elementwise._map_unary, elementwise._map_silu_mul,
+               qwen3_next._gating, qwen3_next._conv):
         assert len(fn.signatures) <= 1, (fn, fn.signatures)  # 0 from a warm cache, as above

@@ -129,15 +129,14 @@ def test_gdn_thread_count_does_not_change_bits():
     same("threads", outs[0], outs[1])
 
 
-def test_gdn_chunked_serial_and_prange_drivers_same_bits(monkeypatch):
-    """The chunked kernel's prange driver (2 threads) and its serial driver run one task body: same bits
-    as each other and as the reference, final state included. Forcing the driver is the only change."""
-    import numba
+def test_gdn_chunked_split_over_threads_and_one_thread_same_bits(monkeypatch):
+    """The chunked kernel's tasks split over 2 threads (pool.run) and run on the calling thread alone: same
+    bits as each other and as the reference, final state included. Forcing the split is the only change."""
     from hal.kernels.cpu import gated_delta_rule as kg
     g = torch.Generator().manual_seed(5)
     q, k, v, gg, beta, cu = _gdn_inputs(g, [40, 3, 21], (2, 4), 12, 32, torch.float32)
-    old = numba.get_num_threads()
-    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         outs = []
         for par in (True, False):
@@ -145,8 +144,8 @@ def test_gdn_chunked_serial_and_prange_drivers_same_bits(monkeypatch):
             outs.append(hal.chunk_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, output_final_state=True,
                                                    backend="cpu"))
     finally:
-        numba.set_num_threads(old)
-    same("parallel vs serial driver", outs[0], outs[1])
+        torch.set_num_threads(old)
+    same("2 threads vs one", outs[0], outs[1])
     same("vs reference", hal.chunk_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, output_final_state=True,
                                                     backend="reference"), outs[0])
 

@@ -71,13 +71,31 @@ def test_user_parallel_numba_from_two_threads_survives_a_cpu_backend_call():
 
 
 def test_user_choice_of_threading_layer_is_kept():
+    # the cpu backend runs on its own threads (kernels/cpu/pool.py) and never starts numba's layer; the
+    # user's own prange function then starts the layer the user chose
     out = _python("""
-        import numba, torch, hal
+        import numba, numpy as np, torch, hal
+        from numba import njit, prange
+        torch.set_num_threads(2)
         hal.silu(torch.randn(1 << 16), backend="cpu")
+        try:
+            numba.threading_layer()
+            print("started")
+        except ValueError:
+            print("not-started")
+
+        @njit(parallel=True)
+        def total(a):
+            s = 0.0
+            for i in prange(a.shape[0]):
+                s += a[i]
+            return s
+
+        total(np.ones(1 << 16))
         print(numba.config.THREADING_LAYER, numba.threading_layer())
     """, env={"NUMBA_THREADING_LAYER": "workqueue"})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["workqueue", "workqueue"]
+    assert out.stdout.split() == ["not-started", "workqueue", "workqueue"]
 
 
 def test_numba_jit_disabled_makes_cpu_unavailable():

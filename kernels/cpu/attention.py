@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_padded
 
-from .host import F32, array, finish, parallel_worth, raw, wide
+from . import pool
+from .host import F32, array, finish, raw, wide
+from .pool import parallel_worth
 from .strict_math import NEG_INF, ZERO, canon, exp, fma, log, nanmax, round_bf16, round_f16, widen
 
 P_FP32, P_BF16, P_FP16 = 0, 1, 2
@@ -119,13 +121,12 @@ def _block_values(v, rows, b, hk, idx, nv, p, b0, acc):
             acc[c] = fma(pj, widen(vr[c]), acc[c])
 
 
-@njit(cache=True)
+@njit(cache=True)  # not inlined: inlined into the range loop it compiled slower
 def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task):
     """One (sequence, query row, kv head) triple: the output rows and lse of the kv head's group of
     query heads. The heads of a group see the same keys, so they share the visible-key list and, in
     pairs, each load of a key tile; each head's chain stays its own. Values are read in place: key j
-    of sequence b is row rows[b, j] of v [R, Hkv, D] (a float32 paged cache needs no gather). A
-    compiled function of its own, not inlined: both drivers call one compiled body."""
+    of sequence b is row rows[b, j] of v [R, Hkv, D] (a float32 paged cache needs no gather)."""
     bsz, nq, hq, d = q.shape
     hkv = kt.shape[1]
     group = hq // hkv
@@ -233,18 +234,10 @@ def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
             lse[b, i, h0 + g] = NEG_INF
 
 
-@njit(parallel=True, cache=True)
-def _attend_par(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq = q.shape[:2]
-    for task in prange(bsz * nq * kt.shape[1]):
-        # np.int64: prange's index is unsigned, and the shared body would compile a second time for it
-        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, np.int64(task))
-
-
-@njit(cache=True)
-def _attend_ser(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse):
-    bsz, nq = q.shape[:2]
-    for task in range(bsz * nq * kt.shape[1]):
+@njit(nogil=True, cache=True)
+def _attend_tasks(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, lo, hi):
+    """Tasks [lo, hi) (pool.run splits them over threads; one compiled kernel for every thread count)."""
+    for task in range(lo, hi):
         _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
@@ -287,9 +280,9 @@ def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
         if v.dtype is not F32:  # the rows it reads, widened (exactly): same values, one compiled body for all dtypes
             v = v[rows.reshape(-1)].to(F32)
             r = np.arange(r.size, dtype=np.int64).reshape(r.shape)
-        attend = _attend_par if parallel_worth(out.numel() * vis.shape[-1]) else _attend_ser
-        attend(wide(q), kt, raw(v), r, array(vis.contiguous()), np.float32(scale), spec.kv_block, spec.kv_split,
-               spec.dot_tile, p_mode, array(out), array(lse))
+        pool.run(_attend_tasks, bsz * n_q * kr.shape[1], wide(q), kt, raw(v), r, array(vis.contiguous()),
+                 np.float32(scale), spec.kv_block, spec.kv_split, spec.dot_tile, p_mode, array(out), array(lse),
+                 parallel=parallel_worth(out.numel() * vis.shape[-1]))
     return finish(out, q.dtype), lse
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 from hal.kernels.reference.elementwise import inv_freq as _inv_freq_table
 
+from . import pool
 from .host import F32, array, empty, finish, wide
+from .pool import parallel_worth
 from .strict_math import NEG_INF, ONE, ZERO, canon, exp, fma, log, sincos, widen
 
 _BLOCK = 4096  # elements per task
@@ -58,15 +60,10 @@ def _unary_block(kind, x, out, blk):
         out[i] = _unary(kind, widen(x[i]))
 
 
-@njit(parallel=True, cache=True)
-def _map_unary_par(kind, x, out):
-    for blk in prange((x.shape[0] + _BLOCK - 1) // _BLOCK):
-        _unary_block(kind, x, out, blk)
-
-
-@njit(cache=True)
-def _map_unary_ser(kind, x, out):
-    for blk in range((x.shape[0] + _BLOCK - 1) // _BLOCK):
+@njit(nogil=True, cache=True)
+def _map_unary(kind, x, out, lo, hi):
+    """Blocks [lo, hi) of _BLOCK elements (pool.run splits them over threads)."""
+    for blk in range(lo, hi):
         _unary_block(kind, x, out, blk)
 
 
@@ -76,47 +73,45 @@ def _silu_mul_block(a, b, out, blk):
         out[i] = silu_f32(widen(a[i])) * widen(b[i])
 
 
-@njit(parallel=True, cache=True)
-def _map_silu_mul_par(a, b, out):
-    for blk in prange((a.shape[0] + _BLOCK - 1) // _BLOCK):
+@njit(nogil=True, cache=True)
+def _map_silu_mul(a, b, out, lo, hi):
+    for blk in range(lo, hi):
         _silu_mul_block(a, b, out, blk)
 
 
-@njit(cache=True)
-def _map_silu_mul_ser(a, b, out):
-    for blk in range((a.shape[0] + _BLOCK - 1) // _BLOCK):
-        _silu_mul_block(a, b, out, blk)
-
-
-#: up to this many elements the serial driver runs: numba compiles the prange driver's loop ~1.4x
-#: faster here (measured, one thread: 16k silu_mul 76 vs 117 us), but its launch costs ~40 us
+#: up to this many elements one thread maps them all: handing blocks to other threads costs tens of microseconds
 _SERIAL_MAX = 16384
+
+
+def _blocks(n):
+    return (n + _BLOCK - 1) // _BLOCK
 
 
 def unary(name: str, x: torch.Tensor) -> torch.Tensor:
     """sigmoid / silu / softplus of x, rounded once to x's dtype."""
     out, o = empty(*x.shape)
     if x.numel():
-        fn = _map_unary_ser if x.numel() <= _SERIAL_MAX else _map_unary_par
-        fn(_KIND[name], wide(x).reshape(-1), o.reshape(-1))  # float32: one compile for every dtype
+        # float32: one compile for every dtype
+        pool.run(_map_unary, _blocks(x.numel()), _KIND[name], wide(x).reshape(-1), o.reshape(-1),
+                 parallel=x.numel() > _SERIAL_MAX)
     return finish(out, x.dtype)
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out, o = empty(*a.shape)
     if a.numel():
-        fn = _map_silu_mul_ser if a.numel() <= _SERIAL_MAX else _map_silu_mul_par
-        fn(wide(a).reshape(-1), wide(b).reshape(-1), o.reshape(-1))
+        pool.run(_map_silu_mul, _blocks(a.numel()), wide(a).reshape(-1), wide(b).reshape(-1), o.reshape(-1),
+                 parallel=a.numel() > _SERIAL_MAX)
     return finish(out, a.dtype)
 
 
 # ---------------------------------------------------------------- rotary
 
 
-@njit(parallel=True, cache=True)
-def _cos_sin(pos, freq, cos, sin):
-    n, half = cos.shape
-    for p in prange(n):
+@njit(nogil=True, cache=True)
+def _cos_sin(pos, freq, cos, sin, lo, hi):
+    half = cos.shape[1]
+    for p in range(lo, hi):
         fp = np.float32(pos[p])  # exact: |pos| < 2**24 is validated
         for i in range(half):
             s, c = sincos(fp * freq[i])
@@ -131,17 +126,18 @@ def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
     cos = torch.empty((*positions.shape, half), dtype=F32)
     sin = torch.empty_like(cos)
     if positions.numel():
-        _cos_sin(array(positions.reshape(-1).to(torch.int64)), array(f.contiguous()),
-                 array(cos).reshape(-1, half), array(sin).reshape(-1, half))
+        n = positions.numel()
+        pool.run(_cos_sin, n, array(positions.reshape(-1).to(torch.int64)), array(f.contiguous()),
+                 array(cos).reshape(-1, half), array(sin).reshape(-1, half), parallel=parallel_worth(n * half * 64))
     return cos, sin
 
 
-@njit(parallel=True, cache=True)
-def _rotate(x, cos, sin, interleaved, out):
-    """x [rows, D], cos/sin [rows, half] float32 -> out [rows, D] float32."""
-    rows, d = x.shape
+@njit(nogil=True, cache=True)
+def _rotate(x, cos, sin, interleaved, out, lo, hi):
+    """Rows [lo, hi) of x [rows, D], cos/sin [rows, half] float32 -> out [rows, D] float32."""
+    d = x.shape[1]
     half = cos.shape[1]
-    for r in prange(rows):
+    for r in range(lo, hi):
         for j in range(d):
             out[r, j] = widen(x[r, j])  # dims >= R pass through (exact)
         for i in range(half):
@@ -162,5 +158,6 @@ def apply_rotary(x, cos, sin, interleaved):
         # the tables broadcast over x's leading dims (exact float32 copies)
         c = cos.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
         s = sin.to(F32).expand(*lead, half).reshape(rows, half).contiguous()
-        _rotate(wide(x).reshape(rows, d), array(c), array(s), interleaved, array(out).reshape(rows, d))
+        pool.run(_rotate, rows, wide(x).reshape(rows, d), array(c), array(s), interleaved, array(out).reshape(rows, d),
+                 parallel=parallel_worth(rows * d * 4))
     return finish(out, x.dtype)

@@ -11,13 +11,15 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 from hal.errors import InputError
 from hal.kernels.exact import core
 from hal.kernels.exact import cpu as _int_mm_path
 
+from . import pool
 from .host import array
+from .pool import parallel_worth
 
 _NO_EXP = core._NO_EXP
 
@@ -35,10 +37,11 @@ def _fields(b):
     return finite, m, q, e
 
 
-@njit(parallel=True, cache=True)
-def _slice(bits, s, e_in, have_e, digits, e_out, finite_rows):
-    rows, k = bits.shape
-    for r in prange(rows):
+@njit(nogil=True, cache=True)
+def _slice(bits, s, e_in, have_e, digits, e_out, finite_rows, lo, hi):
+    """Rows [lo, hi) (pool.run splits them over threads)."""
+    k = bits.shape[1]
+    for r in range(lo, hi):
         big = _NO_EXP
         fin = True
         for i in range(k):
@@ -71,7 +74,8 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.S
     e_out = torch.empty(rows, dtype=torch.int64)
     finite_rows = np.empty(rows, dtype=np.bool_)
     e_in = np.zeros(rows, np.int64) if e is None else array(e.to(torch.int64).contiguous())
-    _slice(bits, s, e_in, e is not None, array(digits), array(e_out), finite_rows)
+    pool.run(_slice, rows, bits, s, e_in, e is not None, array(digits), array(e_out), finite_rows,
+             parallel=parallel_worth(x.numel() * (s + 2)))
     return core.Sliced(digits, e_out, bool(finite_rows.all()))
 
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 from hal.kernels.layout import EPS_L2, Parts
 
-from .host import array, canonical_nan, empty, finish, parallel_worth, wide, zeros
+from . import pool
+from .host import array, canonical_nan, empty, finish, wide, zeros
+from .pool import parallel_worth
 from .reduce import tiled_dot
 from .simd import vadd, vfma, vload, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, exp, fma, widen
@@ -161,15 +163,15 @@ def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
 # ---------------------------------------------------------------- serial
 
 
-@njit(parallel=True, cache=True)
-def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out):
-    """q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV] (float32); S0 [N, HV, dk, dv].
-    Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after the last token)."""
-    n = starts.shape[0]
+@njit(nogil=True, cache=True)
+def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out, lo, hi):
+    """Tasks (sequence, value head) [lo, hi) of q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV]
+    (float32); S0 [N, HV, dk, dv]. Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after
+    the last token)."""
     hv, dv = v.shape[1], v.shape[2]
     h, dk = q.shape[1], q.shape[2]
     group = hv // h
-    for task in prange(n * hv):
+    for task in range(lo, hi):
         s = task // hv
         j = task % hv
         hk = j // group
@@ -204,10 +206,10 @@ def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out):
 # ---------------------------------------------------------------- chunked
 
 
-@njit(cache=True)
+@njit(cache=True)  # not inlined: inlined into the range loop it compiled several times slower
 def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
                   C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task):
-    """One (sequence, value head) of :func:`_chunked_par`. The work arrays are left uninitialised:
+    """One (sequence, value head) of :func:`_chunked`. The work arrays are left uninitialised:
     every element is written before it is read (rows < cnt, columns < i), as the bit tests check."""
     hv, dv = v.shape[1], v.shape[2]
     h, dk = q.shape[1], q.shape[2]
@@ -325,22 +327,14 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
                 new_beta[s, r, j] = canon(bc[r])
 
 
-@njit(parallel=True, cache=True)
-def _chunked_par(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-                 C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta):
-    """As _serial, plus: opened [N] open rows of the incoming state (open_* [N, C, ...] float32);
-    writes S_out (state at the last chunk boundary), final_out (after the last token; if want_final)
-    and new_* (the rows after the last boundary, zeros past them: the caller passes zeros)."""
-    for task in prange(starts.shape[0] * v.shape[1]):  # np.int64: one compile of the body shared with _chunked_ser
-        _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-                      C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, np.int64(task))
-
-
-@njit(cache=True)
-def _chunked_ser(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-                 C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta):
-    """:func:`_chunked_par` on the calling thread (a parallel launch costs more than a decode step)."""
-    for task in range(starts.shape[0] * v.shape[1]):
+@njit(nogil=True, cache=True)
+def _chunked(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
+             C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, lo, hi):
+    """Tasks (sequence, value head) [lo, hi), as _serial, plus: opened [N] open rows of the incoming state
+    (open_* [N, C, ...] float32); writes S_out (state at the last chunk boundary), final_out (after the
+    last token; if want_final) and new_* (the rows after the last boundary, zeros past them: the caller
+    passes zeros)."""
+    for task in range(lo, hi):
         _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
                       C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task)
 
@@ -373,7 +367,8 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
     S, S_np = empty(n, hv, dk, dv)
     pos = torch.from_numpy(lengths)
     if spec.variant == "serial":
-        _serial(q3, k3, v3, g2, b2, starts, lengths, S0, sc, l2, t, o_np, S_np)
+        pool.run(_serial, n * hv, q3, k3, v3, g2, b2, starts, lengths, S0, sc, l2, t, o_np, S_np,
+                 parallel=parallel_worth(tok * hv * dk * dv))
         canonical_nan(S)
         new = Parts(parts.position + pos, S, None, None, None, None, S)
     else:
@@ -388,9 +383,9 @@ def gated_delta_rule(q, k, v, g, beta, scale, parts: Parts, cu_seqlens, l2, spec
         final, final_np = empty(n if want_final else 0, hv, dk, dv)
         (nk, nk_np), (nv, nv_np), (ng, ng_np), (nb, nb_np) = (zeros(n, C, *rest)
                                                               for rest in ((h, dk), (hv, dv), (hv,), (hv,)))
-        chunked = _chunked_par if parallel_worth(n * hv * (C + tlen) * dk * dv) else _chunked_ser
-        chunked(q3, k3, v3, g2, b2, starts, lengths, opened, S0, ok, ov, og, ob, C, sc, l2, t, want_final,
-                o_np, S_np, final_np, nk_np, nv_np, ng_np, nb_np)
+        pool.run(_chunked, n * hv, q3, k3, v3, g2, b2, starts, lengths, opened, S0, ok, ov, og, ob, C, sc, l2, t,
+                 want_final, o_np, S_np, final_np, nk_np, nv_np, ng_np, nb_np,
+                 parallel=parallel_worth(n * hv * (C + tlen) * dk * dv))
         new = Parts(start + pos, S, nk, nv, ng, nb, final if want_final else None)
         return finish(o, v.dtype, nan_done=True).reshape(v.shape), new
     return finish(o, v.dtype).reshape(v.shape), new

@@ -1,16 +1,12 @@
-"""Host-side glue for the numba kernels: float32 views in, exact conversions and canonical NaN out,
-and the subnormal probe of numba's worker threads (the check itself is hal.fp_env)."""
+"""Host-side glue for the numba kernels: float32 views in, exact conversions and canonical NaN out
+(the threads they run on: pool.py)."""
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit
 
-from . import strict_math as sm
-
 F32 = torch.float32
-_TINY = np.float32(2.0 ** -126)
 
 
 def array(t: torch.Tensor) -> np.ndarray:
@@ -100,20 +96,3 @@ def finish(out32: torch.Tensor | np.ndarray, dtype: torch.dtype, nan_done: bool 
     if dtype is F32:
         return out32 if nan_done else canonical_nan(out32)
     return canonical_nan(out32.to(dtype))
-
-
-#: fma-sized steps below which a kernel runs its serial driver: a parallel launch costs tens of
-#: microseconds (measured ~40 us with numba's workqueue layer, even on one thread)
-PARALLEL_MIN_WORK = 1 << 20
-
-
-def parallel_worth(work: int) -> bool:
-    """Whether a kernel doing ``work`` independent fma-sized steps should take its parallel driver
-    (both drivers run the same task body: the bits never depend on the choice)."""
-    return work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1
-
-
-def probe_workers(n: int) -> np.ndarray:
-    """One subnormal probe per task of a parallel launch over ``n`` tasks (numba's worker threads;
-    :mod:`hal.fp_env` says why they are probed apart from the calling thread): True where kept."""
-    return sm._probe_par(_TINY, n)

@@ -17,8 +17,8 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   lanes of one vector (eight k steps of eight weight rows transposed in registers). For linear
   with one row (decode), where a 16-column panel of x would be mostly padding.
 
-Each kernel has a parallel (prange over tasks) and a serial driver around one task body:
-a parallel launch costs tens of microseconds, more than a small product (host.parallel_worth).
+Each phase is one compiled kernel over a range of tasks, split over threads by pool.run when the
+product is large enough (pool.parallel_worth: handing ranges to threads costs tens of microseconds).
 """
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange, uint64
+from numba import njit, uint64
 
-from .host import F32, finish, parallel_worth, raw
+from . import pool
+from .host import F32, finish, raw
+from .pool import parallel_worth
 from .simd import transpose8, vadd, vcanon, vfma, vload, vload_wide, vsplat, vstore, vzero
 from .strict_math import ZERO, canon, widen
 
@@ -104,7 +106,7 @@ def _store(c, ncols, tot, ni, r, c0, bias_rows, bias):
                 c[o + uint64(j)] = canon(v)
 
 
-@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot):
     """_R rows of A (a: [rows, K] flat) times a block of panels (p: [panels, K, _L] flat) into C
     (c: [rows, ncols] flat). Flat arrays with unsigned offsets: a row view costs reference counting
@@ -147,13 +149,6 @@ def _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot):
 
 
 @njit(inline="always", cache=True)
-def _gemm_shape(A, B, nk):
-    """(panels of B, tasks): tasks run panel block by panel block, each over every row group."""
-    panels = ((B.shape[0] if nk else B.shape[1]) + _L - 1) // _L
-    return panels, ((A.shape[0] + _R - 1) // _R) * ((panels + _PB - 1) // _PB)
-
-
-@njit(inline="always", cache=True)
 def _transpose_rows(CT, C, m0, m1):
     """C[m, :] = CT[:, m] for m in [m0, m1): each row of C written contiguously, once (tiles writing
     C^T straight into C hit one cache set per tile row when C's rows are 4 KiB apart; a version
@@ -164,34 +159,39 @@ def _transpose_rows(CT, C, m0, m1):
             c[n] = CT[n, m]
 
 
-@njit(parallel=True, cache=True)
-def _gemm_par(A, B, nk, C, T, bias, xpacked):
-    panels, tasks = _gemm_shape(A, B, nk)
-    P = np.empty((panels, A.shape[1], _L), np.float32)
-    for b in prange(panels):
+@njit(nogil=True, cache=True)
+def _pack_panels(B, nk, P, lo, hi):
+    for b in range(lo, hi):
         _pack_panel(B, nk, P, b)
+
+
+@njit(nogil=True, cache=True)
+def _gemm_tasks(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, lo, hi):
+    tot = np.empty(_R * _L, np.float32)
+    for task in range(lo, hi):
+        _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot)
+
+
+@njit(nogil=True, cache=True)
+def _transpose_blocks(CT, C, lo, hi):
+    for blk in range(lo, hi):
+        _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
+
+
+def _gemm_into(A, B, nk, C, T, bias, xpacked):
+    """C = A . B (B [cols, K] when nk, else [K, cols]) + bias: B packed into panels, the tasks (_R rows by
+    a block of _PB panels, panel block by panel block over every row group), then, when ``xpacked``
+    (A is a linear's weight, B its x), C^T transposed into C. Three phases, each split over threads."""
+    panels = ((B.shape[0] if nk else B.shape[1]) + _L - 1) // _L
+    tasks = ((A.shape[0] + _R - 1) // _R) * ((panels + _PB - 1) // _PB)
+    par = parallel_worth(C.size * A.shape[1])
+    P = np.empty((panels, A.shape[1], _L), np.float32)
+    pool.run(_pack_panels, panels, B, nk, P, parallel=par)
     CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C  # tasks write C^T, then
-    a, p, c = A.ravel(), P.ravel(), CT.ravel()
-    for task in prange(tasks):
-        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, np.int64(task),
-                   np.empty(_R * _L, np.float32))  # np.int64: prange's index is unsigned (one compile, not two)
+    pool.run(_gemm_tasks, tasks, A.ravel(), A.shape[0], A.shape[1], P.ravel(), panels, CT.ravel(), CT.shape[1], T,
+             bias, xpacked, parallel=par)
     if xpacked:
-        for blk in prange((C.shape[0] + _L - 1) // _L):
-            _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
-
-
-@njit(cache=True)
-def _gemm_ser(A, B, nk, C, T, bias, xpacked):
-    panels, tasks = _gemm_shape(A, B, nk)
-    P = np.empty((panels, A.shape[1], _L), np.float32)
-    for b in range(panels):
-        _pack_panel(B, nk, P, b)
-    CT = np.empty((C.shape[1], C.shape[0]), np.float32) if xpacked else C
-    a, p, c, tot = A.ravel(), P.ravel(), CT.ravel(), np.empty(_R * _L, np.float32)
-    for task in range(tasks):
-        _gemm_task(a, A.shape[0], A.shape[1], p, panels, c, CT.shape[1], T, bias, xpacked, task, tot)
-    if xpacked:
-        _transpose_rows(CT, C, 0, C.shape[0])
+        pool.run(_transpose_blocks, (C.shape[0] + _L - 1) // _L, CT, C, parallel=par)
 
 
 @njit(inline="always", cache=True)
@@ -203,7 +203,7 @@ def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
     return vload(tmp, 0)
 
 
-@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
+@njit(cache=True)  # not inlined, as _gemm_task
 def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
     """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
     k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
@@ -250,36 +250,32 @@ def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
         c[m * N + n0 + i] = canon(v)
 
 
-@njit(parallel=True, cache=True)
-def _dots_par(A, B, C, T, bias):
-    M, K = A.shape
-    N = B.shape[0]
-    a, b, c = A.ravel(), B.ravel(), C.ravel()
-    for blk in prange(M * ((N + 7) // 8)):
-        _dots_task(a, b, c, M, N, K, T, bias, np.int64(blk), np.empty(8, np.float32))  # np.int64: as _gemm_par
-
-
-@njit(cache=True)
-def _dots_ser(A, B, C, T, bias):
-    M, K = A.shape
-    N = B.shape[0]
-    a, b, c, tmp = A.ravel(), B.ravel(), C.ravel(), np.empty(8, np.float32)
-    for blk in range(M * ((N + 7) // 8)):
+@njit(nogil=True, cache=True)
+def _dots_tasks(a, b, c, M, N, K, T, bias, lo, hi):
+    tmp = np.empty(8, np.float32)
+    for blk in range(lo, hi):
         _dots_task(a, b, c, M, N, K, T, bias, blk, tmp)
+
+
+def _dots_into(A, B, C, T, bias):
+    """C = A . B^T + bias for B [N, K] as stored: tasks of one row by eight columns, split over threads."""
+    M, K = A.shape
+    N = B.shape[0]
+    pool.run(_dots_tasks, M * ((N + 7) // 8), A.ravel(), B.ravel(), C.ravel(), M, N, K, T, bias,
+             parallel=parallel_worth(C.size * K))
 
 
 _NO_BIAS = np.empty(0, np.float32)
 
 
 def _gemm(a2: np.ndarray, b: np.ndarray, nk: bool, t: int, bias: np.ndarray) -> np.ndarray:
-    m, k = a2.shape
+    m = a2.shape[0]
     out = np.empty((m, b.shape[0] if nk else b.shape[1]), np.float32)  # every element is stored
     if out.size:
-        drive = _gemm_par if parallel_worth(out.size * k) else _gemm_ser
         if nk and m <= out.shape[1]:  # pack x, the smaller operand: C^T = W . x^T (bias along its rows)
-            drive(b, a2, True, out, t, bias, True)
+            _gemm_into(b, a2, True, out, t, bias, True)
         else:
-            drive(a2, b, nk, out, t, bias, False)
+            _gemm_into(a2, b, nk, out, t, bias, False)
     return out
 
 
@@ -291,12 +287,12 @@ def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int, bias: np.ndarray = _NO
 
 def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
     """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`."""
-    m, k = a2.shape
+    m = a2.shape[0]
     if m >= _FEW_ROWS:
         return _gemm(a2, b_nk, True, t, bias)
     out = np.zeros((m, b_nk.shape[0]), np.float32)
     if out.size:
-        (_dots_par if parallel_worth(out.size * k) else _dots_ser)(a2, b_nk, out, t, bias)
+        _dots_into(a2, b_nk, out, t, bias)
     return out
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
+from . import pool
 from .elementwise import sigmoid_f32, silu_f32, softplus_f32
 from .host import F32, array, canonical_nan, empty, finish, wide
+from .pool import parallel_worth
 from .strict_math import ZERO, canon, exp, fma, widen
 
 
@@ -20,9 +22,10 @@ def _gating_row(A_log, a, dt_bias, b, g, beta, r):
         beta[r, h] = canon(sigmoid_f32(widen(b[r, h])))
 
 
-@njit(parallel=True, cache=True)
-def _gating_par(A_log, a, dt_bias, b, g, beta):
-    for r in prange(a.shape[0]):
+@njit(nogil=True, cache=True)
+def _gating(A_log, a, dt_bias, b, g, beta, lo, hi):
+    """Rows [lo, hi) (pool.run splits them over threads)."""
+    for r in range(lo, hi):
         _gating_row(A_log, a, dt_bias, b, g, beta, r)
 
 
@@ -31,23 +34,22 @@ def gdn_gating(A_log, a, dt_bias, b):
     g, g2 = empty(*a.shape)
     beta, beta2 = empty(*a.shape)
     if a.numel():
-        # always the prange driver: a serial loop around the same row body measured ~4x slower here
-        # (512x32: 0.52 vs 0.13 ms at one thread), more than a launch costs
         # float32 copies (exact): one compile, where raw inputs compiled once per mix of dtypes (A_log, dt_bias
         # float32 beside bf16 a, b: three signatures in the suite)
-        _gating_par(wide(A_log), wide(a).reshape(-1, hv), wide(dt_bias), wide(b).reshape(-1, hv), g2.reshape(-1, hv),
-                    beta2.reshape(-1, hv))
+        rows = a.numel() // hv
+        pool.run(_gating, rows, wide(A_log), wide(a).reshape(-1, hv), wide(dt_bias), wide(b).reshape(-1, hv),
+                 g2.reshape(-1, hv), beta2.reshape(-1, hv), parallel=parallel_worth(a.numel() * 64))
     return g, beta
 
 
-@njit(parallel=True, cache=True)
-def _conv(x, starts, lengths, prev, w, bias, has_bias, silu, y):
-    """x [tokens, D]; prev [N, K-1, D] (the previous inputs); w [D, K]; bias [D] -> y [tokens, D].
+@njit(nogil=True, cache=True)
+def _conv(x, starts, lengths, prev, w, bias, has_bias, silu, y, lo, hi):
+    """Tasks (sequence, channel) [lo, hi) of x [tokens, D]; prev [N, K-1, D] (the previous inputs); w [D, K];
+    bias [D] -> y [tokens, D].
 
     Tap i of output t reads input t-K+1+i: the previous inputs for t-K+1+i < 0, else x."""
-    n = starts.shape[0]
     d, kw = w.shape
-    for task in prange(n * d):
+    for task in range(lo, hi):
         s = task // d
         c = task % d
         b0 = widen(bias[c]) if has_bias else ZERO
@@ -73,8 +75,9 @@ def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):
     prev = conv_state if conv_state is not None else x.new_zeros((n, kw - 1, d))
     x2 = x.reshape(b * tlen, d)
     y = torch.empty((b * tlen, d), dtype=F32)
-    _conv(wide(x2), starts, lengths, wide(prev), wide(weight), wide(bias if bias is not None else weight[:, 0]),
-          bias is not None, activation == "silu", array(y))
+    pool.run(_conv, n * d, wide(x2), starts, lengths, wide(prev), wide(weight),
+             wide(bias if bias is not None else weight[:, 0]), bias is not None, activation == "silu", array(y),
+             parallel=parallel_worth(b * tlen * d * kw * 4))
     # the new state: the last K-1 inputs of each sequence (older ones from the previous state), not rounded
     km = kw - 1
     src = torch.cat([prev.reshape(n * km, d), x2])            # previous inputs first, then x

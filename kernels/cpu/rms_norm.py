@@ -4,15 +4,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-from numba import njit, prange
+from numba import njit
 
-from .host import F32, canonical_nan, empty, finish, parallel_worth, raw
+from . import pool
+from .host import F32, canonical_nan, empty, finish, raw
+from .pool import parallel_worth
 from .reduce import tiled_dot
 from .strict_math import ONE, canon, widen
 
 
-@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _rms_row(h, w, eps, t, out, r):
     n = h.shape[1]
     x = np.empty(n, np.float32)
@@ -25,15 +26,10 @@ def _rms_row(h, w, eps, t, out, r):
         o[i] = canon((x[i] * inv) * widen(w[i]))
 
 
-@njit(parallel=True, cache=True)
-def _rms_par(h, w, eps, t, out):
-    for r in prange(h.shape[0]):
-        _rms_row(h, w, eps, t, out, np.int64(r))  # np.int64: prange's index is unsigned (one compile, not two)
-
-
-@njit(cache=True)
-def _rms_ser(h, w, eps, t, out):
-    for r in range(h.shape[0]):
+@njit(nogil=True, cache=True)
+def _rms_tasks(h, w, eps, t, out, lo, hi):
+    """Rows [lo, hi) (pool.run splits them over threads)."""
+    for r in range(lo, hi):
         _rms_row(h, w, eps, t, out, r)
 
 
@@ -47,8 +43,8 @@ def rms_norm(x, weight, eps, residual, spec):
     h2 = raw(h).reshape(math.prod(h.shape[:-1]), hid)  # numpy's reshape: torch's costs microseconds
     out_t, out = empty(*h2.shape)
     if out.size:
-        (_rms_par if parallel_worth(h2.size * 4) else _rms_ser)(h2, raw(weight), np.float32(eps), spec.hidden_tile,
-                                                               out)
+        pool.run(_rms_tasks, h2.shape[0], h2, raw(weight), np.float32(eps), spec.hidden_tile, out,
+                 parallel=parallel_worth(h2.size * 4))
     y = finish(out_t.reshape(h.shape), x.dtype, nan_done=True)  # the kernel stores canon
     return (y, h) if residual is not None else y
 

@@ -10,10 +10,12 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
-from .host import F32, array, empty, finish, parallel_worth, raw, wide
+from . import pool
+from .host import F32, array, empty, finish, raw, wide
 from .matmul import dot_rows_nk
+from .pool import parallel_worth
 from .reduce import tiled_sum
 from .simd import LANES, vkeep_nan, vlane, vload_wide, vmax, vsplat, vzero
 from .strict_math import NAN, NEG_INF, POS_INF, ZERO, canon, exp, log, widen
@@ -105,7 +107,7 @@ def _exp_shifted(x, m, e):
         e[i] = exp(widen(x[i]) - m)
 
 
-@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
+@njit(cache=True)  # not inlined (numba's inlining compiled slower than a call)
 def _softmax_row(x, t, kind, out, r):
     n = x.shape[1]
     o = out[r]
@@ -126,20 +128,15 @@ def _softmax_row(x, t, kind, out, r):
             o[i] = canon(o[i] / s)
 
 
-@njit(parallel=True, cache=True)
-def _softmax_par(x, t, kind, out):
-    for r in prange(x.shape[0]):
-        _softmax_row(x, t, kind, out, np.int64(r))  # np.int64: prange's index is unsigned (one compile, not two)
-
-
-@njit(cache=True)
-def _softmax_ser(x, t, kind, out):
-    for r in range(x.shape[0]):
+@njit(nogil=True, cache=True)
+def _softmax_tasks(x, t, kind, out, lo, hi):
+    """Rows [lo, hi) (pool.run splits them over threads)."""
+    for r in range(lo, hi):
         _softmax_row(x, t, kind, out, r)
 
 
 def _softmax_rows(x, t, kind, out):
-    (_softmax_par if parallel_worth(x.size * 8) else _softmax_ser)(x, t, kind, out)
+    pool.run(_softmax_tasks, x.shape[0], x, t, kind, out, parallel=parallel_worth(x.size * 8))
 
 
 def _run(x, spec, kind):
@@ -165,7 +162,7 @@ def logsumexp(x, spec):
     return _run(x, spec, LOGSUMEXP)
 
 
-@njit(cache=True)  # compiled once, called by both drivers (inlined, each compiled its own copy)
+@njit(cache=True)  # not inlined, as _softmax_row
 def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
     """out[row0 + r] from row r of logits [C, V] (one token's logits per row, our scratch: divided by
     the temperature in place when scale, then overwritten by exp(logit - shift) once the token's
@@ -182,21 +179,16 @@ def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
     out[row0 + r] = NEG_INF if empty else canon((x_tok - m) - log(tiled_sum(row, t)))
 
 
-@njit(parallel=True, cache=True)
-def _logprob_par(logits, row0, tokens, temp, scale, t, out):
-    for r in prange(logits.shape[0]):
-        _logprob_row(logits, row0, tokens, temp, scale, t, out, np.int64(r))  # np.int64: as _softmax_par
-
-
-@njit(cache=True)
-def _logprob_ser(logits, row0, tokens, temp, scale, t, out):
-    for r in range(logits.shape[0]):
+@njit(nogil=True, cache=True)
+def _logprob_tasks(logits, row0, tokens, temp, scale, t, out, lo, hi):
+    for r in range(lo, hi):
         _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
 
 
 def logprob_rows(logits, row0, tokens, temp, scale, t, out):
     """out[row0 + r] = log p(tokens[row0 + r]) from logits [C, V] (float32, one token per row)."""
-    (_logprob_par if parallel_worth(logits.size * 8) else _logprob_ser)(logits, row0, tokens, temp, scale, t, out)
+    pool.run(_logprob_tasks, logits.shape[0], logits, row0, tokens, temp, scale, t, out,
+             parallel=parallel_worth(logits.size * 8))
 
 
 _ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time

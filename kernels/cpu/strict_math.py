@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 F32 = np.float32
@@ -150,14 +150,6 @@ def _probe_one(tiny):
     # (a subnormal) becomes 0; under DAZ the subnormal operand reads as 0.
     sub = tiny * HALF
     return sub != ZERO and (sub * ONE) != ZERO
-
-
-@njit(parallel=True, cache=True)
-def _probe_par(tiny, n):
-    ok = np.zeros(n, dtype=np.bool_)
-    for i in prange(n):
-        ok[i] = _probe_one(tiny)
-    return ok
 
 
 # -------------------------------------------------------------- exact widening of stored values

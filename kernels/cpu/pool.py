@@ -1,0 +1,123 @@
+"""lockstep's worker threads for the cpu kernels: each op compiles one serial ``nogil`` kernel over a range
+of tasks, ``kernel(*args, lo, hi)``, and :func:`run` calls it on consecutive ranges from several threads
+(numba releases the GIL inside it), instead of a numba ``parallel=True`` driver beside a serial one.
+
+Why (issue 24, cold start): numba compiles a callee into every caller again (it links the callee's LLVM
+module into the caller's and optimises and generates machine code for the whole), so a task body
+behind a prange driver and a serial driver was compiled three times (its own dispatcher, the parfor
+gufunc, the serial loop), and a ``parallel=True`` driver adds a parfor pass of its own. One kernel per
+op compiles once. Tasks write disjoint outputs and each runs the same code whatever range it falls
+in, so neither the thread count nor the split changes a bit.
+
+The threads are started on demand by the thread that first needs them (a thread starts with its
+creator's floating-point environment) and are never replaced: :func:`keep_subnormals` probes each one
+(hal.fp_env), and the pool's size is the probe's generation. numba's own thread pool and threading
+layer are never used, so the process's numba settings stay the user's.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+
+import numpy as np
+import torch
+
+from .strict_math import _probe_one
+
+#: fma-sized steps below which a kernel runs on the calling thread alone: handing ranges to other
+#: threads costs tens of microseconds
+PARALLEL_MIN_WORK = 1 << 20
+
+#: ranges per thread: more, smaller ranges even out tasks of unequal size (causal attention's rows)
+_RANGES_PER_THREAD = 4
+
+_workers: list[queue.SimpleQueue] = []  # one job queue per worker thread
+_grow = threading.Lock()
+_TINY = np.float32(2.0 ** -126)
+
+
+def threads() -> int:
+    """The thread count of a parallel call: torch's (``torch.set_num_threads`` governs both)."""
+    return max(1, torch.get_num_threads())
+
+
+def parallel_worth(work: int) -> bool:
+    """Whether a kernel doing ``work`` independent fma-sized steps should be split over threads (the
+    bits never depend on the choice)."""
+    return work >= PARALLEL_MIN_WORK and threads() > 1
+
+
+def size() -> int:
+    """Worker threads started so far (the calling thread is not one of them)."""
+    return len(_workers)
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        fn, done = jobs.get()
+        try:
+            fn()
+        except BaseException as e:  # handed to the caller, which raises it
+            done.put(e)
+        else:
+            done.put(None)
+
+
+def _on_threads(n: int, fn) -> None:
+    """fn() on the calling thread and on n - 1 worker threads at once; the first error is raised."""
+    with _grow:
+        while len(_workers) < n - 1:
+            jobs = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(jobs,), name=f"lockstep-cpu-{len(_workers) + 1}",
+                             daemon=True).start()
+            _workers.append(jobs)
+        mine = _workers[:n - 1]
+    done = queue.SimpleQueue()
+    for jobs in mine:
+        jobs.put((fn, done))
+    errors = []
+    try:
+        fn()
+    except BaseException as e:
+        errors.append(e)
+    for _ in mine:  # every worker finishes before the outputs are handed back
+        e = done.get()
+        if e is not None:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def run(kernel, n_tasks: int, *args, parallel: bool) -> None:
+    """``kernel(*args, lo, hi)`` over tasks [0, n_tasks): on the calling thread alone unless ``parallel``,
+    else in consecutive ranges taken in turn by :func:`threads` threads."""
+    n = min(threads(), n_tasks) if parallel else 1
+    if n <= 1:
+        kernel(*args, 0, n_tasks)
+        return
+    step = max(1, -(-n_tasks // (n * _RANGES_PER_THREAD)))
+    starts = itertools.count(0, step)  # next() is atomic under the GIL: each range is taken once
+
+    def take_ranges():
+        for lo in starts:
+            if lo >= n_tasks:
+                return
+            kernel(*args, lo, min(lo + step, n_tasks))
+
+    _on_threads(n, take_ranges)
+
+
+def keep_subnormals() -> bool:
+    """Whether every worker thread (started now up to :func:`threads`) keeps subnormal floats: one probe
+    on each, all at once (so each runs on a thread of its own)."""
+    n = max(threads(), size() + 1)
+    ok = []
+    barrier = threading.Barrier(n)
+
+    def probe():
+        barrier.wait()  # every thread holds one probe: no thread takes two
+        ok.append(bool(_probe_one(_TINY)))
+
+    _on_threads(n, probe)
+    return all(ok)
