@@ -15,7 +15,6 @@ because TorchTitan writes a rounding op inline there:
 """
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import torch
@@ -77,12 +76,19 @@ class LockstepMRoPE(MRoPE):
         else:
             rows = positions.expand(B, L)[None].expand(3, B, L)
         cfg = self.config
-        table = types.SimpleNamespace(inv_freq=torch_inv_freq(cfg.dim, cfg.theta).to(query.device),
-                                      mrope_section=list(cfg.mrope_section), attention_scaling=1.0)
+        table = _MRopeTable(torch_inv_freq(cfg.dim, cfg.theta).to(query.device), list(cfg.mrope_section))
         cos, sin = hf_modules.rotary_mrope(table, query, rows)
         half = cfg.dim // 2
         cos, sin = cos[..., :half].unsqueeze(-2), sin[..., :half].unsqueeze(-2)  # one table for every head
         return hal.apply_rotary(query, cos, sin), hal.apply_rotary(key, cos, sin)
+
+
+class _MRopeTable:
+    """What ``hf_modules.rotary_mrope`` reads from HF's rotary module (a plain class: Dynamo traces its
+    construction, which it does not for ``types.SimpleNamespace``)."""
+
+    def __init__(self, inv_freq, mrope_section):
+        self.inv_freq, self.mrope_section, self.attention_scaling = inv_freq, mrope_section, 1.0
 
 
 class LockstepGatedDeltaKernel(GatedDeltaKernel):
