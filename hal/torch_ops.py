@@ -4,10 +4,11 @@ Per op: the schema from the table (``torch.library.Library("lockstep", "DEF").de
 for every device (CompositeExplicitAutograd: it calls the public python function under ``no_grad``, so
 the compiled path runs the very code the eager path runs, and reads ``hal.use`` / ``HAL_BACKEND`` / the
 default spec when it runs), a fake kernel (shapes, dtypes and strides; no data) and ``register_autograd``
-reusing the backward of the op's autograd.Function (flash_attn_with_kvcache, which mutates its caches,
-has none: its public function refuses inputs that require grad). The attention backwards read host values
-(cu_seqlens, the HF mask plan), so they are ops too (``flash_attn_varlen_backward``,
-``hf_attention_backward``): a compiled training step keeps them opaque.
+calling the op's backward op, ``<name>_backward``, whose real kernel runs the backward of the op's
+autograd.Function (flash_attn_with_kvcache, which mutates its caches, has none: its public function
+refuses inputs that require grad). Every backward is an op (the attention ones, ``flash_attn_varlen_backward``
+and ``hf_attention_backward``, also read host values): a compiled training step keeps them opaque, so
+AOT autograd / Inductor never trace and refuse a backward's float math, and its grads are eager's bits.
 
 APIs used (all in torch 2.11): torch.library.Library(ns, "DEF"), Library.define, Library.impl,
 torch.library.register_fake(lib=), torch.library.register_autograd(setup_context=, lib=).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from types import SimpleNamespace
 
 import torch
 
@@ -41,17 +43,25 @@ def _kernel(op: TorchOp):
 
     def kernel(*args):
         fn = _function(op)  # resolved at the call: the hf_attention op's module sits above hal's core
-        routing, ops_registry._route_all = ops_registry._route_all, False  # the direct path from here on
-        try:
-            with torch.no_grad():  # autograd is the registered formula's, above this kernel
-                out = fn(**dict(zip(names, args)), **fixed)
-        finally:
-            ops_registry._route_all = routing
+        with _direct():
+            out = fn(**dict(zip(names, args)), **fixed)
         if isinstance(out, tuple):
             return tuple(_unaliased(o, args) for o in out)
         return _unaliased(out, args)
     kernel.__name__ = f"lockstep_{op.name}"
     return kernel
+
+
+@contextlib.contextmanager
+def _direct():
+    """Inside a real kernel: the public ops' direct path (not the torch ops again), no autograd (the
+    registered formula's is above the kernel)."""
+    routing, ops_registry._route_all = ops_registry._route_all, False
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        ops_registry._route_all = routing
 
 
 def _unaliased(out, args):
@@ -349,14 +359,19 @@ _BACKWARD_OPS = {
 }
 
 
-# ---------------------------------------------------------------- autograd: today's backward formulas
+# ---------------------------------------------------------------- autograd: the eager backwards, as ops
+# Under AOT autograd a backward written in torch code is traced and Inductor fuses / reorders its float math,
+# so a compiled step's gradients would not be eager's bits. Each table row's backward is therefore an op too,
+# ``<name>_backward``: its real kernel rebuilds the ctx the Function's forward would have filled (the row's
+# ``setup``) and runs that Function's backward, the very code eager autograd runs; no recompute of the forward.
 
 
 def _autograd_table():
-    """op -> (the autograd.Function whose backward is the op's, setup_context, grads it returns).
+    """op -> (the autograd.Function whose backward is the op's, setup_context, grads it returns, reads_output).
 
     ``setup`` stores on ctx what that Function's forward stores; ``grads``: how many leading op
-    arguments (the differentiable tensors, in the Function's order) its backward returns grads for."""
+    arguments (the differentiable tensors, in the Function's order) its backward returns grads for;
+    ``reads_output``: setup saves the op's outputs (so the backward op takes them)."""
     from . import elementwise as ew, ops
 
     def save(*idx, **attrs):
@@ -378,32 +393,114 @@ def _autograd_table():
         ctx.save_for_backward(output[1], inputs[1])  # the backward reads h = x + residual
         ctx.eps, ctx.has_residual = inputs[3], True
 
-    unary = {k: (ew._UnaryFn, save(0, kind=lambda i, o, k=k: k), 1) for k in ("sigmoid", "silu", "softplus")}
+    unary = {k: (ew._UnaryFn, save(0, kind=lambda i, o, k=k: k), 1, False) for k in ("sigmoid", "silu", "softplus")}
     return {
-        "matmul": (ops._MatmulFn, save(0, 1), 2),
-        "linear": (ops._LinearFn, save(0, 1, has_bias=lambda i, o: i[2] is not None), 3),
-        "rms_norm": (ops._RMSNormFn, save(0, 1, eps=lambda i, o: i[2], has_residual=lambda i, o: False), 2),
-        "rms_norm_residual": (ops._RMSNormFn, rms_residual, 3),
-        **{k: (ops._SoftmaxFamilyFn, softmax_setup(k), 1) for k in ("softmax", "log_softmax", "logsumexp")},
-        "token_logprobs": (ops._TokenLogprobsFn, save(0, 1, 2, temperature=lambda i, o: i[3]), 2),
+        "matmul": (ops._MatmulFn, save(0, 1), 2, False),
+        "linear": (ops._LinearFn, save(0, 1, has_bias=lambda i, o: i[2] is not None), 3, False),
+        "rms_norm": (ops._RMSNormFn, save(0, 1, eps=lambda i, o: i[2], has_residual=lambda i, o: False), 2, False),
+        "rms_norm_residual": (ops._RMSNormFn, rms_residual, 3, True),
+        **{k: (ops._SoftmaxFamilyFn, softmax_setup(k), 1, True) for k in ("softmax", "log_softmax", "logsumexp")},
+        "token_logprobs": (ops._TokenLogprobsFn, save(0, 1, 2, temperature=lambda i, o: i[3]), 2, False),
         **unary,
-        "silu_mul": (ew._SiluMulFn, save(0, 1), 2),
-        "apply_rotary": (ew._RotaryFn, save(0, 1, 2, interleaved=lambda i, o: i[3]), 3),
+        "silu_mul": (ew._SiluMulFn, save(0, 1), 2, False),
+        "apply_rotary": (ew._RotaryFn, save(0, 1, 2, interleaved=lambda i, o: i[3]), 3, False),
     }
 
 
-def _backward(op: TorchOp, fn_class, n_grads: int):
-    n_args = len(_names(op))
-
+def _eager_backward(op: TorchOp, fn_class, n_grads: int):
+    """fn_class.backward with the op's argument order (the softmax family's Function works on the last axis)."""
     def backward(ctx, *grads):
         dim = getattr(ctx, "dim", None)
-        if dim is not None and op.name != "logsumexp":  # softmax family: the Function's rows are the last axis
+        if dim is not None and op.name != "logsumexp":
             grads = tuple(g.movedim(dim, -1) for g in grads)
         out = fn_class.backward(ctx, *grads)[:n_grads]
         if dim is not None:
-            out = tuple(g.movedim(-1, dim) for g in out)
-        return (*out, *[None] * (n_args - n_grads))
+            out = tuple(None if g is None else g.movedim(-1, dim) for g in out)
+        return out
     return backward
+
+
+class _EagerCtx(SimpleNamespace):
+    """The ctx an autograd.Function's forward fills, outside autograd: what its backward reads."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+class _OpaqueBackward:
+    """One table row's ``<name>_backward`` op: schema, real kernel, fake, and the forward's autograd calling it.
+
+    The op takes the forward's arguments (without spec and backend: a backward formula is not a spec),
+    its outputs when the row reads them, one grad per output and ``needs`` (which grads are wanted); it
+    returns ``n_grads`` tensors, an empty one where a grad is not wanted or its input is None."""
+
+    def __init__(self, op: TorchOp, fn_class, setup, n_grads: int, reads_output: bool):
+        self.op, self.setup, self.n_grads, self.reads_output = op, setup, n_grads, reads_output
+        self.formula = _eager_backward(op, fn_class, n_grads)
+        args = op.args.split(",")
+        self.n_args, self.n_out = len(args), op.returns.count("Tensor")
+        self.tensor_at = tuple(i for i, a in enumerate(args) if a.split()[0].startswith("Tensor"))
+        self.name = f"{op.name}_backward"
+
+    @property
+    def schema(self) -> str:
+        outs = [f"Tensor out{i}" for i in range(self.n_out)] if self.reads_output else []
+        grads = [f"Tensor grad{i}" for i in range(self.n_out)]
+        returns = "Tensor" if self.n_grads == 1 else "(" + ", ".join(["Tensor"] * self.n_grads) + ")"
+        return f"{self.name}({self.op.args}, {', '.join(outs + grads)}, bool[] needs) -> {returns}"
+
+    def _split(self, args):
+        inputs, rest = args[:self.n_args], args[self.n_args:-1]
+        outs = rest[:self.n_out] if self.reads_output else None
+        return inputs, outs, rest[-self.n_out:], args[-1]
+
+    def _result(self, grads):
+        return grads[0] if self.n_grads == 1 else tuple(grads)
+
+    def kernel(self, *args):
+        inputs, outs, grads, needs = self._split(args)
+        ctx = _EagerCtx(needs_input_grad=tuple(needs))
+        self.setup(ctx, inputs, outs if outs is None or self.n_out > 1 else outs[0])
+        with _direct():
+            got = self.formula(ctx, *grads)
+        result = []
+        for g, need in zip(got, needs):
+            if not need or g is None:
+                g = inputs[0].new_empty((0,))
+            elif any(g is r for r in result):  # rms_norm_residual's x and residual share one grad tensor
+                g = g.clone()
+            result.append(_unaliased(g, args))
+        return self._result(result)
+
+    def fake(self, *args):
+        inputs, _, _, needs = self._split(args)
+        return self._result([x.new_empty(x.shape) if need and x is not None else inputs[0].new_empty((0,))
+                             for x, need in zip(inputs, needs)])
+
+    def setup_context(self, ctx, inputs, output):
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*(inputs[i] for i in self.tensor_at), *(outs if self.reads_output else ()))
+        ctx.scalars = {i: inputs[i] for i in range(self.n_args) if i not in self.tensor_at}
+        ctx.out_meta = [(o.shape, o.dtype, o.device) for o in outs]
+
+    def backward(self, ctx, *grads):
+        saved = ctx.saved_tensors
+        tensors = iter(saved[:len(self.tensor_at)])
+        inputs = [next(tensors) if i in self.tensor_at else ctx.scalars[i] for i in range(self.n_args)]
+        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                 for g, (shape, dtype, device) in zip(grads, ctx.out_meta)]
+        needs = [bool(n) for n in ctx.needs_input_grad[:self.n_grads]]
+        got = getattr(getattr(torch.ops, NAMESPACE), self.name)(*inputs, *saved[len(self.tensor_at):], *grads, needs)
+        got = (got,) if self.n_grads == 1 else got
+        wanted = [g if need and x is not None else None for g, need, x in zip(got, needs, inputs)]
+        return (*wanted, *[None] * (len(_names(self.op)) - self.n_grads))
+
+    def register(self, lib) -> None:
+        lib.define(self.schema)
+        lib.impl(self.name, self.kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{self.name}", self.fake, lib=lib)
+        torch.library.register_autograd(f"{NAMESPACE}::{self.op.name}", self.backward,
+                                        setup_context=self.setup_context, lib=lib)
 
 
 # ---------------------------------------------------------------- registration
@@ -425,9 +522,7 @@ def register_all() -> None:
         lib.impl(op.name, _kernel(op), "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{op.name}", FAKES[op.name], lib=lib)
         if op.name in autograd:
-            fn_class, setup, n_grads = autograd[op.name]
-            torch.library.register_autograd(f"{NAMESPACE}::{op.name}", _backward(op, fn_class, n_grads),
-                                            setup_context=setup, lib=lib)
+            _OpaqueBackward(op, *autograd[op.name]).register(lib)
     torch.library.register_autograd(f"{NAMESPACE}::flash_attn_varlen", _varlen_backward,
                                     setup_context=_varlen_setup, lib=lib)
     torch.library.register_autograd(f"{NAMESPACE}::hf_attention", _hf_attention_backward,

@@ -115,7 +115,16 @@ def test_negative_control_a_stock_linear_in_the_compiled_chain_is_caught_by_the_
     assert counter.frame_count == 1
 
 
-def test_backward_through_the_compiled_chain():
+@pytest.fixture
+def fresh_inductor():
+    """No Inductor / AOT autograd cache: their keys hold the traced graph, not the ops' registered backwards,
+    so a cache warmed by an older lockstep (backward formulas traced inline) would serve that older graph."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(force_disable_caches=True):
+        yield
+
+
+def test_backward_through_the_compiled_chain(fresh_inductor):
     x, t = _batch(4)
     w = W["down"].clone().requires_grad_(True)
 
@@ -129,11 +138,68 @@ def test_backward_through_the_compiled_chain():
     loss(xs[0], ws[0]).backward()
     torch.compile(loss, fullgraph=True, backend="aot_eager")(xs[1], ws[1]).backward()
     torch.compile(loss, fullgraph=True)(xs[2], ws[2]).backward()
-    # AOT autograd runs the registered backward formula's aten ops as eager does: the same bits
-    assert same_bits(xs[1].grad, xs[0].grad) and same_bits(ws[1].grad, ws[0].grad)
-    # Inductor fuses the backward's float32 math (a backward is not a spec: docs/design.md principle 6)
-    assert torch.isfinite(xs[2].grad).all() and torch.isfinite(ws[2].grad).all()
-    assert xs[2].grad.shape == x.shape and ws[2].grad.shape == w.shape
+    # every backward is an opaque op running the eager formula: aot_eager and Inductor give eager's bits
+    for got_x, got_w in zip(xs[1:], ws[1:]):
+        assert same_bits(got_x.grad, xs[0].grad) and same_bits(got_w.grad, ws[0].grad)
+
+
+# a negative control: rms_norm with its backward as traced torch code (the formula itself, not an op)
+@torch.library.custom_op("lockstep_test::rms_norm_traced_backward", mutates_args=())
+def _rms_norm_traced_backward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.ops.lockstep.rms_norm(x, weight, eps, None, None)
+
+
+_rms_norm_traced_backward.register_fake(lambda x, weight, eps: x.new_empty(x.shape))
+
+
+def _traced_rms_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.eps, ctx.has_residual = inputs[2], False
+
+
+def _traced_rms_backward(ctx, g):
+    from hal.ops import _RMSNormFn
+    return (*_RMSNormFn.backward(ctx, g)[:2], None)
+
+
+_rms_norm_traced_backward.register_autograd(_traced_rms_backward, setup_context=_traced_rms_setup)
+
+
+def _small_step(x, w_in, norm, head, tokens, rms_norm=hal.rms_norm):
+    """linear -> rms_norm -> silu_mul -> log_softmax and token_logprobs: every grad is an op's."""
+    gate, up = rms_norm(hal.linear(x, w_in), norm, 1e-6).chunk(2, -1)
+    h = hal.silu_mul(gate, up)
+    return hal.log_softmax(h, -1).sum() + hal.token_logprobs(h, head, tokens).sum()
+
+
+def _small_step_grads(dtype, compiled: bool, rms_norm=hal.rms_norm):
+    g = torch.Generator().manual_seed(5)
+    leaves = [(torch.randn(shape, generator=g) * scale).to(dtype).requires_grad_(True)
+              for shape, scale in (((6, 16), 1.0), ((32, 16), 0.25), ((32,), 0.1), ((8, 16), 0.25))]
+    with torch.no_grad():
+        leaves[2] += 1
+    fn = functools.partial(_small_step, rms_norm=rms_norm)
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, backend="inductor")
+    fn(*leaves, torch.arange(6) % 8).backward()
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_inductor_training_step_grads_are_eagers_bits(dtype, fresh_inductor):
+    """Inductor compiles the forward and the backward graph; every backward in it is a lockstep op whose
+    kernel runs the eager formula, so each input's and parameter's grad is eager's raw bits."""
+    want = _small_step_grads(dtype, compiled=False)
+    got = _small_step_grads(dtype, compiled=True)
+    assert [same_bits(a, b) for a, b in zip(got, want)] == [True] * len(want)
+
+
+def test_negative_control_a_traced_backward_formula_under_inductor_is_caught(fresh_inductor):
+    """The same step with rms_norm's backward as traced torch code: Inductor fuses it, grads differ."""
+    want = _small_step_grads(torch.float32, compiled=False, rms_norm=_rms_norm_traced_backward)
+    got = _small_step_grads(torch.float32, compiled=True, rms_norm=_rms_norm_traced_backward)
+    assert not all(same_bits(a, b) for a, b in zip(got, want))
 
 
 # ---------------------------------------------------------------- attention ops: backward, cache writes
