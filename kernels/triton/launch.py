@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import struct
 
 import torch
