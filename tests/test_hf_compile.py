@@ -25,11 +25,12 @@ lt.register()
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = {"llama-fp32": ("llama", torch.float32), "qwen3-bf16": ("qwen3", torch.bfloat16),
-          "qwen3_next-fp32": ("qwen3_next", torch.float32), "qwen3_5-bf16": ("qwen3_5", torch.bfloat16)}
-# Qwen3.5's (1 + w) norms widen their input (x.float()) right after a bf16 residual add: Inductor fuses the two
+          "qwen3_next-fp32": ("qwen3_next", torch.float32), "qwen3_next-bf16": ("qwen3_next", torch.bfloat16),
+          "qwen3_5-bf16": ("qwen3_5", torch.bfloat16)}
+# Qwen3-Next's and Qwen3.5's (1 + w) norms widen their input (x.float()) right after a bf16 residual add: Inductor fuses the two
 # and skips the add's bf16 rounding unless it emulates eager's casts (docs/integrations.md, measured: the
 # default config gives other logits here; the control for the option is test_compile.py's glue test)
-EMULATE_CASTS = {"qwen3_5-bf16"}
+EMULATE_CASTS = {"qwen3_next-bf16", "qwen3_5-bf16"}
 GDN_KINDS = {"qwen3_next", "qwen3_5"}  # one GatedDeltaNet layer, one attention layer
 
 
