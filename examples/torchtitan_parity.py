@@ -55,13 +55,9 @@ def hf_qwen3(dtype=torch.float32, seed: int = 0, attn: str = "lockstep", tied: b
     return ltt.cast_hf(model, dtype).eval()
 
 
-def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "varlen"):
-    """TorchTitan's Qwen3 for ``hf_model``'s config, weights loaded through TorchTitan's HF adapter."""
-    cfg = ltt.qwen3_config_from_hf(hf_model.config)
-    if attn_backend == "sdpa":  # stock only: TorchTitan's SDPA takes no document masks (one document per row)
-        from torchtitan.models.common.attention import ScaledDotProductAttention
-        for layer in cfg.layers:
-            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+def _build(cfg, hf_model, lockstep: bool, stock):
+    """TorchTitan's model for ``cfg`` (converted to lockstep unless ``lockstep=False``, ``stock`` modules left
+    alone), in ``hf_model``'s dtype, its weights loaded from ``hf_model`` through TorchTitan's HF adapter."""
     if lockstep:
         cfg = ltt.LockstepConverter.Config(stock=tuple(stock)).build().convert(cfg)
     dtype = next(hf_model.parameters()).dtype
@@ -70,6 +66,16 @@ def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "
     model.to(dtype)
     ltt.load_from_hf(model, hf_model)
     return model
+
+
+def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "varlen"):
+    """TorchTitan's Qwen3 for ``hf_model``'s config, weights loaded through TorchTitan's HF adapter."""
+    cfg = ltt.qwen3_config_from_hf(hf_model.config)
+    if attn_backend == "sdpa":  # stock only: TorchTitan's SDPA takes no document masks (one document per row)
+        from torchtitan.models.common.attention import ScaledDotProductAttention
+        for layer in cfg.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return _build(cfg, hf_model, lockstep, stock)
 
 
 def hf_qwen3_5(dtype=torch.float32, seed: int = 0, tied: bool = False):
@@ -95,14 +101,7 @@ def titan_qwen3_5(hf_model, lockstep: bool = True, stock=()):
     from torchtitan.distributed.utils import set_spmd_backend
     set_spmd_backend("partial_dtensor")
     cfg = ltt.qwen3_5_config_from_hf(hf_model.config)
-    if lockstep:
-        cfg = ltt.LockstepConverter.Config(stock=tuple(stock)).build().convert(cfg)
-    dtype = next(hf_model.parameters()).dtype
-    with torch.random.fork_rng(devices=[]):
-        model = cfg.build()
-    model.to(dtype)
-    ltt.load_from_hf(model, hf_model)
-    return model
+    return _build(cfg, hf_model, lockstep, stock)
 
 
 def pack(prompts, responses):

@@ -12,6 +12,7 @@ compiles fullgraph; its vision encoder's parameters get no grads (text only) and
 import pathlib
 import sys
 
+import pytest
 import torch
 from torch._inductor import config as inductor_config
 
@@ -43,58 +44,37 @@ def same_grads(a, b):
             or (a[n] is not None and not torch.equal(bits(a[n]), bits(b[n])))]
 
 
-def test_per_block_compile_keeps_the_bits():
+# model -> (HF builder, TorchTitan builder, parameters with grads, the module a control leaves stock)
+MODELS = {"qwen3": (ex.hf_qwen3, ex.titan_qwen3, 21, "layers.1.ffn_norm"),
+          # Qwen3.5: the vision encoder's parameters get no grads; the control leaves the GDN's gated norm stock
+          "qwen3_5": (ex.hf_qwen3_5, ex.titan_qwen3_5, 32, "layers.0.attn.norm")}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_per_block_compile_keeps_the_bits(model):
+    hf_build, titan_build, n_grads, left_stock = MODELS[model]
     torch._dynamo.reset()
-    hf = ex.hf_qwen3(torch.float32)
+    hf = hf_build(torch.float32)
     prompts = make_prompts(3, 0, ex.VOCAB)
     with lt.patch(hf):
         resp, lp_s = sample(hf, "lockstep", prompts, 5, seed=0)
-    lp_e, g_e = step(ex.titan_qwen3(hf), prompts, resp)
+    lp_e, g_e = step(titan_build(hf), prompts, resp)
     assert torch.equal(bits(lp_e), bits(lp_s))
 
-    aot = ex.titan_qwen3(hf)
+    aot = titan_build(hf)
     ltt.compile_blocks(aot, backend="aot_eager")
     lp_a, g_a = step(aot, prompts, resp)
     assert torch.equal(bits(lp_a), bits(lp_s))
-    assert len(g_a) == 21 and not same_grads(g_e, g_a)
+    assert sum(g is not None for g in g_a.values()) == n_grads and not same_grads(g_e, g_a)
 
-    ind = ex.titan_qwen3(hf)
+    ind = titan_build(hf)
     ltt.compile_blocks(ind, backend="inductor")
     with inductor_config.patch(force_disable_caches=True):  # a cached graph may predate the backward ops
         lp_i, g_i = step(ind, prompts, resp)
     assert torch.equal(bits(lp_i), bits(lp_s)) and not same_grads(g_e, g_i)
 
     # control: one module left stock, compiled: its log-probs and the grads it feeds are caught
-    leaky = ex.titan_qwen3(hf, stock=["layers.1.ffn_norm"])
-    ltt.compile_blocks(leaky, backend="aot_eager")
-    lp_l, g_l = step(leaky, prompts, resp)
-    assert not torch.equal(bits(lp_l), bits(lp_s))
-    assert same_grads(g_e, g_l)
-
-
-def test_per_block_compile_keeps_the_bits_qwen3_5():
-    torch._dynamo.reset()
-    hf = ex.hf_qwen3_5(torch.float32)
-    prompts = make_prompts(3, 0, ex.VOCAB)
-    with lt.patch(hf):
-        resp, lp_s = sample(hf, "lockstep", prompts, 5, seed=0)
-    lp_e, g_e = step(ex.titan_qwen3_5(hf), prompts, resp)
-    assert torch.equal(bits(lp_e), bits(lp_s))
-
-    aot = ex.titan_qwen3_5(hf)
-    ltt.compile_blocks(aot, backend="aot_eager")
-    lp_a, g_a = step(aot, prompts, resp)
-    assert torch.equal(bits(lp_a), bits(lp_s))
-    assert sum(g is not None for g in g_a.values()) == 32 and not same_grads(g_e, g_a)
-
-    ind = ex.titan_qwen3_5(hf)
-    ltt.compile_blocks(ind, backend="inductor")
-    with inductor_config.patch(force_disable_caches=True):
-        lp_i, g_i = step(ind, prompts, resp)
-    assert torch.equal(bits(lp_i), bits(lp_s)) and not same_grads(g_e, g_i)
-
-    # control: the Gated DeltaNet's gated norm left stock, compiled: caught in the log-probs and the grads
-    leaky = ex.titan_qwen3_5(hf, stock=["layers.0.attn.norm"])
+    leaky = titan_build(hf, stock=[left_stock])
     ltt.compile_blocks(leaky, backend="aot_eager")
     lp_l, g_l = step(leaky, prompts, resp)
     assert not torch.equal(bits(lp_l), bits(lp_s))
