@@ -25,38 +25,10 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
 @njit(inline="always", cache=True)
 def _row_max(x):
-    """(max, poisoned) of row x: the max ignoring NaN (exact, order-free) in 8 independent lanes so
-    it vectorises; poisoned when a NaN or +inf is present."""
-    n = x.shape[0]
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = NEG_INF
-    nans = 0
-    n8 = n - n % 8
-    for i in range(0, n8, 8):
-        v0, v1, v2, v3 = widen(x[i]), widen(x[i + 1]), widen(x[i + 2]), widen(x[i + 3])
-        v4, v5, v6, v7 = widen(x[i + 4]), widen(x[i + 5]), widen(x[i + 6]), widen(x[i + 7])
-        m0 = v0 if v0 > m0 else m0
-        m1 = v1 if v1 > m1 else m1
-        m2 = v2 if v2 > m2 else m2
-        m3 = v3 if v3 > m3 else m3
-        m4 = v4 if v4 > m4 else m4
-        m5 = v5 if v5 > m5 else m5
-        m6 = v6 if v6 > m6 else m6
-        m7 = v7 if v7 > m7 else m7
-        nans += (v0 != v0) + (v1 != v1) + (v2 != v2) + (v3 != v3) + (v4 != v4) + (v5 != v5) + (v6 != v6) + (v7 != v7)
-    for i in range(n8, n):
-        v = widen(x[i])
-        m0 = v if v > m0 else m0
-        nans += v != v
-    m = m0
-    for mj in (m1, m2, m3, m4, m5, m6, m7):
-        m = mj if mj > m else m
-    return m, nans > 0 or m == POS_INF
-
-
-@njit(inline="always", cache=True)
-def _row_max_lanes(x):
-    """_row_max of a unit-stride row on eight-float vectors (the max is order-free, so lanes and
-    the final fold may take any order): a NaN lane of a vector is kept aside, never compared."""
+    """(max, poisoned) of a unit-stride row x (every caller's rows are C-contiguous float32): the
+    max ignoring NaN, on eight-float vectors (the max is order-free, so lanes and the final fold may
+    take any order; a NaN lane of a vector is kept aside, never compared); poisoned when a NaN or
+    +inf is present. One path only: a strided twin doubled the compile of every row kernel."""
     n = x.shape[0]
     n8 = n - n % LANES
     m = vsplat(NEG_INF)
@@ -82,7 +54,7 @@ def _row_max_lanes(x):
 @njit(inline="always", cache=True)
 def _row_shift(x):
     """(shift, empty) of row x: its max; NaN when poisoned; 0 for a row of -inf only (empty)."""
-    m, poisoned = _row_max_lanes(x) if x.strides[0] == x.itemsize else _row_max(x)
+    m, poisoned = _row_max(x)
     empty = (not poisoned) and m == NEG_INF
     if poisoned:
         m = NAN
