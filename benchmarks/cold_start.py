@@ -11,9 +11,9 @@ Each measurement runs in a fresh process on a scratch copy of this checkout (its
 not ignored files: no ``__pycache__``) with ``NUMBA_CACHE_DIR`` an empty folder, so every kernel really
 compiles: the report counts compiles and cache hits of the package's kernels (a cold run must show 0
 hits). The warm run is the same process again with the cache the cold one left. Each figure is given in
-wall seconds and in CPU seconds of the child process (``getrusage``: imports included; on a shared machine
-other jobs stretch wall time but hardly CPU time), with the load average beside it (compare figures taken
-in the same conditions).
+wall seconds and in CPU seconds of the child process (``getrusage``: imports included), with the load
+average beside it: other jobs on a shared machine stretch CPU seconds too (two to four times at load 2-7
+on 2 cores, measured), so compare figures taken at the same load.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def _install_compile_recorder():
     """Record each numba compile (dispatcher, argument types, CPU seconds of the compiling thread excluding
-    nested compiles: CPU time, so that other jobs on a shared machine move it less than wall time)."""
+    nested compiles: CPU time, which other jobs on a shared machine move less than wall time, but still move)."""
     from numba.core import event
 
     records, stack = [], []
@@ -120,8 +120,8 @@ def _measure(kind, ops, scratch, cache, label):
                           + (["--ops", *ops] if ops else []), cwd=scratch, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # the child's user + system CPU seconds, imports included: other jobs on a shared machine stretch
-    # wall time but hardly this
+    # the child's user + system CPU seconds, imports included: other jobs on a shared machine stretch this
+    # less than wall time, but they do (hence the load average in the report)
     child_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if proc.returncode not in (0, 1) or not out.exists():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
