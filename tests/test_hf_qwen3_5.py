@@ -4,6 +4,7 @@ tiny and real-shaped (random weights built from a config, nothing downloaded).
 Every bit claim compares raw bits (first_divergence) and has a negative control in this file: the unpatched
 model (stock kernels) is caught by the same check.
 """
+import contextlib
 import importlib.util
 
 import pytest
@@ -152,9 +153,9 @@ def _left_padded(seqs):
 def sampler_vs_trainer(m, seqs, new=3, temperature=None, seed=0):
     """Generate ``new`` tokens from left-padded ``seqs`` (greedy, or sampled at ``temperature``). Returns the
     sampler's log-probs of them, lt.token_logprobs on each decode step's final hidden states (generate's
-    ``output_hidden_states``: the engine's own forward), and the trainer's, lt.token_logprobs on each full
-    sequence's teacher-forced final hidden states; both [n, new]. (Not log_softmax of generate's logits: in
-    bf16 the LM head rounds those to bf16, while token_logprobs keeps the logits in float32.)"""
+    ``output_hidden_states``: the engine's own forward); the trainer's (``trainer_logprobs``), both [n, new];
+    and the generated tokens [n, new]. (Not log_softmax of generate's logits: in bf16 the LM head rounds those
+    to bf16, while token_logprobs keeps the logits in float32.)"""
     ids, mask = _left_padded(seqs)
     P = ids.shape[1]
     t = 1.0 if temperature is None else temperature
@@ -166,24 +167,48 @@ def sampler_vs_trainer(m, seqs, new=3, temperature=None, seed=0):
     toks = out.sequences[:, P:]
     lp_sampler = torch.stack([lt.token_logprobs(m, out.hidden_states[i][-1][:, -1], toks[:, i], t)
                               for i in range(new)], 1)
-    lp_trainer = []
+    return lp_sampler, trainer_logprobs(m, seqs, toks, t), toks
+
+
+def trainer_logprobs(m, seqs, toks, t=1.0):
+    """The trainer's log-probs of ``toks`` [n, new] after ``seqs``: lt.token_logprobs on each full sequence's
+    teacher-forced final hidden states, [n, new]."""
+    lp = []
     for b, s in enumerate(seqs):
         with torch.no_grad():
             hidden = m.model(input_ids=torch.cat([s, toks[b]])[None], use_cache=False).last_hidden_state[0]
-        lp_trainer.append(lt.token_logprobs(m, hidden[len(s) - 1:-1], toks[b], t))
-    return lp_sampler, torch.stack(lp_trainer)
+        lp.append(lt.token_logprobs(m, hidden[len(s) - 1:-1], toks[b], t))
+    return torch.stack(lp)
+
+
+@contextlib.contextmanager
+def stock_kernels(m):
+    """The unpatched ``m`` on HF's own attention (sdpa): the same weights on stock kernels."""
+    m.config._attn_implementation = "sdpa"
+    try:
+        yield m
+    finally:
+        m.config._attn_implementation = lt.NAME
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("temperature", [None, 0.7], ids=["greedy", "sampled"])
 def test_generate_logprobs_equal_teacher_forced_token_logprobs(dtype, temperature):
+    """The patched sampler's log-probs equal the patched trainer's bit for bit. Negative control: a trainer on
+    stock kernels (the same weights, the same tokens) is caught by the same check; in float32 stock's own
+    sampler and trainer disagree as well. (In bf16 that second one is no control to rely on: at these sizes
+    stock's decode and prefill often round to the same bits, depending on the CPU's kernels; it held on one
+    CI machine and failed on the next.)"""
     m = tiny_model("qwen3_5", dtype=DTYPES[dtype])
+    t = 1.0 if temperature is None else temperature
     with lt.patch(m):
-        lp_s, lp_t = sampler_vs_trainer(m, prompts(), temperature=temperature)
+        lp_s, lp_t, toks = sampler_vs_trainer(m, prompts(), temperature=temperature)
     assert same(lp_s, lp_t, "sampler vs trainer log-probs")
-    stock = tiny_model("qwen3_5", dtype=DTYPES[dtype], attn_implementation="sdpa")
-    s_s, s_t = sampler_vs_trainer(stock, prompts(), temperature=temperature)
-    assert not same(s_s, s_t), "negative control: stock sampler and trainer log-probs should differ"
+    with stock_kernels(m):
+        assert not same(lp_s, trainer_logprobs(m, prompts(), toks, t)), "the stock-kernel trainer should be caught"
+        if dtype == "fp32":
+            s_s, s_t, _ = sampler_vs_trainer(m, prompts(), temperature=temperature)
+            assert not same(s_s, s_t), "stock sampler and trainer log-probs should differ"
 
 
 # ---------------------------------------------------------------- training: backward runs, train forward == sampler
@@ -249,17 +274,14 @@ def test_real_shaped_qwen3_5_generate_equals_teacher_forced(real_shaped):
     dtype, m = real_shaped
     seqs = prompts(seed=5, lengths=(3,), vocab=m.config.vocab_size)
     with lt.patch(m):
-        lp_s, lp_t = sampler_vs_trainer(m, seqs, new=2)
+        lp_s, lp_t, toks = sampler_vs_trainer(m, seqs, new=2)
     assert lp_s.shape == (1, 2) and bool(torch.isfinite(lp_s).all())
     assert same(lp_s, lp_t, f"real-shaped {dtype}: sampler vs trainer log-probs")
-    if dtype == "fp32":  # negative control: the same model with stock kernels. (In bf16 stock's two decode
-        # log-probs happened to round to the teacher-forced bits here; the tiny bf16 test holds that control.)
-        m.config._attn_implementation = "sdpa"
-        try:
-            s_s, s_t = sampler_vs_trainer(m, seqs, new=2)
-        finally:
-            m.config._attn_implementation = lt.NAME
-        assert not same(s_s, s_t), "stock sampler and trainer log-probs should differ at real shapes"
+    with stock_kernels(m):  # negative control: the same weights on stock kernels
+        assert not same(lp_s, trainer_logprobs(m, seqs, toks)), "the stock-kernel trainer should be caught"
+        if dtype == "fp32":  # (in bf16 stock's own two decode log-probs round to the teacher-forced bits here)
+            s_s, s_t, _ = sampler_vs_trainer(m, seqs, new=2)
+            assert not same(s_s, s_t), "stock sampler and trainer log-probs should differ at real shapes"
 
 
 @pytest.mark.parametrize("real_shaped", REAL_SHAPED_ENGINE_DTYPES, indirect=True)
@@ -283,9 +305,6 @@ def test_real_shaped_qwen3_5_engine_equals_trainer(real_shaped):
             tokens, lp = out[i]
             assert lp.shape == (REAL_SHAPED_NEW,) and bool(torch.isfinite(lp).all())
             assert same(lp, teacher_forced(m, s, tokens), f"real-shaped {dtype} engine vs trainer, request {i}")
-    m.config._attn_implementation = "sdpa"
-    try:
+    with stock_kernels(m):
         stock = [teacher_forced(m, s, out[i][0]) for i, s in enumerate(seqs)]
-    finally:
-        m.config._attn_implementation = lt.NAME
     assert not all(same(out[i][1], stock[i]) for i in range(len(seqs))), "the stock trainer should be caught"
