@@ -168,11 +168,11 @@ class CpuBackend(Backend):
 
     @_strict
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        return _kernel("qwen3_next").gdn_gating(A_log, a, dt_bias, b)
+        return _kernel("gdn_layer").gdn_gating(A_log, a, dt_bias, b)
 
     @_strict
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        return _kernel("qwen3_next").causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+        return _kernel("gdn_layer").causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
     @_strict
     def sigmoid(self, x, spec):

@@ -74,12 +74,12 @@ class ReferenceBackend(Backend):
     fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
-        from hal.kernels.reference import qwen3_next
-        return qwen3_next.gdn_gating(A_log, a, dt_bias, b)
+        from hal.kernels.reference import gdn_layer
+        return gdn_layer.gdn_gating(A_log, a, dt_bias, b)
 
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
-        from hal.kernels.reference import qwen3_next
-        return qwen3_next.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+        from hal.kernels.reference import gdn_layer
+        return gdn_layer.causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
     def sigmoid(self, x, spec):
         from hal.kernels.reference import elementwise as ew

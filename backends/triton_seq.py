@@ -28,6 +28,11 @@ def _gdn():
     return gated_delta_rule
 
 
+def _gdn_layer():
+    from hal.kernels.triton import gdn_layer
+    return gdn_layer
+
+
 class SequenceOps:
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
         with self.launch_on(q):
@@ -49,11 +54,11 @@ class SequenceOps:
 
     def gdn_gating(self, A_log, a, dt_bias, b, spec):
         with self.launch_on(a):
-            return _gdn().gdn_gating(A_log, a, dt_bias, b)
+            return _gdn_layer().gdn_gating(A_log, a, dt_bias, b)
 
     def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
         with self.launch_on(x):
-            return _gdn().causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
+            return _gdn_layer().causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens)
 
 
 class TrainingOps:

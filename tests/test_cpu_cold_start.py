@@ -129,7 +129,7 @@ def test_one_kernel_per_op_no_numba_parallel_driver(tmp_path):
     from hal.kernels import cpu as kernels
     import inspect
 
-    for name in ("attention", "elementwise", "exact_slice", "gated_delta_rule", "matmul", "qwen3_next",
+    for name in ("attention", "elementwise", "exact_slice", "gated_delta_rule", "matmul", "gdn_layer",
                  "rms_norm", "softmax", "strict_math", "host"):
         src = inspect.getsource(__import__(f"hal.kernels.cpu.{name}", fromlist=["_"]))
         assert "parallel=True" not in src and "prange" not in src, name
@@ -181,7 +181,7 @@ def test_pool_splits_tasks_over_threads_with_the_same_bits():
 def test_row_wise_kernels_compile_one_body_for_three_dtypes():
     # softmax, elementwise, rotary and the GDN layer pieces read float32 copies (exact widening):
     # one signature each, where raw 16-bit inputs compiled once per dtype (gating: once per mix of dtypes)
-    from hal.kernels.cpu import elementwise, qwen3_next, softmax
+    from hal.kernels.cpu import elementwise, gdn_layer, softmax
     g = torch.Generator().manual_seed(2)
     for dt in DTYPES:
         x = (torch.randn(6, 40, generator=g) * 4).to(dt)
@@ -199,5 +199,5 @@ def test_row_wise_kernels_compile_one_body_for_three_dtypes():
             for o, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
                 assert o.dtype == r.dtype and torch.equal(_bits(o), _bits(r)), (dt, i)
     for fn in (softmax._softmax_tasks, elementwise._map_unary, elementwise._map_silu_mul,
-               qwen3_next._gating, qwen3_next._conv):
+               gdn_layer._gating, gdn_layer._conv):
         assert len(fn.signatures) <= 1, (fn, fn.signatures)  # 0 from a warm cache, as above

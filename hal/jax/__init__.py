@@ -13,7 +13,7 @@ __all__ += ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus  # noqa: E402
 
 __all__ += ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary"]
-from .qwen3_next import gdn_causal_conv1d, gdn_gating  # noqa: E402
+from .gdn_layer import gdn_causal_conv1d, gdn_gating  # noqa: E402
 
 __all__ += ["gdn_gating", "gdn_causal_conv1d"]
 from .gated_delta_rule import GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402

@@ -18,7 +18,7 @@ def _sig(fn, types: dict, default: str) -> dict:
 
 
 def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
-    from ..triton import attention as A, gated_delta_rule as G
+    from ..triton import attention as A, gated_delta_rule as G, gdn_layer as GL
     i32 = "i32"
     attn_types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     attn_types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
@@ -51,8 +51,8 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
          dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True)),
         ("gdn.prep", G._prep_kernel, {"X": "*bf16", "n_rows": i32, "scale": "fp32"},
          dict(L2=True, SCALE=True, DK=128, BT=16, BDK=128, DT=64)),
-        ("gdn.gating", G._gating_kernel, {"A": "*bf16", "B": "*bf16", "n": i32}, dict(HV=32, BLOCK=256)),
-        ("gdn.conv1d", G._conv_kernel, {"ROWS": "*bf16", "W": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "lmax": i32,
+        ("gdn.gating", GL._gating_kernel, {"A": "*bf16", "B": "*bf16", "n": i32}, dict(HV=32, BLOCK=256)),
+        ("gdn.conv1d", GL._conv_kernel, {"ROWS": "*bf16", "W": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "lmax": i32,
                                         "n_rows": i32},
          dict(D=1024, KW=4, HAS_BIAS=True, SILU=True, OUT=tl.bfloat16, BT=16, BD=128)),
     ]

@@ -1,7 +1,7 @@
 """Strict elementwise ops and rotary embedding (kernels/reference/elementwise.py), compiled.
 
 The float32 cores (``sigmoid_f32``, ``silu_f32``, ``softplus_f32``) are the one numba definition of
-these functions; the GDN layer pieces (``qwen3_next.py``) inline the same ones. Every value is
+these functions; the GDN layer pieces (``gdn_layer.py``) inline the same ones. Every value is
 computed alone from its own input, so blocks of elements are independent tasks.
 """
 from __future__ import annotations

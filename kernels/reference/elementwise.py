@@ -1,7 +1,7 @@
 """Strict elementwise ops (ElementwiseSpec) and rotary embedding (RotarySpec), written out.
 
 The one definition of sigmoid, SiLU and softplus in lockstep: the gated-delta-rule layer pieces
-(``qwen3_next.py``) use these same functions. Each value is computed alone in float32 from its own
+(``gdn_layer.py``) use these same functions. Each value is computed alone in float32 from its own
 input, with lockstep's exp/log/sin/cos, so its bits cannot depend on where it sits in a tensor.
 
 The ``*_f32`` functions take and return float32 (no final rounding, NaN left as it falls); the op

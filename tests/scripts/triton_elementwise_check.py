@@ -58,13 +58,13 @@ def elementwise():
         xt = x[:1496].reshape(22, 68).t()  # a non-contiguous view
         _same(f"silu[{dt},transposed]", ref.silu(xt), tri.silu(xt))
     # the GDN conv1d's activation is the same silu: silu(-inf) = -0.0 there too (it was NaN before)
-    from hal.kernels.reference import qwen3_next as ref_layer
-    from hal.kernels.triton import gated_delta_rule as tri_gdn
+    from hal.kernels.reference import gdn_layer as ref_layer
+    from hal.kernels.triton import gdn_layer as tri_layer
     xc = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(5))
     xc[0, 2, 1] = float("-inf")
     wc = torch.rand(4, 3, generator=torch.Generator().manual_seed(6)) + 0.1
     _same("gdn_causal_conv1d[silu(-inf)]", ref_layer.causal_conv1d(xc, wc, None, None, "silu", None)[0],
-          tri_gdn.causal_conv1d(xc, wc, None, None, "silu", None)[0])
+          tri_layer.causal_conv1d(xc, wc, None, None, "silu", None)[0])
     x = _values(torch.float32, 1500, 3)
     _differs("negative:torch.sigmoid", tri.sigmoid(x), ref.canonical_nan(torch.sigmoid(x)))
     _differs("negative:torch.softplus", tri.softplus(x), ref.canonical_nan(torch.nn.functional.softplus(x)))

@@ -23,10 +23,10 @@ import torch  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
-from hal.kernels.reference import qwen3_next as ref_layer  # noqa: E402
+from hal.kernels.reference import gdn_layer as ref_layer  # noqa: E402
 from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
-from hal.kernels.triton import gated_delta_rule as tri_gdn  # noqa: E402
+from hal.kernels.triton import gated_delta_rule as tri_gdn, gdn_layer as tri_layer  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
 from _variants import dropped_last_work_item, kernel_variant  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
@@ -333,13 +333,13 @@ def gdn_layer():
         a, b = rnd(2, 30, 6, scale=4.0).to(dt), rnd(2, 30, 6, scale=4.0).to(dt)
         a[0, 0, :4] = torch.tensor([0.0, -0.0, 30.0, -30.0]).to(dt)
         g1, b1 = ref_layer.gdn_gating(A_log, a, dtb, b)
-        g2, b2 = tri_gdn.gdn_gating(A_log, a, dtb, b)
+        g2, b2 = tri_layer.gdn_gating(A_log, a, dtb, b)
         _same(f"gdn-gating[{dt}]", [("g", g1, g2), ("beta", b1, b2)])
         x, w, bias = rnd(1, 40, 24).to(dt), rnd(24, 4).to(dt), rnd(24).to(dt)
         state = rnd(3, 3, 24).to(dt)
         for args in ((x, w, bias, state, "silu", [0, 17, 18, 40]), (x.reshape(2, 20, 24), w, None, None, None, None)):
             y1, s1 = ref_layer.causal_conv1d(*args)
-            y2, s2 = tri_gdn.causal_conv1d(*args)
+            y2, s2 = tri_layer.causal_conv1d(*args)
             _same(f"gdn-conv1d[{dt},state={args[3] is not None}]", [("y", y1, y2), ("state", s1, s2)])
 
 

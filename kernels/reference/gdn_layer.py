@@ -1,4 +1,4 @@
-"""Qwen3-Next's Gated DeltaNet layer pieces, strict: gating and the causal depthwise conv1d.
+"""The Gated DeltaNet layer's pieces (Qwen3-Next, Qwen3.5), strict: gating and the causal depthwise conv1d.
 
 Both are computed per token in float32 with a fixed order, so decode, chunked prefill and
 training give the same bits by construction; the conv's decode state holds the previous K-1

@@ -1,4 +1,4 @@
-"""Qwen3-Next's GDN layer pieces (kernels/reference/qwen3_next.py), compiled: gating and the causal
+"""The Gated DeltaNet layer's pieces (kernels/reference/gdn_layer.py), compiled: gating and the causal
 depthwise conv1d with its decode state. Per element / per (sequence, channel): independent tasks."""
 from __future__ import annotations
 

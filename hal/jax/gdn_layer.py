@@ -1,5 +1,5 @@
-"""Qwen3-Next Gated DeltaNet layer pieces on jax.Arrays: gdn_gating and the causal conv1d
-(kernels/reference/qwen3_next.py); the gated delta rule itself is in gated_delta_rule.py."""
+"""The Gated DeltaNet layer's pieces on jax.Arrays: gdn_gating and the causal conv1d
+(kernels/reference/gdn_layer.py); the gated delta rule itself is in gated_delta_rule.py."""
 from __future__ import annotations
 
 import jax
