@@ -297,7 +297,7 @@ def _varlen_backward_kernel(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, 
 
 
 def _varlen_setup(ctx, inputs, output):
-    from .attention import _scale, _window
+    from .attention_checks import _scale, _window
     q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, spec, backend = inputs
     ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
     ctx.rest = (max_q, max_k, _scale(softmax_scale, q.shape[2]), bool(causal), list(_window(window)), spec, backend)

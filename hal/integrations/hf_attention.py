@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import _scale, flash_attn_varlen_func
+from ..attention import flash_attn_varlen_func
+from ..attention_checks import _scale
 from ..errors import InputError, UnsupportedError
 from ..ops_registry import TORCH_OP, route, routing
 

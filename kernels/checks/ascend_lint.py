@@ -55,11 +55,11 @@ class Problem:
 
 
 def _modules():
-    from ..triton import (attention, common, elementwise, gated_delta_rule, matmul, rms_norm, softmax, strict_math,
-                   token_logprobs)
+    from ..triton import (attention_kernel, common, elementwise, gated_delta_rule, matmul, rms_norm, softmax,
+                          strict_math, token_logprobs)
     return {"common": common, "sm": strict_math, "strict_math": strict_math, "matmul": matmul,
             "rms_norm": rms_norm, "softmax": softmax, "token_logprobs": token_logprobs, "elementwise": elementwise,
-            "ew": elementwise, "attention": attention, "gated_delta_rule": gated_delta_rule}
+            "ew": elementwise, "attention_kernel": attention_kernel, "gated_delta_rule": gated_delta_rule}
 
 
 def _source_ast(fn) -> ast.FunctionDef:
@@ -154,8 +154,8 @@ def lint_function(fn, module=None, seen=None) -> list[Problem]:
 
 def ascend_kernels() -> list:
     """Every kernel the ascend backend launches (all persistent)."""
-    from ..triton import attention as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm, softmax
-    from ..triton import gdn_layer, token_logprobs as tlp
+    from ..triton import attention_kernel as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm
+    from ..triton import gdn_layer, softmax, token_logprobs as tlp
     return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel,
             matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel,
             tlp._stats_kernel, tlp._sum_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,

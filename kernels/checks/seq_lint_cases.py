@@ -18,7 +18,7 @@ def _sig(fn, types: dict, default: str) -> dict:
 
 
 def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
-    from ..triton import attention as A, gated_delta_rule as G, gdn_layer as GL
+    from ..triton import attention as A, attention_kernel as AK, gated_delta_rule as G, gdn_layer as GL
     i32 = "i32"
     attn_types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     attn_types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
@@ -38,12 +38,12 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             vec, options = A._score_layout(tiles["BLOCK_M"], 64, tdt.primitive_bitwidth // 8)  # as attend launches
             consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
                           OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu)
-            sig = {k: v for k, v in _sig(A._attn_kernel, types, "*fp32").items() if k not in consts}
-            out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", A._attn_kernel, sig, consts,
+            sig = {k: v for k, v in _sig(AK._attn_kernel, types, "*fp32").items() if k not in consts}
+            out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", AK._attn_kernel, sig, consts,
                                   divisible=attn_divisible, num_warps=options.get("num_warps")))
         consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, NPU=npu)
-        sig = {k: v for k, v in _sig(A._merge_kernel, types, "*fp32").items() if k not in consts}
-        out.append(KernelCase(f"attention.merge[{dt}]", A._merge_kernel, sig, consts,
+        sig = {k: v for k, v in _sig(AK._merge_kernel, types, "*fp32").items() if k not in consts}
+        out.append(KernelCase(f"attention.merge[{dt}]", AK._merge_kernel, sig, consts,
                               divisible=("stride_qt", "stride_qh")))
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),

@@ -27,9 +27,8 @@ import triton.language as tl
 from hal.errors import InputError, UnsupportedError
 
 from . import strict_math as sm
-from .attention import _i32
 from .attention_tiles import _key_range, _rows, _visible
-from .launch import cdiv, interpreting, launch, next_power_of_2
+from .launch import cdiv, int32_tensor, interpreting, launch, next_power_of_2
 
 F32 = torch.float32
 #: Head dims served by the kernels; larger ones take hal's torch backward (tiles would not fit on chip).
@@ -210,7 +209,7 @@ def flash_attn_varlen_backward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scal
         raise UnsupportedError(f"head_dim (q.shape[-1]) = {d} > {MAX_HEAD_DIM}: not served by the Triton attention "
                                "backward kernels (hal's torch backward serves it)")
     dev = q.device
-    cq, ck = _i32(cu_q, dev), _i32(cu_k, dev)
+    cq, ck = int32_tensor(cu_q, dev), int32_tensor(cu_k, dev)
     qlen, klen = cq[1:] - cq[:-1], ck[1:] - ck[:-1]
     n_seq = qlen.shape[0]
     q, k, v, out, gout, lse = (x.contiguous() for x in (q, k, v, out, gout, lse))

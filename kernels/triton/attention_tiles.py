@@ -1,5 +1,5 @@
 """The program layout every attention kernel shares: the jit helpers of the strict and fast forward kernels
-(attention.py, fast_attention.py) and of the backward kernels (attention_backward.py).
+(attention_kernel.py, fast_attention.py) and of the backward kernels (attention_backward.py).
 
 Work items of the persistent grid, the tile rows of a program (query row, head), their absolute positions
 and the keys any of them may see, key and query addressing (contiguous or paged), the split workspace,

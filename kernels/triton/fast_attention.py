@@ -1,8 +1,8 @@
 """Softmax attention under FastAttentionSpec: Q.K^T and P.V on tensor cores (``tl.dot``), structure fixed by the spec.
 
-The program layout, paging, GQA, visibility, split workspace and host side are the strict kernel's
-(kernels/triton/attention.py: ``attend`` launches this kernel when the spec is fast); so are the split
-merge (in split order, whatever ``num_splits``) and the finish (division, lse, rounding, canonical NaN):
+The program layout, paging, GQA, visibility and split workspace are the strict kernel's (attention_tiles.py),
+and so is the host side (kernels/triton/attention.py: ``attend`` launches this kernel when the spec is fast); so
+are the split merge (in split order, whatever ``num_splits``) and the finish (division, lse, rounding, canonical NaN):
 they are per-row float32 steps, cheap next to the two dots. What this file changes is the block step:
 
 * S = tl.dot(Q, K^T) from +0.0 (head dim zero-padded to a power of two >= 16), times float32(scale);

@@ -6,6 +6,9 @@
 * under ``TRITON_INTERPRET=1`` the interpreter must be Triton >= 3.9 and its ``tl.fma`` must round
   once; older interpreters computed ``a*b + c`` in two roundings. A crafted case decides it once per
   process: (1 + 2**-12)**2 - 1 is 2**-11 + 2**-24 exactly, but 2**-11 when rounded twice.
+
+Also the host helpers the launchers share: sizes (``cdiv``, ``next_power_of_2``), scalars (``float32_value``)
+and the int32 row starts and lengths the attention launchers pass (``int32_tensor``, ``int32_starts``).
 """
 from __future__ import annotations
 
@@ -31,6 +34,18 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (0 for 0, as ``triton.next_power_of_2``), without its per-call wrapper."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def int32_tensor(x, device) -> torch.Tensor:
+    """x (a tensor, or values torch.as_tensor takes) as an int32 tensor on ``device``: the launchers' row starts
+    and lengths."""
+    return torch.as_tensor(x, device=device).to(torch.int32)
+
+
+def int32_starts(n: int, step: int, device) -> torch.Tensor:
+    """int32 [0, step, 2 step, ...] (n values), made on the device: no host tensor, no copy."""
+    return torch.arange(0, n * step, step, dtype=torch.int32, device=device) if step else \
+        torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def float32_value(x: float) -> float:

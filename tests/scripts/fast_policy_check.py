@@ -178,11 +178,12 @@ def attn_batch_invariance():
 
 def attn_reverse_merge_negative():
     """Negative control: split partials merged in reverse order (split-KV decode path) is caught."""
-    from hal.kernels.triton import attention as tri_attn
+    from hal.kernels.triton import attention_kernel
     for spec, dt, d in _pick(ATTN_CASES):
         q, k, v = _attn_inputs(dt, d)
         out, lse = _prefill(q, k, v, spec)
-        with kernel_variant(tri_attn, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
+        with kernel_variant(attention_kernel, "_merge_kernel",
+                            "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
                             "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
             o, l = _from_cache(q[40:], k, v, L_SEQ, spec, num_splits=8)  # 30 rows x 4 heads, 2-3 splits each
             pairs = [("rows-40-69:lse", lse[:, 40:], l), ("rows-40-69:out", out[40:], o)]

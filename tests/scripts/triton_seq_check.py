@@ -26,6 +26,7 @@ from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import gdn_layer as ref_layer  # noqa: E402
 from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
+from hal.kernels.triton import attention_kernel as tri_kernel  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn, gdn_layer as tri_layer  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
 from _variants import dropped_last_work_item, kernel_variant  # noqa: E402
@@ -126,7 +127,7 @@ def attn_negative():
     kc, vc, seqlens, table, sq = _paged_inputs(rnd, dt, hkv, d)
     q = rnd(3, 1, hq, d).to(dt)
     o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 0, spec)
-    with kernel_variant(tri_attn, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
+    with kernel_variant(tri_kernel, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
                         "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
         o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 3, spec)
     _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
@@ -245,7 +246,7 @@ def attn_gqa_negative():
     q = rnd(3, 1, hq, d).to(dt)
     o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), 0, spec)
     # packed rows read the q of the next head of their group (out and lse still go to their own head)
-    with kernel_variant(tri_attn, "_attn_kernel", "qr_off = q_off  # where rows read q (out and lse go to q_off)",
+    with kernel_variant(tri_kernel, "_attn_kernel", "qr_off = q_off  # where rows read q (out and lse go to q_off)",
                         "qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)"):
         for ns in (1, 3):  # the in-kernel merge and the split-KV workspace + merge kernel
             o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, True, (-1, -1), ns, spec)
