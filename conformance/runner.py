@@ -21,7 +21,7 @@ from hal import dispatch
 from hal.backend import Backend
 from hal.errors import GoldenError, InputError
 
-from . import families as fam_registry
+from . import suites as suite_registry
 from . import golden
 from .bits import Divergence, first_divergence
 from .family import DTYPE_NAMES, Case, Family
@@ -182,7 +182,7 @@ def run(backend_names: list[str], family_names: list[str], device: str = "cpu", 
     for bname in backend_names:
         backend = dispatch.get_backend(bname)
         for fname in family_names:
-            family = fam_registry.get(fname)
+            family = suite_registry.get(fname)
             groups: dict[tuple, list[Case]] = {}
             for case in (family.quick_cases() if quick else family.cases()):
                 if dtypes is not None and DTYPE_NAMES[case.dtype] not in dtypes:

@@ -157,10 +157,10 @@ def _golden_root(must_exist: bool = True):
 
 
 def _families(ops):
-    from hal.conformance import families
+    from hal.conformance import suites
 
     from .errors import InputError
-    names = families.names()
+    names = suites.names()
     if ops is None:
         return names
     if not ops:
@@ -341,12 +341,12 @@ def _conformance_run(args) -> int:
 
 
 def _conformance_generate(args) -> int:
-    from hal.conformance import families, golden
+    from hal.conformance import suites, golden
     from . import dispatch
     root = _golden_root(must_exist=False)
     ref = dispatch.get_backend("reference")
     for name in _families(args.ops):
-        fam = families.get(name)
+        fam = suites.get(name)
         if "L4" not in fam.levels:  # e.g. the fast-policy families: bits of one GPU model, no goldens
             print(f"{name}: no golden bits (the family has no L4)", file=sys.stderr)
             continue
@@ -405,7 +405,7 @@ def _warmup(args) -> int:
     """Compile (or load) the cpu backend's numba kernels ahead of time, e.g. while building an image or in
     CI: each family's quick conformance cases on the cpu backend, which call every kernel the way real
     calls do (both drivers, every dtype). A progress bar per (family, dtype) on stderr."""
-    from hal.conformance import families, runner
+    from hal.conformance import suites, runner
     from hal.conformance.family import DTYPE_NAMES
     from . import dispatch
     cpu = dispatch.get_backend("cpu")
@@ -415,7 +415,7 @@ def _warmup(args) -> int:
         return 2
     fams = _families(args.ops)
     units = [(f, d) for f in fams for d in (args.dtypes or ["fp32", "bf16", "fp16"])
-             if any(DTYPE_NAMES[c.dtype] == d for c in families.get(f).quick_cases())]
+             if any(DTYPE_NAMES[c.dtype] == d for c in suites.get(f).quick_cases())]
     failed = []
     with _Bar() as bar:
         for i, (fam, dt) in enumerate(units):

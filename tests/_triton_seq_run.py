@@ -55,9 +55,9 @@ def run_quick_conformance(backend: str, family: str, tmp_path) -> None:
                        cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     records = json.loads(out.read_text())["records"]
-    from hal.conformance import families
+    from hal.conformance import suites
     by_level = {}
     for rec in records:
         assert rec["claimed"] and rec["status"] == "pass", rec  # the backend claims every level of its families
         by_level[rec["level"]] = by_level.get(rec["level"], 0) + rec["cases"]
-    assert set(by_level) == set(families.get(family).levels) and all(n > 0 for n in by_level.values()), by_level
+    assert set(by_level) == set(suites.get(family).levels) and all(n > 0 for n in by_level.values()), by_level

@@ -7,12 +7,12 @@ import torch
 
 import hal
 from hal.backends.reference import ReferenceBackend
-from hal.conformance import families, runner
+from hal.conformance import suites, runner
 from hal.conformance.bits import first_divergence
 from hal.conformance.family import DTYPE_NAMES
 from hal.spec import AttentionSpec
 
-FAM = families.get("attention")
+FAM = suites.get("attention")
 
 
 # rows are thread-count invariant (L0 still runs 1 and 2 threads): one thread keeps the reference fast

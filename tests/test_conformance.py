@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hal import errors as hal_errors
-from hal.conformance import families, golden, inputs, runner
+from hal.conformance import suites, golden, inputs, runner
 from hal.conformance.bits import first_divergence
 
 FOUNDATION = ["matmul", "rms_norm", "softmax", "token_logprobs"]
@@ -27,7 +27,7 @@ def stock_records():
 def test_reference_passes_every_level(reference_records, family):
     recs = [r for r in reference_records if r.op == family]
     assert {r.dtype for r in recs} == {"fp32", "bf16", "fp16"}
-    assert {r.level for r in recs} == set(families.get(family).levels)
+    assert {r.level for r in recs} == set(suites.get(family).levels)
     bad = [f"{r.dtype} {r.level}: {r.detail}" for r in recs if r.status != "pass"]
     assert not bad, bad
     assert all(r.cases > 0 for r in recs)
@@ -90,7 +90,7 @@ def golden_copy(tmp_path):
 
 
 def _softmax_case():
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == "r3_n7.fp32")
     return fam, case
 

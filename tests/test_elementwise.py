@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal.conformance import families, runner
+from hal.conformance import suites, runner
 from hal.conformance.bits import first_divergence, raw_bits
 from hal.kernels.reference.strict_math import sincos
 
@@ -31,7 +31,7 @@ def _bits_equal(a, b) -> bool:
 def test_reference_passes_every_level(records, family):
     ref = [r for r in records if r.backend == "reference" and r.op == family]
     assert {r.dtype for r in ref} == {"fp32", "bf16", "fp16"}
-    assert {r.level for r in ref} == set(families.get(family).levels)
+    assert {r.level for r in ref} == set(suites.get(family).levels)
     bad = [f"{r.dtype} {r.level}: {r.detail}" for r in ref if r.status != "pass"]
     assert not bad, bad
 

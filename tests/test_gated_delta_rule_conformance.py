@@ -7,10 +7,10 @@ import torch
 
 import hal
 from hal.backends.reference import ReferenceBackend
-from hal.conformance import families, runner
+from hal.conformance import suites, runner
 from hal.kernels.reference.gated_delta_rule import Parts
 
-FAM = families.get("gated_delta_rule")
+FAM = suites.get("gated_delta_rule")
 pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
 

@@ -140,8 +140,8 @@ FULL_FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise
 
 
 def _run_cases(family_name: str, wanted):
-    from hal.conformance import families
-    fam = families.get(family_name)
+    from hal.conformance import suites
+    fam = suites.get(family_name)
     cases = [c for c in fam.cases() if wanted is None or c.id in wanted]
     if wanted is not None:
         assert sorted(c.id for c in cases) == sorted(wanted), [c.id for c in fam.cases()]
@@ -175,7 +175,7 @@ def test_flushing_variant_is_caught_by_matmul_goldens(monkeypatch):
     import jax
     import jax.numpy as jnp
     from hal.conformance import golden
-    from hal.conformance.families import matmul as mm
+    from hal.conformance.suites import matmul as mm
     from hal.jax import strict_math as sm
     case = next(c for c in mm.FAMILY.cases() if c.p.get("special") and c.dtype == torch.float32)
     x = mm.FAMILY.make_inputs(case)

@@ -285,10 +285,10 @@ def test_claimed_families_are_listed_once():
 
 def test_conformance_families_table_matches_the_suite():
     from hal.backend import CONFORMANCE_FAMILIES
-    from hal.conformance import families
-    assert sorted(CONFORMANCE_FAMILIES) == sorted(families.names())
+    from hal.conformance import suites
+    assert sorted(CONFORMANCE_FAMILIES) == sorted(suites.names())
     for name, (ops, policies) in CONFORMANCE_FAMILIES.items():
-        fam = families.get(name)
+        fam = suites.get(name)
         assert tuple(fam.ops) == ops, name
         assert {p for c in fam.quick_cases() for p in c.spec.policies_used()} == set(policies), name
 
