@@ -406,7 +406,7 @@ def _warmup(args) -> int:
     CI: each family's quick conformance cases on the cpu backend, which call every kernel the way real
     calls do (both drivers, every dtype). A progress bar per (family, dtype) on stderr."""
     from hal.conformance import suites, runner
-    from hal.conformance.family import DTYPE_NAMES
+    from hal.conformance.suite import DTYPE_NAMES
     from . import dispatch
     cpu = dispatch.get_backend("cpu")
     why = cpu.unavailable_reason()

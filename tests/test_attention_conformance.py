@@ -9,7 +9,7 @@ import hal
 from hal.backends.reference import ReferenceBackend
 from hal.conformance import suites, runner
 from hal.conformance.bits import first_divergence
-from hal.conformance.family import DTYPE_NAMES
+from hal.conformance.suite import DTYPE_NAMES
 from hal.spec import AttentionSpec
 
 FAM = suites.get("attention")

@@ -12,21 +12,23 @@ import hal.conformance
 from hal.conformance import suites
 
 OLD_PACKAGE = "hal.conformance.families"
+OLD_MODULE = "hal.conformance.family"
 
 
-def _forget_old_package():
-    for name in [m for m in sys.modules if m == OLD_PACKAGE or m.startswith(OLD_PACKAGE + ".")]:
+def _forget_old_names():
+    for name in [m for m in sys.modules if m in (OLD_PACKAGE, OLD_MODULE) or m.startswith(OLD_PACKAGE + ".")]:
         del sys.modules[name]
-    if hasattr(hal.conformance, "families"):
-        delattr(hal.conformance, "families")
+    for attr in ("families", "family"):
+        if hasattr(hal.conformance, attr):
+            delattr(hal.conformance, attr)
 
 
 @pytest.fixture
 def old_package_unimported():
-    """A first import of the alias package (it warns on import), whatever imported it before."""
-    _forget_old_package()
+    """A first import of the alias modules (they warn on import), whatever imported them before."""
+    _forget_old_names()
     yield
-    _forget_old_package()
+    _forget_old_names()
 
 
 def _deprecations(caught) -> list[str]:
@@ -52,3 +54,30 @@ def test_old_suites_package_gives_the_same_module_objects_and_warns_once(old_pac
     assert old.names() == suites.names()
     messages = _deprecations(caught)
     assert len(messages) == 1 and "hal.conformance.suites" in messages[0], messages
+
+
+def test_old_suite_modules_read_as_family(old_package_unimported):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from hal.conformance.families import attention, matmul
+    from hal.conformance.families.matmul import FAMILY
+    assert FAMILY is matmul.SUITE is suites.get("matmul") and attention.FAMILY is suites.get("attention")
+
+
+def test_old_protocol_module_is_the_suite_module_and_warns_once(old_package_unimported):
+    from hal.conformance import suite
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from hal.conformance.family import DTYPE_NAMES, Case, Family, rowwise_checks
+        import hal.conformance.family  # noqa: F401 -- imported already: no second warning
+    assert Family is suite.Suite and Case is suite.Case
+    assert DTYPE_NAMES is suite.DTYPE_NAMES and rowwise_checks is suite.rowwise_checks
+    assert isinstance(suites.get("rms_norm"), Family)
+    messages = _deprecations(caught)
+    assert len(messages) == 1 and "hal.conformance.suite" in messages[0], messages
+
+
+def test_case_family_reads_the_suite_name_and_warns():
+    case = suites.get("rms_norm").cases()[0]
+    with pytest.warns(DeprecationWarning, match="Case.suite"):
+        assert case.family == case.suite == "rms_norm"

@@ -177,15 +177,15 @@ def test_flushing_variant_is_caught_by_matmul_goldens(monkeypatch):
     from hal.conformance import golden
     from hal.conformance.suites import matmul as mm
     from hal.jax import strict_math as sm
-    case = next(c for c in mm.FAMILY.cases() if c.p.get("special") and c.dtype == torch.float32)
-    x = mm.FAMILY.make_inputs(case)
+    case = next(c for c in mm.SUITE.cases() if c.p.get("special") and c.dtype == torch.float32)
+    x = mm.SUITE.make_inputs(case)
     gold = golden.load("matmul", case, x)
-    got = mm.FAMILY.run(hal.get_backend("jax"), case, x)
+    got = mm.SUITE.run(hal.get_backend("jax"), case, x)
     assert first_divergence("jax", gold["linear"], got["linear"]) is None
     monkeypatch.setattr(sm, "widen", lambda a: a.astype(jnp.float64))
     jax.clear_caches()
     try:
-        bad = mm.FAMILY.run(hal.get_backend("jax"), case, x)
+        bad = mm.SUITE.run(hal.get_backend("jax"), case, x)
     finally:
         monkeypatch.undo()
         jax.clear_caches()

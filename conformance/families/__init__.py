@@ -1,8 +1,9 @@
-"""Deprecated: the conformance suites moved to :mod:`hal.conformance.suites` (lockstep 0.3).
+"""Deprecated: the conformance suites moved to :mod:`hal.conformance.suites` (issue 22).
 
 This alias package stays one release for out-of-tree code. ``hal.conformance.families.<name>`` is the
 very module object ``hal.conformance.suites.<name>`` (registered in ``sys.modules`` here, never a second
-copy that would hold its own suite objects); importing this package warns once.
+copy that would hold its own suite objects), and each such module's ``FAMILY`` is its ``SUITE`` (the
+name old code reads); importing this package warns once.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from .. import suites as _suites
 from ..suites import MODULES, get, names  # noqa: F401 -- the old package's public names
 
 warnings.warn("hal.conformance.families is deprecated: the conformance suites are hal.conformance.suites "
-              "(same modules, same names)", DeprecationWarning, stacklevel=2)
+              "(the same modules; read a module's SUITE, not FAMILY)", DeprecationWarning, stacklevel=2)
 
 for _name, _module_name in _suites.MODULES.items():
     _module = importlib.import_module(_module_name)
+    _module.FAMILY = _module.SUITE
     sys.modules[f"{__name__}.{_name}"] = _module
     globals()[_name] = _module
 del _name, _module_name, _module

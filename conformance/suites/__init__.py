@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..family import Family
+from ..suite import Suite
 
 MODULES = {
     "matmul": "hal.conformance.suites.matmul",
@@ -22,10 +22,10 @@ MODULES = {
 }
 
 
-def get(name: str) -> Family:
+def get(name: str) -> Suite:
     if name not in MODULES:
-        raise KeyError(f"unknown op family {name!r}; known: {', '.join(MODULES)}")
-    return importlib.import_module(MODULES[name]).FAMILY
+        raise KeyError(f"unknown conformance suite {name!r}; known: {', '.join(MODULES)}")
+    return importlib.import_module(MODULES[name]).SUITE
 
 
 def names() -> list[str]:
