@@ -220,6 +220,12 @@ def _claimed_levels(backend: Backend, suite: str, spec) -> frozenset[str]:
     return backend.claimed_levels(suite, spec)
 
 
+def claims(backend: Backend, suite_name: str) -> frozenset[str]:
+    """Every level a run of the suite holds ``backend`` to, over the specs its cases use (``hal info``)."""
+    specs = {case.spec.id: case.spec for case in suite_registry.get(suite_name).cases()}
+    return frozenset().union(*(_claimed_levels(backend, suite_name, spec) for spec in specs.values()))
+
+
 def _record(bname, sname, dname, spec_id, lvl, o: _Outcome, claimed: bool) -> Record:
     if o.unsupported:
         return Record(bname, sname, dname, spec_id, lvl, "unsupported", "; ".join(o.unsupported), None, claimed)

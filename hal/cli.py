@@ -22,19 +22,17 @@ import torch
 
 
 def _info(args) -> int:
-    from . import dispatch, spec as specs
+    from hal.conformance import runner
+
+    from . import dispatch
     from .backend import LEVELS
-    from .ops_registry import OPS
     print(f"lockstep {__import__('hal').__version__}  torch {torch.__version__}  python {platform.python_version()}  "
           f"{platform.machine()}")
     for name, b in dispatch.backends().items():
         why = b.unavailable_reason()
         state = "available" if not why else f"not available: {why}"
-        claimed = set()
-        for op in b.ops():
-            family = OPS[op]
-            if family in specs.DEFAULTS:
-                claimed |= set(b.claimed_levels(family, specs.DEFAULTS[family]))
+        # what a conformance run of the suites it serves holds it to (claimed_levels takes a suite, not an op)
+        claimed = frozenset().union(*(runner.claims(b, suite) for suite in b.suites))
         claims = f"claims {' '.join(l for l in LEVELS if l in claimed)}" if claimed else "claims no level"
         print(f"  {name:<10} devices {','.join(b.device_types):<22} {state}; {claims}")
         print(f"  {'':<10} {b.description}")

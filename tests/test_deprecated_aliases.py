@@ -81,3 +81,30 @@ def test_case_family_reads_the_suite_name_and_warns():
     case = suites.get("rms_norm").cases()[0]
     with pytest.warns(DeprecationWarning, match="Case.suite"):
         assert case.family == case.suite == "rms_norm"
+
+
+def test_backend_families_and_the_table_read_as_suites():
+    import hal.backend
+    ref = hal.get_backend("reference")
+    with pytest.warns(DeprecationWarning, match="CONFORMANCE_SUITES"):
+        from hal.backend import CONFORMANCE_FAMILIES
+    assert CONFORMANCE_FAMILIES is hal.backend.CONFORMANCE_SUITES
+    with pytest.warns(DeprecationWarning, match="Backend.suites"):
+        assert ref.families == ref.suites and "matmul_exact" in ref.suites
+    with pytest.raises(AttributeError):
+        hal.backend.NO_SUCH_NAME  # noqa: B018 -- the module __getattr__ answers only the old name
+
+
+def test_a_backend_written_against_the_old_names_still_claims_its_suites():
+    """Out-of-tree code from the previous docs: ``claimed_levels(self, family, spec)`` over ``self.families``."""
+    import hal
+    from hal.conformance import runner
+
+    class OldStyle(type(hal.get_backend("reference"))):
+        name = "old-style"
+
+        def claimed_levels(self, family, spec):
+            return frozenset(hal.LEVELS) if family in self.families else frozenset()
+
+    with pytest.warns(DeprecationWarning, match="Backend.suites"):
+        assert runner.claims(OldStyle(), "matmul_exact") == frozenset(hal.LEVELS)

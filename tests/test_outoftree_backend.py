@@ -64,7 +64,7 @@ def test_found_through_the_entry_point(installed):
     backend = hal.get_backend(NAME)
     # the installed copy, not the source tree, and nothing but the entry point put it in the registry
     assert pathlib.Path(sys.modules[type(backend).__module__].__file__).is_relative_to(installed)
-    assert backend.ops() == ["rms_norm"] and backend.families == frozenset({"rms_norm"})
+    assert backend.ops() == ["rms_norm"] and backend.suites == frozenset({"rms_norm"})
     assert backend_contract.violations(backend) == []
 
 
