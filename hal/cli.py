@@ -340,7 +340,7 @@ def _conformance_run(args) -> int:
 
 
 def _conformance_generate(args) -> int:
-    from hal.conformance import suites, golden
+    from hal.conformance import golden, suites
     from . import dispatch
     root = _golden_root(must_exist=False)
     ref = dispatch.get_backend("reference")
@@ -404,7 +404,7 @@ def _warmup(args) -> int:
     """Compile (or load) the cpu backend's numba kernels ahead of time, e.g. while building an image or in
     CI: each conformance suite's quick cases on the cpu backend, which call every kernel the way real
     calls do (both drivers, every dtype). A progress bar per (suite, dtype) on stderr."""
-    from hal.conformance import suites, runner
+    from hal.conformance import runner, suites
     from hal.conformance.suite import DTYPE_NAMES
     from . import dispatch
     cpu = dispatch.get_backend("cpu")

@@ -1,13 +1,13 @@
-"""The attention family through the conformance runner: the reference passes every level it claims;
+"""The attention conformance suite through the runner: the reference passes every level it claims;
 the negative controls (torch's SDPA, and a reference that changes its block size for decode) are
-caught at L2 with the first divergence. The full family runs with
+caught at L2 with the first divergence. The full suite runs with
 `hal conformance run --backend reference --ops attention`; here a subset keeps the tests short."""
 import pytest
 import torch
 
 import hal
 from hal.backends.reference import ReferenceBackend
-from hal.conformance import suites, runner
+from hal.conformance import runner, suites
 from hal.conformance.bits import first_divergence
 from hal.conformance.suite import DTYPE_NAMES
 from hal.spec import AttentionSpec

@@ -2,7 +2,7 @@
 level; the stock path (torch's exp/softplus/sigmoid gates, F.conv1d + F.silu) is caught."""
 import pytest
 
-from hal.conformance import suites, runner
+from hal.conformance import runner, suites
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hal
-from hal.conformance import suites, golden, report, runner
+from hal.conformance import golden, report, runner, suites
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ docs/architecture.md) installed with pip into a throwaway folder, found through 
 entry point by importlib.metadata, selected by name, and certified by the real conformance runner.
 
 Negative control: the same backend with its sum of squares chained in the wrong order fails the same run.
-About 30 s on two loaded cores (pip, then the full rms_norm conformance family; the control runs its quick cases).
+About 30 s on two loaded cores (pip, then the full rms_norm conformance suite; the control runs its quick cases).
 """
 from __future__ import annotations
 
