@@ -52,13 +52,13 @@ def test_importing_hal_and_the_backend_imports_neither_torch_npu_nor_triton():
     assert why  # this machine has no NPU: some reason is given
 
 
-def test_registered_claims_the_triton_families():
+def test_registered_claims_the_triton_suites():
     b = hal.get_backend("ascend")
     assert b.device_types == ("npu",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "attention",
-                "gated_delta_rule", "gdn_layer"):  # gdn_layer cases run under the gated delta rule's spec
-        spec = DEFAULTS["gated_delta_rule" if fam == "gdn_layer" else fam]
-        assert b.claimed_levels(fam, spec) == frozenset(hal.LEVELS)
+    for suite in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "attention",
+                  "gated_delta_rule", "gdn_layer"):  # gdn_layer cases run under the gated delta rule's spec
+        spec = DEFAULTS["gated_delta_rule" if suite == "gdn_layer" else suite]
+        assert b.claimed_levels(suite, spec) == frozenset(hal.LEVELS)
     assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
                             "flash_attn_varlen_func", "flash_attn_with_kvcache", "chunk_gated_delta_rule",
                             "fused_recurrent_gated_delta_rule", "gdn_gating", "gdn_causal_conv1d"}
