@@ -234,7 +234,7 @@ def test_sequence_kernels_ascend_variant_give_reference_bits():
 
 
 QUICK_SUITES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer"]
-                                            if os.environ.get("LOCKSTEP_FULL") == "1" else [])
+                                          if os.environ.get("LOCKSTEP_FULL") == "1" else [])
 
 
 @needs_interpreter

@@ -136,7 +136,7 @@ QUICK_CASES = {
     "gated_delta_rule": ["nan_gva_h1v2_d16.fp32", "nan_gva_h1v2_d16.fp32"],
 }
 FULL_SUITES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention",
-                 "matmul_exact", "token_logprobs_exact", "gated_delta_rule"]
+               "matmul_exact", "token_logprobs_exact", "gated_delta_rule"]
 
 
 def _run_cases(suite_name: str, wanted):
