@@ -110,8 +110,8 @@ class CpuBackend(Backend):
                     "Unset NUMBA_DISABLE_JIT to use this backend")
         return _fp_reason()
 
-    def claimed_levels(self, family, spec):
-        return frozenset(LEVELS) if family in self.families else frozenset()
+    def claimed_levels(self, suite, spec):
+        return frozenset(LEVELS) if suite in self.suites else frozenset()
 
     @_strict
     def matmul(self, a, b, spec):

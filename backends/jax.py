@@ -65,8 +65,8 @@ class JaxBackend(Backend):
             self._checked = True
         return self._why
 
-    def claimed_levels(self, family, spec):
-        return frozenset(LEVELS) if family in self.families else frozenset()
+    def claimed_levels(self, suite, spec):
+        return frozenset(LEVELS) if suite in self.suites else frozenset()
 
     # ---- conversion (bits only)
 

@@ -32,8 +32,8 @@ class ReferenceBackend(Backend):
     def unavailable_reason(self):
         return fp_env.flush_reason(self.name)
 
-    def claimed_levels(self, family, spec):
-        return frozenset(LEVELS) if family in self.families else frozenset()
+    def claimed_levels(self, suite, spec):
+        return frozenset(LEVELS) if suite in self.suites else frozenset()
 
     def matmul(self, a, b, spec):
         return (_xm if spec.policy == EXACT else _mm).matmul(a, b, spec)

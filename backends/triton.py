@@ -55,7 +55,7 @@ _POW2_TILES = {"AttentionSpec": ("kv_block",), "GatedDeltaRuleSpec": ("chunk",)}
 class FoundationOps:
     """The foundation ops (matmul/linear, rms_norm, softmax family, token_logprobs) as the strict Triton
     kernels, shared by the triton and ascend backends: each says where kernels launch (``launch_on``); the
-    conformance families it claims under the strict policy follow from the ops it implements (``families``)."""
+    conformance suites it claims under the strict policy follow from the ops it implements (``suites``)."""
 
     def supports(self, op, spec, dtype, device):
         reasons = super().supports(op, spec, dtype, device)
@@ -68,8 +68,8 @@ class FoundationOps:
                                f"(a kernel tile's lanes are one tl.arange), got {n}")
         return reasons
 
-    def claimed_levels(self, family, spec):
-        if family in self.families and spec.policy == STRICT:
+    def claimed_levels(self, suite, spec):
+        if suite in self.suites and spec.policy == STRICT:
             return frozenset(LEVELS)
         return frozenset()
 
@@ -139,7 +139,7 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
                    "through TRITON_INTERPRET=1 for verification")
     launch_on = staticmethod(_on)
     policies = (STRICT, FAST)  # fast: matmul / linear on tensor cores (FastMatmulSpec, docs/fast_policy.md)
-    #: fast-policy families and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
+    #: fast-policy conformance suites and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
     fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}), "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
 
     def supports(self, op, spec, dtype, device):
@@ -149,10 +149,10 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
                            "(float32 is refused rather than run as tf32: use the strict spec, or cast)")
         return reasons
 
-    def claimed_levels(self, family, spec):
+    def claimed_levels(self, suite, spec):
         if spec.policy == FAST:
-            return self.fast_levels.get(family, frozenset()) if family in self.families else frozenset()
-        return super().claimed_levels(family, spec)
+            return self.fast_levels.get(suite, frozenset()) if suite in self.suites else frozenset()
+        return super().claimed_levels(suite, spec)
 
     def unavailable_reason(self) -> str | None:
         version = installed_triton()

@@ -3,7 +3,7 @@ run and the first forward of a patched tiny Llama, each on a cleared cache, then
 
     python -m benchmarks.cold_start                      # conformance run + patched forward, cold then warm
     python -m benchmarks.cold_start --skip-conformance   # the patched forward only
-    python -m benchmarks.cold_start --ops attention      # the conformance run of these families only
+    python -m benchmarks.cold_start --ops attention      # the conformance run of these suites only
     python -m benchmarks.cold_start --top 40             # more rows of the per-kernel table
     python -m benchmarks.cold_start --report-dir DIR     # keep the conformance runs' JSON reports
 
@@ -169,7 +169,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", choices=["conformance", "forward"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--ops", nargs="*", help="conformance families (default: all)")
+    p.add_argument("--ops", nargs="*", help="conformance suites (default: all)")
     p.add_argument("--skip-conformance", action="store_true")
     p.add_argument("--skip-forward", action="store_true")
     p.add_argument("--top", type=int, default=25, help="rows of the per-kernel compile table")

@@ -3,7 +3,7 @@
 Modules:
   inputs   -- counter-based input generator (identical on every platform and library version)
   bits     -- exact bit comparison and the first divergence
-  family   -- the Case / Family protocol each op family implements (families/)
+  suite    -- the Case / Suite protocol each conformance suite implements (suites/: one module per suite)
   golden   -- golden files written from the reference backend, verified by SHA-256 on load
-  runner   -- runs families x backends x levels, builds the report (table, JSON, JUnit)
+  runner   -- runs suites x backends x levels, builds the report (table, JSON, JUnit)
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import warnings
 
 import torch
 
@@ -17,10 +18,11 @@ from .spec import EXACT, FAST, OpSpec, STRICT
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LEVELS = ("L0", "L1", "L2", "L3", "L4", "A")
 
-#: The conformance families (conformance/families/*.py) a backend may claim: family -> (the ops it checks,
-#: the policies its specs use). The one list the backends derive their ``families`` from (by the ops they
-#: implement); tests/test_layering.py checks it against the conformance suite's own families.
-CONFORMANCE_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+#: The conformance suites (conformance/suites/*.py) a backend may claim: suite -> (the ops it checks,
+#: the policies its specs use). The one list the backends derive their ``suites`` from (by the ops they
+#: implement); tests/test_layering.py checks it against hal.conformance.suites. A suite is not a spec family
+#: (hal/spec.py): the matmul spec family has three suites, matmul, matmul_exact and matmul_fast.
+CONFORMANCE_SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "matmul": (("matmul", "linear"), (STRICT,)),
     "matmul_exact": (("matmul", "linear"), (EXACT,)),
     "matmul_fast": (("matmul", "linear"), (FAST,)),
@@ -35,6 +37,15 @@ CONFORMANCE_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "elementwise": (("sigmoid", "silu", "softplus", "silu_mul"), (STRICT,)),
     "rotary": (("rotary_cos_sin", "apply_rotary"), (STRICT,)),
 }
+
+
+def __getattr__(name):
+    """The deprecated module names, kept one release: ``CONFORMANCE_FAMILIES`` is ``CONFORMANCE_SUITES``."""
+    if name == "CONFORMANCE_FAMILIES":
+        warnings.warn("hal.backend.CONFORMANCE_FAMILIES is deprecated: use CONFORMANCE_SUITES",
+                      DeprecationWarning, stacklevel=2)
+        return CONFORMANCE_SUITES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _running = threading.local()
@@ -92,12 +103,19 @@ class Backend:
         return [op for op in OPS if callable(getattr(self, op, None))]
 
     @property
-    def families(self) -> frozenset[str]:
-        """The conformance families this backend serves: it implements every op of the family and every
-        policy the family's specs use (derived, never listed per backend)."""
+    def suites(self) -> frozenset[str]:
+        """The conformance suites this backend serves: it implements every op of the suite and every
+        policy the suite's specs use (derived, never listed per backend)."""
         implemented = set(self.ops())
-        return frozenset(f for f, (ops, policies) in CONFORMANCE_FAMILIES.items()
+        return frozenset(s for s, (ops, policies) in CONFORMANCE_SUITES.items()
                          if set(policies) <= set(self.policies) and implemented.issuperset(ops))
+
+    @property
+    def families(self) -> frozenset[str]:
+        """Deprecated (kept one release): :attr:`suites`."""
+        warnings.warn("Backend.families is deprecated: use Backend.suites (the conformance suites it serves)",
+                      DeprecationWarning, stacklevel=2)
+        return self.suites
 
     def supports(self, op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device) -> list[str]:
         """Reasons this backend cannot serve the call; an empty list means it can."""
@@ -118,10 +136,11 @@ class Backend:
                            f"{', '.join(map(repr, missing))} (spec {spec.id})")
         return reasons
 
-    def claimed_levels(self, family: str, spec: OpSpec) -> frozenset[str]:
-        """The levels this backend promises for an op family (conformance family name, e.g. "attention")
-        under ``spec``; a failure of a claimed level fails the conformance run. Backends whose bits are the
-        golden ones claim every level of their :attr:`families`; the default claims none (the stock control)."""
+    def claimed_levels(self, suite: str, spec: OpSpec) -> frozenset[str]:
+        """The levels this backend promises for a conformance suite (its name, e.g. "attention" or
+        "matmul_exact"; never a spec family) under ``spec``, one of the specs the suite's cases use; a failure
+        of a claimed level fails the conformance run. Backends whose bits are the golden ones claim every
+        level of their :attr:`suites`; the default claims none (the stock control)."""
         return frozenset()
 
     def __repr__(self):

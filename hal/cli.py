@@ -22,19 +22,17 @@ import torch
 
 
 def _info(args) -> int:
-    from . import dispatch, spec as specs
+    from hal.conformance import runner
+
+    from . import dispatch
     from .backend import LEVELS
-    from .ops_registry import OPS
     print(f"lockstep {__import__('hal').__version__}  torch {torch.__version__}  python {platform.python_version()}  "
           f"{platform.machine()}")
     for name, b in dispatch.backends().items():
         why = b.unavailable_reason()
         state = "available" if not why else f"not available: {why}"
-        claimed = set()
-        for op in b.ops():
-            family = OPS[op]
-            if family in specs.DEFAULTS:
-                claimed |= set(b.claimed_levels(family, specs.DEFAULTS[family]))
+        # what a conformance run of the suites it serves holds it to (claimed_levels takes a suite, not an op)
+        claimed = frozenset().union(*(runner.claims(b, suite) for suite in b.suites))
         claims = f"claims {' '.join(l for l in LEVELS if l in claimed)}" if claimed else "claims no level"
         print(f"  {name:<10} devices {','.join(b.device_types):<22} {state}; {claims}")
         print(f"  {'':<10} {b.description}")
@@ -156,18 +154,18 @@ def _golden_root(must_exist: bool = True):
     return Path(value)
 
 
-def _families(ops):
-    from hal.conformance import families
+def _suites(ops):
+    from hal.conformance import suites
 
     from .errors import InputError
-    names = families.names()
+    names = suites.names()
     if ops is None:
         return names
     if not ops:
-        raise InputError(f"--ops is given without an op family; known: {', '.join(names)} (omit --ops for all)")
+        raise InputError(f"--ops is given without a conformance suite; known: {', '.join(names)} (omit --ops for all)")
     unknown = [o for o in ops if o not in names]
     if unknown:
-        raise InputError(f"unknown op family {', '.join(unknown)}; known: {', '.join(names)}")
+        raise InputError(f"unknown conformance suite {', '.join(unknown)}; known: {', '.join(names)}")
     return ops
 
 
@@ -302,17 +300,18 @@ def _conformance_run(args) -> int:
             raise InputError(f"--device npu: {exc}") from None
     device = _device(args.device)
     names = _backend_names(args.backend, device)
-    fams = _families(args.ops)
+    suite_names = _suites(args.ops)
     dtypes = _dtypes(args.dtypes)
     golden_root = _golden_root()
     with _Outputs(json=args.json, junit=args.junit) as outputs:
         t0 = time.time()
         quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
         if args.quiet:
-            records = runner.run(names, fams, device=args.device, dtypes=dtypes, quick=quick, golden_root=golden_root)
+            records = runner.run(names, suite_names, device=args.device, dtypes=dtypes, quick=quick,
+                                 golden_root=golden_root)
         else:
             with _Bar() as bar:
-                records = runner.run(names, fams, device=args.device, dtypes=dtypes, quick=quick,
+                records = runner.run(names, suite_names, device=args.device, dtypes=dtypes, quick=quick,
                                      golden_root=golden_root, progress=_progress(bar, args.verbose))
                 bar.close("done")
         print(report.table(records))
@@ -324,8 +323,8 @@ def _conformance_run(args) -> int:
         if unserved:
             print("\nNot implemented by the backend (not claimed; no divergence, nothing compared):")
             print(unserved)
-        meta = {"backends": names, "ops": fams, "device": args.device, "quick": quick, "torch": torch.__version__,
-                "python": platform.python_version(), "machine": platform.machine(),
+        meta = {"backends": names, "ops": suite_names, "device": args.device, "quick": quick,
+                "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
                 "seconds": round(time.time() - t0, 1)}
         outputs.write("json", report.to_json(records, meta))
         outputs.write("junit", report.to_junit(records))
@@ -341,22 +340,22 @@ def _conformance_run(args) -> int:
 
 
 def _conformance_generate(args) -> int:
-    from hal.conformance import families, golden
+    from hal.conformance import golden, suites
     from . import dispatch
     root = _golden_root(must_exist=False)
     ref = dispatch.get_backend("reference")
-    for name in _families(args.ops):
-        fam = families.get(name)
-        if "L4" not in fam.levels:  # e.g. the fast-policy families: bits of one GPU model, no goldens
-            print(f"{name}: no golden bits (the family has no L4)", file=sys.stderr)
+    for name in _suites(args.ops):
+        suite = suites.get(name)
+        if "L4" not in suite.levels:  # e.g. the fast-policy suites: bits of one GPU model, no goldens
+            print(f"{name}: no golden bits (the suite has no L4)", file=sys.stderr)
             continue
         results = []
-        for case in fam.cases():
-            inputs = fam.make_inputs(case)
+        for case in suite.cases():
+            inputs = suite.make_inputs(case)
             with torch.no_grad():
-                results.append((case, inputs, fam.run(ref, case, inputs)))
+                results.append((case, inputs, suite.run(ref, case, inputs)))
             print(f"{name} {case.spec.id} {case.id}", file=sys.stderr, flush=True)
-        print(f"wrote {golden.write(fam, results, root)} ({len(results)} cases)")
+        print(f"wrote {golden.write(suite, results, root)} ({len(results)} cases)")
     return 0
 
 
@@ -403,28 +402,28 @@ def _load_logprobs(path: str) -> dict:
 
 def _warmup(args) -> int:
     """Compile (or load) the cpu backend's numba kernels ahead of time, e.g. while building an image or in
-    CI: each family's quick conformance cases on the cpu backend, which call every kernel the way real
-    calls do (both drivers, every dtype). A progress bar per (family, dtype) on stderr."""
-    from hal.conformance import families, runner
-    from hal.conformance.family import DTYPE_NAMES
+    CI: each conformance suite's quick cases on the cpu backend, which call every kernel the way real
+    calls do (both drivers, every dtype). A progress bar per (suite, dtype) on stderr."""
+    from hal.conformance import runner, suites
+    from hal.conformance.suite import DTYPE_NAMES
     from . import dispatch
     cpu = dispatch.get_backend("cpu")
     why = cpu.unavailable_reason()
     if why:
         print(f"hal warmup: backend 'cpu' is not available here: {why}", file=sys.stderr)
         return 2
-    fams = _families(args.ops)
-    units = [(f, d) for f in fams for d in (args.dtypes or ["fp32", "bf16", "fp16"])
-             if any(DTYPE_NAMES[c.dtype] == d for c in families.get(f).quick_cases())]
+    suite_names = _suites(args.ops)
+    units = [(f, d) for f in suite_names for d in (args.dtypes or ["fp32", "bf16", "fp16"])
+             if any(DTYPE_NAMES[c.dtype] == d for c in suites.get(f).quick_cases())]
     failed = []
     with _Bar() as bar:
-        for i, (fam, dt) in enumerate(units):
-            bar.update(i, len(units), f"{fam} {dt}")
-            if runner.exit_status(runner.run(["cpu"], [fam], dtypes=[dt], quick=True)):
-                failed.append(f"{fam} {dt}")
+        for i, (suite, dt) in enumerate(units):
+            bar.update(i, len(units), f"{suite} {dt}")
+            if runner.exit_status(runner.run(["cpu"], [suite], dtypes=[dt], quick=True)):
+                failed.append(f"{suite} {dt}")
         bar.close()
     from hal.kernels import cpu as kernels
-    print(f"warm: the cpu backend's kernels for {', '.join(fams)} are in {kernels.cache_location()}")
+    print(f"warm: the cpu backend's kernels for {', '.join(suite_names)} are in {kernels.cache_location()}")
     if failed:
         print(f"hal warmup: conformance failures in {', '.join(failed)}: run `hal conformance run --backend cpu`",
               file=sys.stderr)
@@ -459,14 +458,15 @@ def main(argv=None) -> int:
     run = csub.add_parser("run")
     run.add_argument("--backend", default="auto", help="backend name(s, comma separated), 'auto' (by device) or 'all'")
     run.add_argument("--device", default="cpu")
-    run.add_argument("--ops", nargs="*", help="op families (default: all)")
+    run.add_argument("--ops", nargs="*", help="conformance suites (default: all)")
     run.add_argument("--dtypes", nargs="*", choices=["fp32", "bf16", "fp16"])
     run.add_argument("--json", help="write the JSON report here")
     run.add_argument("--junit", help="write a JUnit XML report here")
     run.add_argument("--quiet", action="store_true", help="no progress output")
     run.add_argument("--verbose", action="store_true", help="a line per case with its time, above the progress bar")
     run.add_argument("--quick", action="store_true",
-                     help="each family's quick case set (still crosses every tile/split boundary); also LOCKSTEP_QUICK=1")
+                     help="each conformance suite's quick case set (still crosses every tile/split boundary); "
+                          "also LOCKSTEP_QUICK=1")
     gen = csub.add_parser("generate")
     gen.add_argument("--ops", nargs="*")
     rp = sub.add_parser("rl", help="RL mismatch toolkit")
@@ -475,7 +475,7 @@ def main(argv=None) -> int:
     rep.add_argument("file")
     rep.add_argument("--json", help="also write the metrics as JSON here")
     wp = sub.add_parser("warmup", help="compile the cpu backend's kernels ahead of time (images, CI)")
-    wp.add_argument("--ops", nargs="*", help="op families (default: all)")
+    wp.add_argument("--ops", nargs="*", help="conformance suites (default: all)")
     wp.add_argument("--dtypes", nargs="*", choices=["fp32", "bf16", "fp16"])
     args = p.parse_args(argv)
     try:

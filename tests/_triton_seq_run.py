@@ -46,18 +46,18 @@ def run_checks(*names: str, script: str = SCRIPT) -> str:
     return r.stdout
 
 
-def run_quick_conformance(backend: str, family: str, tmp_path) -> None:
-    """``hal conformance run --quick`` of one family on ``backend`` (CPU, interpreter): every record must be
-    claimed and pass, and every level of the family must have run cases."""
+def run_quick_conformance(backend: str, suite: str, tmp_path) -> None:
+    """``hal conformance run --quick`` of one conformance suite on ``backend`` (CPU, interpreter): every record must be
+    claimed and pass, and every level of the suite must have run cases."""
     out = tmp_path / "report.json"
     r = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "run", "--backend", backend, "--device",
-                        "cpu", "--quick", "--quiet", "--ops", family, "--json", str(out)],
+                        "cpu", "--quick", "--quiet", "--ops", suite, "--json", str(out)],
                        cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     records = json.loads(out.read_text())["records"]
-    from hal.conformance import families
+    from hal.conformance import suites
     by_level = {}
     for rec in records:
-        assert rec["claimed"] and rec["status"] == "pass", rec  # the backend claims every level of its families
+        assert rec["claimed"] and rec["status"] == "pass", rec  # the backend claims every level of its suites
         by_level[rec["level"]] = by_level.get(rec["level"], 0) + rec["cases"]
-    assert set(by_level) == set(families.get(family).levels) and all(n > 0 for n in by_level.values()), by_level
+    assert set(by_level) == set(suites.get(suite).levels) and all(n > 0 for n in by_level.values()), by_level

@@ -7,13 +7,13 @@ Interpreter runs (subprocesses, TRITON_INTERPRET=1):
   --npu), with a negative control (the seed without the exact correction);
 * the Ascend variant with its NPU tiles (more work items than the 3 fake cores, so every program
   loops), tests/scripts/ascend_variant_check.py, with a negative control (one work item left out);
-* the conformance quick set per family through `hal conformance run --backend ascend --device cpu`.
+* the conformance quick set per suite through `hal conformance run --backend ascend --device cpu`.
 
 * attention and the gated delta rule on the Ascend variant (one short case each, NPU block sizes) with
   a negative control (the last work item of each persistent launch dropped), tests/scripts/triton_seq_check.py
   --ascend.
 
-CI runs the quick sets of rms_norm and softmax (the families using the division / sqrt / log
+CI runs the quick sets of rms_norm and softmax (the suites using the division / sqrt / log
 substitutes); LOCKSTEP_FULL=1 adds matmul, token_logprobs, attention, gated_delta_rule and gdn_layer
 (their Ascend variant is also covered by the two scripts above). Full run of every conformance case (slow):
     TRITON_INTERPRET=1 python -m hal.cli conformance run --backend ascend --device cpu \
@@ -52,13 +52,13 @@ def test_importing_hal_and_the_backend_imports_neither_torch_npu_nor_triton():
     assert why  # this machine has no NPU: some reason is given
 
 
-def test_registered_claims_the_triton_families():
+def test_registered_claims_the_triton_suites():
     b = hal.get_backend("ascend")
     assert b.device_types == ("npu",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "attention",
-                "gated_delta_rule", "gdn_layer"):  # gdn_layer cases run under the gated delta rule's spec
-        spec = DEFAULTS["gated_delta_rule" if fam == "gdn_layer" else fam]
-        assert b.claimed_levels(fam, spec) == frozenset(hal.LEVELS)
+    for suite in ("matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "attention",
+                  "gated_delta_rule", "gdn_layer"):  # gdn_layer cases run under the gated delta rule's spec
+        spec = DEFAULTS["gated_delta_rule" if suite == "gdn_layer" else suite]
+        assert b.claimed_levels(suite, spec) == frozenset(hal.LEVELS)
     assert set(b.ops()) >= {"matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
                             "flash_attn_varlen_func", "flash_attn_with_kvcache", "chunk_gated_delta_rule",
                             "fused_recurrent_gated_delta_rule", "gdn_gating", "gdn_causal_conv1d"}
@@ -233,11 +233,11 @@ def test_sequence_kernels_ascend_variant_give_reference_bits():
     assert sum("wrong variant caught" in ln for ln in lines) == 2, r.stdout
 
 
-QUICK_FAMILIES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer"]
-                                            if os.environ.get("LOCKSTEP_FULL") == "1" else [])
+QUICK_SUITES = ["rms_norm", "softmax"] + (["matmul", "token_logprobs", "attention", "gated_delta_rule", "gdn_layer"]
+                                          if os.environ.get("LOCKSTEP_FULL") == "1" else [])
 
 
 @needs_interpreter
-@pytest.mark.parametrize("family", QUICK_FAMILIES)
-def test_quick_conformance_in_interpreter(family, tmp_path):
-    run_quick_conformance("ascend", family, tmp_path)
+@pytest.mark.parametrize("suite", QUICK_SUITES)
+def test_quick_conformance_in_interpreter(suite, tmp_path):
+    run_quick_conformance("ascend", suite, tmp_path)

@@ -1,18 +1,18 @@
-"""The attention family through the conformance runner: the reference passes every level it claims;
+"""The attention conformance suite through the runner: the reference passes every level it claims;
 the negative controls (torch's SDPA, and a reference that changes its block size for decode) are
-caught at L2 with the first divergence. The full family runs with
+caught at L2 with the first divergence. The full suite runs with
 `hal conformance run --backend reference --ops attention`; here a subset keeps the tests short."""
 import pytest
 import torch
 
 import hal
 from hal.backends.reference import ReferenceBackend
-from hal.conformance import families, runner
+from hal.conformance import runner, suites
 from hal.conformance.bits import first_divergence
-from hal.conformance.family import DTYPE_NAMES
+from hal.conformance.suite import DTYPE_NAMES
 from hal.spec import AttentionSpec
 
-FAM = families.get("attention")
+FAM = suites.get("attention")
 
 
 # rows are thread-count invariant (L0 still runs 1 and 2 threads): one thread keeps the reference fast

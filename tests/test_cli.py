@@ -20,6 +20,21 @@ def hal(*args, check=False, env=None, cwd=None):
 def test_info_lists_backends_and_availability():
     out = hal("info", check=True).stdout
     assert "reference" in out and "stock" in out and "available" in out
+    lines = {w[0]: line for line in out.splitlines() if len(w := line.split()) > 1 and w[1] == "devices"}
+    assert "claims L0 L1 L2 L3 L4 A" in lines["reference"] and "claims no level" in lines["stock"]
+
+
+def test_info_claims_are_asked_per_conformance_suite_and_its_specs():
+    """claimed_levels takes a conformance suite's name and one of its specs (not an op's spec family and
+    that family's default spec): matmul_fast is claimed under its fast specs, where the backend has them."""
+    import hal
+    from hal.conformance import runner
+    ref, triton = hal.get_backend("reference"), hal.get_backend("triton")
+    assert runner.claims(ref, "matmul_exact") == frozenset(hal.LEVELS)
+    assert "matmul_fast" not in ref.suites and runner.claims(ref, "matmul_fast") == frozenset()
+    assert runner.claims(triton, "matmul_fast") == triton.fast_levels["matmul_fast"] != frozenset()
+    assert runner.claims(triton, "attention_fast") == triton.fast_levels["attention_fast"]
+    assert runner.claims(triton, "matmul") == frozenset(hal.LEVELS)
 
 
 def test_spec_show_prints_words_and_unknown_id_fails():
@@ -49,11 +64,12 @@ def test_stock_run_prints_first_divergence_and_exits_zero():
     assert "FAIL*" in r.stdout and "first divergence at index" in r.stdout and "bits 0x" in r.stdout
 
 
-def test_unknown_backend_and_family_fail_cleanly():
+def test_unknown_backend_and_suite_fail_cleanly():
     r = hal("conformance", "run", "--backend", "nosuch", "--ops", "matmul")
     assert r.returncode == 2 and "unknown backend" in r.stderr
+    assert "conformance suites" in hal("conformance", "run", "--help", check=True).stdout
     r = hal("conformance", "run", "--ops", "nosuch")
-    assert r.returncode == 2 and "hal: unknown op family nosuch" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "hal: unknown conformance suite nosuch" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---- a claimed level that compared nothing fails the run (issue 21 item 11)
@@ -102,8 +118,8 @@ def _refused(capsys, argv, *needles):
 
 @pytest.mark.parametrize("argv, needles", [
     (["--device", "garbage"], ["--device 'garbage' is not a device torch knows"]),
-    (["--ops"], ["--ops is given without an op family"]),
-    (["--ops", "bogus"], ["unknown op family bogus"]),
+    (["--ops"], ["--ops is given without a conformance suite"]),
+    (["--ops", "bogus"], ["unknown conformance suite bogus"]),
     (["--dtypes"], ["--dtypes is given without a dtype"]),
     (["--backend", "bogus"], ["unknown backend"]),
 ])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hal import errors as hal_errors
-from hal.conformance import families, golden, inputs, runner
+from hal.conformance import golden, inputs, runner, suites
 from hal.conformance.bits import first_divergence
 
 FOUNDATION = ["matmul", "rms_norm", "softmax", "token_logprobs"]
@@ -23,11 +23,11 @@ def stock_records():
     return runner.run(["stock"], FOUNDATION)
 
 
-@pytest.mark.parametrize("family", FOUNDATION)
-def test_reference_passes_every_level(reference_records, family):
-    recs = [r for r in reference_records if r.op == family]
+@pytest.mark.parametrize("suite", FOUNDATION)
+def test_reference_passes_every_level(reference_records, suite):
+    recs = [r for r in reference_records if r.op == suite]
     assert {r.dtype for r in recs} == {"fp32", "bf16", "fp16"}
-    assert {r.level for r in recs} == set(families.get(family).levels)
+    assert {r.level for r in recs} == set(suites.get(suite).levels)
     bad = [f"{r.dtype} {r.level}: {r.detail}" for r in recs if r.status != "pass"]
     assert not bad, bad
     assert all(r.cases > 0 for r in recs)
@@ -90,7 +90,7 @@ def golden_copy(tmp_path):
 
 
 def _softmax_case():
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == "r3_n7.fp32")
     return fam, case
 

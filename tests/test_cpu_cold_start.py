@@ -90,9 +90,9 @@ def test_warmup_compiles_ahead_so_the_first_call_compiles_nothing(tmp_path):
     assert NOTICE not in after.stderr, after.stderr
 
 
-def test_warmup_rejects_an_unknown_family(tmp_path):
-    r = _python(None, tmp_path, "-m", "hal.cli", "warmup", "--ops", "no_such_family")
-    assert r.returncode != 0 and "unknown op family no_such_family" in r.stderr
+def test_warmup_rejects_an_unknown_suite(tmp_path):
+    r = _python(None, tmp_path, "-m", "hal.cli", "warmup", "--ops", "no_such_suite")
+    assert r.returncode != 0 and "unknown conformance suite no_such_suite" in r.stderr
 
 
 _POOL_PROGRAM = """

@@ -8,16 +8,16 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal.conformance import families, runner
+from hal.conformance import runner, suites
 from hal.conformance.bits import first_divergence, raw_bits
 from hal.kernels.reference.strict_math import sincos
 
-FAMILIES = ["elementwise", "rotary"]
+SUITES = ["elementwise", "rotary"]
 
 
 @pytest.fixture(scope="module")
 def records():
-    return runner.run(["reference", "stock"], FAMILIES)
+    return runner.run(["reference", "stock"], SUITES)
 
 
 def _bits_equal(a, b) -> bool:
@@ -27,18 +27,18 @@ def _bits_equal(a, b) -> bool:
 # ---------------------------------------------------------------- conformance
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_reference_passes_every_level(records, family):
-    ref = [r for r in records if r.backend == "reference" and r.op == family]
+@pytest.mark.parametrize("suite", SUITES)
+def test_reference_passes_every_level(records, suite):
+    ref = [r for r in records if r.backend == "reference" and r.op == suite]
     assert {r.dtype for r in ref} == {"fp32", "bf16", "fp16"}
-    assert {r.level for r in ref} == set(families.get(family).levels)
+    assert {r.level for r in ref} == set(suites.get(suite).levels)
     bad = [f"{r.dtype} {r.level}: {r.detail}" for r in ref if r.status != "pass"]
     assert not bad, bad
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_stock_is_caught_at_l4_in_every_dtype(records, family):
-    stock = [r for r in records if r.backend == "stock" and r.op == family and r.level == "L4"]
+@pytest.mark.parametrize("suite", SUITES)
+def test_stock_is_caught_at_l4_in_every_dtype(records, suite):
+    stock = [r for r in records if r.backend == "stock" and r.op == suite and r.level == "L4"]
     assert {r.dtype for r in stock} == {"fp32", "bf16", "fp16"}
     assert all(r.status == "fail" and not r.claimed and r.first_divergence for r in stock)
 

@@ -2,7 +2,7 @@
 (M = 1 included), the rounding cases checked against Python fractions, NaN/Inf, raw-bit invariance
 under a random K permutation, and the negative control (float32 jnp.dot is caught).
 
-Quick: a handful of shapes (each is an XLA compilation). The full conformance family:
+Quick: a handful of shapes (each is an XLA compilation). The full conformance suite:
 `hal conformance run --backend jax --ops matmul_exact,token_logprobs_exact` (--quick: 3 cases each).
 """
 from __future__ import annotations

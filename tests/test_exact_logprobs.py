@@ -3,7 +3,7 @@ its id, reference == cpu bits (vocab and token tiling forced small), batch invar
 invariance under a random permutation of the hidden axis, negative controls (the strict k64 chain
 and stock torch change bits under the same permutation), clean refusal by strict-only backends.
 
-The full conformance family: `hal conformance run --backend reference,cpu,stock --ops token_logprobs_exact`.
+The full conformance suite: `hal conformance run --backend reference,cpu,stock --ops token_logprobs_exact`.
 """
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def test_hidden_longer_than_the_exact_limit_is_refused():
 
 def test_conformance_quick_reference_passes_and_stock_is_caught():
     from hal import dispatch
-    from hal.conformance import families, runner
-    fam = families.get("token_logprobs_exact")
+    from hal.conformance import runner, suites
+    fam = suites.get("token_logprobs_exact")
     case = next(c for c in fam.quick_cases() if c.id == "n4_h70_v300_t1.0.bf16")
     for bname in ("reference", "stock"):
         out = {lvl: runner._Outcome() for lvl in fam.levels}

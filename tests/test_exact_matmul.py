@@ -246,14 +246,14 @@ def test_bad_specs_and_inputs():
         hal.matmul(torch.zeros(2, 3), torch.zeros(4, 2), spec=ExactMatmulSpec(), backend="reference")
 
 
-# ----------------------------------------------------------------- conformance family
+# ----------------------------------------------------------------- conformance suite
 
 
 def test_conformance_family_reference_passes_and_stock_is_caught():
-    """Two cases per spec (the full family: `hal conformance run --backend reference,stock --ops matmul_exact`)."""
+    """Two cases per spec (the full suite: `hal conformance run --backend reference,stock --ops matmul_exact`)."""
     from hal import dispatch
-    from hal.conformance import families, runner
-    fam = families.get("matmul_exact")
+    from hal.conformance import runner, suites
+    fam = suites.get("matmul_exact")
     cases = [c for c in fam.cases() if c.id in ("m7_k129_n33.fp32", "m1_k7_n5.fp32")]
     assert len(cases) == 4
     for bname in ("reference", "stock"):

@@ -225,9 +225,9 @@ def test_triton_kernel_reads_prepared_weight():
 def test_conformance_prepared_weight_check_catches_wrong_slices(monkeypatch):
     """The matmul_exact family's L2 'prepared-weight' check passes on the reference and catches slices
     prepared from a weight one value off (raw bits)."""
-    from hal.conformance import families
+    from hal.conformance import suites
     from hal.conformance.bits import first_divergence
-    fam = families.get("matmul_exact")
+    fam = suites.get("matmul_exact")
     mod = sys.modules[type(fam).__module__]
     case = next(c for c in fam.cases() if c.id == "m7_k129_n33.fp32" and c.spec.slices == 4)
     x = fam.make_inputs(case)

@@ -1,4 +1,4 @@
-"""The gated_delta_rule conformance family: the reference passes every level; the stock backend
+"""The gated_delta_rule conformance suite: the reference passes every level; the stock backend
 (transformers' Qwen3-Next functions) is caught at L2 by both negative controls; a planted
 call-boundary rounding of the state is caught at L2. (The full run over every case is
 `hal conformance run --backend reference --ops gated_delta_rule`.)"""
@@ -7,10 +7,10 @@ import torch
 
 import hal
 from hal.backends.reference import ReferenceBackend
-from hal.conformance import families, runner
+from hal.conformance import runner, suites
 from hal.kernels.reference.gated_delta_rule import Parts
 
-FAM = families.get("gated_delta_rule")
+FAM = suites.get("gated_delta_rule")
 pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
 

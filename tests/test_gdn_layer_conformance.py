@@ -2,7 +2,7 @@
 level; the stock path (torch's exp/softplus/sigmoid gates, F.conv1d + F.silu) is caught."""
 import pytest
 
-from hal.conformance import families, runner
+from hal.conformance import runner, suites
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +13,7 @@ def records():
 def test_reference_passes_every_level(records):
     ref = [r for r in records if r.backend == "reference"]
     assert {r.dtype for r in ref} == {"fp32", "bf16", "fp16"}
-    assert {r.level for r in ref} == set(families.get("gdn_layer").levels)
+    assert {r.level for r in ref} == set(suites.get("gdn_layer").levels)
     bad = [f"{r.dtype} {r.level}: {r.detail}" for r in ref if r.status != "pass"]
     assert not bad, bad
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hal
-from hal.conformance import families, golden, report, runner
+from hal.conformance import golden, report, runner, suites
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ CASE_ID = "r3_n7.fp32"
 
 def _l4(golden_root, case_id=CASE_ID):
     """The L4 record of one softmax case on the reference backend."""
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == case_id)
     outcomes = {"L4": runner._Outcome()}
     runner.run_case(fam, hal.get_backend("reference"), case, torch.device("cpu"), ["L4"], outcomes, golden_root)
@@ -51,7 +51,7 @@ def test_intact_goldens_pass_and_count_elements(golden_copy):
 
 
 def test_manifest_with_the_outputs_removed_fails_L4(golden_copy):
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == CASE_ID)
     _edit_manifest(golden_copy, lambda e: e[_key(case)].update(outputs={}))
     rec, _ = _l4(golden_copy)
@@ -60,7 +60,7 @@ def test_manifest_with_the_outputs_removed_fails_L4(golden_copy):
 
 
 def test_manifest_missing_one_output_fails_L4_naming_it(golden_copy):
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == CASE_ID)
     _edit_manifest(golden_copy, lambda e: e[_key(case)]["outputs"].pop("logsumexp"))
     rec, _ = _l4(golden_copy)
@@ -68,7 +68,7 @@ def test_manifest_missing_one_output_fails_L4_naming_it(golden_copy):
 
 
 def test_manifest_with_an_unknown_output_fails_L4(golden_copy):
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == CASE_ID)
 
     def add(e):
@@ -79,7 +79,7 @@ def test_manifest_with_an_unknown_output_fails_L4(golden_copy):
 
 
 def test_manifest_missing_a_case_fails_L4_naming_it(golden_copy):
-    fam = families.get("softmax")
+    fam = suites.get("softmax")
     case = next(c for c in fam.cases() if c.id == CASE_ID)
     _edit_manifest(golden_copy, lambda e: e.pop(_key(case)))
     rec, _ = _l4(golden_copy)

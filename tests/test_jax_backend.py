@@ -1,8 +1,8 @@
-"""hal.jax and the jax backend: the FMA helper, conformance of the implemented families, the example.
+"""hal.jax and the jax backend: the FMA helper, conformance of the implemented suites, the example.
 
 Skipped (with the reason) when jax is not installed. Quick by default; LOCKSTEP_FULL=1 adds the
 1 M random fma triples (in-process and under --xla_cpu_max_isa=SSE4_2) and every dtype of the
-conformance families.
+conformance suites.
 """
 from __future__ import annotations
 
@@ -119,8 +119,8 @@ def test_unimplemented_op_is_unsupported_not_wrong(monkeypatch):
 # ---------------------------------------------------------------- conformance
 
 
-# CI: a few decisive cases per family through the runner's own per-case checks (every level the
-# family has); LOCKSTEP_FULL=1: every case of every family hal.jax implements, every dtype.
+# CI: a few decisive cases per suite through the runner's own per-case checks (every level the
+# suite has); LOCKSTEP_FULL=1: every case of every suite hal.jax implements, every dtype.
 QUICK_CASES = {
     "matmul": ["m6_k70_n9_subnormal_negzero.fp32", "m6_k70_n9_subnormal_negzero.bf16", "m7_k129_n33.fp16"],
     "rms_norm": ["n7_h129_res.bf16"],
@@ -135,13 +135,13 @@ QUICK_CASES = {
     # both specs (the case id is the same): splits, decode, mixed batches, NaN inputs, goldens
     "gated_delta_rule": ["nan_gva_h1v2_d16.fp32", "nan_gva_h1v2_d16.fp32"],
 }
-FULL_FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention",
-                 "matmul_exact", "token_logprobs_exact", "gated_delta_rule"]
+FULL_SUITES = ["matmul", "rms_norm", "softmax", "token_logprobs", "elementwise", "rotary", "gdn_layer", "attention",
+               "matmul_exact", "token_logprobs_exact", "gated_delta_rule"]
 
 
-def _run_cases(family_name: str, wanted):
-    from hal.conformance import families
-    fam = families.get(family_name)
+def _run_cases(suite_name: str, wanted):
+    from hal.conformance import suites
+    fam = suites.get(suite_name)
     cases = [c for c in fam.cases() if wanted is None or c.id in wanted]
     if wanted is not None:
         assert sorted(c.id for c in cases) == sorted(wanted), [c.id for c in fam.cases()]
@@ -156,15 +156,15 @@ def _run_cases(family_name: str, wanted):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("family", sorted(QUICK_CASES))
-def test_conformance_quick(family):
-    _run_cases(family, QUICK_CASES[family])
+@pytest.mark.parametrize("suite", sorted(QUICK_CASES))
+def test_conformance_quick(suite):
+    _run_cases(suite, QUICK_CASES[suite])
 
 
-@pytest.mark.skipif(not FULL, reason="every case: LOCKSTEP_FULL=1 (slow: ~minutes per family)")
-@pytest.mark.parametrize("family", FULL_FAMILIES)
-def test_conformance_full(family):
-    records = runner.run(["jax"], [family])
+@pytest.mark.skipif(not FULL, reason="every case: LOCKSTEP_FULL=1 (slow: ~minutes per suite)")
+@pytest.mark.parametrize("suite", FULL_SUITES)
+def test_conformance_full(suite):
+    records = runner.run(["jax"], [suite])
     bad = [r for r in records if r.status != "pass"]
     assert records and not bad, "\n".join(f"{r.op} {r.dtype} {r.level}: {r.status}: {r.detail}" for r in bad)
 
@@ -175,17 +175,17 @@ def test_flushing_variant_is_caught_by_matmul_goldens(monkeypatch):
     import jax
     import jax.numpy as jnp
     from hal.conformance import golden
-    from hal.conformance.families import matmul as mm
+    from hal.conformance.suites import matmul as mm
     from hal.jax import strict_math as sm
-    case = next(c for c in mm.FAMILY.cases() if c.p.get("special") and c.dtype == torch.float32)
-    x = mm.FAMILY.make_inputs(case)
+    case = next(c for c in mm.SUITE.cases() if c.p.get("special") and c.dtype == torch.float32)
+    x = mm.SUITE.make_inputs(case)
     gold = golden.load("matmul", case, x)
-    got = mm.FAMILY.run(hal.get_backend("jax"), case, x)
+    got = mm.SUITE.run(hal.get_backend("jax"), case, x)
     assert first_divergence("jax", gold["linear"], got["linear"]) is None
     monkeypatch.setattr(sm, "widen", lambda a: a.astype(jnp.float64))
     jax.clear_caches()
     try:
-        bad = mm.FAMILY.run(hal.get_backend("jax"), case, x)
+        bad = mm.SUITE.run(hal.get_backend("jax"), case, x)
     finally:
         monkeypatch.undo()
         jax.clear_caches()

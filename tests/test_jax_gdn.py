@@ -3,7 +3,7 @@ rotary and the gated delta rule against the torch ops' autograd.
 
 Bits are compared raw (no tolerance); gradients are not part of any spec, so they are compared
 with a tolerance and checked deterministic (two runs, same bits). XLA compilation dominates the
-run time: a few shapes per spec, compiled once. The conformance families run through the jax
+run time: a few shapes per spec, compiled once. The conformance suites run through the jax
 backend in tests/test_jax_backend.py (quick) and with LOCKSTEP_FULL=1 (every case).
 
     python -m pytest tests/test_jax_gdn.py -q                  # CI set

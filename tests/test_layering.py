@@ -269,8 +269,9 @@ def test_float64_oracle_branch_is_written_once():
     assert offenders == []
 
 
-def test_claimed_families_are_listed_once():
-    """The families a backend claims come from the ops it implements (Backend.families), never a per-backend list."""
+def test_claimed_suites_are_listed_once():
+    """The conformance suites a backend claims come from the ops it implements (Backend.suites), never a
+    per-backend list."""
     listed = []
     for name, src in _sources("backends").items():
         for node in ast.walk(ast.parse(src)):
@@ -278,35 +279,35 @@ def test_claimed_families_are_listed_once():
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     ident = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
-                    if "famil" in ident.lower():
+                    if "famil" in ident.lower() or "suite" in ident.lower():
                         listed.append(f"backends/{name}:{node.lineno} {ident}")
     assert listed == []
 
 
-def test_conformance_families_table_matches_the_suite():
-    from hal.backend import CONFORMANCE_FAMILIES
-    from hal.conformance import families
-    assert sorted(CONFORMANCE_FAMILIES) == sorted(families.names())
-    for name, (ops, policies) in CONFORMANCE_FAMILIES.items():
-        fam = families.get(name)
-        assert tuple(fam.ops) == ops, name
-        assert {p for c in fam.quick_cases() for p in c.spec.policies_used()} == set(policies), name
+def test_conformance_suites_table_matches_the_suites():
+    from hal.backend import CONFORMANCE_SUITES
+    from hal.conformance import suites
+    assert sorted(CONFORMANCE_SUITES) == sorted(suites.names())
+    for name, (ops, policies) in CONFORMANCE_SUITES.items():
+        suite = suites.get(name)
+        assert tuple(suite.ops) == ops, name
+        assert {p for c in suite.quick_cases() for p in c.spec.policies_used()} == set(policies), name
 
 
-def test_families_follow_from_the_ops_a_backend_implements():
+def test_suites_follow_from_the_ops_a_backend_implements():
     import hal
-    from hal.backend import Backend, CONFORMANCE_FAMILIES
+    from hal.backend import Backend, CONFORMANCE_SUITES
     from hal.spec import EXACT, STRICT
 
     ref = hal.get_backend("reference")
-    assert ref.families == {f for f, (_, p) in CONFORMANCE_FAMILIES.items() if set(p) <= {STRICT, EXACT}}
-    assert "matmul_fast" not in ref.families and {"matmul_exact", "token_logprobs_exact"} <= ref.families
+    assert ref.suites == {s for s, (_, p) in CONFORMANCE_SUITES.items() if set(p) <= {STRICT, EXACT}}
+    assert "matmul_fast" not in ref.suites and {"matmul_exact", "token_logprobs_exact"} <= ref.suites
 
-    class NoConv(type(ref)):  # one op of gdn_layer missing: the family is not served, the others are
+    class NoConv(type(ref)):  # one op of gdn_layer missing: the suite is not served, the others are
         gdn_causal_conv1d = None
-    assert NoConv().families == ref.families - {"gdn_layer"}
+    assert NoConv().suites == ref.suites - {"gdn_layer"}
     assert NoConv().claimed_levels("gdn_layer", hal.spec.DEFAULTS["gated_delta_rule"]) == frozenset()
-    assert Backend().families == frozenset()
+    assert Backend().suites == frozenset()
     assert hal.get_backend("stock").claimed_levels("matmul", hal.spec.DEFAULTS["matmul"]) == frozenset()
 
 

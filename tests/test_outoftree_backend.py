@@ -3,7 +3,7 @@ docs/architecture.md) installed with pip into a throwaway folder, found through 
 entry point by importlib.metadata, selected by name, and certified by the real conformance runner.
 
 Negative control: the same backend with its sum of squares chained in the wrong order fails the same run.
-About 30 s on two loaded cores (pip, then the full rms_norm conformance family; the control runs its quick cases).
+About 30 s on two loaded cores (pip, then the full rms_norm conformance suite; the control runs its quick cases).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_found_through_the_entry_point(installed):
     backend = hal.get_backend(NAME)
     # the installed copy, not the source tree, and nothing but the entry point put it in the registry
     assert pathlib.Path(sys.modules[type(backend).__module__].__file__).is_relative_to(installed)
-    assert backend.ops() == ["rms_norm"] and backend.families == frozenset({"rms_norm"})
+    assert backend.ops() == ["rms_norm"] and backend.suites == frozenset({"rms_norm"})
     assert backend_contract.violations(backend) == []
 
 

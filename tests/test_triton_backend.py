@@ -23,12 +23,12 @@ def test_importing_hal_does_not_import_triton():
     assert r.stdout.strip() == "False"
 
 
-def test_registered_and_claims_its_families():
+def test_registered_and_claims_its_suites():
     b = hal.get_backend("triton")
     assert b.device_types == ("cuda",)
-    for fam in ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule", "elementwise",
-                "rotary"):
-        assert b.claimed_levels(fam, DEFAULTS[fam]) == frozenset(hal.LEVELS)
+    for suite in ("matmul", "rms_norm", "softmax", "token_logprobs", "attention", "gated_delta_rule", "elementwise",
+                  "rotary"):  # each suite under its spec family's default spec
+        assert b.claimed_levels(suite, DEFAULTS[suite]) == frozenset(hal.LEVELS)
     assert b.claimed_levels("gdn_layer", DEFAULTS["gated_delta_rule"]) == frozenset(hal.LEVELS)
 
 

@@ -1,9 +1,9 @@
 """The triton backend's real kernels through the conformance suite, on CPU, in the Triton interpreter.
 
-Each family's quick case set (cases that still cross every tile boundary, each dtype at least
+Each conformance suite's quick case set (cases that still cross every tile boundary, each dtype at least
 once) runs in a subprocess with TRITON_INTERPRET=1 (Triton picks interpreter or compiler when a
 kernel module is imported) and every level the backend claims must pass against the stored goldens
-(L4), the float64 oracle (A) and the family's L0/L1/L3 checks. A deliberately wrong variant
+(L4), the float64 oracle (A) and the suite's L0/L1/L3 checks. A deliberately wrong variant
 (tree-summed softmax, tests/scripts/triton_negative_backend.py) must be caught by the same suite.
 
 Full run (every case; slow, ~1 h on 2 cores):
@@ -23,19 +23,19 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from _triton_seq_run import ROOT, interpreter_env, needs_interpreter, run_quick_conformance  # noqa: E402
 
-FAMILIES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast"]  # matmul_fast: no L4, ~15 s
+SUITES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast"]  # matmul_fast: no L4, ~15 s
 # elementwise / rotary: their bits are checked by tests/test_triton_elementwise.py in seconds; the suite's quick
 # sets (~1-3 min each here) run with LOCKSTEP_FULL=1
 if os.environ.get("LOCKSTEP_FULL", "") not in ("", "0"):
-    FAMILIES += ["elementwise", "rotary", "attention_fast"]  # attention_fast quick: ~6 min here
+    SUITES += ["elementwise", "rotary", "attention_fast"]  # attention_fast quick: ~6 min here
 
 
 pytestmark = needs_interpreter
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_quick_conformance_in_interpreter(family, tmp_path):
-    run_quick_conformance("triton", family, tmp_path)
+@pytest.mark.parametrize("suite", SUITES)
+def test_quick_conformance_in_interpreter(suite, tmp_path):
+    run_quick_conformance("triton", suite, tmp_path)
 
 
 def test_wrong_summation_order_is_caught(tmp_path):

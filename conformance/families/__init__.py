@@ -1,32 +1,25 @@
-"""Op families of the conformance suite, by name (what ``--ops`` selects)."""
+"""Deprecated: the conformance suites moved to :mod:`hal.conformance.suites` (issue 22).
+
+This alias package stays one release for out-of-tree code. ``hal.conformance.families.<name>`` is the
+very module object ``hal.conformance.suites.<name>`` (registered in ``sys.modules`` here, never a second
+copy that would hold its own suite objects), and each such module's ``FAMILY`` is its ``SUITE`` (the
+name old code reads); importing this package warns once.
+"""
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
 
-from ..family import Family
+from .. import suites as _suites
+from ..suites import MODULES, get, names  # noqa: F401 -- the old package's public names
 
-MODULES = {
-    "matmul": "hal.conformance.families.matmul",
-    "matmul_exact": "hal.conformance.families.matmul_exact",
-    "matmul_fast": "hal.conformance.families.matmul_fast",
-    "rms_norm": "hal.conformance.families.rms_norm",
-    "softmax": "hal.conformance.families.softmax",
-    "token_logprobs": "hal.conformance.families.token_logprobs",
-    "token_logprobs_exact": "hal.conformance.families.token_logprobs_exact",
-    "attention": "hal.conformance.families.attention",
-    "attention_fast": "hal.conformance.families.attention_fast",
-    "gated_delta_rule": "hal.conformance.families.gated_delta_rule",
-    "gdn_layer": "hal.conformance.families.gdn_layer",
-    "elementwise": "hal.conformance.families.elementwise",
-    "rotary": "hal.conformance.families.rotary",
-}
+warnings.warn("hal.conformance.families is deprecated: the conformance suites are hal.conformance.suites "
+              "(the same modules; read a module's SUITE, not FAMILY)", DeprecationWarning, stacklevel=2)
 
-
-def get(name: str) -> Family:
-    if name not in MODULES:
-        raise KeyError(f"unknown op family {name!r}; known: {', '.join(MODULES)}")
-    return importlib.import_module(MODULES[name]).FAMILY
-
-
-def names() -> list[str]:
-    return list(MODULES)
+for _name, _module_name in _suites.MODULES.items():
+    _module = importlib.import_module(_module_name)
+    _module.FAMILY = _module.SUITE
+    sys.modules[f"{__name__}.{_name}"] = _module
+    globals()[_name] = _module
+del _name, _module_name, _module

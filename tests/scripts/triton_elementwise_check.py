@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
-from hal.conformance.families.elementwise import edge_values  # noqa: E402
+from hal.conformance.suites.elementwise import edge_values  # noqa: E402
 from hal.kernels.reference import elementwise as ref  # noqa: E402
 from hal.kernels.triton import ascend_launch, elementwise as tri  # noqa: E402
 

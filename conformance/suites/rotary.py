@@ -14,7 +14,7 @@ from hal.kernels.reference import elementwise as ref_ew
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 from .elementwise import edge_values, overflow_to_inf
 
 EPS32 = 2.0 ** -24
@@ -142,7 +142,7 @@ def _layouts(backend, case, inputs, base):
     yield "materialised-table", base["out"], got
 
 
-class RotaryFamily(Family):
+class RotarySuite(Suite):
     def cases(self):
         spec = DEFAULTS["rotary"]
         out = [Case("rotary", f"table_{name}", torch.float32, spec,
@@ -203,7 +203,7 @@ class RotaryFamily(Family):
         return 3 * EPS32 * mag + half_ulp(exact, case.dtype)
 
 
-FAMILY = RotaryFamily(
+SUITE = RotarySuite(
     name="rotary", ops=("rotary_cos_sin", "apply_rotary"), levels=("L0", "L1", "L3", "L4", "A"),
     checks={
         "L1": [("per-position", _per_position), ("int32-positions", _int32), ("reshaped-and-split", _reshaped_and_split),

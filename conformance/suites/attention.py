@@ -25,7 +25,7 @@ from hal.kv_cache import KVCache
 from hal.spec import AttentionSpec, DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp
 
 EPS32 = 2.0 ** -24
 SMALL = AttentionSpec(kv_block=16, kv_split=64)        # many blocks and splits at short lengths
@@ -325,7 +325,7 @@ def _prefix_reuse(backend, case, inputs, base):
     yield "prefix-owner-values-intact:v", v0, cache.values(0)
 
 
-# ------------------------------------------------------------------ the family
+# ------------------------------------------------------------------ the suite
 
 
 def _call(backend, case, x):
@@ -337,7 +337,7 @@ def _call(backend, case, x):
     return {"out": out, "lse": lse.transpose(0, 1)}
 
 
-class AttentionFamily(Family):
+class AttentionSuite(Suite):
     def cases(self):
         out = []
         for name, spec, lens, hq, hkv, d, causal, window, scale in CONFIGS:
@@ -420,7 +420,7 @@ class AttentionFamily(Family):
         return padded_to_varlen(row, cu, total) + 4 * half_ulp(exact, torch.float32)
 
 
-FAMILY = AttentionFamily(
+SUITE = AttentionSuite(
     # quick: 90 keys cross the 16-key blocks and the 64-key split; NaN inputs; the Triton interpreter's set
     quick=("nan_gqa_h2kv1_d32.fp32", "nan_gqa_h2kv1_d32.bf16"),
     name="attention", ops=("flash_attn_varlen_func", "flash_attn_with_kvcache"),

@@ -1,10 +1,10 @@
 """token_logprobs with exact LM-head logits (TokenLogprobsSpec(matmul=ExactMatmulSpec)): L0-L4, A.
 
-The token_logprobs family's shapes and inputs under the exact spec, plus one case with massive
+The token_logprobs suite's shapes and inputs under the exact spec, plus one case with massive
 activations, and L2 = order freedom of the logits' dot, observable through the public op: the
 same bits when the hidden axis (H, the dot's K) is permuted at random and when it is padded with
 zeros to a random tile, as a tiled or split kernel reorders or pads it. The stock backend and the
-strict k64 chain are both caught by the permutation. Kept in its own family (and golden folder)
+strict k64 chain are both caught by the permutation. Kept in its own suite (and golden folder)
 so the goldens of the strict token_logprobs specs stay untouched.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch
 from hal.spec import ExactMatmulSpec, TokenLogprobsSpec, get
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, autograd_check, rowwise_checks
-from .token_logprobs import EPS32, SHAPES, TokenLogprobsFamily, _call, _hostile
+from ..suite import DTYPES, Case, autograd_check, rowwise_checks
+from .token_logprobs import EPS32, SHAPES, TokenLogprobsSuite, _call, _hostile
 
 SPEC = get(TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4)).id)  # the registered one
 OUTLIERS = (6, 256, 700, 1.0)  # six hidden channels 1000x larger (LLM residual streams)
 
 
-class TokenLogprobsExactFamily(TokenLogprobsFamily):
+class TokenLogprobsExactSuite(TokenLogprobsSuite):
     def cases(self):
         return [Case(self.name, f"n{n}_h{h}_v{v}_t{t}" + ("_outliers" if (n, h, v, t) == OUTLIERS else ""), dt,
                      SPEC, (("n", n), ("h", h), ("v", v), ("temperature", t)))
@@ -36,8 +36,8 @@ class TokenLogprobsExactFamily(TokenLogprobsFamily):
 
     def budget(self, case, output, x, exact):
         # logits: slicing truncates each value by less than its row's unit 2**(E - 7s + 1) (as in
-        # the matmul_exact family), then one rounding to float32 and the division by T; then the
-        # log-softmax's roundings as in the token_logprobs family.
+        # the matmul_exact suite), then one rounding to float32 and the division by T; then the
+        # log-softmax's roundings as in the token_logprobs suite.
         from hal.kernels.exact.core import row_exponents
         s, temp = case.spec.matmul.slices, case.p["temperature"]
         h, w = x["hidden"].double(), x["weight"].double()
@@ -68,7 +68,7 @@ def _h_zero_padded(backend, case, inputs, base):
     yield f"hidden-zero-padded-to-tile-{tile}:logprobs", base["logprobs"], got["logprobs"]
 
 
-FAMILY = TokenLogprobsExactFamily(
+SUITE = TokenLogprobsExactSuite(
     # quick: H = 70 with NaN/inf rows (bf16), T = 0.7 (fp16), massive activations (fp32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16", "n6_h256_v700_t1.0_outliers.fp32"),
     name="token_logprobs_exact", ops=("token_logprobs",), levels=("L0", "L1", "L2", "L3", "L4", "A"),

@@ -7,7 +7,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 
 # (M, K, N): awkward sizes on purpose -- 1 row (decode), K not a multiple of the tile, K = 4097.
 SHAPES = [(1, 7, 5), (7, 129, 33), (33, 64, 17), (3, 4097, 6), (6, 70, 9)]
@@ -67,7 +67,7 @@ def place_nonfinite(x: dict) -> None:
     x["b"][7, 6] = float("nan")       # column 6: NaN in every row
 
 
-class MatmulFamily(Family):
+class MatmulSuite(Suite):
     def cases(self):
         cases = [Case("matmul", f"m{m}_k{k}_n{n}", dt, DEFAULTS["matmul"], (("m", m), ("k", k), ("n", n)))
                  for m, k, n in SHAPES for dt in DTYPES]
@@ -104,7 +104,7 @@ class MatmulFamily(Family):
         return (t + -(-k // t) + 2) * EPS32 * mag + 2 * half_ulp(exact, case.dtype)
 
 
-FAMILY = MatmulFamily(
+SUITE = MatmulSuite(
     # quick: K = 70 crosses a K-tile boundary into a short last tile and holds NaN/inf; M = 1 is decode
     quick=("m1_k7_n5.fp32", "m6_k70_n9.bf16", "m33_k64_n17.fp16"),
     name="matmul", ops=("matmul", "linear"), levels=("L0", "L1", "L3", "L4", "A"),

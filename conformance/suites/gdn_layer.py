@@ -12,7 +12,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 
 # (batch, tokens, conv channels, taps, value heads, bias)
 SHAPES = [(3, 70, 24, 4, 4, True), (2, 9, 8, 4, 2, False), (2, 12, 8, 4, 2, True)]
@@ -79,7 +79,7 @@ def _packed(backend, case, inputs, base):
     yield "packed:conv_state", base["conv_state"], state
 
 
-class GDNLayerFamily(Family):
+class GDNLayerSuite(Suite):
     def cases(self):
         return [Case("gdn_layer", f"b{b}_t{t}_d{d}_k{k}_hv{hv}" + ("_bias" if bias else ""), dt,
                      DEFAULTS["gated_delta_rule"], (("b", b), ("t", t), ("d", d), ("k", k), ("hv", hv), ("bias", bias)))
@@ -124,7 +124,7 @@ class GDNLayerFamily(Family):
         return (case.p["k"] + 2) * 1.1 * EPS32 * mag + 8 * EPS32 * exact.abs() + 2 * half_ulp(exact, case.dtype)
 
 
-FAMILY = GDNLayerFamily(
+SUITE = GDNLayerSuite(
     # quick: short sequences (conv state carried over splits), with and without bias, every dtype
     quick=("b2_t12_d8_k4_hv2_bias.fp32", "b2_t9_d8_k4_hv2.bf16", "b2_t12_d8_k4_hv2_bias.fp16"),
     name="gdn_layer", ops=("gdn_gating", "gdn_causal_conv1d"), levels=("L0", "L1", "L2", "L3", "L4", "A"),

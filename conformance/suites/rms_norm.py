@@ -5,7 +5,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 
 SHAPES = [(1, 7), (7, 129), (3, 4097), (16, 256), (4, 300)]
 NAN_SHAPE = (4, 300)  # row 1 holds a NaN, row 2 an inf: outputs must be the canonical NaN
@@ -20,7 +20,7 @@ def _call(backend, case, x):
     return {"y": hal.rms_norm(x["x"], x["weight"], EPS, spec=case.spec, backend=backend)}
 
 
-class RMSNormFamily(Family):
+class RMSNormSuite(Suite):
     def cases(self):
         return [Case("rms_norm", f"n{n}_h{h}" + ("_res" if res else ""), dt, DEFAULTS["rms_norm"],
                      (("n", n), ("h", h), ("residual", res)))
@@ -55,7 +55,7 @@ class RMSNormFamily(Family):
         return rel * exact.abs() + 2 * half_ulp(exact, case.dtype)
 
 
-FAMILY = RMSNormFamily(
+SUITE = RMSNormSuite(
     # quick: H = 300 crosses the hidden tile, with the residual rounding and NaN/inf rows
     quick=("n1_h7.fp32", "n4_h300_res.bf16"),
     name="rms_norm", ops=("rms_norm",), levels=("L0", "L1", "L3", "L4", "A"),

@@ -15,8 +15,8 @@ import hal
 from hal.spec import ExactMatmulSpec
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, autograd_check, half_ulp, rowwise_checks
-from .matmul import MatmulFamily, _call, _column_subset, place_nonfinite
+from ..suite import DTYPES, Case, autograd_check, half_ulp, rowwise_checks
+from .matmul import MatmulSuite, _call, _column_subset, place_nonfinite
 
 SPECS = (ExactMatmulSpec(slices=3), ExactMatmulSpec(slices=4))
 # (name, M, K, N, outlier channels): decode row, odd K, K past one int32-safe tile of 64, massive activations
@@ -25,8 +25,8 @@ SHAPES = [("m1_k7_n5", 1, 7, 5, 0), ("m7_k129_n33", 7, 129, 33, 0), ("m3_k4097_n
 EPS32 = 2.0 ** -24
 
 
-class MatmulExactFamily(MatmulFamily):
-    """The matmul family's calls and oracle, with exact-policy cases, inputs and error bound."""
+class MatmulExactSuite(MatmulSuite):
+    """The matmul suite's calls and oracle, with exact-policy cases, inputs and error bound."""
 
     def cases(self):
         return [Case("matmul_exact", name, dt, spec, (("m", m), ("k", k), ("n", n), ("outliers", o)))
@@ -41,7 +41,7 @@ class MatmulExactFamily(MatmulFamily):
         x = {"a": a.to(case.dtype),
              "b": gen.randn(case.key("b"), (k, n), case.dtype, scale=k ** -0.5),
              "bias": gen.randn(case.key("bias"), (n,), case.dtype)}
-        if case.name.endswith("nonfinite"):   # the matmul family's NaN/Inf placement
+        if case.name.endswith("nonfinite"):   # the matmul suite's NaN/Inf placement
             place_nonfinite(x)
         return x
 
@@ -91,7 +91,7 @@ def _prepared_weight(backend, case, inputs, base):
         yield f"prepared-weight:{key}", base[key], got[key]
 
 
-FAMILY = MatmulExactFamily(
+SUITE = MatmulExactSuite(
     # quick (slow backends: jax compiles per shape, the Triton interpreter): decode row, NaN/Inf, K past 4096
     quick=("m1_k7_n5.fp32", "m6_k70_n9_nonfinite.bf16", "m3_k4097_n6.fp16"),
     name="matmul_exact", ops=("matmul", "linear"), levels=("L0", "L1", "L2", "L3", "L4", "A"),

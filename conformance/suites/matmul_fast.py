@@ -1,7 +1,7 @@
 """matmul / linear under the fast policy (FastMatmulSpec, tensor cores): L0, L1, L3, A; never L4.
 
 Fast bits belong to one GPU model and one Triton version, so there are no goldens and L4 does not
-apply (the report shows "-"). L1 is the matmul family's: a row's bits must not depend on the other
+apply (the report shows "-"). L1 is the matmul suite's: a row's bits must not depend on the other
 rows (subsets, padding with hostile rows, hostile neighbours) nor on the other columns of B -- the
 properties a tile size or split-K chosen from the batch breaks. Matmul has no split of its own, so
 no L2. On CPU the kernels run in the Triton interpreter with the deterministic ``tl.dot`` stand-in
@@ -13,8 +13,8 @@ import torch
 
 from hal.spec import FastMatmulSpec, get
 
-from ..family import Case, autograd_check, half_ulp, rowwise_checks
-from .matmul import NAN_SHAPE, EPS32, MatmulFamily, _call, _column_subset
+from ..suite import Case, autograd_check, half_ulp, rowwise_checks
+from .matmul import NAN_SHAPE, EPS32, MatmulSuite, _call, _column_subset
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)  # float32 is refused under fast (no silent tf32)
 # the default (128x128x64, H100/H200) and a small-tile spec that crosses many tiles at small sizes
@@ -24,8 +24,8 @@ SPECS = (get(FastMatmulSpec().id), get(FastMatmulSpec(block_m=64, block_n=64, bl
 SHAPES = [(1, 7, 5), (7, 129, 33), (6, 70, 9), (130, 96, 17), (3, 4097, 6)]
 
 
-class MatmulFastFamily(MatmulFamily):
-    """The matmul family's calls, inputs (NaN/inf placement) and oracle, with fast specs and dtypes."""
+class MatmulFastSuite(MatmulSuite):
+    """The matmul suite's calls, inputs (NaN/inf placement) and oracle, with fast specs and dtypes."""
 
     def cases(self):
         return [Case("matmul_fast", f"m{m}_k{k}_n{n}", dt, spec, (("m", m), ("k", k), ("n", n)))
@@ -42,9 +42,9 @@ class MatmulFastFamily(MatmulFamily):
         return 2 * (k + 2) * EPS32 * mag + 2 * half_ulp(exact, case.dtype)
 
 
-assert NAN_SHAPE in SHAPES  # make_inputs (the matmul family's) places NaN and inf in that case
+assert NAN_SHAPE in SHAPES  # make_inputs (the matmul suite's) places NaN and inf in that case
 
-FAMILY = MatmulFastFamily(
+SUITE = MatmulFastSuite(
     # quick (the interpreter): the small-tile spec crosses row tiles (M = 130 > 64... and 128) and K tiles
     # (K = 70, 96 with block_k 32), holds NaN/inf (m6_k70_n9) and covers both dtypes; the default spec
     # runs the same ids (ids do not name the spec).

@@ -7,7 +7,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, extreme_rows, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, extreme_rows, rowwise_checks
 
 # (tokens N, hidden H, vocab V, temperature)
 SHAPES = [(1, 64, 1000, 1.0), (7, 129, 4097, 1.0), (5, 96, 515, 0.7), (4, 70, 300, 1.0)]
@@ -26,7 +26,7 @@ def _hostile(name, n, x):
     return extreme_rows(n, x.shape[1:], x.dtype, x.device)
 
 
-class TokenLogprobsFamily(Family):
+class TokenLogprobsSuite(Suite):
     def cases(self):
         return [Case("token_logprobs", f"n{n}_h{h}_v{v}_t{t}", dt, DEFAULTS["token_logprobs"],
                      (("n", n), ("h", h), ("v", v), ("temperature", t)))
@@ -57,7 +57,7 @@ class TokenLogprobsFamily(Family):
         return 2 * logits_err + (tv + -(-v // tv) + 6) * EPS32 * (1 + exact.abs())
 
 
-FAMILY = TokenLogprobsFamily(
+SUITE = TokenLogprobsSuite(
     # quick: H = 70 / 96 cross the hidden tile, V = 300 / 515 the vocab tile; NaN/inf rows; T = 0.7 (output float32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16"),
     name="token_logprobs", ops=("token_logprobs",), levels=("L0", "L1", "L3", "L4", "A"),

@@ -15,7 +15,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 
 OPS = ("sigmoid", "silu", "softplus", "silu_mul")
 SHAPES = [(1, 1), (7, 129), (1, 4099)]
@@ -101,7 +101,7 @@ def _rowwise(backend, case, inputs, base):
             yield f"{name}/{label}", e, g
 
 
-class ElementwiseFamily(Family):
+class ElementwiseSuite(Suite):
     def cases(self):
         return [Case("elementwise", f"{op}_n{n}_w{w}", dt, DEFAULTS["elementwise"], (("op", op), ("n", n), ("w", w)))
                 for op in OPS for n, w in SHAPES for dt in DTYPES]
@@ -142,7 +142,7 @@ class ElementwiseFamily(Family):
         return base
 
 
-FAMILY = ElementwiseFamily(
+SUITE = ElementwiseSuite(
     name="elementwise", ops=OPS, levels=("L0", "L1", "L3", "L4", "A"),
     checks={
         "L1": [("rows", _rowwise), ("alone", _alone), ("filled", _filled), ("layouts", _layouts)],

@@ -28,7 +28,7 @@ import hal
 from hal.spec import GatedDeltaRuleSpec
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, half_ulp
+from ..suite import DTYPES, Case, Suite, half_ulp
 
 EPS32 = 2.0 ** -24
 SPECS = (GatedDeltaRuleSpec(variant="chunked"), GatedDeltaRuleSpec(variant="serial"))
@@ -280,10 +280,10 @@ def _training(backend, case, inputs, base):
     yield "autograd-forward-vs-decode:seq1:o", o[0, cu[1]:cu[2]], dec
 
 
-# ------------------------------------------------------------------ the family
+# ------------------------------------------------------------------ the suite
 
 
-class GatedDeltaRuleFamily(Family):
+class GatedDeltaRuleSuite(Suite):
     def cases(self):
         out = []
         for name, lens, h, hv, dk, dv, l2, scale, init, sweep in CONFIGS:
@@ -351,7 +351,7 @@ def _magnitudes(case, inputs, output, exact):
     return out
 
 
-FAMILY = GatedDeltaRuleFamily(
+SUITE = GatedDeltaRuleSuite(
     # quick: crosses the 64-row chunk, both specs, NaN inputs; the Triton interpreter's set
     quick=("nan_gva_h1v2_d16.fp32",),
     name="gated_delta_rule", ops=(CHUNK_OP, REC_OP), levels=("L0", "L1", "L2", "L3", "L4", "A"),

@@ -7,7 +7,7 @@ import hal
 from hal.spec import DEFAULTS
 
 from .. import inputs as gen
-from ..family import DTYPES, Case, Family, autograd_check, half_ulp, rowwise_checks
+from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_checks
 
 # (rows, n): n = 1, not a multiple of the tile, 4097; "special" adds masked / NaN / inf / huge rows.
 SHAPES = [(1, 1), (3, 7), (5, 129), (2, 4097), (4, 256)]
@@ -20,7 +20,7 @@ def _call(backend, case, x):
             "logsumexp": hal.logsumexp(x["x"], -1, **kw)}
 
 
-class SoftmaxFamily(Family):
+class SoftmaxSuite(Suite):
     def cases(self):
         out = [Case("softmax", f"r{r}_n{n}", dt, DEFAULTS["softmax"], (("r", r), ("n", n), ("special", False)))
                for r, n in SHAPES for dt in DTYPES]
@@ -63,7 +63,7 @@ class SoftmaxFamily(Family):
         return c + 2 * m.squeeze(-1).abs().nan_to_num(0.0, 0.0, 0.0) * EPS32 + 2 * half_ulp(exact, case.dtype)
 
 
-FAMILY = SoftmaxFamily(
+SUITE = SoftmaxSuite(
     # quick: n = 300 crosses the 256 tile and holds the masked / NaN / inf / huge rows; in float32, where a
     # wrong summation order shows (bf16/fp16 outputs round most of it away: see the negative control)
     quick=("r3_n7.fp16", "r5_n129.bf16", "special_r6_n300.fp32"),

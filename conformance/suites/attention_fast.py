@@ -1,6 +1,6 @@
 """attention under the fast policy (FastAttentionSpec, tensor cores): L0, L1, L2, L3, A; never L4.
 
-The attention family's inputs, calls and checks unchanged -- sequences alone / reordered / among NaN
+The attention suite's inputs, calls and checks unchanged -- sequences alone / reordered / among NaN
 neighbours (L1); chunked prefill at and around block and split boundaries, token-by-token decode,
 mixed batches, paged vs contiguous, num_splits 1..8, prefix reuse (L2); the autograd forward (L3) --
 with fast specs and bf16/fp16 only. L2 holds because the fast spec keeps the strict structure: key
@@ -16,15 +16,15 @@ import torch
 
 from hal.spec import AttentionSpec, FastAttentionSpec, get
 
-from ..family import Case
-from .attention import CONFIGS, FAMILY as STRICT_FAMILY, AttentionFamily
+from ..suite import Case
+from .attention import CONFIGS, SUITE as STRICT_SUITE, AttentionSuite
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT = get(FastAttentionSpec().id)
 SMALL = get(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4).id)  # many blocks and splits
 
 
-class AttentionFastFamily(AttentionFamily):
+class AttentionFastSuite(AttentionSuite):
     def cases(self):
         out = []
         for name, spec, lens, hq, hkv, d, causal, window, scale in CONFIGS:
@@ -44,10 +44,10 @@ class AttentionFastFamily(AttentionFamily):
         return 4 * super().budget(dataclasses.replace(case, spec=shadow), output, x, exact)
 
 
-FAMILY = AttentionFastFamily(
+SUITE = AttentionFastSuite(
     # quick (the interpreter): 90 keys cross the small spec's 16-key blocks and 64-key split, NaN inputs; and
     # the default spec (128-row tiles, 64-key blocks) on GQA with a head dim padded 72 -> 128, non-causal
     quick=("nan_gqa_h2kv1_d32.bf16", "gqa_h4kv2_d72_noncausal.fp16"),
-    name="attention_fast", ops=STRICT_FAMILY.ops, levels=("L0", "L1", "L2", "L3", "A"),
-    checks={k: v for k, v in STRICT_FAMILY.checks.items()},
+    name="attention_fast", ops=STRICT_SUITE.ops, levels=("L0", "L1", "L2", "L3", "A"),
+    checks={k: v for k, v in STRICT_SUITE.checks.items()},
 )

@@ -1,0 +1,110 @@
+"""The names renamed by issue 22 item 4 ("family" meant both the spec families and the conformance suites)
+keep working one release for out-of-tree code: the old name is the very same object as the new one, and
+using it warns (DeprecationWarning)."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+
+import hal.conformance
+from hal.conformance import suites
+
+OLD_PACKAGE = "hal.conformance.families"
+OLD_MODULE = "hal.conformance.family"
+
+
+def _forget_old_names():
+    for name in [m for m in sys.modules if m in (OLD_PACKAGE, OLD_MODULE) or m.startswith(OLD_PACKAGE + ".")]:
+        del sys.modules[name]
+    for attr in ("families", "family"):
+        if hasattr(hal.conformance, attr):
+            delattr(hal.conformance, attr)
+
+
+@pytest.fixture
+def old_package_unimported():
+    """A first import of the alias modules (they warn on import), whatever imported them before."""
+    _forget_old_names()
+    yield
+    _forget_old_names()
+
+
+def _deprecations(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_old_suites_package_gives_the_same_module_objects_and_warns_once(old_package_unimported):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import hal.conformance.families.matmul as old_matmul
+        import hal.conformance.families.rms_norm  # noqa: F401
+        from hal.conformance.families import softmax as old_softmax
+        import hal.conformance.families as old
+    import hal.conformance.suites.matmul as new_matmul
+    import hal.conformance.suites.softmax as new_softmax
+
+    assert old_matmul is new_matmul and old_softmax is new_softmax
+    assert sys.modules[f"{OLD_PACKAGE}.rms_norm"] is sys.modules["hal.conformance.suites.rms_norm"]
+    for name in suites.names():  # no second copy of any suite module (it would hold its own suite objects)
+        assert sys.modules[f"{OLD_PACKAGE}.{name}"] is sys.modules[suites.MODULES[name]], name
+        assert getattr(old, name) is sys.modules[suites.MODULES[name]], name
+        assert old.get(name) is suites.get(name), name
+    assert old.names() == suites.names()
+    messages = _deprecations(caught)
+    assert len(messages) == 1 and "hal.conformance.suites" in messages[0], messages
+
+
+def test_old_suite_modules_read_as_family(old_package_unimported):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from hal.conformance.families import attention, matmul
+    from hal.conformance.families.matmul import FAMILY
+    assert FAMILY is matmul.SUITE is suites.get("matmul") and attention.FAMILY is suites.get("attention")
+
+
+def test_old_protocol_module_is_the_suite_module_and_warns_once(old_package_unimported):
+    from hal.conformance import suite
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from hal.conformance.family import DTYPE_NAMES, Case, Family, rowwise_checks
+        import hal.conformance.family  # noqa: F401 -- imported already: no second warning
+    assert Family is suite.Suite and Case is suite.Case
+    assert DTYPE_NAMES is suite.DTYPE_NAMES and rowwise_checks is suite.rowwise_checks
+    assert isinstance(suites.get("rms_norm"), Family)
+    messages = _deprecations(caught)
+    assert len(messages) == 1 and "hal.conformance.suite" in messages[0], messages
+
+
+def test_case_family_reads_the_suite_name_and_warns():
+    case = suites.get("rms_norm").cases()[0]
+    with pytest.warns(DeprecationWarning, match="Case.suite"):
+        assert case.family == case.suite == "rms_norm"
+
+
+def test_backend_families_and_the_table_read_as_suites():
+    import hal.backend
+    ref = hal.get_backend("reference")
+    with pytest.warns(DeprecationWarning, match="CONFORMANCE_SUITES"):
+        from hal.backend import CONFORMANCE_FAMILIES
+    assert CONFORMANCE_FAMILIES is hal.backend.CONFORMANCE_SUITES
+    with pytest.warns(DeprecationWarning, match="Backend.suites"):
+        assert ref.families == ref.suites and "matmul_exact" in ref.suites
+    with pytest.raises(AttributeError):
+        hal.backend.NO_SUCH_NAME  # noqa: B018 -- the module __getattr__ answers only the old name
+
+
+def test_a_backend_written_against_the_old_names_still_claims_its_suites():
+    """Out-of-tree code from the previous docs: ``claimed_levels(self, family, spec)`` over ``self.families``."""
+    import hal
+    from hal.conformance import runner
+
+    class OldStyle(type(hal.get_backend("reference"))):
+        name = "old-style"
+
+        def claimed_levels(self, family, spec):
+            return frozenset(hal.LEVELS) if family in self.families else frozenset()
+
+    with pytest.warns(DeprecationWarning, match="Backend.suites"):
+        assert runner.claims(OldStyle(), "matmul_exact") == frozenset(hal.LEVELS)
