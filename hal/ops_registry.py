@@ -11,7 +11,7 @@ call runs, one of
 * ``DIRECT``: the op's own eager path (validate, dispatch, kernel; the common case, ~0.5 us to decide);
 * ``TORCH_OP``: Dynamo or torch.export is tracing the caller (or :func:`hal.torch_ops.routed` is on):
   the op calls :func:`route`, i.e. ``torch.ops.lockstep.<op>`` with the spec as its id and the backend
-  as its name, and the op's kernel resolves the rest (``hal.use``, ``HAL_BACKEND``, the default spec)
+  as its name, and the op's kernel resolves the rest (``hal.use``, ``LOCKSTEP_BACKEND``, the default spec)
   when it runs, so a compiled graph never bakes a choice made at trace time;
 * ``DTENSOR``: a tensor argument is a DTensor: the op applies its sharding rule (hal/tensor_parallel.py).
   Only the ops in ``DTENSOR_RULES`` have one; for any other op :func:`routing` raises UnsupportedError

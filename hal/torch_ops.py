@@ -2,7 +2,7 @@
 
 Per op: the schema from the table (``torch.library.Library("lockstep", "DEF").define``), one real kernel
 for every device (CompositeExplicitAutograd: it calls the public python function under ``no_grad``, so
-the compiled path runs the very code the eager path runs, and reads ``hal.use`` / ``HAL_BACKEND`` / the
+the compiled path runs the very code the eager path runs, and reads ``hal.use`` / ``LOCKSTEP_BACKEND`` / the
 default spec when it runs), a fake kernel (shapes, dtypes and strides; no data) and ``register_autograd``
 calling the op's backward op, ``<name>_backward``, whose real kernel runs the backward of the op's
 autograd.Function (flash_attn_with_kvcache, which mutates its caches, has none: its public function

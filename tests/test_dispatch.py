@@ -1,4 +1,5 @@
-"""Backend selection: by device, HAL_BACKEND, hal.use (nested, exception-safe, per thread), fallback, entry points."""
+"""Backend selection: by device, LOCKSTEP_BACKEND (HAL_BACKEND still read), hal.use (nested, exception-safe,
+per thread), fallback, entry points."""
 import logging
 import sys
 import textwrap
@@ -98,7 +99,7 @@ def test_use_is_per_thread(temp_backends):
 
 def test_env_var_and_explicit_argument(temp_backends, monkeypatch):
     a, b = temp_backends(Recording("rec_a")), temp_backends(Recording("rec_b"))
-    monkeypatch.setenv("HAL_BACKEND", "rec_a")
+    monkeypatch.setenv("LOCKSTEP_BACKEND", "rec_a")
     _mm()
     hal.matmul(torch.ones(2, 3), torch.ones(3, 2), backend="rec_b")  # argument beats environment
     with hal.use("rec_b"):
@@ -186,16 +187,16 @@ class Flaky(Recording):
 
 def test_remembered_choice_follows_request_registry_and_availability(temp_backends, monkeypatch):
     """select() remembers its answer per call signature; whatever may change between calls must still
-    change the answer: hal.use, HAL_BACKEND, a newly registered backend, a backend becoming unavailable."""
+    change the answer: hal.use, LOCKSTEP_BACKEND, a newly registered backend, a backend becoming unavailable."""
     top = temp_backends(Flaky("top", priority=1000))
     for _ in range(2):  # the second call is served from the memo
         _mm()
     assert top.calls == 2
     with hal.use("reference"):
         _mm()
-    monkeypatch.setenv("HAL_BACKEND", "reference")
+    monkeypatch.setenv("LOCKSTEP_BACKEND", "reference")
     _mm()
-    monkeypatch.delenv("HAL_BACKEND")
+    monkeypatch.delenv("LOCKSTEP_BACKEND")
     assert top.calls == 2  # neither request reached it
     _mm()
     assert top.calls == 3  # the memo answers for the automatic choice again
