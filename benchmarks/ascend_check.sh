@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:-ascend-check-out}}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
-FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs elementwise rotary attention gated_delta_rule gdn_layer}"
+# conformance suites to run (SUITES; FAMILIES, its older name, is still read)
+SUITES="${SUITES:-${FAMILIES:-matmul rms_norm softmax token_logprobs elementwise rotary attention gated_delta_rule gdn_layer}}"
 CONF_ARGS="${CONF_ARGS:-}"          # e.g. --quick
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
@@ -34,7 +35,7 @@ step lint 60 lint.txt "$PY" -m hal.kernels.checks.ascend_lint
 step math 300 math.txt "$PY" tests/scripts/ascend_npu_math_check.py
 # shellcheck disable=SC2086
 step conformance "${CONF_TIMEOUT:-900}" conformance.txt "$PY" -m hal.cli conformance run --backend ascend \
-  --device npu --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
+  --device npu --ops $SUITES $CONF_ARGS --json "$OUT/conformance.json"
 step bench "${BENCH_TIMEOUT:-600}" bench.txt "$PY" -m benchmarks.ascend_bench --csv "$OUT/bench.csv"
 # sampler vs trainer on the NPU (torch_npu imported first so that the npu device type exists): every op of
 # the example now has an Ascend kernel (attention and the gated delta rule included), so it should run through

@@ -8,7 +8,7 @@
 # together need more than one 8-minute device call: on a 15-minute lease run benchmarks/gpu_check_6min.sh (one
 # prepared call, docs/triton.md "GPU check"); here, split them over calls with STEPS. Steps and what they write to OUT_DIR (plus env.txt and log.txt):
 #   lint              lint.txt: PTX/TTIR lint of the strict kernels with the GPU's own Triton
-#   conformance       conformance.txt/.json: foundation families (FAMILIES; CONF_ARGS=--quick) vs the goldens
+#   conformance       conformance.txt/.json: the foundation suites (SUITES; CONF_ARGS=--quick) vs the goldens
 #   bench             bench.txt/.csv: strict triton vs stock torch, CUDA events, median
 #   host              host.csv/host.txt: per-call host time vs CUDA-event time vs CUDA graph (small shapes)
 #   conformance-seq   conformance_seq.*: attention, gated_delta_rule, gdn_layer quick sets
@@ -20,13 +20,14 @@
 #   fast-lint, fast, conformance-fast   the fast policy: lint, speed vs cuBLAS / flash-attn, L0-L3 + A
 #   rl-parity         rl_parity.txt: examples.rl_parity on CUDA
 #   jax               jax.txt: hal.jax on XLA:GPU (bits vs XLA:CPU, speed)
-# Other kernel families join through FAMILIES (conformance) and benchmarks/triton_bench.py PROVIDERS.
+# Other conformance suites join through SUITES (FAMILIES, its older name, is still read), other kernels
+# through benchmarks/triton_bench.py PROVIDERS.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:-gpu-check-out}}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
-FAMILIES="${FAMILIES:-matmul rms_norm softmax token_logprobs}"
+SUITES="${SUITES:-${FAMILIES:-matmul rms_norm softmax token_logprobs}}"
 CONF_ARGS="${CONF_ARGS:-}"          # e.g. --quick
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
@@ -42,7 +43,7 @@ source benchmarks/check_steps.sh
 step lint 90 lint.txt "$PY" -m hal.kernels.checks.lint
 # shellcheck disable=SC2086
 step conformance "${CONF_TIMEOUT:-240}" conformance.txt "$PY" -m hal.cli conformance run --backend triton \
-  --device cuda --ops $FAMILIES $CONF_ARGS --json "$OUT/conformance.json"
+  --device cuda --ops $SUITES $CONF_ARGS --json "$OUT/conformance.json"
 step bench "${BENCH_TIMEOUT:-180}" bench.txt "$PY" -m benchmarks.triton_bench --csv "$OUT/bench.csv"
 step host "${HOST_TIMEOUT:-90}" host.txt "$PY" -m benchmarks.triton_host_overhead --device cuda --csv "$OUT/host.csv"
 # Sequence ops (attention, gated delta rule, GDN layer): quick case sets (each crosses every block / split /
