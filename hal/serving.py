@@ -28,7 +28,8 @@ from .attention import flash_attn_varlen_func
 from .errors import InputError, UnsupportedError
 from .kernels import layout
 
-__all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv", "GdnStates"]
+__all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv",
+           "decode_slot_mapping", "GdnStates"]
 
 
 # ---------------------------------------------------------------- batch metadata
@@ -120,6 +121,13 @@ def write_kv(cache: PagedKV, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapp
     blocks, offsets = layout.slot_coords(slots[real], cache.block_size)
     cache.keys[blocks, offsets] = k_new[:n][real]
     cache.values[blocks, offsets] = v_new[:n][real]
+
+
+def decode_slot_mapping(cache: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]``: the flat slot of each request's newest token (position ``seq_lens - 1``) through its
+    block table -- the slot mapping of a decode step, for engines that hand over the block table only."""
+    blocks, offsets = layout.token_slots(seq_lens.to(torch.int64) - 1, 1, cache.keys, block_table)
+    return (blocks * cache.block_size + offsets).reshape(-1)
 
 
 def request_kv(cache: PagedKV, batch: ServingBatch) -> tuple[torch.Tensor, torch.Tensor]:
