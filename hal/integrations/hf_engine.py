@@ -1,26 +1,17 @@
 """transformers' continuous-batching engine on lockstep's bits: the transformers shim.
 
-The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen
-batch per step: prefill chunks cut by ``max_batch_tokens`` next to decode rows, KV in pages, blocks
-shared across requests (prefix cache), requests offloaded when blocks run out. What makes a request's
-bits independent of all that is engine-neutral and lives in the serving core (hal/serving.py: batch
-metadata, attention over the engine's paged cache, GDN state beside it) and the sampling module
-(hal/sampling.py: the kept set and the recorded log-prob). This module translates transformers' engine
-onto them, and is the only module that touches that engine's internals:
-
-* attention: :func:`hf_paged_attention` hands a step's metadata to ``serving.varlen_attention`` (varlen
-  steps) or ``serving.paged_attention`` over the engine's own cache (decode fast path, block table);
-* log-probs: the engine's own forward step is replaced by :class:`_LockstepStep`, the same forward
-  (one model call per step, no second pass) whose recorded log-prob is
-  ``lt.token_logprobs(model, hidden, token, temperature, top_k, top_p)`` of the hidden state the LM head
-  saw; the tokens are sampled from lockstep's kept set (``hal.sampling.kept_set``), not transformers' warpers;
-* the prefix cache: blocks computed under older weights are evicted before the next batch is
-  scheduled (:meth:`_EngineState.before_schedule`);
-* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
-  (:func:`_without_gdn_layers`); each request's GDN state lives in a ``serving.GdnStates`` on the engine's
-  cache, reached through :class:`GdnEngineStates` (the step's batch rows -> request ids).
-
-Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`sampling_settings`).
+The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen step
+(prefill chunks cut by ``max_batch_tokens`` next to decode rows), keeps KV in pages shared across requests
+(prefix cache) and offloads requests when blocks run out. What makes a request's bits independent of that
+is engine-neutral: the serving core (hal/serving.py: batch metadata, attention over the engine's paged
+cache, GDN state beside it) and the sampling module (hal/sampling.py: the kept set, the recorded log-prob).
+This module, the only one that touches the engine's internals, translates the engine onto them:
+:func:`hf_paged_attention` (its steps' attention), :class:`_LockstepStep` (its forward step: one model call,
+tokens drawn from lockstep's kept set, the recorded log-prob ``lt.token_logprobs`` of the hidden rows the LM
+head saw), :class:`GdnEngineStates` (its rows -> the request-keyed ``serving.GdnStates`` on its cache, the
+GDN layers left out of its pages by :func:`_without_gdn_layers`), :meth:`_EngineState.before_schedule`
+(prefix blocks of older weights evicted), and refusals by name (:func:`check_engine_model`,
+:func:`sampling_settings`).
 """
 from __future__ import annotations
 
@@ -72,35 +63,6 @@ def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
     return out.reshape(1, out.shape[0], -1)
 
 
-# ---------------------------------------------------------------- names that moved (issue 36 item 3)
-
-
-def _gather_paged(k_cache, v_cache, k_new, v_new, batch):
-    """The old ``gather_paged``: write ``k_new/v_new`` at ``batch.slot_mapping``, return every request's keys and
-    values packed (``serving.write_kv`` + ``serving.request_kv``)."""
-    if batch.block_table is None or batch.slot_mapping is None:
-        raise InputError("gather_paged needs batch.block_table and batch.slot_mapping")
-    paged = PagedKV(k_cache, v_cache)
-    write_kv(paged, k_new, v_new, batch.slot_mapping)
-    return request_kv(paged, batch)
-
-
-#: old name -> (its object now, where it lives): kept one release, each use warns (DeprecationWarning)
-_MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
-          "engine_attention": (varlen_attention, "hal.serving.varlen_attention"),
-          "gather_paged": (_gather_paged, "hal.serving.write_kv + hal.serving.request_kv (or paged_attention)"),
-          **{name: (getattr(_sampling, name), f"hal.sampling.{name}")
-             for name in ("Sampling", "sampling_scores", "kept_set", "renormalise_kept", "kept_logprobs")}}
-
-
-def __getattr__(name):
-    if name in _MOVED:
-        obj, home = _MOVED[name]
-        warnings.warn(f"hal.integrations.hf_engine.{name} is deprecated: use {home}", DeprecationWarning, stacklevel=2)
-        return obj
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ---------------------------------------------------------------- refusals
 
 
@@ -134,13 +96,11 @@ _GDN_STATES = "_lockstep_gdn_states"  # attribute on the engine's PagedAttention
 
 
 class GdnEngineStates:
-    """transformers' engine's view of the Gated DeltaNet states (a :class:`hal.serving.GdnStates`, ``core``)
-    kept beside its paged cache: hf_modules' GDN forward asks by batch row, the core is keyed by request id.
+    """The engine's rows -> the request-keyed :class:`hal.serving.GdnStates` (``core``) on its cache.
 
-    ``step_requests``: the request id of each row of the running step (set before the model runs). A
-    request's first chunk starts its entry; offloaded requests keep theirs (a soft reset re-prefills from
-    token 0, which restarts the layer's state); requests the scheduler no longer holds are dropped after
-    every scheduled step (:meth:`prune`).
+    ``step_requests``: the request id of each row of the running step (set before the model runs);
+    hf_modules' GDN forward looks up and stores by row. Offloaded requests keep their states (a soft reset
+    re-prefills from token 0, which restarts them); finished ones go after every scheduled step (:meth:`prune`).
     """
 
     def __init__(self):
@@ -155,26 +115,22 @@ class GdnEngineStates:
     def key(self, row: int, request_id: str):
         return request_id
 
-    def _row_key(self, row: int):
-        return self.key(row, self.step_requests[row])
-
     def lookup(self, row: int, layer: int, start: int):
         """(conv_state, rule_state) for the chunk of batch row ``row`` starting at token ``start``; None: fresh."""
-        key = self._row_key(row)
+        key = self.key(row, self.step_requests[row])
         held = self.core.positions(key, layer)
         if start and not self.check_positions and held and start not in held:
             start = held[-1]  # the negative control: continue from whatever this key holds
         return self.core.lookup(key, layer, start)
 
     def store(self, row: int, layer: int, start: int, end: int, conv_state, rule_state) -> None:
-        key = self._row_key(row)
+        key = self.key(row, self.step_requests[row])
         if key not in self.core:
             self.core.start(key)
         self.core.advance(key, layer, start, end, conv_state, rule_state)
 
     def fork(self, parent_id: str, child_ids) -> None:
-        """Forked children (parallel sampling) start from their parent's states."""
-        self.core.fork(parent_id, child_ids)
+        self.core.fork(parent_id, child_ids)  # forked children (parallel sampling) continue their parent
 
     def prune(self, live_request_ids) -> None:
         live = {self.key(i, rid) for i, rid in enumerate(self.step_requests)} | set(live_request_ids)
@@ -341,22 +297,18 @@ class _LockstepStep:
             logits, hidden = logits[:, idx], hidden[idx]
         # lockstep's scores and kept set replace the engine's warpers: the sampler's mask IS kept_set's
         scores = _sampling.sampling_scores(logits[0], sampling.temperature)
-        sampled_from = scores
-        if sampling.filters:
-            sampled_from = scores.masked_fill(~_sampling.kept_set(scores, sampling.top_k, sampling.top_p), float("-inf"))
         if runner.do_sample:
-            tokens = torch.multinomial(torch.softmax(sampled_from, dim=-1), num_samples=1).squeeze(-1)
+            probs = torch.softmax(_sampling.kept_scores(scores, sampling), dim=-1)
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
         else:
             tokens = torch.argmax(scores, dim=-1)  # lockstep's logits: no softmax rounding between them and argmax
         n = tokens.shape[0]
         output_ids[0, :n].copy_(tokens)
         if runner.return_logprobs:
-            token_logprobs = _hooks["token_logprobs"]
-            if sampling.filters:
-                lp = _sampling.kept_logprobs(model, hidden, tokens, sampling, lambda h, t, temp: token_logprobs(model, h, t, temp),
-                                   scores=scores)
-            else:
-                lp = token_logprobs(model, hidden, tokens, sampling.temperature)
+            def logprobs(h, t, temperature):
+                return _hooks["token_logprobs"](model, h, t, temperature)
+            lp = (_sampling.kept_logprobs(model, hidden, tokens, sampling, logprobs, scores=scores) if sampling.filters
+                  else logprobs(hidden, tokens, sampling.temperature))
             output_ids[1, :n].copy_(lp.view(torch.int32))
 
 
@@ -386,7 +338,7 @@ def install(owner, token_logprobs) -> None:
     switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
 
     # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's
-    # adapter serves it on any device (gather_paged), so it stays on for a lockstep model's engine.
+    # serving core serves it on any device (serving.paged_attention), so it stays on for a lockstep model's engine.
     from transformers.generation.continuous_batching import initialization as init
     ensure_fast_path = init.ensure_decode_fast_path_is_available
 
@@ -498,3 +450,29 @@ def engine_state(manager) -> _EngineState:
     if state is None:
         raise InputError("this engine has no lockstep state yet (not a lockstep-patched model, or not started)")
     return state
+
+
+# ---------------------------------------------------------------- names that moved (issue 36 item 3)
+
+
+def _gather_paged(k_cache, v_cache, k_new, v_new, batch):
+    """The old ``gather_paged``: ``serving.write_kv`` of the new keys, then ``serving.request_kv``."""
+    paged = PagedKV(k_cache, v_cache)
+    write_kv(paged, k_new, v_new, batch.slot_mapping)
+    return request_kv(paged, batch)
+
+
+#: old name -> (its object now, its home): kept one release, each use warns (DeprecationWarning)
+_MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
+          "engine_attention": (varlen_attention, "hal.serving.varlen_attention"),
+          "gather_paged": (_gather_paged, "hal.serving.write_kv and hal.serving.request_kv"),
+          **{name: (getattr(_sampling, name), f"hal.sampling.{name}")
+             for name in ("Sampling", "sampling_scores", "kept_set", "renormalise_kept", "kept_logprobs")}}
+
+
+def __getattr__(name):
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"hal.integrations.hf_engine.{name} is deprecated: use {_MOVED[name][1]}", DeprecationWarning,
+                  stacklevel=2)
+    return _MOVED[name][0]
