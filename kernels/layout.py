@@ -143,6 +143,13 @@ def token_slots(start: torch.Tensor, n: int, k_cache: torch.Tensor, block_table:
     return pages, pos % page
 
 
+def slot_coords(slots: torch.Tensor, block_size: int):
+    """(block, offset in block) of each flat slot ``block * block_size + offset`` (a serving engine's slot
+    mapping), as index tuples for a ``[blocks, block_size, ...]`` cache of any strides."""
+    slots = slots.to(torch.int64)
+    return slots // block_size, slots % block_size
+
+
 def append_kv(k_cache, v_cache, k, v, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:
     """Write ``k, v [batch, n, Hkv, D]`` into the cache at positions cache_seqlens[b] + 0..n-1 (in place)."""
     n = int(k.shape[1])

