@@ -36,7 +36,8 @@ import contextvars
 import torch
 
 from .errors import UnsupportedError
-from .ops_registry import NAMESPACE, dtensor_class as _dtensor, has_dtensor, tracing  # noqa: F401 (has_dtensor: re-exported)
+from .ops_registry import NAMESPACE, tracing
+from .ops_registry import dtensor_class as _dtensor, has_dtensor  # noqa: F401 (has_dtensor: re-exported)
 
 _float_partials = contextvars.ContextVar("lockstep_float_partial_sums", default=False)
 
@@ -217,8 +218,9 @@ def _spec(spec_id: str):
     return specs.resolve(OPS["linear"], spec_id)
 
 
-def row_parallel_linear_kernel(x, weight, bias, group_name: str, spec: str):
-    """``torch.ops.lockstep.row_parallel_linear``: the exact row-parallel linear on the group named ``group_name``."""
+def row_parallel_linear_kernel(x, weight, bias, group_name: str, spec):
+    """``torch.ops.lockstep.row_parallel_linear``: the exact row-parallel linear on the group named ``group_name``
+    (``spec``: an exact matmul spec or its id; eagerly, ``_RowParallelExact`` calls this directly)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     from .distributed import row_parallel_linear

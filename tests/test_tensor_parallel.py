@@ -155,6 +155,17 @@ def test_compiled_fullgraph_rowwise_op_gives_eager_and_unsharded_bits(compiled, 
         _same(f"{op} compiled vs unsharded rows rank {r}", _rows(want, r), local)
 
 
+def test_a_compiled_rule_is_guarded_on_placements(compiled):
+    """One compiled function, x Shard(0) then x Replicate(): the second call is not served the first's graph."""
+    t = W.op_inputs()
+    want = hal.linear(t["x"], t["w"], t["b"])
+    for r, res in enumerate(compiled):
+        (sharded, p0), (replicated, p1) = _ok(res, "compiled/linear_shard0_then_replicate")
+        assert (p0, p1) == ("(Shard(dim=0),)", "(Replicate(),)")
+        _same(f"compiled linear Shard(0) rank {r}", _rows(want, r), sharded)
+        _same(f"compiled linear Replicate() rank {r}", want, replicated)
+
+
 def test_compiled_rowwise_linear_gradients_are_eager_bits(compiled):
     for r, res in enumerate(compiled):
         got, want = _ok(res, "compiled/grads"), res["eager/grads"]

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import tp_worker as W  # noqa: E402
 
-WIDTH = 64  # the block's in / out width; its hidden width is W.INTER (80 per rank: not a multiple of the strict K tile)
+WIDTH = 64  # the block's in / out width; hidden: W.INTER (80 per rank, not a multiple of the strict K tile)
 
 
 class HalLinear(torch.nn.Linear):
@@ -58,8 +58,9 @@ def block_input() -> torch.Tensor:
 def block_plan(kind: str) -> dict:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    down = RowwiseParallel() if kind == "rowwise" else ColwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate())
-    return {"up": ColwiseParallel(), "down": down}
+    if kind == "rowwise":
+        return {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    return {"up": ColwiseParallel(), "down": ColwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate())}
 
 
 def _error(e: BaseException) -> tuple[str, str, bool]:
@@ -102,6 +103,14 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         attempt(res, "compiled/ops", lambda: {k: (v.to_local(), str(v.placements))
                                               for k, v in torch.compile(W.run_ops, fullgraph=True)(dt).items()})
 
+        # placements are guarded: the graph traced for a Shard(0) x, given a replicated x, retraces under the rule
+        torch._dynamo.reset()
+        linear = torch.compile(lambda x, w, b: hal.linear(x, w, b), fullgraph=True)
+        x_rep = distribute_tensor(plain["x"], mesh, [Replicate()])
+        attempt(res, "compiled/linear_shard0_then_replicate",
+                lambda: [(y.to_local(), str(y.placements)) for y in (linear(dt["x"], dt["w"], dt["b"]),
+                                                                     linear(x_rep, dt["w"], dt["b"]))])
+
         # 2. a row-wise linear's gradients (replicated weight: Partial), eager and compiled
         def grads(f):
             x, w = (dt[k].detach().requires_grad_() for k in ("x", "w"))
@@ -109,11 +118,13 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
             return {"x": x.grad.to_local(), "w": w.grad.to_local(), "w_placements": str(w.grad.placements)}
         res["eager/grads"] = grads(hal.linear)
         torch._dynamo.reset()
-        attempt(res, "compiled/grads", lambda: grads(torch.compile(lambda x, w, b: hal.linear(x, w, b), fullgraph=True)))
+        attempt(res, "compiled/grads",
+                lambda: grads(torch.compile(lambda x, w, b: hal.linear(x, w, b), fullgraph=True)))
 
         # 3. per-block compile of a TP block: eager, compiled, compiled fullgraph
         x = block_input()
-        for name, spec, kind in (("exact/rowwise", ExactMatmulSpec(slices=4), "rowwise"), ("strict/colwise", None, "colwise")):
+        for name, spec, kind in (("exact/rowwise", ExactMatmulSpec(slices=4), "rowwise"),
+                                 ("strict/colwise", None, "colwise")):
             block = Block(spec)
             parallelize_module(block, mesh, block_plan(kind))
             with torch.no_grad():
