@@ -13,7 +13,8 @@ processes (tests/dist/tp_worker.py), compared bit for bit (raw bits) with single
   same Shard(0) DTensor is checked the same way as hal.linear and differs from the full-batch call.
 * Under torch.compile (tests/dist/tp_compile_worker.py): the same rules, hence eager's bits and eager's
   refusals -- the row-wise ops in one ``fullgraph=True`` graph (and a row-wise linear's gradients), per-block
-  compile (``module.compile()``) of a ColwiseParallel / RowwiseParallel block and of a patched Llama's layers;
+  compile (``module.compile()``) of a ColwiseParallel / RowwiseParallel block (forward and gradients) and of a
+  patched Llama's layers;
   a strict RowwiseParallel linear refused by lockstep's name, its float partial sums' opt-in read when the
   graph runs. On b07734e each compiled case failed with torch's "does not have a sharding strategy registered".
 """
@@ -187,6 +188,15 @@ def test_per_block_compile_of_a_tp_block_keeps_eager_and_tp1_bits(compiled, case
         got = _ok(res, f"compiled/block/{case}/fullgraph={fullgraph}")
         _same(f"TP=2 {case} compiled vs eager rank {r}", _ok(res, f"eager/block/{case}"), got)
         _same(f"TP=2 {case} compiled vs TP=1 rank {r}", want, got)
+
+
+@pytest.mark.parametrize("case", ["exact/rowwise", "strict/colwise"])
+def test_per_block_compiled_tp_block_trains_with_eager_gradients(compiled, case):
+    for r, res in enumerate(compiled):
+        got, want = _ok(res, f"compiled/block_grads/{case}"), res[f"eager/block_grads/{case}"]
+        assert len(got) == len(want) == 5  # x, up.weight, up.bias, down.weight, down.bias
+        for i, (w, g) in enumerate(zip(want, got)):
+            _same(f"TP=2 {case} gradient {i} compiled vs eager rank {r}", w, g)
 
 
 def test_per_layer_compiled_tp_llama_keeps_tp1_bits(compiled):

@@ -5,7 +5,8 @@ lockstep's sharding rules (the eager ones), on a gloo world.
   gradients, compiled;
 * per-block compile (``module.compile()``, TorchTitan's setup) of a small MLP block of ``hal.linear`` modules
   under ``parallelize_module``: ColwiseParallel up + RowwiseParallel down (exact policy), and ColwiseParallel up +
-  a ColwiseParallel down gathering its output (strict policy); of a patched tiny Llama's decoder layers;
+  a ColwiseParallel down gathering its output (strict policy), forward and gradients; of a patched tiny Llama's
+  decoder layers;
 * refusals: a strict RowwiseParallel linear (eager and compiled), the float partial sums' opt-in (a graph traced
   under it refuses a call made outside it), a feature-dim ``Shard(1)`` of rms_norm.
 
@@ -135,6 +136,19 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
                     parallelize_module(compiled, mesh, block_plan(kind))
                     compiled.compile(fullgraph=fullgraph)
                     attempt(res, f"compiled/block/{name}/fullgraph={fullgraph}", lambda: compiled(x))
+
+            # training: the block's gradients (x's and every parameter's local shard), eager and compiled
+            def block_grads(compile_it: bool):
+                torch._dynamo.reset()
+                block = Block(spec)
+                parallelize_module(block, mesh, block_plan(kind))
+                if compile_it:
+                    block.compile()
+                xg = x.clone().requires_grad_()
+                block(xg).pow(2).sum().backward()
+                return [xg.grad] + [p.grad.to_local() for p in block.parameters()]
+            res[f"eager/block_grads/{name}"] = block_grads(False)
+            attempt(res, f"compiled/block_grads/{name}", lambda: block_grads(True))
 
         # 4. a patched tiny Llama's decoder layers compiled one by one (ColwiseParallel MLPs, strict policy)
         model = W.tiny_llama()
