@@ -15,7 +15,11 @@ call runs, one of
   when it runs, so a compiled graph never bakes a choice made at trace time;
 * ``DTENSOR``: a tensor argument is a DTensor: the op applies its sharding rule (hal/tensor_parallel.py).
   Only the ops in ``DTENSOR_RULES`` have one; for any other op :func:`routing` raises UnsupportedError
-  naming the op, never a DTensor run through plain-tensor code.
+  naming the op, never a DTensor run through plain-tensor code. This holds while tracing too: the rule is
+  python that Dynamo traces (placements are trace-time constants it guards on; ``to_local`` /
+  ``DTensor.from_local`` are graph ops), and its local calls, on plain tensors, then take ``TORCH_OP``. A
+  DTensor handed to ``torch.ops.lockstep.*`` itself would meet DTensor's own dispatch, which knows no
+  lockstep rule: compiled and eager calls take the same rule, its refusals and its bits.
 
 A new public op starts with the same head::
 
@@ -173,9 +177,8 @@ _route_all = False  # set by hal.torch_ops.routed(): eager calls through the tor
 def routing(op: str, *tensors) -> str:
     """How public op ``op`` runs this call, given its tensor arguments: DIRECT, TORCH_OP or DTENSOR (the
     module docstring). Plain tensors and None cost one type check each (other values are allowed and
-    never a DTensor); tracing wins over DTensor (a traced DTensor reaches the torch op)."""
-    if _is_compiling() or _route_all:
-        return TORCH_OP
+    never a DTensor); a DTensor wins over tracing (its sharding rule runs, traced, and calls the torch op
+    on the local tensors)."""
     for t in tensors:
         if t is not None and type(t) not in _PLAIN and _is_dtensor(t):
             if op not in DTENSOR_RULES:
@@ -184,6 +187,8 @@ def routing(op: str, *tensors) -> str:
                     f"{', '.join(sorted(DTENSOR_RULES))}); pass local tensors (DTensor.to_local()) or "
                     "redistribute to a plain tensor first")
             return DTENSOR
+    if _is_compiling() or _route_all:
+        return TORCH_OP
     return DIRECT
 
 
