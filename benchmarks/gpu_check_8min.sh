@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_check_8min.sh --dry-run OUT    (CPU: bash -n, then the same stages on CPU stand-ins)
 #
 # Stages (each its own process and limit, so a stage that runs out keeps its rows and the next one runs;
-# every python stage also stops itself at its --budget). Limits add up to 440 s, plus env.txt and a few
+# every python stage also stops itself at its --budget). Limits add up to 445 s, plus env.txt and a few
 # seconds of imports, inside the 480 s call:
 #   perf-env      25 s   env.json, ceilings.jsonl: versions; copy bandwidth, bf16 / fp32 (TF32 off) matmul
 #   perf-ops-a   110 s   ops.jsonl, ops.csv, kernels.jsonl: linear (strict/fast/exact), rms_norm, softmax family,
@@ -16,7 +16,7 @@
 #                        silu_mul, apply_rotary (the attention and GDN kernels' first run on a GPU)
 #   perf-profile  30 s   profile.jsonl, profile.txt: torch.profiler of the 4 worst rows
 #   perf-ncu      45 s   ncu.jsonl, ncu_<n>.csv: Nsight Compute on the 3 worst kernels (absent / failing: logged)
-#   perf-summary  10 s   summary.jsonl, summary.txt: every row, then the symptoms of each slow row
+#   perf-summary  15 s   summary.jsonl, summary.txt: every row, then the symptoms of each slow row
 #   conformance-seq 85 s conformance_seq.txt/.json: attention, gated_delta_rule quick sets (never run on a GPU)
 #   conformance   50 s   conformance.txt/.json: matmul rms_norm softmax token_logprobs quick sets
 # Then summary.txt is printed again, so the call's output tail ends with it. log.txt: each stage's rc and time;
@@ -53,7 +53,7 @@ step perf-ops-b 85 perf_ops_b.txt "${PERF[@]}" --stage ops --budget 70 \
   --only attention gdn silu_mul apply_rotary
 step perf-profile 30 perf_profile.txt "${PERF[@]}" --stage profile --budget 20
 step perf-ncu 45 perf_ncu.txt "${PERF[@]}" --stage ncu --budget 35
-step perf-summary 10 perf_summary.txt "${PERF[@]}" --stage summary
+step perf-summary 15 perf_summary.txt "${PERF[@]}" --stage summary
 
 if [ -n "$DRY" ]; then
   step conformance-parse 30 conformance_parse.txt "$PY" -m hal.cli conformance run --help

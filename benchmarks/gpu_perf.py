@@ -206,7 +206,7 @@ class Launches:
             def run(fn, *args, grid, warmup, **kwargs):
                 t0 = time.perf_counter()
                 kernel = real(fn, *args, grid=grid, warmup=warmup, **kwargs)
-                if not warmup:
+                if not warmup and log.describe_name(fn) != "_fma_probe":  # the interpreter's one-off check
                     log.items.append(log.describe(fn, grid, kernel, time.perf_counter() - t0))
                 return kernel
             return run
@@ -218,8 +218,12 @@ class Launches:
         for cls, real in self._saved:
             cls.run = real
 
+    @staticmethod
+    def describe_name(fn) -> str:
+        return getattr(getattr(fn, "fn", None), "__name__", None) or getattr(fn, "__name__", "?")
+
     def describe(self, fn, grid, kernel, host_s: float) -> dict:
-        name = getattr(getattr(fn, "fn", None), "__name__", None) or getattr(fn, "__name__", "?")
+        name = self.describe_name(fn)
         g = list(grid) if isinstance(grid, (tuple, list)) else "callable"
         meta = getattr(kernel, "metadata", None)
         rec = {"kernel": name, "grid": g, "programs": math.prod(g) if isinstance(g, list) else None,
@@ -730,9 +734,12 @@ def stage_profile(args, out: Out, deadline: float) -> None:
                    "kernels": [{"name": n, "us": us / calls, "share": us / total} for n, us in top],
                    "torch_share": sum(us for n, us in per.items() if n.startswith("torch:")) / total}
             out.row("profile.jsonl", rec)
-            sort = "self_cuda_time_total" if args.cuda else "self_cpu_time_total"
+            avg = prof.key_averages()
+            sort = "self_cpu_time_total" if not args.cuda else next(
+                (k for k in ("self_device_time_total", "self_cuda_time_total") if avg and hasattr(avg[0], k)),
+                "self_cpu_time_total")
             out.text("profile.txt", f"\n==== {r['id']} (ratio {r['ratio']:.3f}) [triton {TRITON}] ====\n"
-                     + prof.key_averages().table(sort_by=sort, row_limit=12) + "\n")
+                     + avg.table(sort_by=sort, row_limit=12) + "\n")
             say(f"profile {r['id']}: " + ", ".join(f"{n} {s['share'] * 100:.0f}%" for n, s in
                                                   zip([k['name'] for k in rec['kernels']], rec['kernels'][:4])))
         except Exception as e:
@@ -771,12 +778,13 @@ def worst_kernels(out: Out, k: int = 3) -> list[tuple[str, str]]:
     return picked
 
 
-def ncu_command(ncu: str, case_id: str, kernel: str, args) -> list[str]:
-    target = [sys.executable, "-m", "benchmarks.gpu_perf", "--run-case", case_id, "--device", args.device]
-    if args.tiny:
-        target.append("--tiny")
-    return [ncu, "--target-processes", "all", "--kernel-name-base", "function", "--kernel-name", f"regex:{kernel}",
-            "--launch-skip", "1", "--launch-count", "1", "--section", "SpeedOfLight", "--section", "LaunchStats",
+def ncu_command(ncu: str, picked: list[tuple[str, str]], args) -> list[str]:
+    """One ncu run over one child that runs every picked case (one process start-up for the three kernels)."""
+    target = [sys.executable, "-m", "benchmarks.gpu_perf", "--device", args.device, *(["--tiny"] if args.tiny else []),
+              "--run-case", *dict.fromkeys(case for case, _ in picked)]
+    names = "|".join(dict.fromkeys(kernel for _, kernel in picked))
+    return [ncu, "--target-processes", "all", "--kernel-name-base", "function", "--kernel-name", f"regex:^({names})$",
+            "--launch-count", str(4 * len(picked)), "--section", "SpeedOfLight", "--section", "LaunchStats",
             "--section", "Occupancy", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
             "--csv", "--page", "details", *target]
 
@@ -786,13 +794,18 @@ NCU_METRICS = ("Duration", "DRAM Throughput", "Memory Throughput", "Compute (SM)
 
 
 def parse_ncu(text: str) -> dict:
-    """The key metrics of ncu's ``--csv --page details`` output (Metric Name -> "value unit")."""
+    """The key metrics of ncu's ``--csv --page details`` output: kernel name -> {metric: "value unit"}, from the
+    kernel's last profiled launch (a replay, after the compiling call)."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    got = {}
+    launches: dict[str, dict] = {}
     for rec in csv.DictReader(lines):
         name = rec.get("Metric Name")
-        if name in NCU_METRICS and name not in got:
-            got[name] = f"{rec.get('Metric Value', '')} {rec.get('Metric Unit', '')}".strip()
+        if name in NCU_METRICS:
+            launches.setdefault((rec.get("Kernel Name", "?"), rec.get("ID", "")), {})[name] = \
+                f"{rec.get('Metric Value', '')} {rec.get('Metric Unit', '')}".strip()
+    got = {}
+    for (kernel, _), metrics in launches.items():  # csv order: later launches overwrite earlier ones
+        got[kernel] = metrics
     return got
 
 
@@ -803,32 +816,32 @@ def stage_ncu(args, out: Out, deadline: float) -> None:
         out.row("ncu.jsonl", {"skipped": "no measured kernel in ops.jsonl"})
         say("ncu: no kernel to profile")
         return
-    for n, (case_id, kernel) in enumerate(picked):
-        cmd = ncu_command(ncu or "ncu", case_id, kernel, args)
-        rec = {"id": case_id, "kernel": kernel, "cmd": " ".join(cmd)}
-        if ncu is None:
-            rec["status"] = "skipped: ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
-            if not args.cuda and n == 0:  # CPU dry run: the target command itself must run
-                left = max(5.0, deadline - time.monotonic())
-                p = subprocess.run(cmd[cmd.index(sys.executable):], capture_output=True, text=True, timeout=left)
-                rec["target_rc"], rec["target_tail"] = p.returncode, (p.stdout + p.stderr)[-300:]
-            out.row("ncu.jsonl", rec)
-            say(f"ncu {kernel}: {rec['status']}")
-            continue
-        left = deadline - time.monotonic()
-        if left < 10:
-            out.row("ncu.jsonl", {**rec, "status": "skipped: stage budget"})
-            continue
+    cmd = ncu_command(ncu or "ncu", picked, args)
+    rec = {"cmd": " ".join(cmd)}
+    if ncu is None:
+        rec["status"] = "skipped: ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
+        if not args.cuda:  # CPU dry run: the target command itself must run
+            left = max(5.0, deadline - time.monotonic())
+            p = subprocess.run(cmd[cmd.index(sys.executable):], capture_output=True, text=True, timeout=left)
+            rec["target_rc"], rec["target_tail"] = p.returncode, (p.stdout + p.stderr)[-300:]
+        metrics = {}
+    elif deadline - time.monotonic() < 10:
+        rec["status"], metrics = "skipped: stage budget", {}
+    else:
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
-            out.text(f"ncu_{n}.csv", p.stdout + ("\n# stderr:\n" + p.stderr[-4000:] if p.stderr else ""))
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline - time.monotonic())
+            out.text("ncu_0.csv", p.stdout + ("\n# stderr:\n" + p.stderr[-4000:] if p.stderr else ""))
             metrics = parse_ncu(p.stdout)
-            rec.update(status="ok" if p.returncode == 0 and metrics else f"failed rc={p.returncode}",
-                       metrics=metrics, tail=(p.stderr or p.stdout)[-300:] if not metrics else "")
-        except Exception as e:  # timeout, permission (ERR_NVGPUCTRPERM): logged, next kernel
-            rec["status"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
-        out.row("ncu.jsonl", rec)
-        say(f"ncu {kernel} ({case_id}): {rec['status']} {rec.get('metrics', '')}")
+            rec["status"] = "ok" if p.returncode == 0 and metrics else f"failed rc={p.returncode}"
+            if not metrics:
+                rec["tail"] = (p.stderr or p.stdout)[-300:]
+        except Exception as e:  # timeout, counters not permitted (ERR_NVGPUCTRPERM): logged, the next stage runs
+            rec["status"], metrics = f"failed: {type(e).__name__}: {str(e)[:200]}", {}
+    for case_id, kernel in picked:
+        got = next((m for name, m in metrics.items() if name == kernel or name.startswith(kernel + "(")), None)
+        row = out.row("ncu.jsonl", {"id": case_id, "kernel": kernel, **rec,
+                                    **({"metrics": got} if got else {})})
+        say(f"ncu {kernel} ({case_id}): {row['status']} {got or ''}")
 
 
 # ---------------------------------------------------------------- summary: symptoms from what was collected
@@ -915,16 +928,18 @@ def stage_summary(args, out: Out, deadline: float) -> None:
 
 
 def run_case(args) -> int:
-    """The ncu target: one case's lockstep call through its launch path, a few times (no timing)."""
+    """The ncu target: each named case's lockstep call, eagerly through its launch path, then one replay of it
+    (no timing)."""
     from hal.backends.triton import launch_path
-    case = {c.id: c for c in cases(args.shapes, args.device)}[args.run_case]
-    ours, _, _ = case.build(0)
-    path, _ = launch_path(ours) if case.via_launch_path else (ours, ours())
-    for _ in range(2 if args.cuda else 0):  # ncu --launch-skip 1: a replay, not the eager call, is profiled
-        path()
-    if args.cuda:
-        torch.cuda.synchronize()
-    print(f"ran {case.id} [triton {TRITON}]", flush=True)
+    by_id = {c.id: c for c in cases(args.shapes, args.device)}
+    for case_id in args.run_case:
+        case = by_id[case_id]
+        ours, _, _ = case.build(0)
+        path, _ = launch_path(ours) if case.via_launch_path else (ours, ours())
+        if args.cuda:
+            path()
+            torch.cuda.synchronize()
+        print(f"ran {case.id} [triton {TRITON}]", flush=True)
     return 0
 
 
@@ -943,7 +958,7 @@ def main(argv=None) -> int:
     p.add_argument("--target-s", type=float, default=0.05, help="timed replays per side, seconds (CUDA)")
     p.add_argument("--slow-call-s", type=float, default=1.0, help="a first call slower than this is timed once")
     p.add_argument("--profile-rows", type=int, default=None, help="worst rows profiled (default 4; --tiny 2)")
-    p.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # the ncu stage's child
+    p.add_argument("--run-case", nargs="+", default=None, help=argparse.SUPPRESS)  # the ncu stage's child
     args = p.parse_args(argv)
     args.cuda = args.device.startswith("cuda")
     if args.cuda and not torch.cuda.is_available():
