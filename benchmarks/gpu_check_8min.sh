@@ -65,5 +65,5 @@ else
 fi
 log "done"
 cat "$OUT/log.txt"
-tail -n 5 "$OUT"/conformance*.txt 2>/dev/null
+tail -n 6 "$OUT"/conformance*.txt 2>/dev/null
 cat "$OUT/summary.txt" 2>/dev/null || echo "no summary.txt (the summary stage did not finish)"

@@ -19,8 +19,8 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   per replay) that the 60 MB L2 does not serve them. Per row: bytes (inputs + outputs) and FLOPs, the
   fraction of the measured ceilings, each launched Triton kernel (grid, programs, warps, registers, spills,
   shared memory; on CUDA also its SASS counts from ``kernels/checks/sass_profile``) and raw-bit equality of
-  every set's replay against its eager call. A call that cannot be captured is timed by CUDA events (the
-  row's ``method`` says so).
+  every set's replay against its eager call. A call that cannot be captured (the exact policy's direct call
+  reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
 * ``profile`` (profile.jsonl, profile.txt): ``torch.profiler`` over the worst rows (lowest ratio): device
   time per kernel and the share of torch ops (copies, fills, cuBLAS) around the Triton kernels.
 * ``ncu`` (ncu.jsonl, ncu_<n>.csv): Nsight Compute on the three worst kernels (a ``--run-case`` child per
@@ -146,8 +146,9 @@ class Clock:
     def _reps(self, one_s: float, lo: int, hi: int) -> int:
         return max(lo, min(hi, int(self.target_s / max(one_s, 1e-7))))
 
-    def per_call(self, thunks: list[Callable]) -> tuple[float, str, list]:
-        """(seconds per call, method, the outputs of the last pass)."""
+    def per_call(self, thunks: list[Callable], capture: bool = True) -> tuple[float, str, list]:
+        """(seconds per call, method, the outputs of the last pass). capture=False: a call known to read values
+        on the host (it cannot be captured; trying would sync inside a capture): CUDA events, eager."""
         if not self.cuda:  # CPU stand-in for graph replay: one pass over the same thunks on the host clock
             outs = []
             seconds = self.once(lambda: outs.extend(t() for t in thunks))
@@ -160,6 +161,8 @@ class Clock:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         try:
+            if not capture:
+                raise RuntimeError("reads values on the host")
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outs = [t() for t in thunks]
@@ -609,12 +612,13 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
         t, method, outs = one, f"events (1 call: {one:.2f} s > --slow-call-s)", [path0()]
         sets = sets[:1]
     else:
-        t, method, outs = clock.per_call([p for _, _, p, _ in sets])
+        t, method, outs = clock.per_call([p for _, _, p, _ in sets], capture=case.via_launch_path)
     row["ours_s"], row["method"] = t, method
     bits = [_bits(f"{case.id} set {i}", e, o) for i, ((_, _, _, e), o) in enumerate(zip(sets, outs))]
     row["bits"] = "same" if all(b == "same" for b in bits) else next(b for b in bits if b != "same")
     if stock0 is not None:
-        ts, smethod, _ = clock.per_call([st for _, st, _, _ in sets])
+        # stock timed the same way as ours (eager by events when ours cannot be captured), so the ratio compares like
+        ts, smethod, _ = clock.per_call([st for _, st, _, _ in sets], capture=case.via_launch_path)
         row["stock_s"], row["stock_method"], row["ratio"] = ts, smethod, ts / t
     else:
         row["stock_s"], row["ratio"] = None, None
@@ -624,8 +628,10 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
         row["TFLOPs"] = case.flops / t / 1e12
         row["fp32_frac"] = row["TFLOPs"] / ceil["fp32_TFLOPs"]
         row["bf16_frac"] = row["TFLOPs"] / ceil["bf16_TFLOPs"]
-    fracs = {"copy": row["mem_frac"], "fp32": row.get("fp32_frac", 0.0),
-             **({"bf16": row["bf16_frac"]} if case.policy != "strict" and case.flops else {})}
+    # strict arithmetic runs on fp32 FMA units; fast / exact on tensor cores (bf16 is the measured bound there)
+    fracs = {"copy": row["mem_frac"]}
+    if case.flops:
+        fracs["fp32" if case.policy == "strict" else "bf16"] = row["fp32_frac" if case.policy == "strict" else "bf16_frac"]
     row["ceiling"], row["frac"] = max(fracs.items(), key=lambda kv: kv[1])
     del sets, outs
     return row, kernels
@@ -915,7 +921,7 @@ def stage_summary(args, out: Out, deadline: float) -> None:
         ks = kernels.get(r["id"], [])
         symptoms = classify(r, ks, prof.get(r["id"]), [n for n in ncu if n.get("id") == r["id"]], sms)
         out.row("summary.jsonl", {"id": r["id"], "ratio": r["ratio"], "symptoms": symptoms})
-        lines.append(f"{r['id']:<34} {r['ratio']:.3f}x  " + " | ".join(symptoms))
+        lines.append((f"{r['id']:<34} {r['ratio']:.3f}x  " + " | ".join(symptoms))[:300])  # in full: summary.jsonl
     if not slow:
         lines.append("(none)")
     broken = [r for r in _measured(out) if r.get("bits") != "same"]
