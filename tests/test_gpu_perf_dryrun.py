@@ -12,9 +12,6 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytest.importorskip("triton")
-
-
 def _rows(folder, name):
     with open(os.path.join(folder, name)) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -28,6 +25,7 @@ def test_shell_script_parses():
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
+    pytest.importorskip("triton")
     out = str(tmp_path_factory.mktemp("gpu_perf"))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("LOCKSTEP_BACKEND", None)
