@@ -7,15 +7,16 @@
 #   bash benchmarks/gpu_check_8min.sh --dry-run OUT    (CPU: bash -n, then the same stages on CPU stand-ins)
 #
 # Stages (each its own process and limit, so a stage that runs out keeps its rows and the next one runs;
-# every python stage also stops itself at its --budget). Limits add up to 445 s, plus env.txt and a few
-# seconds of imports, inside the 480 s call:
+# every python stage also stops itself at its --budget, a few seconds earlier). Limits add up to 460 s, plus
+# env.txt, inside the 480 s call:
 #   perf-env      25 s   env.json, ceilings.jsonl: versions; copy bandwidth, bf16 / fp32 (TF32 off) matmul
-#   perf-ops-a   110 s   ops.jsonl, ops.csv, kernels.jsonl: linear (strict/fast/exact), rms_norm, softmax family,
-#                        token_logprobs vs stock, CUDA-graph replay over rotated input sets
-#   perf-ops-b    85 s   the same files: attention prefill / paged decode (strict, fast), GDN chunked / decode,
+#   perf-ops-a    60 s   ops.jsonl, ops.csv, kernels.jsonl: rms_norm, softmax family, token_logprobs vs stock,
+#                        CUDA-graph replay over rotated input sets
+#   perf-ops-b    75 s   the same files: linear, decode rows 1-256 and prefill 2k / 8k, strict / fast / exact
+#   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked,
 #                        silu_mul, apply_rotary (the attention and GDN kernels' first run on a GPU)
 #   perf-profile  30 s   profile.jsonl, profile.txt: torch.profiler of the 4 worst rows
-#   perf-ncu      45 s   ncu.jsonl, ncu_<n>.csv: Nsight Compute on the 3 worst kernels (absent / failing: logged)
+#   perf-ncu      40 s   ncu.jsonl, ncu_0.csv: Nsight Compute on the 3 worst kernels (absent / failing: logged)
 #   perf-summary  15 s   summary.jsonl, summary.txt: every row, then the symptoms of each slow row
 #   conformance-seq 85 s conformance_seq.txt/.json: attention, gated_delta_rule quick sets (never run on a GPU)
 #   conformance   50 s   conformance.txt/.json: matmul rms_norm softmax token_logprobs quick sets
@@ -47,12 +48,13 @@ fi
 
 # each python stage stops itself a few seconds before the shell's limit
 step perf-env 25 perf_env.txt "${PERF[@]}" --stage env ceilings --budget 10
-step perf-ops-a 110 perf_ops_a.txt "${PERF[@]}" --stage ops --budget 90 \
-  --only linear/ rms_norm softmax logsumexp token_logprobs
-step perf-ops-b 85 perf_ops_b.txt "${PERF[@]}" --stage ops --budget 70 \
+step perf-ops-a 60 perf_ops_a.txt "${PERF[@]}" --stage ops --budget 50 \
+  --only rms_norm softmax logsumexp token_logprobs
+step perf-ops-b 75 perf_ops_b.txt "${PERF[@]}" --stage ops --budget 63 --only linear/
+step perf-ops-c 80 perf_ops_c.txt "${PERF[@]}" --stage ops --budget 68 \
   --only attention gdn silu_mul apply_rotary
 step perf-profile 30 perf_profile.txt "${PERF[@]}" --stage profile --budget 20
-step perf-ncu 45 perf_ncu.txt "${PERF[@]}" --stage ncu --budget 35
+step perf-ncu 40 perf_ncu.txt "${PERF[@]}" --stage ncu --budget 32
 step perf-summary 15 perf_summary.txt "${PERF[@]}" --stage summary
 
 if [ -n "$DRY" ]; then

@@ -23,8 +23,8 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
 * ``profile`` (profile.jsonl, profile.txt): ``torch.profiler`` over the worst rows (lowest ratio): device
   time per kernel and the share of torch ops (copies, fills, cuBLAS) around the Triton kernels.
-* ``ncu`` (ncu.jsonl, ncu_<n>.csv): Nsight Compute on the three worst kernels (a ``--run-case`` child per
-  kernel); if ``ncu`` is absent or fails it is logged and skipped.
+* ``ncu`` (ncu.jsonl, ncu_0.csv): Nsight Compute on the three worst kernels (one ncu run over one ``--run-case``
+  child that runs their cases); if ``ncu`` is absent or fails it is logged and skipped.
 * ``summary`` (summary.jsonl, summary.txt, printed last): every row's ratio, then per slow row (ratio < 0.9)
   the symptoms read from what was collected: spills, layout conversions (shared-memory instructions in the
   SASS), too few programs (< one per SM), a secondary kernel (or torch ops) dominating the device time, a
@@ -367,20 +367,6 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                         build, flops=2.0 * 2 * n * h * s.vocab,  # the spec computes the logits twice
                         stock_name="F.linear + float32 log_softmax + gather"))
 
-    for T in s.attn_T:
-        for policy in ("strict", "fast"):
-            def build(seed, T=T, policy=policy):
-                q = _randn((T, s.hq, s.d), bf, dev, 1000 * seed + 8)
-                k, v = (_randn((T, s.hkv, s.d), bf, dev, 1000 * seed + i) for i in (9, 10))
-                cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
-                qt, kt, vt = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))
-                spec = FastAttentionSpec() if policy == "fast" else None
-                return ((lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, spec=spec, **tri)),
-                        (lambda: sdpa(qt, kt, vt, True)), [q, k, v])
-            out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
-                            f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
-                            flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
-
     for b in s.decode_batches:
         for policy in ("strict", "fast"):
             def build(seed, b=b, policy=policy):
@@ -404,7 +390,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                             f"B{b} ctx{s.ctx} page{s.page} Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             stock_name="SDPA on a contiguous cache (enable_gqa)"))
 
-    H, HV, d, T, nb = s.gdn
+    H, HV, d, t_gdn, nb = s.gdn  # names no later loop rebinds (the builders read them when called)
     try:
         from transformers.models.qwen3_next.modeling_qwen3_next import (torch_chunk_gated_delta_rule,
                                                                        torch_recurrent_gated_delta_rule)
@@ -417,16 +403,6 @@ def cases(s: Shapes, dev: str) -> list[Case]:
         g = -_randn((n, t, HV), torch.float32, dev, 1000 * seed + 17).abs()
         beta = torch.sigmoid(_randn((n, t, HV), torch.float32, dev, 1000 * seed + 18)).to(bf)
         return q, k, v, g, beta
-
-    def build_chunk(seed):
-        q, k, v, g, beta = gdn_inputs(seed, 1, T)
-        qx, kx = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-        stock = None if torch_chunk_gated_delta_rule is None else (
-            lambda: torch_chunk_gated_delta_rule(qx, kx, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))
-        return ((lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,
-                                                    use_qk_l2norm_in_kernel=True, **tri)), stock, [q, k, v, g, beta])
-    out.append(Case(f"gdn_chunked/strict/T{T}", "gdn_chunked", "strict", f"B1 T{T} H{H}/{HV} d{d} bf16", build_chunk,
-                    flops=2.0 * 5 * T * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule"))
 
     def build_decode(seed):
         q, k, v, g, beta = gdn_inputs(seed, nb, 1)
@@ -442,16 +418,40 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                     build_decode, flops=2.0 * 3 * nb * HV * d * d,
                     stock_name="transformers torch_recurrent_gated_delta_rule"))
 
+    def build_chunk(seed):
+        q, k, v, g, beta = gdn_inputs(seed, 1, t_gdn)
+        qx, kx = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+        stock = None if torch_chunk_gated_delta_rule is None else (
+            lambda: torch_chunk_gated_delta_rule(qx, kx, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))
+        return ((lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,
+                                                    use_qk_l2norm_in_kernel=True, **tri)), stock, [q, k, v, g, beta])
+    out.append(Case(f"gdn_chunked/strict/T{t_gdn}", "gdn_chunked", "strict", f"B1 T{t_gdn} H{H}/{HV} d{d} bf16",
+                    build_chunk, flops=2.0 * 5 * t_gdn * HV * d * d,
+                    stock_name="transformers torch_chunk_gated_delta_rule"))
+
+    for T in s.attn_T:
+        for policy in ("strict", "fast"):
+            def build(seed, T=T, policy=policy):
+                q = _randn((T, s.hq, s.d), bf, dev, 1000 * seed + 8)
+                k, v = (_randn((T, s.hkv, s.d), bf, dev, 1000 * seed + i) for i in (9, 10))
+                cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
+                qt, kt, vt = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))
+                spec = FastAttentionSpec() if policy == "fast" else None
+                return ((lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, spec=spec, **tri)),
+                        (lambda: sdpa(qt, kt, vt, True)), [q, k, v])
+            out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
+                            f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
+                            flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
+
     for rows in (s.decode_rows[0], s.prefill_rows[0]):
         def build(seed, rows=rows):
-            a, b = _randn((rows, s.inter), bf, dev, 1000 * seed + 20), _randn((rows, s.inter), bf, dev, 1000 * seed + 21)
+            a = _randn((rows, s.inter), bf, dev, 1000 * seed + 20)
+            b = _randn((rows, s.inter), bf, dev, 1000 * seed + 21)
             return (lambda: hal.silu_mul(a, b, **tri)), (lambda: F.silu(a) * b), [a, b]
         out.append(Case(f"silu_mul/strict/R{rows}", "silu_mul", "strict", f"{rows}x{s.inter} bf16", build,
                         stock_name="F.silu(a) * b"))
 
-    rows = s.prefill_rows[0]
-
-    def build_rot(seed):
+    def build_rot(seed, rows=s.prefill_rows[0]):
         x = _randn((rows, s.hq, s.d), bf, dev, 1000 * seed + 22)
         cos, sin = hal.rotary_cos_sin(torch.arange(rows, device=dev), s.d, **tri)
         c, sn = cos[:, None, :], sin[:, None, :]
@@ -461,6 +461,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             x1, x2 = x[..., : s.d // 2], x[..., s.d // 2:]
             return x * cf + torch.cat([-x2, x1], -1) * sf
         return (lambda: hal.apply_rotary(x, c, sn, **tri)), stock, [x, cos, sin]
+    rows = s.prefill_rows[0]
     out.append(Case(f"apply_rotary/strict/T{rows}", "apply_rotary", "strict", f"T{rows} H{s.hq} D{s.d} bf16",
                     build_rot, stock_name="HF rotate_half (torch)"))
     return out
@@ -631,7 +632,8 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
     # strict arithmetic runs on fp32 FMA units; fast / exact on tensor cores (bf16 is the measured bound there)
     fracs = {"copy": row["mem_frac"]}
     if case.flops:
-        fracs["fp32" if case.policy == "strict" else "bf16"] = row["fp32_frac" if case.policy == "strict" else "bf16_frac"]
+        unit = "fp32" if case.policy == "strict" else "bf16"
+        fracs[unit] = row[f"{unit}_frac"]
     row["ceiling"], row["frac"] = max(fracs.items(), key=lambda kv: kv[1])
     del sets, outs
     return row, kernels
