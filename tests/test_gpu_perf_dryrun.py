@@ -124,3 +124,20 @@ def test_ncu_csv_parsed():
             '"2","_max","GPU Speed Of Light Throughput","DRAM Throughput","%","5"\n')
     assert parse_ncu(text) == {"_gemv": {"DRAM Throughput": "61.2 %", "Achieved Occupancy": "40.1 %"},
                                "_max": {"DRAM Throughput": "5 %"}}  # a kernel's last launch (a replay) counts
+
+
+def test_launch_record_reads_sass_of_a_compiled_kernel():
+    """The GPU-only part of a kernel record (its SASS counts) on a kernel compiled for sm_90 here: the names the
+    summary reads exist, and a kernel with no cubin says why instead of failing the row."""
+    pytest.importorskip("triton")
+    from benchmarks.gpu_perf import Launches
+    from hal.kernels.checks.lint import compile_case, strict_kernels
+    case = next(c for c in strict_kernels(False) if c.name.startswith("rms_norm"))
+    compiled = compile_case(case, "sm90", aligned=True)
+    rec = Launches(sass=True).describe(type("Fn", (), {"__name__": "rms"})(), (3, 1), compiled, 0.0)
+    assert rec["kernel"] == "rms" and rec["grid"] == [3, 1] and rec["programs"] == 3
+    assert rec["num_warps"] >= 1 and rec["sass_stack"] == 0 and rec["sass_ldg128"] > 0, rec
+    assert {"sass_shared", "sass_barriers", "sass_ffma", "sass_ldg_narrow", "sass_instr"} <= rec.keys()
+    no_cubin = type("Compiled", (), {"asm": {}})()
+    rec = Launches(sass=True).describe(type("Fn", (), {"__name__": "x"})(), "g", no_cubin, 0.0)
+    assert rec["sass"].startswith("unavailable: KeyError") and rec["grid"] == "callable" and rec["n_regs"] is None
