@@ -170,7 +170,7 @@ class Clock:
             run = graph.replay
         except Exception as e:  # a call that syncs or reads back values: eager, timed by events
             torch.cuda.synchronize()
-            method = f"events (capture failed: {type(e).__name__}: {str(e)[:80]})"
+            method = f"events (no graph: {type(e).__name__}: {str(e)[:80]})"
             outs = None
             run = lambda: [t() for t in thunks]  # noqa: E731
         one = self.once(run)
