@@ -76,6 +76,8 @@ def _cases():
         "gdn-bad-output_final_state": _case(_rule(output_final_state="yes"), _rule_inputs(), hal.InputError,
                                             r"output_final_state"),
         "gdn-bad-initial_state": _case(_rule(initial_state=[1.0]), _rule_inputs(), hal.InputError, r"initial_state"),
+        "spec-not-a-spec": _case(lambda x: hal.linear(x, wt, bt, spec=4), (xt,), hal.SpecError,
+                                 r"spec must be an OpSpec or a spec id string, got int"),
         "spec-unknown-id": _case(lambda x: hal.linear(x, wt, bt, spec="matmul.strict.k63.v9"), (xt,), hal.SpecError,
                                  r"unknown spec id 'matmul.strict.k63.v9'"),
         "spec-other-family": _case(lambda x: hal.linear(x, wt, bt, spec=SoftmaxSpec()), (xt,), hal.SpecError,
