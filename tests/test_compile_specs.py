@@ -176,3 +176,30 @@ def test_a_model_patched_with_an_unregistered_matmul_spec_compiles_to_its_eager_
     assert not same_bits(eager, default)  # the spec is honoured (the tiny model's hidden size is 64)
     assert same_bits(compiled, eager)
 
+
+
+def test_a_model_patched_with_an_exact_matmul_spec_compiles_to_its_eager_bits():
+    """The patch prepares (slices) each weight once under an exact spec; while tracing it hands the op the weight
+    itself (a prepared weight cannot cross a torch op), which the kernel slices: the same bits. Before, Dynamo
+    failed inside the preparation (``tensor.is_inference()``). A weight written between compiled calls is seen."""
+    pytest.importorskip("transformers")
+    from hal.integrations import transformers as lt
+    from hal.integrations.hf_testing import VOCAB, tiny_model
+    lt.register()
+    model = tiny_model("llama")
+    kw = dict(input_ids=torch.arange(14).reshape(2, 7) * 5 % VOCAB, use_cache=False)
+    with torch.no_grad():
+        with lt.patch(model):
+            strict = model(**kw).logits
+        with lt.patch(model, matmul_spec=S.ExactMatmulSpec(slices=3)) as patch:
+            eager = model(**kw).logits
+            slicings = patch.matmul.slicings
+            torch._dynamo.reset()
+            compiled_model = torch.compile(model, fullgraph=True)
+            compiled = compiled_model(**kw).logits
+            assert patch.matmul.slicings == slicings  # tracing prepared nothing
+            model.lm_head.weight.mul_(1.5)
+            again, want = compiled_model(**kw).logits, model(**kw).logits
+    assert not same_bits(eager, strict)  # the exact policy's bits, not the strict default's
+    assert same_bits(compiled, eager)
+    assert same_bits(again, want) and not same_bits(again, eager)
