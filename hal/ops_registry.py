@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UnsupportedError
+from . import spec as specs
+from .errors import SpecError, UnsupportedError
 
 #: op name -> spec family
 OPS: dict[str, str] = {
@@ -211,6 +212,18 @@ def has_dtensor(*tensors) -> bool:
     return False
 
 
+def _crossing(op: TorchOp, spec):
+    """A spec object crosses the torch op as its id, and the kernel rebuilds it from that id (spec.from_id):
+    refused now, with eager's refusal, when it is not a spec of this op's family or its id names no spec.
+    (An id string crosses as it is: the kernel resolves it when it runs, and refuses it as eagerly.)"""
+    spec = specs.resolve(op.family, spec)
+    if specs.from_id(spec.id) != spec:
+        raise SpecError(f"{op.public} under torch.compile / torch.export: spec {type(spec).__name__} crosses the torch op "
+                        f"as its id {spec.id!r}, which names no spec of hal.spec's classes at their current version; "
+                        "pass one of those (hal.spec.CLASSES) or call eagerly")
+    return spec
+
+
 def route(name: str, *args, spec=None, backend=None):
     """Call ``torch.ops.lockstep.<name>`` with the spec as its id and the backend as its name."""
     op = TORCH_OPS[name]
@@ -222,6 +235,8 @@ def route(name: str, *args, spec=None, backend=None):
                 f"{op.public} under torch.compile / torch.export: an argument of type {type(a).__name__} cannot "
                 f"cross the torch op boundary", [f"{type(a).__name__} is not a tensor or a number (a prepared "
                 "hal.exact_weight is refused under compile: pass the weight tensor itself, same bits)"])
+    if spec is not None and not isinstance(spec, str):
+        spec = _crossing(op, spec)
     spec_id = spec if spec is None or isinstance(spec, str) else spec.id
     backend_name = backend if backend is None or isinstance(backend, str) else backend.name
     return getattr(getattr(torch.ops, NAMESPACE), name)(*args, spec_id, backend_name)

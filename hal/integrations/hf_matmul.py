@@ -17,6 +17,7 @@ from .. import spec as specs, tensor_parallel as _tp
 from ..errors import InputError, SpecError
 from ..kernels.exact import core as exact_core
 from ..kernels.exact.prepared import ExactWeight
+from ..ops_registry import tracing
 
 
 def resolve(matmul_spec) -> specs.OpSpec:
@@ -75,6 +76,8 @@ class PatchMatmul:
         """
         if not self.exact or _tp.has_dtensor(w):  # a DTensor shard (tensor parallelism): sliced per call
             return w
+        if tracing():  # torch.compile / export: a prepared weight cannot cross the torch op (refused there);
+            return w   # the weight itself gives the same bits, sliced inside the op's kernel each call
         ew = self._prepared.get(key)
         if ew is not None and ew.source is not w:  # same weight, another view object: autograd must reach w
             ew = ew.over(w)
