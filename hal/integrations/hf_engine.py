@@ -15,7 +15,8 @@ request's bits independent of all that:
   ``lt.token_logprobs(model, hidden, token, temperature, top_k, top_p)`` of the hidden state the LM head
   saw; the tokens are sampled from lockstep's kept set (:func:`kept_set`), not from transformers' warpers.
 * the prefix cache: blocks computed under older weights are evicted before the next batch is
-  scheduled (:meth:`_EngineState.before_schedule`).
+  scheduled, and a change while requests run is refused (:meth:`_EngineState.before_schedule`; the
+  weight-change detector, hal/weight_watch.py, hashes the parameters before every scheduled step).
 * Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
   (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
   engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
@@ -34,6 +35,7 @@ import torch
 from ..attention import flash_attn_varlen_func
 from ..ops import softmax
 from ..errors import InputError, UnsupportedError
+from ..weight_watch import ModelWeights
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
 # accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
@@ -417,11 +419,6 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: S
 # ---------------------------------------------------------------- the engine step
 
 
-def _weights_version(model) -> tuple:
-    """Changes whenever a parameter is updated in place (optimizer step, load_state_dict) or replaced."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
 @dataclass(frozen=True)
 class EngineStep:
     """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
@@ -436,17 +433,34 @@ class EngineStep:
 
 class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
-    and the test/diagnostic hooks called once per scheduled step."""
+    and the test/diagnostic hooks called once per scheduled step.
+
+    The weights are checked in full (hal/weight_watch.py: a hash of every parameter's bits) once per step,
+    just before the scheduler runs: that is where it reuses prefix blocks for the requests it admits, and
+    a write while requests run (a fused optimizer step, ``p.data.copy_``, a broadcast: none of which
+    torch's version counter sees) can land between any two steps. Nothing is checked while the engine
+    idles (no request pending)."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
-        self.weights = _weights_version(model)
+        self.watch = ModelWeights(model)
+        self.weights = self.watch.stamp()
         self.offloads = 0  # requests the engine offloaded (blocks ran out) so far
         self.invalidate_on_update = True  # False only in the negative-control test (stale prefix blocks)
+        self.unchecked = False  # set per prepared batch: the first schedule_batch of it checks the weights
+        schedule = processor.scheduler.schedule_batch
+
+        def schedule_batch(*args, **kwargs):  # called with the new requests already taken from the queue
+            if self.unchecked:
+                self.unchecked = False
+                self.before_schedule()
+            return schedule(*args, **kwargs)
+        processor.scheduler.schedule_batch = schedule_batch
 
     def before_schedule(self) -> None:
-        now = _weights_version(self.model)
-        if now == self.weights:
+        now = self.watch.stamp()
+        if now.same_bits(self.weights):
+            self.weights = now
             return
         if self.processor.scheduler.active_requests:
             raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
@@ -617,7 +631,7 @@ def install(owner, token_logprobs) -> None:
             prepare = processor.prepare_next_batch
 
             def prepare_next_batch(*args, **kwargs):
-                state.before_schedule()
+                state.unchecked = True  # the scheduler's first call checks the weights (nothing to check idle)
                 ok = prepare(*args, **kwargs)
                 if ok:
                     state.after_schedule()
