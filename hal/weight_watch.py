@@ -218,8 +218,10 @@ class TensorStamp:
         """The full stamp (hashes every byte of ``t``)."""
         return TensorStamp(quick_stamp(t), tuple(t.shape), t.dtype, content_hash(t), process_key().id)
 
-    def same_tensor(self, t: torch.Tensor) -> bool:
-        """Cheap check: the quick stamp is unchanged. False: maybe changed; True proves nothing about the bits."""
+    def same_tensor(self, t: torch.Tensor, what: str = "weight") -> bool:
+        """Cheap check: the quick stamp is unchanged. False: maybe changed; True proves nothing about the bits.
+        InputError if the stamp is of another process's key (its addresses mean nothing here)."""
+        _check_key(self.key_id, what)
         return quick_stamp(t) == self.quick
 
     def same_bits(self, t: torch.Tensor, what: str = "weight") -> bool:

@@ -435,11 +435,16 @@ class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
     and the test/diagnostic hooks called once per scheduled step.
 
-    The weights are checked in full (hal/weight_watch.py: a hash of every parameter's bits) once per step,
-    just before the scheduler runs: that is where it reuses prefix blocks for the requests it admits, and
-    a write while requests run (a fused optimizer step, ``p.data.copy_``, a broadcast: none of which
-    torch's version counter sees) can land between any two steps. Nothing is checked while the engine
-    idles (no request pending)."""
+    The weight-change detector (hal/weight_watch.py, a hash of every parameter's bits: torch's version
+    counter misses fused optimizer steps, ``p.data.copy_``, broadcasts) runs at two places:
+
+    * before the scheduler admits requests (it may reuse prefix blocks for them): a change evicts the prefix
+      cache, or is refused when requests are running (their KV was computed with the old weights);
+    * after every step's forward, before its tokens and log-probs are delivered: a change since the last
+      check (a write between two steps, or during this one) is refused, so no result computed partly with
+      other weights is delivered.
+
+    So a decode step hashes the weights once, a step that admits requests twice, an idle engine never."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
@@ -447,26 +452,36 @@ class _EngineState:
         self.weights = self.watch.stamp()
         self.offloads = 0  # requests the engine offloaded (blocks ran out) so far
         self.invalidate_on_update = True  # False only in the negative-control test (stale prefix blocks)
-        self.unchecked = False  # set per prepared batch: the first schedule_batch of it checks the weights
-        schedule = processor.scheduler.schedule_batch
+        scheduler = processor.scheduler
+        schedule, update = scheduler.schedule_batch, processor.update_batch
 
-        def schedule_batch(*args, **kwargs):  # called with the new requests already taken from the queue
-            if self.unchecked:
-                self.unchecked = False
+        def schedule_batch(*args, **kwargs):  # the new requests are already taken from the queue here
+            if scheduler.waiting_requests:
                 self.before_schedule()
             return schedule(*args, **kwargs)
-        processor.scheduler.schedule_batch = schedule_batch
 
-    def before_schedule(self) -> None:
-        now = self.watch.stamp()
-        if now.same_bits(self.weights):
-            self.weights = now
-            return
+        def update_batch(*args, **kwargs):  # delivers the step's tokens and log-probs
+            self.after_forward()
+            return update(*args, **kwargs)
+        scheduler.schedule_batch, processor.update_batch = schedule_batch, update_batch
+
+    def _refuse_if_running(self) -> None:
         if self.processor.scheduler.active_requests:
             raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
                                    "was computed with the old weights. Update weights between generate calls.")
-        if self.invalidate_on_update:
-            self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+
+    def before_schedule(self) -> None:
+        now = self.watch.stamp()
+        if not now.same_bits(self.weights):
+            self._refuse_if_running()
+            if self.invalidate_on_update:
+                self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+        self.weights = now
+
+    def after_forward(self) -> None:
+        now = self.watch.stamp()
+        if not now.same_bits(self.weights):
+            self._refuse_if_running()
         self.weights = now
 
     def count_offloads(self, offload):
@@ -631,7 +646,6 @@ def install(owner, token_logprobs) -> None:
             prepare = processor.prepare_next_batch
 
             def prepare_next_batch(*args, **kwargs):
-                state.unchecked = True  # the scheduler's first call checks the weights (nothing to check idle)
                 ok = prepare(*args, **kwargs)
                 if ok:
                     state.after_schedule()

@@ -70,7 +70,7 @@ class ExactWeight:
         """Whether the source still holds the bits the slices were cut from (the hash is read only when
         the quick stamp matches: a quick-stamp change is a change). InputError for a stamp of another
         process (a pickled ExactWeight)."""
-        return self._stamp.same_tensor(self.source) and self._stamp.same_bits(self.source, name)
+        return self._stamp.same_tensor(self.source, name) and self._stamp.same_bits(self.source, name)
 
     @property
     def rows(self) -> torch.Tensor:
