@@ -14,9 +14,9 @@ request's bits independent of all that:
   (one model call per step, no second pass) whose recorded log-prob is
   ``lt.token_logprobs(model, hidden, token, temperature, top_k, top_p)`` of the hidden state the LM head
   saw; the tokens are sampled from lockstep's kept set (:func:`kept_set`), not from transformers' warpers.
-* the prefix cache: blocks computed under older weights are evicted before the next batch is
-  scheduled, and a change while requests run is refused (:meth:`_EngineState.before_schedule`; the
-  weight-change detector, hal/weight_watch.py, hashes the parameters before every scheduled step).
+* the prefix cache: blocks computed under older weights are evicted before the scheduler admits
+  requests, and a change while requests run is refused (:class:`_EngineState`: the weight-change
+  detector, hal/weight_watch.py, hashes the parameters before admissions and after every forward).
 * Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
   (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
   engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
