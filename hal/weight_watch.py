@@ -174,9 +174,9 @@ _THREADS_FROM = 1 << 20  # lanes: below, starting numba's threads costs more tha
 def content_hash(t: torch.Tensor) -> int:
     """The 64-bit fingerprint of a tensor's bits under this process's key (any shape and dtype; inference
     tensors included). Equal bits and shape give equal values; see the module docstring for the bound."""
-    lane = lanes(t)
-    if lane.numel() == 0:
+    if t.numel() == 0:
         return 0
+    lane = lanes(t)
     if lane.device.type != "cpu":
         return hash_torch(lane)
     key = process_key()
@@ -262,7 +262,8 @@ class ModelWeights:
     """The weights a cache depends on, read afresh at each check (a module's parameters may be replaced).
 
     ``source``: an ``nn.Module`` (its ``named_parameters()``, tied weights once), a mapping name -> tensor,
-    or a callable returning ``(name, tensor)`` pairs (e.g. parameters plus chosen buffers).
+    or a callable returning ``(name, tensor)`` pairs (e.g. parameters plus chosen buffers; for DTensor
+    parameters, each rank's local shards: a stamp is per process anyway).
 
     * ``stamp()`` -> :class:`WeightsStamp`: the full stamp (hashes every tensor).
     * ``changed(since)``: full check, True iff a name, shape, dtype or bit differs from ``since``.

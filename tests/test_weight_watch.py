@@ -258,3 +258,9 @@ def test_crafted_change_keeps_the_public_hash_and_is_caught_under_the_process_ke
         assert stale_outputs() > 0  # a prepared weight serves stale rows, with no error
     assert ww.content_hash(new) != ww.content_hash(w)
     assert stale_outputs() is None  # the process key: refused
+
+
+def test_empty_tensors_hash_to_zero_and_keep_their_shape():
+    empty = ww.TensorStamp.of(torch.zeros(2, 0))
+    assert empty.digest == 0 and empty.same_bits(torch.zeros(2, 0))
+    assert not empty.same_bits(torch.zeros(0, 2))  # the shape is part of the stamp
