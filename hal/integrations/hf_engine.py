@@ -457,31 +457,23 @@ class _EngineState:
 
         def schedule_batch(*args, **kwargs):  # the new requests are already taken from the queue here
             if scheduler.waiting_requests:
-                self.before_schedule()
+                self.check_weights()
             return schedule(*args, **kwargs)
 
         def update_batch(*args, **kwargs):  # delivers the step's tokens and log-probs
-            self.after_forward()
+            self.check_weights()
             return update(*args, **kwargs)
         scheduler.schedule_batch, processor.update_batch = schedule_batch, update_batch
 
-    def _refuse_if_running(self) -> None:
-        if self.processor.scheduler.active_requests:
-            raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
-                                   "was computed with the old weights. Update weights between generate calls.")
-
-    def before_schedule(self) -> None:
+    def check_weights(self) -> None:
+        """The full check: on a change, refuse if requests are running, else evict the prefix cache."""
         now = self.watch.stamp()
         if not now.same_bits(self.weights):
-            self._refuse_if_running()
+            if self.processor.scheduler.active_requests:
+                raise UnsupportedError("the model's weights changed while the engine had running requests: their "
+                                       "KV was computed with the old weights. Update weights between generate calls.")
             if self.invalidate_on_update:
                 self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
-        self.weights = now
-
-    def after_forward(self) -> None:
-        now = self.watch.stamp()
-        if not now.same_bits(self.weights):
-            self._refuse_if_running()
         self.weights = now
 
     def count_offloads(self, offload):
