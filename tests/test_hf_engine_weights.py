@@ -127,6 +127,7 @@ def test_fused_step_while_a_request_decodes_is_refused(registered, monkeypatch):
     with lt.patch(model):
         out = _decoding_request_with_fused_step(model)
     assert out.error is not None and "weights changed while the engine had running requests" in out.error
+    assert "model.embed_tokens.weight" in out.error  # names what changed (a fused step moved every weight)
     # negative control: the old check lets the request finish on mixed weights, no error
     monkeypatch.setattr(hf_engine, "ModelWeights", OldCheck)
     model = tiny_model("llama")

@@ -111,6 +111,7 @@ def test_model_weights_one_norm_weight_and_same_bits():
     assert watch.quick_changed(seen) and not watch.changed(seen)
     norm.data.view(torch.int32)[3] += 1
     assert watch.changed(seen)
+    assert watch.stamp().changed_names(seen) == ["1.weight"]
     assert ww.ModelWeights(dict(m.named_parameters())).stamp().same_bits(watch.stamp())
     assert ww.ModelWeights(m.named_parameters).stamp().same_bits(watch.stamp())
     with pytest.raises(hal.InputError, match="ModelWeights takes"):

@@ -470,8 +470,11 @@ class _EngineState:
         now = self.watch.stamp()
         if not now.same_bits(self.weights):
             if self.processor.scheduler.active_requests:
-                raise UnsupportedError("the model's weights changed while the engine had running requests: their "
-                                       "KV was computed with the old weights. Update weights between generate calls.")
+                names = now.changed_names(self.weights)
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                raise UnsupportedError(f"the model's weights changed while the engine had running requests ({shown}): "
+                                       "their KV was computed with the old weights. Update weights between generate "
+                                       "calls.")
             if self.invalidate_on_update:
                 self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
         self.weights = now
