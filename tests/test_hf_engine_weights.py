@@ -189,3 +189,28 @@ def test_broadcast_into_the_parameters_of_a_kept_engine(registered, tmp_path):
     assert not same_runs(res["detector"][0], want)
     assert same_runs(res["detector"][1], want)
     assert not same_runs(res["old"][1], want)  # negative control: the old check misses the broadcast
+
+
+def test_the_engine_hashes_once_per_decode_step_and_never_idle(registered, monkeypatch):
+    """The cost the docs state: one full check per step, two on a step with requests waiting for admission, none while a kept
+    engine idles between generate calls (its loop polls every 0.1 s)."""
+    from hal.weight_watch import ModelWeights
+    stamps = []
+
+    class Counting(ModelWeights):
+        def stamp(self):
+            stamps.append(1)
+            return super().stamp()
+    monkeypatch.setattr(hf_engine, "ModelWeights", Counting)
+    model = tiny_model("llama")
+    with lt.patch(model):
+        try:
+            _, steps, _ = run_engine(model, SHARED, CB, persistent=True)
+            admitting = sum(1 for k, s in enumerate(steps)  # a request's first step: it was admitted there
+                            if any(rid not in {r for t in steps[:k] for r, _, _ in t.requests} for rid, _, _ in s.requests))
+            assert len(stamps) == 1 + len(steps) + admitting  # + the stamp taken when the engine starts
+            idle = len(stamps)
+            time.sleep(1.0)
+            assert len(stamps) == idle
+        finally:
+            model.destroy_cached_continuous_batching_manager()

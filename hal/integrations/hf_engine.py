@@ -444,7 +444,8 @@ class _EngineState:
       check (a write between two steps, or during this one) is refused, so no result computed partly with
       other weights is delivered.
 
-    So a decode step hashes the weights once, a step that admits requests twice, an idle engine never."""
+    So a decode step hashes the weights once, a step scheduled while requests wait for admission twice, an
+    idle engine never."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
