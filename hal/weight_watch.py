@@ -45,7 +45,8 @@ The hash (one definition, two implementations with the same value): the tensor r
 (:func:`lanes`: int16 lanes for elements of 2+ bytes, int8 for 1-byte elements, in row-major order; a 2-D
 tensor [N, K] gives N rows, a 1-D or 0-D tensor one row, an n-D tensor ``prod(shape[:-1])`` rows), each
 lane sign-extended to int64; ``h = sum_r b[r] * sum_j a[j] * lane[r, j]`` modulo 2**64. The coefficients
-``a``, ``b`` are drawn from seeds taken from ``secrets`` once per process (:class:`ProcessKey`), so no
+``a``, ``b`` come from torch's generator seeded with 63 bits from ``secrets``, drawn once per process at
+import (:class:`ProcessKey`; the seeds never leave the process: a stamp holds only the key's id), so no
 one outside the process knows them: for a given change of the bits (a nonzero difference ``D`` of lane
 values, every ``|D| < 2**16``, so at most 15 trailing zero bits) a row sum misses it with probability at
 most 2**-49 over the coefficients, and the sum over rows again: a change -- any change, crafted or not,
@@ -91,14 +92,11 @@ class ProcessKey:
         return ProcessKey(secrets.randbits(63), secrets.randbits(63), secrets.randbits(64))
 
 
-_key: ProcessKey | None = None
+_key = ProcessKey.draw()  # at import: one key per process, no first-use race between threads
 
 
 def process_key() -> ProcessKey:
-    """This process's key, drawn at first use."""
-    global _key
-    if _key is None:
-        _key = ProcessKey.draw()
+    """This process's key."""
     return _key
 
 
