@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", "conformance": "hal.conformance"}
 
 FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
-              "hal.fp_env", "hal.kernels.layout"}
+              "hal.fp_env", "hal.weight_watch", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
 #: (which runs backends directly and compares them with the oracles)

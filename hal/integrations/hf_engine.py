@@ -9,8 +9,8 @@ This module, the only one that touches the engine's internals, translates the en
 :func:`hf_paged_attention` (its steps' attention), :class:`_LockstepStep` (its forward step: one model call,
 tokens drawn from lockstep's kept set, the recorded log-prob ``lt.token_logprobs`` of the hidden rows the LM
 head saw), :class:`GdnEngineStates` (its rows -> the request-keyed ``serving.GdnStates`` on its cache, the
-GDN layers left out of its pages by :func:`_without_gdn_layers`), :meth:`_EngineState.before_schedule`
-(prefix blocks of older weights evicted), and refusals by name (:func:`check_engine_model`,
+GDN layers left out of its pages by :func:`_without_gdn_layers`), :class:`_EngineState`
+(prefix blocks of older weights evicted, a change while requests run refused: hal/weight_watch.py), and refusals by name (:func:`check_engine_model`,
 :func:`sampling_settings`).
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .. import sampling as _sampling
 from ..errors import InputError, UnsupportedError
 from ..serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
                        varlen_attention, write_kv)
+from ..weight_watch import ModelWeights
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
 # accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
@@ -206,11 +207,6 @@ def sampling_settings(processors) -> _sampling.Sampling:
 # ---------------------------------------------------------------- the engine step
 
 
-def _weights_version(model) -> tuple:
-    """Changes whenever a parameter is updated in place (optimizer step, load_state_dict) or replaced."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
 @dataclass(frozen=True)
 class EngineStep:
     """What one scheduled engine step holds: ``requests [(request_id, query_tokens, has_new_token)]``
@@ -225,23 +221,51 @@ class EngineStep:
 
 class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
-    and the test/diagnostic hooks called once per scheduled step."""
+    and the test/diagnostic hooks called once per scheduled step.
+
+    The weight-change detector (hal/weight_watch.py, a hash of every parameter's bits: torch's version
+    counter misses fused optimizer steps, ``p.data.copy_``, broadcasts) runs at two places:
+
+    * before the scheduler admits requests (it may reuse prefix blocks for them): a change evicts the prefix
+      cache, or is refused when requests are running (their KV was computed with the old weights);
+    * after every step's forward, before its tokens and log-probs are delivered: a change since the last
+      check (a write between two steps, or during this one) is refused, so no result computed partly with
+      other weights is delivered.
+
+    So a decode step hashes the weights once, a step scheduled while requests wait for admission twice, an
+    idle engine never."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
-        self.weights = _weights_version(model)
+        self.watch = ModelWeights(model)
+        self.weights = self.watch.stamp()
         self.offloads = 0  # requests the engine offloaded (blocks ran out) so far
         self.invalidate_on_update = True  # False only in the negative-control test (stale prefix blocks)
+        scheduler = processor.scheduler
+        schedule, update = scheduler.schedule_batch, processor.update_batch
 
-    def before_schedule(self) -> None:
-        now = _weights_version(self.model)
-        if now == self.weights:
-            return
-        if self.processor.scheduler.active_requests:
-            raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
-                                   "was computed with the old weights. Update weights between generate calls.")
-        if self.invalidate_on_update:
-            self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+        def schedule_batch(*args, **kwargs):  # the new requests are already taken from the queue here
+            if scheduler.waiting_requests:
+                self.check_weights()
+            return schedule(*args, **kwargs)
+
+        def update_batch(*args, **kwargs):  # delivers the step's tokens and log-probs
+            self.check_weights()
+            return update(*args, **kwargs)
+        scheduler.schedule_batch, processor.update_batch = schedule_batch, update_batch
+
+    def check_weights(self) -> None:
+        """The full check: on a change, refuse if requests are running, else evict the prefix cache."""
+        now = self.watch.stamp()
+        if not now.same_bits(self.weights):
+            if self.processor.scheduler.active_requests:
+                names = now.changed_names(self.weights)
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                raise UnsupportedError(f"the model's weights changed while the engine had running requests ({shown}): "
+                                       "their KV was computed with the old weights. Update weights between generate "
+                                       "calls.")
+            if self.invalidate_on_update:
+                self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
         self.weights = now
 
     def count_offloads(self, offload):
@@ -402,7 +426,6 @@ def install(owner, token_logprobs) -> None:
             prepare = processor.prepare_next_batch
 
             def prepare_next_batch(*args, **kwargs):
-                state.before_schedule()
                 ok = prepare(*args, **kwargs)
                 if ok:
                     state.after_schedule()

@@ -3,8 +3,9 @@
 Every linear of a patched model (``nn.Linear`` incl. the LM head, the MoE router and experts) runs
 ``hal.linear(..., spec=matmul.spec)`` through one :class:`PatchMatmul`. Under an exact spec
 (``ExactMatmulSpec``) a weight is sliced once (``hal.exact_weight``) and the slices are reused while
-the weight holds the same bits: each call compares the weight's stamp (kernels/exact/prepared.py: its
-version counter and storage, then a hash of its bits) with the one it was sliced from, so every
+the weight holds the same bits: each call compares the weight's stamp (hal/weight_watch.py, the one
+weight-change detector: its version counter and storage, then a hash of its bits) with the one it was
+sliced from, so every
 write is seen -- an optimizer step (fused, foreach or loop), ``load_state_dict``, ``w.data.copy_``,
 ``w.data = t``, a broadcast into the parameter -- and inference tensors (no version counter) work.
 """
