@@ -9,8 +9,8 @@ Medians of repeated calls, one process:
   and hot (the same weight again, from cache), and the cheap check (``TensorStamp.same_tensor``: the
   quick stamp, no data read);
 * a whole small Llama built locally (hidden 1024, 8 layers, 32k vocabulary, untied head: 0.1 B parameters),
-  bfloat16 and float32: ``ModelWeights.stamp()`` (what the engine runs once per decode step, twice on a step
-  that admits requests) and ``ModelWeights.quick()``, next to one decode-shaped forward of the same model
+  bfloat16 and float32: ``ModelWeights.stamp()`` (what the engine runs on a step that admits requests) and
+  ``ModelWeights.quick_changed`` (its check on every other step), next to one decode-shaped forward of the same model
   ([8 requests, 1 token], no KV cache) stock and lockstep-patched (the default strict spec): the check's
   share of a step.
 """

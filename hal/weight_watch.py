@@ -9,9 +9,10 @@ Users (each keeps a stamp taken when it computed its state and compares it befor
   check, on every forward of each linear;
 * transformers' continuous-batching engine (hal/integrations/hf_engine.py ``_EngineState``): one
   :class:`ModelWeights` over the model's parameters, checked in full before the scheduler admits
-  requests and after every step's forward (before its results are delivered); a change evicts the
-  prefix cache when no request is running and is refused when requests are running (their KV was
-  computed with the old weights);
+  requests (a generate call's requests, the only moment prefix blocks are reused), and cheaply after
+  every step's forward (a full check only when the cheap one says "maybe"); a change evicts the prefix
+  cache when no request is running and is refused when requests are running (their KV was computed
+  with the old weights);
 * any other engine (vLLM): ``watch = ModelWeights(model)``, ``seen = watch.stamp()`` when the cached
   state is computed, ``watch.changed(seen)`` before it is reused.
 
@@ -29,17 +30,23 @@ Two checks:
   model about 1.1x (bf16) to 1.6-2.4x (fp32) of one decode-shaped forward; docs/integrations.md
   ("Weight changes"), benchmarks/weight_watch.py.
 * **cheap** (:meth:`TensorStamp.same_tensor`, :meth:`ModelWeights.quick_changed`): the quick stamp
-  (version counter, storage address, shape, strides, dtype, device), no read of the data: microseconds
-  per tensor. A difference means "maybe changed" (re-check or re-compute); no difference proves
-  nothing (the writes above), so it never replaces the full check where stale state would be reused.
+  (version counter, storage address, shape, strides, dtype, device) and, for a set of weights, the
+  process's optimizer step count (:func:`optimizer_steps`: every ``torch.optim.Optimizer`` step, fused
+  ones included); no read of the data: microseconds per tensor. A difference means "maybe changed"
+  (re-check or re-compute); no difference proves nothing (``p.data.copy_``, a broadcast into
+  ``p.data``, a write to an inference tensor), so it never replaces the full check where stale state
+  would be reused.
 
-Where the full check runs: wherever weight-derived state is about to be *reused* and a write could have
-come in since it was computed. For an ExactWeight that is every op call (a training loop writes between
-any two calls); for the engine it is every scheduled step: the scheduler's prefix-cache reuse happens when
-it admits requests, and a write while requests run (a colocated trainer's fused step) can land between any
-two steps, and no cheaper signal sees every write, so a step boundary is the only sound place. A decode
-step hashes the weights once (after its forward), a step scheduled while requests wait for admission
-twice, an idle engine loop (nothing pending) never.
+Where each runs: the full check wherever weights can enter state that is about to be *reused*; the cheap
+one between those boundaries. For an ExactWeight that is every op call (a training loop writes between
+any two calls: cheap, then full). For a serving engine the boundary is admission: the scheduler reuses
+prefix blocks only when it admits requests, and a generate call's requests are admitted there, so a full
+check before admission sees every write made between generate calls. While requests run, a write is
+seen at the next step by the cheap check when it is an optimizer step (any kind), ``load_state_dict``,
+an in-place op on the parameter or ``p.data = t``; a raw ``p.data.copy_`` or collective into running
+requests' weights is seen at the next admission (then refused if those requests still run). Hashing
+the whole model every decode step would be a second full read of the weights per token (1.1-2.4x of a
+decode forward here: docs/integrations.md, "Weight changes"), the price this split avoids.
 
 The hash (one definition, two implementations with the same value): the tensor read as rows of lanes
 (:func:`lanes`: int16 lanes for elements of 2+ bytes, int8 for 1-byte elements, in row-major order; a 2-D
@@ -73,6 +80,7 @@ from typing import Mapping
 import numpy as np
 import torch
 from numba import njit, prange
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import InputError
 
@@ -242,10 +250,31 @@ class TensorStamp:
 # ---------------------------------------------------------------- a set of named tensors
 
 
+# Every optimizer step -- fused, foreach or loop, torch's or a subclass of torch.optim.Optimizer -- runs
+# the global step post-hooks: counting them gives the cheap check a signal for the writes the version
+# counter misses most often in RL (a fused AdamW step moves every weight and bumps no counter).
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
+def optimizer_steps() -> int:
+    """How many ``torch.optim.Optimizer`` steps this process has taken (any optimizer, any parameters)."""
+    return _optimizer_steps
+
+
 @dataclass(frozen=True)
 class WeightsStamp:
-    """Stamps of named tensors (``ModelWeights.stamp()``), in the order they were read."""
+    """Stamps of named tensors (``ModelWeights.stamp()``), in the order they were read, and the
+    process's optimizer step count when they were taken (part of the cheap check)."""
     tensors: tuple  # ((name, TensorStamp), ...)
+    optimizer_steps: int = 0
 
     def same_bits(self, other: "WeightsStamp", what: str = "weights") -> bool:
         """The same names, shapes, dtypes and bits (no tensor read): what the full check compares."""
@@ -288,7 +317,8 @@ class ModelWeights:
         return [(n, t) for n, t in self._named()]
 
     def stamp(self) -> WeightsStamp:
-        return WeightsStamp(tuple((n, TensorStamp.of(t)) for n, t in self.named()))
+        steps = optimizer_steps()  # before reading: a step taken while hashing shows as a change
+        return WeightsStamp(tuple((n, TensorStamp.of(t)) for n, t in self.named()), steps)
 
     def changed(self, since: WeightsStamp) -> bool:
         return not self.stamp().same_bits(since)
@@ -297,4 +327,6 @@ class ModelWeights:
         return tuple((n, quick_stamp(t)) for n, t in self.named())
 
     def quick_changed(self, since: WeightsStamp) -> bool:
-        return self.quick() != tuple((n, s.quick) for n, s in since.tensors)
+        """True if any quick stamp differs or an optimizer step was taken since ``since``."""
+        return (optimizer_steps() != since.optimizer_steps
+                or self.quick() != tuple((n, s.quick) for n, s in since.tensors))

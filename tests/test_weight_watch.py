@@ -100,6 +100,33 @@ def test_model_weights_see_every_update_kind(kind):
     assert (old_check(m) == old) == (kind in OLD_CHECK_BLIND), "negative control: the old check's blind spots"
 
 
+# the writes the cheap check (quick stamps + the optimizer step count) cannot see: the engine catches them at
+# its next admission (a full check), not at the next step -- the split the docs state
+CHEAP_CHECK_BLIND = {"data_copy_"}  # and a broadcast into p.data (engine test)
+
+
+@pytest.mark.parametrize("kind", sorted(UPDATES))
+def test_cheap_check_sees_every_optimizer_step_and_load(kind):
+    """Every optimizer kind (fused ones bump no version counter) and every load is seen without reading the
+    data; exactly the documented raw writes are not (and the full check sees those)."""
+    m, donor = _module(0), _module(1)
+    watch = ww.ModelWeights(m)
+    seen = watch.stamp()
+    assert not watch.quick_changed(seen)
+    UPDATES[kind](m, donor)
+    assert watch.quick_changed(seen) == (kind not in CHEAP_CHECK_BLIND), kind
+    assert watch.changed(seen), kind
+
+
+def test_optimizer_steps_count_every_optimizer():
+    m = _module(0)
+    before = ww.optimizer_steps()
+    for opt in (torch.optim.AdamW(m.parameters(), fused=True), torch.optim.SGD(m.parameters(), lr=0.1, foreach=True)):
+        m(torch.ones(2, 8)).sum().backward()
+        opt.step()
+    assert ww.optimizer_steps() == before + 2
+
+
 def test_model_weights_one_norm_weight_and_same_bits():
     """A 1-D norm weight moved by one ulp is a change; a rebind to a copy of the same bits is not (the cheap
     check says "maybe"); a mapping and a callable name the same tensors."""

@@ -223,17 +223,19 @@ class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
     and the test/diagnostic hooks called once per scheduled step.
 
-    The weight-change detector (hal/weight_watch.py, a hash of every parameter's bits: torch's version
-    counter misses fused optimizer steps, ``p.data.copy_``, broadcasts) runs at two places:
+    The weight-change detector (hal/weight_watch.py; torch's version counter misses fused optimizer
+    steps, ``p.data.copy_``, broadcasts) runs at two places:
 
-    * before the scheduler admits requests (it may reuse prefix blocks for them): a change evicts the prefix
-      cache, or is refused when requests are running (their KV was computed with the old weights);
-    * after every step's forward, before its tokens and log-probs are delivered: a change since the last
-      check (a write between two steps, or during this one) is refused, so no result computed partly with
-      other weights is delivered.
+    * before the scheduler admits requests (the only moment it reuses prefix blocks): the full check (a hash
+      of every parameter); a change evicts the prefix cache, or is refused when requests are running;
+    * after every step's forward, before its tokens and log-probs are delivered: the cheap check (quick
+      stamps and the process's optimizer step count: no data read), and the full check only when it says
+      "maybe"; a change is refused while requests run, so no result computed partly with the weights an
+      optimizer step (any kind) or a load wrote is delivered.
 
-    So a decode step hashes the weights once, a step scheduled while requests wait for admission twice, an
-    idle engine never."""
+    So a decode step hashes nothing unless the cheap signal fires, a step admitting requests hashes the
+    weights once, an idle engine never. A raw write the cheap check cannot see (``p.data.copy_``, a
+    collective into ``p.data``) while requests run is caught at the next admission."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
@@ -250,7 +252,8 @@ class _EngineState:
             return schedule(*args, **kwargs)
 
         def update_batch(*args, **kwargs):  # delivers the step's tokens and log-probs
-            self.check_weights()
+            if self.watch.quick_changed(self.weights):
+                self.check_weights()
             return update(*args, **kwargs)
         scheduler.schedule_batch, processor.update_batch = schedule_batch, update_batch
 
