@@ -27,6 +27,12 @@ from . import strict_math as sm
 #: spreads a [lanes, VEC] block over all threads first, so fewer lanes would split each 16-byte vector.
 VECTOR_LANES = 128
 
+#: software-pipeline depth of the dot-free strict loops. Triton pipelines a loop's loads (cp.async, LDGSTS on
+#: sm_80+) only when the loop holds a tl.dot or names its stages, so every streaming loop without a dot is written
+#: ``tl.range(..., num_stages=STAGES)``: the same operations in the same order (loads issued ahead, nothing else
+#: moved), one memory round trip hidden per step. The interpreter ignores it.
+STAGES = tl.constexpr(3)
+
 
 @triton.jit
 def column(x, idx, j):

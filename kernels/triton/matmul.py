@@ -107,7 +107,7 @@ def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_
         ok = (rows < M)[:, None] & (cols < N)[None, :]
         p = part_ptr + rows[:, None] * N + cols[None, :]
         total = tl.zeros([BM, BN], dtype=tl.float32)
-        for t in range(0, n_kt):
+        for t in tl.range(0, n_kt, num_stages=common.STAGES):
             total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
         if HAS_BIAS:
             total = total + sm.widen(tl.load(bias_ptr + cols, mask=cols < N, other=0.0))[None, :]

@@ -48,7 +48,7 @@ def _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T: tl.constexpr, BR: tl
     """GPU layout: the [BR, NTB] sums of exp(x - m_safe) over the tiles starting at start [NTB], VEC
     elements a step."""
     part = tl.zeros([BR, NTB], dtype=tl.float32)
-    for c in range(0, tl.minimum(T, n), VEC):
+    for c in tl.range(0, tl.minimum(T, n), VEC, num_stages=common.STAGES):
         col, ok = common.vec_step(start, c, n, T, VEC)  # [NTB, VEC]
         x = sm.widen(tl.load(x_ptr + base[:, None, None] + col[None, :, :], mask=row_ok[:, None, None] & ok[None, :, :],
                              other=0.0))
@@ -64,7 +64,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
     m = tl.full([BR], float("-inf"), tl.float32)
     poisoned = tl.zeros([BR], dtype=tl.int32)
     pos_zero = tl.zeros([BR], dtype=tl.int32)
-    for c0 in range(0, n, BC):
+    for c0 in tl.range(0, n, BC, num_stages=common.STAGES):
         ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
         x = sm.widen(tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0))
         bm, bp, bz = common.row_max(x, ok)
@@ -112,7 +112,7 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
         else:
             log_s = sm.log(s, NPU)
             cols = tl.arange(0, BC)
-            for c0 in range(0, n, BC):
+            for c0 in tl.range(0, n, BC, num_stages=common.STAGES):
                 ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
                 offs = base[:, None] + (c0 + cols)[None, :]
                 shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]

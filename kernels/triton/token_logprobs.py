@@ -54,7 +54,7 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
         b_lanes = w_ptr + tl.reshape(vidx, [L]).to(tl.int64) * sw_v
         lane_ok = tl.reshape(v_ok, [L])
         flat = tl.zeros([BR, L], dtype=tl.float32)
-        for k0 in range(0, H, KT):
+        for k0 in range(0, H, KT):  # not pipelined: a stage of the unrolled tile's loads would not fit in shared memory
             start = tl.zeros([L], dtype=tl.int32) + k0
             flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
         total = tl.reshape(flat, [BR, NTB, VTP])
@@ -103,7 +103,7 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
         m2 = tl.full([BR, BC], float("-inf"), tl.float32)
         p2 = tl.zeros([BR, BC], dtype=tl.int32)
         z2 = tl.zeros([BR, BC], dtype=tl.int32)
-        for c0 in range(0, n_chunks, BC):
+        for c0 in tl.range(0, n_chunks, BC, num_stages=common.STAGES):
             ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
             offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
             m2 = tl.maximum(m2, tl.load(m_ptr + offs, mask=ok, other=float("-inf")))
@@ -132,7 +132,7 @@ def _tile_sums(e, slot, BR: tl.constexpr, NTB: tl.constexpr, VTP: tl.constexpr):
     tl.debug_barrier()
     e8 = tl.arange(0, 8)
     s = tl.zeros([BR, NTB], dtype=tl.float32)
-    for c in range(0, VTP, 8):
+    for c in range(0, VTP, 8):  # unrolled (VTP constexpr): its 16-byte loads are issued ahead already
         v0, v1, v2, v3, v4, v5, v6, v7 = common.eight(tl.load(slot + lane[:, :, None] + c + e8[None, None, :]), BR, NTB)
         s = ((((((((s + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7)
     return s
@@ -167,7 +167,7 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
         rows = item * BR + tl.arange(0, BR)
         row_ok = rows < R
         s = tl.zeros([BR], dtype=tl.float32)
-        for t in range(0, n_tiles):
+        for t in tl.range(0, n_tiles, num_stages=common.STAGES):
             s = s + tl.load(part_ptr + rows.to(tl.int64) * n_tiles + t, mask=row_ok, other=0.0)
         tok = tl.load(tok_ptr + rows, mask=row_ok, other=0)
         # the token's logit: the same chain as _logits, for one vocab entry per row
@@ -176,7 +176,7 @@ def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_pt
         b_p = w_ptr + tok.to(tl.int64) * sw_v
         for k0 in range(0, H, KT):
             part = tl.zeros([BR], dtype=tl.float32)
-            for _ in range(k0, tl.minimum(k0 + KT, H)):
+            for _ in tl.range(k0, tl.minimum(k0 + KT, H), num_stages=common.STAGES):
                 a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
                 b = sm.widen(tl.load(b_p, mask=row_ok, other=0.0))
                 part = tl.fma(a, b, part)
