@@ -26,7 +26,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 SM90_SHARED_BYTES = 227 * 1024  # the most shared memory one program (CTA) may use on sm_90
 
 PIPELINED = ["rms_norm[bf16,residual]", "rms_norm[fp32,residual]", "softmax[bf16,mode0]", "softmax[fp32,mode1]",
-             "softmax[fp16,mode2]", "matmul.gemv_combine[bf16]", "token_logprobs.stats",
+             "softmax[fp16,mode2]", "matmul.gemv_combine[bf16]", "token_logprobs.stats", "token_logprobs.sum",
              "token_logprobs.finish", "attention.merge[bf16]", "gdn.serial"]
 
 

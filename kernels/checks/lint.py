@@ -199,15 +199,16 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
     cases.append(KernelCase(
         "token_logprobs.finish", tlp._finish_kernel,
-        {**lm, "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
-         "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32", "n_work": "i32"},
-        {"HAS_TEMP": True, "KT": 64, "BR": 16, "NPU": npu}))
+        {"lg_ptr": "*fp32", "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
+         "out_ptr": "*fp32", **_ints("R", "sl", "sp", "n_tiles", "n_work")},
+        {"BR": 16 if npu else 32, "NPU": npu}, divisible=("sl", "sp"), num_warps=None if npu else 1))
     if full:
         blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VTP": 256, "VEC": 8, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
-            {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32", "n_chunks": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
+            {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
+             **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
+             "n1": "i32"}, blk, divisible=("H", "sh", "sw_v", "sl"),
             num_warps=None if npu else 8))
         cases.append(KernelCase(
             "token_logprobs.stats", tlp._stats_kernel,
@@ -215,10 +216,9 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
              **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
         cases.append(KernelCase(
             "token_logprobs.sum", tlp._sum_kernel,
-            {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", "scr_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32",
-             "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
-            num_warps=None if npu else 8))
+            {**_ptrs("fp32", "lg_ptr", "shift_ptr", "part_ptr"), **_ints("R", "V", "sl", "sp", "n_tiles", "n_work", "n1")},
+            {"VT": 256, "VTP": 256, "BR": 16 if npu else 4, "NTB": 1 if npu else 32, "VEC": 4, "REG": False,
+             "NPU": npu}, divisible=("sl", "sp")))
     from ..triton import elementwise as ew  # elementwise ops and rotary
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):
