@@ -60,3 +60,15 @@ def test_dots_chained_across_tiles_are_flagged():
     chained = lint.compile_case(tlint._case(tlint._dot_chain, "fp32", 16), "sm90").asm["ptx"]
     single = lint.compile_case(tlint._case(tlint._fp32_dot, "fp32", 16, PREC="ieee", FMA_DOT=True), "sm90").asm["ptx"]
     assert lint.dot_chain_problems(single, 16) == [] and lint.dot_chain_problems(chained, 16) != []
+
+
+@needs_compiler
+def test_lm_head_dot_tile_is_64_step_fma_chains_without_spill():
+    # token_logprobs' logits for row blocks of >= 16 (_max_dot_kernel): the matmul tile's chains, linted in full
+    from hal.kernels.checks import lint
+    from hal.kernels.checks.sass_profile import profile
+    case = _case("token_logprobs.max_dot")
+    compiled = lint.compile_case(case, "sm90", aligned=True)
+    assert lint.lint(case, "sm90") == [] and lint.dot_chain_problems(compiled.asm["ptx"], 64) == []
+    p = profile(compiled)
+    assert not p.stack and p.async_copies and p.shared_bytes <= 227 * 1024, p

@@ -183,7 +183,7 @@ def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> l
                             strict=False)
     fusion = STRICT_OPTIONS["enable_fp_fusion"] if options_fusion is None else options_fusion
     k = compile_case(case, target, fusion)
-    steps = case.constexprs.get("KTP") if case.constexprs.get("FMA_DOT") else None  # an FMA-dot kernel's K lanes
+    steps = case.constexprs.get("KTP") if "tt.dot" in k.asm["ttir"] else None  # an FMA-dot kernel's K lanes
     chains = dot_chain_problems(k.asm["ptx"], steps) if steps else []
     return (ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion), case.constexprs.get("FMA_DOT", True))
             + ptx_problems(k.asm["ptx"]) + chains)
@@ -261,6 +261,13 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
              **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
              "n1": "i32"}, blk, divisible=("H", "sh", "sw_v", "sl"),
             num_warps=None if npu else 8))
+        if not npu:  # row blocks of >= 16 on NVIDIA: the logits as FMA-dot tiles
+            cases.append(KernelCase(
+                "token_logprobs.max_dot", tlp._max_dot_kernel,
+                {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
+                 **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
+                 "n1": "i32"}, {"HAS_TEMP": True, "KT": 64, "KTP": 64, "BR": 32, "BV": 64, "NPU": npu},
+                divisible=("H", "sh", "sw_v", "sl")))
         cases.append(KernelCase(
             "token_logprobs.stats", tlp._stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",

@@ -10,7 +10,7 @@ chain and feeds it 8 consecutive weights per 16-byte vector load (common.eight),
 through coalesced vector loads exactly once; otherwise step j loads element j of every K tile.
 
 Above 16 rows on NVIDIA (and in the interpreter) each K tile is a float32 ``ieee`` ``tl.dot`` from a zero
-accumulator (:func:`_dot_k_tiled_fma`): NVIDIA lowers it to one fma chain per output over k in order, the spec's
+accumulator (common.dot_k_tiled_fma): NVIDIA lowers it to one fma chain per output over k in order, the spec's
 in-tile chain, on 16-byte pipelined operand tiles instead of one scalar load per step. bf16/fp16 operands are
 widened first (a bf16 dot would be a tensor-core tree), and the tile partials are added by ``tl.fma(part, 1.0,
 total)`` (an ``addf`` after a dot can be folded into the next dot's accumulator: one chain across K tiles). AMD and
@@ -32,31 +32,6 @@ from .workspace import workspace
 
 
 @triton.jit
-def _dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT: tl.constexpr,
-                     KTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """common.dot_k_tiled's bits with one float32 ``ieee`` tl.dot per K tile (NVIDIA: an fma chain per output over k
-    in order from the zero accumulator). A K tile is KTP >= KT lanes (a power of two, >= 16 for tl.dot); a lane past
-    the tile or past K is a padded step, which must add a product equal to -0.0 (a loaded as -0.0, b as +0.0):
-    fma(-0, +0, c) = c for every c, where a +0.0 product would turn a chain at -0.0 into +0.0. Tile partials are
-    added in tile order from +0.0 by tl.fma(part, 1.0, total): total + part rounded once, not an addf that Triton
-    could fold into the next dot's accumulator."""
-    total = tl.zeros([BM, BN], dtype=tl.float32)
-    kk = tl.arange(0, KTP)
-    a_rows = a_ptr + rows.to(tl.int64)[:, None] * sa_m
-    b_cols = b_ptr + cols.to(tl.int64)[None, :] * sb_n
-    for k0 in range(0, K, KT):
-        k = k0 + kk
-        k_ok = (kk < KT) & (k < K)
-        a = sm.widen(tl.load(a_rows + k.to(tl.int64)[None, :] * sa_k, mask=row_ok[:, None] & k_ok[None, :],
-                             other=-0.0))
-        b = sm.widen(tl.load(b_cols + k.to(tl.int64)[:, None] * sb_k, mask=k_ok[:, None] & col_ok[None, :],
-                             other=0.0))
-        part = tl.dot(a, b, tl.zeros([BM, BN], dtype=tl.float32), input_precision="ieee")
-        total = tl.fma(part, 1.0, total)
-    return total
-
-
-@triton.jit
 def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
                    sa_m, sa_k, sb_k, sb_n, so_m, so_n, n_work, n1,
                    HAS_BIAS: tl.constexpr, KT: tl.constexpr, KTP: tl.constexpr, OUT_DTYPE: tl.constexpr,
@@ -69,8 +44,8 @@ def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
         if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit)
             acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
         elif FMA_DOT:  # NVIDIA (and the interpreter's strict stand-in): fp32 ieee dots, an fma chain each
-            acc = _dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, KTP, BM,
-                                   BN)
+            acc = common.dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, KTP,
+                                         BM, BN)
         else:  # AMD: the explicit chains (native fp32 matrix instructions would not chain)
             acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
         if HAS_BIAS:  # added once, after the K reduction

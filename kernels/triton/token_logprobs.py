@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from . import ascend_launch, common, softmax, strict_math as sm
-from .launch import cdiv, interpreter_layout, launch, next_power_of_2
+from .interpreter_dot import strict_dot
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
 from .workspace import workspace
 
 
@@ -87,6 +88,31 @@ def _max_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, sl
         ok = row_ok[:, None, None] & v_ok[None, :, :]
         tl.store(lg_ptr + rows.to(tl.int64)[:, None, None] * sl + vidx[None, :, :], x, mask=ok)  # kept for passes 3, 4
         m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VTP]), tl.reshape(ok, [BR, NTB * VTP]))
+        out = rows.to(tl.int64) * n_chunks + c
+        tl.store(m_ptr + out, m, mask=row_ok)
+        tl.store(p_ptr + out, bad, mask=row_ok)
+        tl.store(z_ptr + out, pz, mask=row_ok)
+
+
+@triton.jit
+def _max_dot_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, sl, temp, n_chunks, n_work, n1,
+                    HAS_TEMP: tl.constexpr, KT: tl.constexpr, KTP: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr,
+                    NPU: tl.constexpr):
+    """_max_kernel for row blocks of >= 16 on NVIDIA: the logits of a [BR rows, BV vocab entries] block as float32
+    ieee dots (common.dot_k_tiled_fma: the same chains, so the same logits), kept, and the block's (max, poisoned,
+    has +0.0) as chunk c (a chunk is BV vocab entries here: max is exact in any grouping)."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: row blocks of one vocab block run together
+        row_ok = rows < R
+        c = item // n1
+        vidx = c * BV + tl.arange(0, BV)
+        v_ok = vidx < V
+        x = common.dot_k_tiled_fma(h_ptr, sh, 1, w_ptr, 1, sw_v, rows, vidx, row_ok, v_ok, H, KT, KTP, BR, BV)
+        if HAS_TEMP:
+            x = sm.div(x, temp, NPU)
+        ok = row_ok[:, None] & v_ok[None, :]
+        tl.store(lg_ptr + rows.to(tl.int64)[:, None] * sl + vidx[None, :], x, mask=ok)  # kept for passes 3, 4
+        m, bad, pz = common.row_max(x, ok)
         out = rows.to(tl.int64) * n_chunks + c
         tl.store(m_ptr + out, m, mask=row_ok)
         tl.store(p_ptr + out, bad, mask=row_ok)
@@ -197,6 +223,19 @@ def _blocks(rows: int, n_tiles: int):
     return min(8, next_power_of_2(rows)), 1, 8
 
 
+#: rows from which the logits run as FMA-dot tiles (tl.dot needs 16 rows; fewer rows keep the vector chains)
+_DOT_MIN_ROWS = 16
+
+
+def _dot_blocks(rows: int, vocab: int):
+    """(rows, vocab entries) of an FMA-dot logits tile: 32 x 64 on 4 warps on the GPU (sm_90 profile: 118 registers, no
+    spill under Triton 3.6 and 3.9; 64 x 32 spills 16 bytes under 3.6 with the row max); few, large programs in the
+    interpreter."""
+    if interpreter_layout():
+        return max(16, next_power_of_2(min(rows, 64))), max(16, next_power_of_2(min(vocab, 256)))
+    return 32, 64
+
+
 def _sum_blocks(rows: int, n_tiles: int, br: int, ntb: int):
     """(rows, tiles) per program of the tile-sum pass: the logits kernel's blocks in the interpreter and on Ascend;
     on the GPU one (row, tile) lane per thread of 4 warps, as softmax's chains."""
@@ -239,7 +278,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     br, ntb, warps = _blocks(group, n_tiles)
     sbr, sntb = _sum_blocks(group, n_tiles, br, ntb)
     fbr, fwarps = _finish_blocks(br)
-    n_chunks = cdiv(n_tiles, ntb)
+    dot = fma_dot() and group >= _DOT_MIN_ROWS  # the logits as FMA-dot tiles (matmul's, K = the hidden axis)
+    if dot:
+        dbr, dbv = _dot_blocks(group, vocab)
+        n_chunks = cdiv(vocab, dbv)
+    else:
+        n_chunks = cdiv(n_tiles, ntb)
     temp = float(temperature)
     has_temp = temp != 1.0
     f32, i32 = torch.float32, torch.int32
@@ -254,9 +298,15 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     for r0 in range(0, rows, group):  # row groups: each pass sees only its group's rows (the bits are per row)
         n = min(group, rows - r0)
         hg = h2[r0:r0 + n]
-        launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
-               w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
-               VEC=16 // w.element_size(), num_warps=warps, persistent=True)
+        if dot:
+            with strict_dot():
+                launch(_max_dot_kernel, (n_chunks, cdiv(n, dbr)), hg, w, logits, m, bad, pz, n, vocab, hdim,
+                       h2.stride(0), w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt,
+                       KTP=max(16, next_power_of_2(kt)), BR=dbr, BV=dbv, persistent=True)
+        else:
+            launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
+                   w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
+                   VEC=16 // w.element_size(), num_warps=warps, persistent=True)
         launch(_stats_kernel, (cdiv(n, br),), m, bad, pz, shift, empty, n, n_chunks, BR=br,
                BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
         launch(_sum_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp, n_tiles,
