@@ -94,6 +94,15 @@ def _dot_chain(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, acc)
 
 
+@triton.jit
+def _fp32_dot(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr, PREC: tl.constexpr, FMA_DOT: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    offs = i[:, None] * BLOCK + i[None, :]
+    a = tl.load(x_ptr + offs)
+    b = tl.load(y_ptr + offs)
+    tl.store(out_ptr + offs, tl.dot(a, b, tl.zeros([BLOCK, BLOCK], dtype=tl.float32), input_precision=PREC))
+
+
 def _case(fn, dtype="fp32", block=128, **constexprs):
     return lint.KernelCase(fn.__name__, fn, {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "out_ptr": "*fp32"},
                            {"BLOCK": block, **constexprs})
@@ -107,10 +116,19 @@ def _case(fn, dtype="fp32", block=128, **constexprs):
     (_atomic_sum, "fp32", 128, {}, "sm80", "float atomic"),
     (_bf16_dot, "bf16", 16, {}, "sm80", "mma"),
     (_dot_chain, "fp32", 16, {}, "sm80", "non-zero accumulator"),
-], ids=["slash-div", "tl.exp", "tl.sqrt", "tl.floor", "atomic-add", "bf16-dot", "dot-accumulator"])
+    (_bf16_dot, "bf16", 16, {}, "sm90", "float32 operands"),
+    (_fp32_dot, "fp32", 16, {"PREC": "tf32", "FMA_DOT": True}, "sm90", "not ieee"),
+    (_fp32_dot, "fp32", 16, {"PREC": "ieee", "FMA_DOT": False}, "sm90", "variant without FMA dots"),
+], ids=["slash-div", "tl.exp", "tl.sqrt", "tl.floor", "atomic-add", "bf16-dot", "dot-accumulator", "bf16-dot-operands",
+        "tf32-dot", "dot-in-amd-variant"])
 def test_lint_catches_bad_kernel(fn, dtype, block, constexprs, target, expect):
     problems = lint.lint(_case(fn, dtype, block, **constexprs), target)
     assert any(expect in p for p in problems), problems
+
+
+def test_fp32_ieee_dot_from_zero_passes():
+    # the strict NVIDIA tile (the positive control of the three dot rules above): fp32 x fp32, ieee, zero accumulator
+    assert lint.lint(_case(_fp32_dot, "fp32", 16, PREC="ieee", FMA_DOT=True), "sm90") == []
 
 
 def test_backward_lint_catches_float_atomics_only():

@@ -75,9 +75,12 @@ def _chain_loop_problems(ttgir: str, vec: int) -> list[str]:
     if not loop:
         return ["no chain loop (no tt.split)"]
     layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", ttgir, re.M))
-    loads = re.findall(r"tt\.load .*: tensor<[^,]*, (#\w+)>", loop)
+    # a pipelined loop (tl.range num_stages) loads through cp.async into shared memory and reads it back in the
+    # registers' layout (local_load): those are its loads, not layout conversions
+    loads = re.findall(r"(?:tt\.load|ttg\.async_copy_global_to_local) .*: tensor<[^,]*, (#\w+)>", loop)
+    loads += re.findall(r"ttg\.local_load .*-> tensor<[^,]*, (#\w+)>", loop)
     per_thread = {layouts.get(ly, ly).split("sizePerThread = ")[1].split("]")[0] + "]" for ly in loads}
-    moves = re.findall(r"ttg\.(convert_layout|local_\w+)", loop)
+    moves = re.findall(r"ttg\.(convert_layout|local_alloc|local_store)", loop)
     found = []
     if not loads or per_thread != {f"[1, 1, {vec}]"}:
         found.append(f"chain loop loads {len(loads)} blocks with sizePerThread {per_thread}, want [1, 1, {vec}]")
@@ -113,7 +116,9 @@ def test_rms_norm_converts_no_layout():
     from hal.kernels.checks.sass_profile import profile_case
     for name in ("rms_norm[bf16,residual]", "rms_norm[fp16,residual]"):
         p = profile_case(_case(name))
-        assert (p.shared, p.barriers, p.stack) == (0, 0, 0), (name, p)
+        # no store to shared memory (its loop's pipelined loads land there by cp.async and are read back, with
+        # the barriers of the pipeline)
+        assert (p.shared_stores, p.stack) == (0, 0) and p.async_copies, (name, p)
 
 
 @needs_compiler

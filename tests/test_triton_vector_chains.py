@@ -3,8 +3,9 @@
 * tests/scripts/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
   shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
 * the compiled kernels (sm_90 cubin, disassembled; hal.kernels.checks.sass_profile): the vector GEMV reads its
-  operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernels read the hidden
-  states and weights only with 16-byte loads, without spills; negative control: the element-per-step GEMV
+  operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernel reads the hidden
+  states and weights only with 16-byte loads, without spills, and the tile-sum pass and the finish read the kept
+  logits and tile sums with 16-byte loads; negative control: the element-per-step GEMV
   kernel, which the same check flags (2-byte loads, layout conversions through shared memory).
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 @needs_interpreter
-@pytest.mark.parametrize("check,cases", [("gemv", 10), ("lm_head", 6), ("odd_tiles", 3)])
+@pytest.mark.parametrize("check,cases", [("gemv", 10), ("lm_head", 10), ("odd_tiles", 3)])
 def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
     assert run_checks(check, script=SCRIPT).count(": ok") == cases
 
@@ -60,12 +61,21 @@ def test_vector_kernel_streams_16_byte_loads(name):
 
 
 @needs_compiler
-@pytest.mark.parametrize("name", ["token_logprobs.max", "token_logprobs.sum"])
-def test_lm_head_kernels_stream_16_byte_loads(name):
+def test_lm_head_kernel_streams_16_byte_loads():
     from hal.kernels.checks.sass_profile import profile_case
-    p = profile_case(_case(name))
-    weights = {op: n for op, n in p.global_loads.items() if op != "LDG.E"}  # LDG.E: the sum pass's fp32 row shift
-    assert p.vector_loads and not p.narrow_loads and set(weights) == {"LDG.E.128"} and not p.stack, p
+    p = profile_case(_case("token_logprobs.max"))
+    assert p.vector_loads and not p.narrow_loads and set(p.global_loads) == {"LDG.E.128"} and not p.stack, p
+
+
+@needs_compiler
+def test_tile_sum_pass_streams_the_kept_logits():
+    # the sum pass reads the kept float32 logits (no LM head): 16-byte pipelined copies, each (row, tile) chain in
+    # one thread (no layout conversion), no spill; the finish reads 4 tile sums per 16-byte load
+    from hal.kernels.checks.sass_profile import profile_case
+    p = profile_case(_case("token_logprobs.sum"))
+    assert set(p.global_loads) - {"LDG.E"} == {"LDGSTS.E.BYPASS.128"} and not p.shared_stores and not p.stack, p
+    f = profile_case(_case("token_logprobs.finish"))
+    assert any(".128" in op for op in f.global_loads) and not f.narrow_loads and not f.stack, f
 
 
 @needs_compiler

@@ -9,8 +9,12 @@ PTX rules (a strict kernel may only use correctly rounded IEEE operations):
   ``div.full`` (what ``/`` lowers to: approximate), ``ex2``/``lg2`` (tl.exp/tl.log), ``mma``/``wgmma``
   (tensor cores: tree sums), float atomics (``atom``/``red`` on f16/bf16/f32/f64: order-dependent),
   and any float ``add/sub/mul/fma/mad`` without ``.rn`` (ptxas may contract those into an fma).
-TTIR / metadata rules: compiled with fp fusion off (the launcher's options), and no ``tt.dot`` whose
-accumulator is not a zero constant (Triton's combiner folds ``acc + dot`` into one chain across tiles).
+TTIR / metadata rules: compiled with fp fusion off (the launcher's options); a strict ``tt.dot`` (the NVIDIA
+variant's K tiles, launch.fma_dot) must be float32 x float32 with ``ieee`` precision (NVIDIA's FMA dot lowering: one
+fma chain per output, k in order; tf32 / bf16 operands would run on tensor cores) and start from a zero constant
+accumulator (Triton's combiner folds ``acc + dot`` into one chain across tiles), and its PTX must hold the K tiles
+as ``fma.rn.f32`` chains of the dot's K lanes from ``0f00000000`` (``fma_chains``); the AMD / Ascend variants
+(``FMA_DOT=False``) hold no ``tt.dot`` at all.
 
 Backward rules (deterministic, not strict: the attention backward kernels, ``KernelCase(strict=False)``,
 compiled with Triton's default options as ``launch(strict=False)`` launches them): tensor cores, fusion
@@ -67,14 +71,52 @@ def ptx_problems(ptx: str, strict: bool = True) -> list[str]:
     return out
 
 
-_DOT = re.compile(r"tt\.dot\s+(%[\w#]+),\s*(%[\w#]+),\s*(%[\w#]+)")
+_FMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?fma\.rn\.f32\s+(%r\d+),\s*([^,]+),\s*([^,]+),\s*([^;]+);", re.M)
 
 
-def ttir_problems(ttir: str, fp_fusion: bool) -> list[str]:
+def fma_chains(ptx: str) -> list[int]:
+    """Lengths of the fma chains that start from +0.0 (``fma.rn.f32 d, a, b, 0f00000000``), each followed through
+    the fma that takes the previous result as its addend (one per step, nothing else in between)."""
+    fmas = _FMA.findall(ptx)
+    by_addend = {}
+    for d, _, _, c in fmas:
+        by_addend.setdefault(c.strip(), []).append(d)
+    out = []
+    for d, _, _, c in fmas:
+        if c.strip() != "0f00000000":
+            continue
+        n, reg = 1, d
+        while len(by_addend.get(reg, [])) == 1:
+            n, reg = n + 1, by_addend[reg][0]
+        out.append(n)
+    return out
+
+
+def dot_chain_problems(ptx: str, steps: int) -> list[str]:
+    """An FMA-dot kernel's PTX must hold its K tiles as fma chains of ``steps`` (the dot's K lanes) from +0.0."""
+    lengths = fma_chains(ptx)
+    if not lengths or set(lengths) != {steps}:
+        return [f"FMA dot: want fma chains of {steps} steps from +0.0, found lengths {sorted(set(lengths))[:8]} "
+                f"({len(lengths)} chains)"]
+    return []
+
+
+_DOT = re.compile(r"tt\.dot\s+(%[\w#]+),\s*(%[\w#]+),\s*(%[\w#]+)([^:]*):\s*tensor<[^>]*x(\w+)>\s*\*\s*"
+                  r"tensor<[^>]*x(\w+)>")
+
+
+def ttir_problems(ttir: str, fp_fusion: bool, dots_allowed: bool = True) -> list[str]:
+    """dots_allowed=False: the AMD / Ascend variant of a kernel (FMA_DOT=False), where no tt.dot may remain."""
     out = []
     if fp_fusion:
         out.append("compiled with fp fusion ON (a*b + c becomes one fma): launch with enable_fp_fusion=False")
     for m in _DOT.finditer(ttir):
+        if not dots_allowed:
+            out.append("tt.dot in a variant without FMA dots (AMD / Ascend: matrix units, not fma chains)")
+        if "inputPrecision" in m.group(4):  # ieee is the default and is not printed
+            out.append(f"tt.dot with{m.group(4).strip(' ,')}: not ieee (tensor cores)")
+        if (m.group(5), m.group(6)) != ("f32", "f32"):
+            out.append(f"tt.dot on {m.group(5)} x {m.group(6)}: strict dots take float32 operands (widened first)")
         acc = m.group(3)
         define = re.search(rf"^\s*{re.escape(acc)}\s*=\s*(.*)$", ttir, re.M)
         rhs = define.group(1) if define else ""
@@ -141,7 +183,10 @@ def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> l
                             strict=False)
     fusion = STRICT_OPTIONS["enable_fp_fusion"] if options_fusion is None else options_fusion
     k = compile_case(case, target, fusion)
-    return ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion)) + ptx_problems(k.asm["ptx"])
+    steps = case.constexprs.get("KTP") if "tt.dot" in k.asm["ttir"] else None  # an FMA-dot kernel's K lanes
+    chains = dot_chain_problems(k.asm["ptx"], steps) if steps else []
+    return (ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion), case.constexprs.get("FMA_DOT", True))
+            + ptx_problems(k.asm["ptx"]) + chains)
 
 
 def _ptrs(dtype: str, *names: str) -> dict:
@@ -158,16 +203,22 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
     from ..triton import matmul, rms_norm, softmax, token_logprobs as tlp
     cases = []
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
-        cases.append(KernelCase(
-            f"matmul[{dt}]", matmul._matmul_kernel,
-            {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
-             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n", "n_work", "n1")},
-            {"HAS_BIAS": True, "KT": 64, "OUT_DTYPE": tdt, "BM": 16, "BN": 64, "NPU": npu}))
+        # a linear layer's launch: K contiguous in both operands (Triton specializes a stride of 1)
+        mm_sig = {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
+                  **_ints("M", "N", "K", "sa_m", "sb_n", "so_m", "so_n", "n_work", "n1")}
+        mm = {"HAS_BIAS": True, "KT": 64, "KTP": 64, "OUT_DTYPE": tdt, "NPU": npu, "sa_k": 1, "sb_k": 1}
+        # NVIDIA: fp32 ieee dots on 64 x 32 tiles, 4 warps (launch.fma_dot); AMD / Ascend: the explicit chains
+        cases.append(KernelCase(f"matmul[{dt}]", matmul._matmul_kernel, mm_sig,
+                                {**mm, "BM": 32 if npu else 64, "BN": 64 if npu else 32, "FMA_DOT": not npu},
+                                divisible=("K", "sa_m", "sb_n"), num_warps=None if npu else matmul._DOT_WARPS))
+        if full and not npu:  # the AMD variant, at the blocks every GPU used before the FMA dots
+            cases.append(KernelCase(f"matmul[{dt},hip]", matmul._matmul_kernel, mm_sig,
+                                    {**mm, "BM": 64, "BN": 128, "FMA_DOT": False}, divisible=("K", "sa_m", "sb_n")))
         cases.append(KernelCase(
             f"matmul.gemv_partials[{dt}]", matmul._gemv_partials_kernel,
             {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
              **_ints("M", "N", "K", "n_kt", "sa_m", "sa_k", "sb_k", "sb_n", "n_work", "n1")},
-            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8, "NPU": npu}, divisible=("K", "sa_m", "sb_k")))
+            {"KT": 64, "BM": 16, "BN": 32, "NKT": 8, "NPU": npu}, divisible=("K", "sa_m", "sb_n")))
         if not npu:  # the Ascend variant keeps the element-per-step kernel
             for bm in ((1,) + ((8,) if full else ())):
                 cases.append(KernelCase(
@@ -199,26 +250,33 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
     cases.append(KernelCase(
         "token_logprobs.finish", tlp._finish_kernel,
-        {**lm, "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
-         "out_ptr": "*fp32", **_ints("R", "H", "sh", "sw_v"), "temp": "fp32", "n_tiles": "i32", "n_work": "i32"},
-        {"HAS_TEMP": True, "KT": 64, "BR": 16, "NPU": npu}))
+        {"lg_ptr": "*fp32", "tok_ptr": "*i64", **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32", "part_ptr": "*fp32",
+         "out_ptr": "*fp32", **_ints("R", "sl", "sp", "n_tiles", "n_work")},
+        {"BR": 16 if npu else 32, "NPU": npu}, divisible=("sl", "sp"), num_warps=None if npu else 1))
     if full:
         blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VTP": 256, "VEC": 8, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
-            {**lm, "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32", "n_chunks": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
+            {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
+             **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
+             "n1": "i32"}, blk, divisible=("H", "sh", "sw_v", "sl"),
             num_warps=None if npu else 8))
+        if not npu:  # row blocks of >= 16 on NVIDIA: the logits as FMA-dot tiles
+            cases.append(KernelCase(
+                "token_logprobs.max_dot", tlp._max_dot_kernel,
+                {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
+                 **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
+                 "n1": "i32"}, {"HAS_TEMP": True, "KT": 64, "KTP": 64, "BR": 32, "BV": 64, "NPU": npu},
+                divisible=("H", "sh", "sw_v", "sl")))
         cases.append(KernelCase(
             "token_logprobs.stats", tlp._stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
              **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
         cases.append(KernelCase(
             "token_logprobs.sum", tlp._sum_kernel,
-            {**lm, "shift_ptr": "*fp32", "part_ptr": "*fp32", "scr_ptr": "*fp32", **_ints("R", "V", "H", "sh", "sw_v"),
-             "temp": "fp32",
-             "n_tiles": "i32", "n_work": "i32", "n1": "i32"}, blk, divisible=("H", "sh", "sw_v"),
-            num_warps=None if npu else 8))
+            {**_ptrs("fp32", "lg_ptr", "shift_ptr", "part_ptr"), **_ints("R", "V", "sl", "sp", "n_tiles", "n_work", "n1")},
+            {"VT": 256, "VTP": 256, "BR": 16 if npu else 4, "NTB": 1 if npu else 32, "VEC": 4, "REG": False,
+             "NPU": npu}, divisible=("sl", "sp")))
     from ..triton import elementwise as ew  # elementwise ops and rotary
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):

@@ -14,7 +14,9 @@ lengths in ``KernelCase.divisible`` carry Triton's divisibility-by-16 hint), its
 with the ``nvdisasm`` that ships with Triton, and the instructions that decide memory efficiency are
 counted: global loads by width (``LDG.E.128`` moves 16 bytes per thread, ``LDG.E.U16`` two), shared-memory
 traffic and barriers (layout conversions that Triton routes through shared memory), warp shuffles, fp32
-FMAs, registers and stack (spills). Counts are of the static code, not of executed instructions: they
+FMAs, asynchronous copies (``LDGSTS``: the loads of a software-pipelined loop; they land in shared memory and
+are read back with ``LDS``, so the stores ``STS`` count the layout conversions), registers, stack (spills) and
+the shared memory a program allocates. Counts are of the static code, not of executed instructions: they
 show the structure of a kernel (vector loads, conversions inside the chain loop), not its speed, which
 only a GPU measures (benchmarks/gpu_check.sh).
 """
@@ -42,10 +44,15 @@ class Profile:
     registers: int
     stack: int                   # bytes of local stack per thread (spills)
     global_loads: dict           # LDG opcode (with its width suffix) -> count
-    shared: int                  # LDS/STS/LDSM instructions (layout conversions through shared memory)
+    shared: int                  # LDS/STS/LDSM instructions (layout conversions through shared memory, and the
+                                 # reads of a pipelined loop's buffers)
+    shared_stores: int           # STS: registers -> shared memory (layout conversions, cross-warp reductions; a
+                                 # pipelined loop fills its buffers with LDGSTS, not STS)
     barriers: int                # BAR instructions
     shuffles: int                # SHFL instructions
     ffma: int                    # fp32 fma instructions
+    async_copies: int            # LDGSTS: global -> shared cp.async (a software-pipelined loop's loads)
+    shared_bytes: int            # shared memory a program allocates (sm_90 allows at most 227 KB)
     total: int                   # all instructions
 
     @property
@@ -77,9 +84,12 @@ def profile(compiled) -> Profile:
         return sum(n for op, n in ops.items() if op.startswith(prefixes))
     return Profile(registers=int(re.search(r"REG:(\d+)", usage).group(1)),
                    stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
-                   global_loads={op: n for op, n in sorted(ops.items()) if op.startswith("LDG")},
-                   shared=count("LDS", "STS", "LDSM"), barriers=count("BAR"), shuffles=count("SHFL"),
-                   ffma=count("FFMA"), total=sum(ops.values()))
+                   global_loads={op: n for op, n in sorted(ops.items())
+                                 if op.startswith("LDG") and not op.startswith("LDGDEPBAR")},  # a commit, not a load
+                   shared=count("LDS", "STS", "LDSM"), shared_stores=count("STS"), barriers=count("BAR"),
+                   shuffles=count("SHFL"),
+                   ffma=count("FFMA"), async_copies=count("LDGSTS"), shared_bytes=compiled.metadata.shared,
+                   total=sum(ops.values()))
 
 
 def profile_case(case, target: str = "sm90") -> Profile:
@@ -89,8 +99,9 @@ def profile_case(case, target: str = "sm90") -> Profile:
 
 def _row(name: str, target: str, p: Profile) -> str:
     loads = " ".join(f"{op.removeprefix('LDG.E')or'.32'}:{n}" for op, n in p.global_loads.items()) or "-"
-    return (f"{name:<40} {target}  regs {p.registers:>3}  stack {p.stack:>3}  LDG {loads:<28} shared {p.shared:>4}  "
-            f"bar {p.barriers:>3}  shfl {p.shuffles:>3}  ffma {p.ffma:>5}  instr {p.total:>5}")
+    return (f"{name:<40} {target}  regs {p.registers:>3}  stack {p.stack:>3}  LDG {loads:<28} "
+            f"shared {p.shared:>4} (STS {p.shared_stores:>3})  bar {p.barriers:>3}  shfl {p.shuffles:>3}  "
+            f"ffma {p.ffma:>5}  ldgsts {p.async_copies:>3}  smem {p.shared_bytes:>6}  instr {p.total:>5}")
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             sig = {k: v for k, v in _sig(AK._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", AK._attn_kernel, sig, consts,
                                   divisible=attn_divisible, num_warps=options.get("num_warps")))
-        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, OUT=tdt, NPU=npu)
+        consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, KS=256, OUT=tdt, NPU=npu)
         sig = {k: v for k, v in _sig(AK._merge_kernel, types, "*fp32").items() if k not in consts}
         out.append(KernelCase(f"attention.merge[{dt}]", AK._merge_kernel, sig, consts,
                               divisible=("stride_qt", "stride_qh")))

@@ -135,7 +135,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     if one_split:
         launch(attention_kernel._merge_kernel, (n_tiles, n_groups), out, lse, wm, wl, wa, wn, q_row0, qlen, klen,
                lse_row0, q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits, OUT=tl_dtype(q.dtype),
-               ROWS=rows, PACK=pack, **meta, persistent=True)
+               ROWS=rows, PACK=pack, KS=spec.kv_split, **meta, persistent=True)
     return out
 
 

@@ -222,16 +222,20 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
 def _merge_kernel(O, LSE, WM, WL, WA, WN, Q_ROW0, QLEN, KLEN, LSE_ROW0,
                   stride_qt, stride_qh, stride_lh, n_ws_rows, n_ws_splits, n_work, n1,
                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-                  PACK: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr, NPU: tl.constexpr):
+                  PACK: tl.constexpr, BLOCK_D: tl.constexpr, KS: tl.constexpr, OUT: tl.constexpr,
+                  NPU: tl.constexpr):
     """Merge the split partials of a row tile in split order and write out / lse (the attention kernel's
-    tile rows: (query row, head) pairs)."""
+    tile rows: (query row, head) pairs). Only the sequence's own splits are read: a split past its klen keys
+    holds no key (nonempty 0), and merging it is an exact no-op, so the workspace's other slots (sized for the
+    longest sequence) are skipped."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         pid_m, bg, b, g = _work_item(item, n1, 1, HQ // PACK)  # logical grid (row tile, sequence x head group)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
         if pid_m * ROWS < qlen:
             dcol = tl.arange(0, BLOCK_D)
             M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
-            for sp in range(0, n_ws_splits):  # in split order
+            n_own = tl.minimum(n_ws_splits, (klen + KS - 1) // KS)
+            for sp in tl.range(0, n_own, num_stages=common.STAGES):  # in split order
                 w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)
                 m = tl.load(WM + w, mask=valid, other=float("-inf"))
                 l = tl.load(WL + w, mask=valid, other=0.0)

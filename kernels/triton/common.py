@@ -27,6 +27,12 @@ from . import strict_math as sm
 #: spreads a [lanes, VEC] block over all threads first, so fewer lanes would split each 16-byte vector.
 VECTOR_LANES = 128
 
+#: software-pipeline depth of the dot-free strict loops. Triton pipelines a loop's loads (cp.async, LDGSTS on
+#: sm_80+) only when the loop holds a tl.dot or names its stages, so every streaming loop without a dot is written
+#: ``tl.range(..., num_stages=STAGES)``: the same operations in the same order (loads issued ahead, nothing else
+#: moved), one memory round trip hidden per step. The interpreter ignores it.
+STAGES = tl.constexpr(3)
+
 
 @triton.jit
 def column(x, idx, j):
@@ -180,6 +186,31 @@ def dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok
             a_p += sa_k
             b_p += sb_k
         total = total + part
+    return total
+
+
+@triton.jit
+def dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT: tl.constexpr,
+                    KTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """:func:`dot_k_tiled`'s bits with one float32 ``ieee`` tl.dot per K tile (NVIDIA: an fma chain per output over k
+    in order from the zero accumulator). A K tile is KTP >= KT lanes (a power of two, >= 16 for tl.dot); a lane past
+    the tile or past K is a padded step, which must add a product equal to -0.0 (a loaded as -0.0, b as +0.0):
+    fma(-0, +0, c) = c for every c, where a +0.0 product would turn a chain at -0.0 into +0.0. Tile partials are
+    added in tile order from +0.0 by tl.fma(part, 1.0, total): total + part rounded once, not an addf that Triton
+    could fold into the next dot's accumulator."""
+    total = tl.zeros([BM, BN], dtype=tl.float32)
+    kk = tl.arange(0, KTP)
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * sa_m
+    b_cols = b_ptr + cols.to(tl.int64)[None, :] * sb_n
+    for k0 in range(0, K, KT):
+        k = k0 + kk
+        k_ok = (kk < KT) & (k < K)
+        a = sm.widen(tl.load(a_rows + k.to(tl.int64)[None, :] * sa_k, mask=row_ok[:, None] & k_ok[None, :],
+                             other=-0.0))
+        b = sm.widen(tl.load(b_cols + k.to(tl.int64)[:, None] * sb_k, mask=k_ok[:, None] & col_ok[None, :],
+                             other=0.0))
+        part = tl.dot(a, b, tl.zeros([BM, BN], dtype=tl.float32), input_precision="ieee")
+        total = tl.fma(part, 1.0, total)
     return total
 
 

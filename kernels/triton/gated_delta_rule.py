@@ -26,7 +26,7 @@ import triton.language as tl
 
 from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
-from . import ascend_launch, strict_math as sm
+from . import ascend_launch, common, strict_math as sm
 from .launch import cdiv, float32_value, launch, next_power_of_2
 
 F32 = torch.float32
@@ -128,7 +128,7 @@ def _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, n, hv, dv_tile, H: tl.constex
         o = tl.zeros([BDV], tl.float32)
         for t0 in range(0, DK, DT):
             part = tl.zeros([BDV], tl.float32)
-            for d in range(t0, tl.minimum(t0 + DT, DK)):
+            for d in tl.range(t0, tl.minimum(t0 + DT, DK), num_stages=common.STAGES):
                 sp = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0) * alpha
                 s_new = tl.fma(tl.load(KN + qk_base + d), u, sp)
                 tl.store(S + s_base + d * DV + dv, s_new, mask=dm)

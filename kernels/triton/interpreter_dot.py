@@ -1,4 +1,5 @@
-"""A deterministic stand-in for ``tl.dot`` in the Triton interpreter (TRITON_INTERPRET=1), for the fast kernels.
+"""Stand-ins for ``tl.dot`` in the Triton interpreter (TRITON_INTERPRET=1): :func:`sequential_dot` for the fast
+kernels, :func:`strict_dot` for the strict kernels' fp32 ``ieee`` dots.
 
 The interpreter's own ``tl.dot`` is ``np.matmul`` (BLAS: its summation order may follow the shapes and
 the thread count) and reads bfloat16 tiles as their raw uint16 bits. On the GPU, a tensor-core dot's
@@ -8,6 +9,12 @@ from +0.0 over the tile's K in increasing order (products of bfloat16/float16 va
 float32), then added to the accumulator. So a fast kernel's *structure* (which tiles, in what order,
 what decides them) is testable on CPU: L0-L3 checks fail when a tile size, a split or the K order
 follows the batch. The hardware's own in-tile arithmetic is only measured on a GPU.
+
+The strict kernels' dots (float32 operands, ``input_precision="ieee"``, NVIDIA) lower to one fma chain per output
+over k in order, from the accumulator given; :func:`strict_dot` makes the interpreter do exactly that: acc =
+fma(a_k, b_k, acc) for k in order, one rounding per step (the interpreter's own correctly rounded float32 fma).
+The fast stand-in (chain from +0.0 with the product rounded first, then the accumulator added) is exact only for
+bf16 / fp16 operands, whose products float32 holds exactly.
 """
 from __future__ import annotations
 
@@ -38,9 +45,19 @@ def _chain_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return TensorHandle(out, d.dtype.scalar)
 
 
+def _fma_chain_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    from triton.runtime.interpreter import TensorHandle, _interpreter
+    a32, b32 = _as_float32(a), _as_float32(b)
+    acc = np.array(d.data, dtype=np.float32)
+    for k in range(a32.shape[-1]):
+        x, y, z = np.broadcast_arrays(a32[..., :, k:k + 1], b32[..., k:k + 1, :], acc)
+        acc = np.asarray(_interpreter.fma_fp32(np.ascontiguousarray(x), np.ascontiguousarray(y),
+                                               np.ascontiguousarray(z)), dtype=np.float32)
+    return TensorHandle(acc, d.dtype.scalar)
+
+
 @contextlib.contextmanager
-def sequential_dot():
-    """Inside: the interpreter's ``tl.dot`` is the sequential chain above (no-op outside the interpreter)."""
+def _patched_dot(dot):
     from .launch import interpreting
     if not interpreting():
         yield
@@ -48,8 +65,19 @@ def sequential_dot():
     from triton.runtime.interpreter import InterpreterBuilder
     with _lock:
         saved = InterpreterBuilder.create_dot
-        InterpreterBuilder.create_dot = _chain_dot
+        InterpreterBuilder.create_dot = dot
         try:
             yield
         finally:
             InterpreterBuilder.create_dot = saved
+
+
+def strict_dot():
+    """Inside: the interpreter's ``tl.dot`` is NVIDIA's fp32 FMA dot (an fma chain over k in order from the
+    accumulator); no-op outside the interpreter."""
+    return _patched_dot(_fma_chain_dot)
+
+
+def sequential_dot():
+    """Inside: the interpreter's ``tl.dot`` is the sequential chain above (no-op outside the interpreter)."""
+    return _patched_dot(_chain_dot)

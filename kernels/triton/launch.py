@@ -88,6 +88,15 @@ def interpreter_problem() -> str | None:
     return None
 
 
+def fma_dot() -> bool:
+    """Strict tiles may run as float32 ``ieee`` ``tl.dot``: on NVIDIA, whose FMA dot lowering is one fma chain per
+    output over k in order from the accumulator (read in the PTX: ``fma.rn.f32`` chains from ``0f00000000``, no
+    ``mma``), and in the interpreter (interpreter_dot.strict_dot, the same chain). Not on AMD (torch reports "cuda"
+    there; native fp32 matrix instructions) nor Ascend (dots run on the cube unit): they keep the explicit chains."""
+    from . import ascend_launch
+    return torch.version.hip is None and not ascend_launch.active()
+
+
 def interpreter_layout() -> bool:
     """The interpreter's layouts and block sizes (few large operations; REG 3-D register blocks), except for the Ascend
     variant, which runs the GPU layout (small tiles that fit the unified buffer)."""

@@ -7,17 +7,26 @@ combined in tile order by a second kernel): the same operations in the same orde
 bits; the conformance L1 row-subset checks compare the two paths (33 rows vs 1 / 16 of them). When K is the
 contiguous axis of b (a linear layer's weight), the decode kernel gives each thread one (column, K tile)
 chain and feeds it 8 consecutive weights per 16-byte vector load (common.eight), so the weight streams
-through coalesced vector loads exactly once; otherwise step j loads element j of every K tile. No ``tl.dot``: on bf16/fp16
-it is a tensor-core tree, and even fp32 ``ieee`` dots get fused across K tiles by Triton's combiner.
+through coalesced vector loads exactly once; otherwise step j loads element j of every K tile.
+
+Above 16 rows on NVIDIA (and in the interpreter) each K tile is a float32 ``ieee`` ``tl.dot`` from a zero
+accumulator (common.dot_k_tiled_fma): NVIDIA lowers it to one fma chain per output over k in order, the spec's
+in-tile chain, on 16-byte pipelined operand tiles instead of one scalar load per step. bf16/fp16 operands are
+widened first (a bf16 dot would be a tensor-core tree), and the tile partials are added by ``tl.fma(part, 1.0,
+total)`` (an ``addf`` after a dot can be folded into the next dot's accumulator: one chain across K tiles). AMD and
+Ascend keep the explicit chains (launch.fma_dot).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
-from .launch import cdiv, interpreter_layout, launch, next_power_of_2
+from .interpreter_dot import strict_dot
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
 from .dtypes import tl_dtype
 from .workspace import workspace
 
@@ -25,14 +34,20 @@ from .workspace import workspace
 @triton.jit
 def _matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
                    sa_m, sa_k, sb_k, sb_n, so_m, so_n, n_work, n1,
-                   HAS_BIAS: tl.constexpr, KT: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, NPU: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, KT: tl.constexpr, KTP: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, FMA_DOT: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item // n1) * BM + tl.arange(0, BM)
         cols = (item % n1) * BN + tl.arange(0, BN)
         row_ok = rows < M
         col_ok = cols < N
-        acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
+        if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit)
+            acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
+        elif FMA_DOT:  # NVIDIA (and the interpreter's strict stand-in): fp32 ieee dots, an fma chain each
+            acc = common.dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, KTP,
+                                         BM, BN)
+        else:  # AMD: the explicit chains (native fp32 matrix instructions would not chain)
+            acc = common.dot_k_tiled(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, col_ok, K, KT, BM, BN)
         if HAS_BIAS:  # added once, after the K reduction
             acc = acc + sm.widen(tl.load(bias_ptr + cols, mask=col_ok, other=0.0))[None, :]
         out = sm.round_out(acc, OUT_DTYPE, NPU)
@@ -107,7 +122,7 @@ def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_
         ok = (rows < M)[:, None] & (cols < N)[None, :]
         p = part_ptr + rows[:, None] * N + cols[None, :]
         total = tl.zeros([BM, BN], dtype=tl.float32)
-        for t in range(0, n_kt):
+        for t in tl.range(0, n_kt, num_stages=common.STAGES):
             total = total + tl.load(p + t * M * N, mask=ok, other=0.0)
         if HAS_BIAS:
             total = total + sm.widen(tl.load(bias_ptr + cols, mask=cols < N, other=0.0))[None, :]
@@ -116,6 +131,10 @@ def _gemv_combine_kernel(part_ptr, bias_ptr, out_ptr, M, N, n_kt, so_m, so_n, n_
 
 
 GEMV_MAX_ROWS = 16
+#: warps of the FMA-dot matmul tile. hal.kernels.checks.sass_profile, sm_90, a 64 x 32 tile on 4 warps: 128-152
+#: registers, no spill under Triton 3.6 and 3.9, 16-byte cp.async operand tiles; 64 x 64 spills float32 operands
+#: (24 bytes on 4 warps under 3.9, 8 bytes on 8 warps under 3.6)
+_DOT_WARPS = 4
 
 
 def _gemv(a2, b_kn, bias, k_tile, out):
@@ -152,6 +171,8 @@ def _blocks(m: int, n: int) -> tuple[int, int]:
         return max(16, next_power_of_2(min(m, 128))), max(16, next_power_of_2(min(n, 256)))
     if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
         return 32, 64
+    if fma_dot():  # a 64 x 32 fp32 dot tile (see _DOT_WARPS)
+        return 64, 32
     bm = 16 if m <= 16 else 64
     return bm, 64 if m <= 16 else 128
 
@@ -167,9 +188,13 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
         return _gemv(a2, b_kn, bias, k_tile, out)
     bm, bn = _blocks(m, n)
     grid = (cdiv(m, bm), cdiv(n, bn))
-    launch(_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
-           a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
-           HAS_BIAS=bias is not None, KT=k_tile, OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, persistent=True)
+    dot = fma_dot()
+    with strict_dot() if dot else contextlib.nullcontext():
+        launch(_matmul_kernel, grid, a2, b_kn, bias if bias is not None else a2, out, m, n, k,
+               a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
+               HAS_BIAS=bias is not None, KT=k_tile, KTP=max(16, next_power_of_2(k_tile)),
+               OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, FMA_DOT=dot,
+               **({"num_warps": _DOT_WARPS} if dot and not interpreter_layout() else {}), persistent=True)
     return out
 
 

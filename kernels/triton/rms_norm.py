@@ -66,7 +66,7 @@ def _square_chains_vec(x_ptr, r_ptr, base, row_ok, start, H, HAS_RES: tl.constex
                        NPU: tl.constexpr):
     """GPU layout: the [BR, NTB] chains of the tiles starting at start [NTB], VEC elements a step."""
     part = tl.zeros([BR, NTB], dtype=tl.float32)
-    for c in range(0, tl.minimum(T, H), VEC):
+    for c in tl.range(0, tl.minimum(T, H), VEC, num_stages=common.STAGES):
         col, ok = common.vec_step(start, c, H, T, VEC)  # [NTB, VEC]
         h = _load_h(x_ptr, r_ptr, base[:, None, None] + col[None, :, :], row_ok[:, None, None] & ok[None, :, :],
                     HAS_RES, OUT_DTYPE, NPU)
@@ -117,7 +117,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, h_float, eps, n_ti
         ms = sm.div(ss, h_float, NPU)  # H as a float32 argument: Triton turns an int argument equal to 1 into a constexpr
         inv = sm.div(1.0, sm.sqrt(ms + eps, NPU), NPU)
         cols = tl.arange(0, BH)
-        for c0 in range(0, H, BH):
+        for c0 in tl.range(0, H, BH, num_stages=common.STAGES):
             col = c0 + cols
             ok = row_ok[:, None] & (col < H)[None, :]
             offs = base[:, None] + col[None, :]

@@ -44,14 +44,19 @@ def _add_steps(part, v, ok, BR: tl.constexpr, NTB: tl.constexpr, VEC: tl.constex
 
 @triton.jit
 def _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr,
-                  VEC: tl.constexpr):
+                  VEC: tl.constexpr, ROW_PAD: tl.constexpr):
     """GPU layout: the [BR, NTB] sums of exp(x - m_safe) over the tiles starting at start [NTB], VEC
-    elements a step."""
+    elements a step. ROW_PAD: the rows are padded to a multiple of 16 elements (readable past n): a vector that
+    starts before n is loaded whole (its mask the same for the VEC elements, so it stays one 16-byte load for
+    any n), and its elements past n are skipped by the chain's mask as before."""
     part = tl.zeros([BR, NTB], dtype=tl.float32)
-    for c in range(0, tl.minimum(T, n), VEC):
+    for c in tl.range(0, tl.minimum(T, n), VEC, num_stages=common.STAGES):
         col, ok = common.vec_step(start, c, n, T, VEC)  # [NTB, VEC]
-        x = sm.widen(tl.load(x_ptr + base[:, None, None] + col[None, :, :], mask=row_ok[:, None, None] & ok[None, :, :],
-                             other=0.0))
+        if ROW_PAD and T % VEC == 0:
+            load_ok = row_ok[:, None, None] & ((start + c) < n)[None, :, None]
+        else:
+            load_ok = row_ok[:, None, None] & ok[None, :, :]
+        x = sm.widen(tl.load(x_ptr + base[:, None, None] + col[None, :, :], mask=load_ok, other=0.0))
         part = _add_steps(part, sm.exp(x - m_safe[:, None, None]), ok[None, :, :], BR, NTB, VEC)
     return part
 
@@ -64,7 +69,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
     m = tl.full([BR], float("-inf"), tl.float32)
     poisoned = tl.zeros([BR], dtype=tl.int32)
     pos_zero = tl.zeros([BR], dtype=tl.int32)
-    for c0 in range(0, n, BC):
+    for c0 in tl.range(0, n, BC, num_stages=common.STAGES):
         ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
         x = sm.widen(tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0))
         bm, bp, bz = common.row_max(x, ok)
@@ -92,7 +97,7 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
                 x = sm.widen(tl.load(x_ptr + base[:, None] + col[None, :], mask=ok, other=0.0))
                 part = tl.where(ok, part + sm.exp(x - m_safe[:, None]), part)
         else:  # GPU layout: 16-byte vector loads
-            part = _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T, BR, NTB, VEC)
+            part = _exp_sums_vec(x_ptr, base, row_ok, m_safe, start, n, T, BR, NTB, VEC, False)
         s = common.add_columns_in_order(s, part, tiles, tl.minimum(NTB, n_tiles - t0))
     return m_safe, s, empty
 
@@ -112,7 +117,7 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
         else:
             log_s = sm.log(s, NPU)
             cols = tl.arange(0, BC)
-            for c0 in range(0, n, BC):
+            for c0 in tl.range(0, n, BC, num_stages=common.STAGES):
                 ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
                 offs = base[:, None] + (c0 + cols)[None, :]
                 shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]

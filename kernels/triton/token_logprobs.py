@@ -1,28 +1,30 @@
-"""token_logprobs under TokenLogprobsSpec (strict): the LM head never materialises [N, V] logits.
+"""token_logprobs under TokenLogprobsSpec (strict): the LM head computed once, its logits kept in float32.
 
-The spec's log-softmax needs the row max M before any exp, so logits are computed twice, a vocab
-tile of VT at a time, in register tiles [BR rows, NTB vocab tiles, VT]:
+The spec's log-softmax needs the row max M before any exp. The LM head runs once, a vocab tile of VT at a time,
+in register tiles [BR rows, NTB vocab tiles, VT]; its float32 logits are kept in a scratch [rows, V] (rows in
+groups, so the scratch stays under _LOGITS_SCRATCH_BYTES) and read back by the later passes:
 
-1. ``_max_kernel``   (rows x vocab chunks): logits -> per chunk (max, poisoned, has +0.0) -> scratch;
+1. ``_max_kernel``   (rows x vocab chunks): logits -> the kept logits, and per chunk (max, poisoned, has +0.0);
 2. ``_stats_kernel`` (rows): M from the chunk maxima (exact), the shift m_safe and the empty flag;
-3. ``_sum_kernel``   (rows x vocab chunks): logits again -> exp(logit - m_safe) -> each vocab tile's
-   sequential sum from +0.0 in vocab order -> scratch [N, n_tiles];
-4. ``_finish_kernel`` (rows): S = tile sums added in tile order from +0.0; the token's logit by the
-   same fma chain; out = (logit - m_safe) - log(S) in float32.
+3. ``_sum_kernel``   (rows x tile chunks): the kept logits -> exp(logit - m_safe) -> each vocab tile's
+   sequential sum from +0.0 in vocab order -> scratch [N, n_tiles] (the chains of softmax.py, 16 bytes a step);
+4. ``_finish_kernel`` (rows): S = tile sums added in tile order from +0.0 (4 per 16-byte load, in order inside
+   the row's thread); the token's logit read from the kept logits; out = (logit - m_safe) - log(S) in float32.
 
-Scratch is O(N * V / VT) floats. Each logit is the hidden-tiled fma chain of common.dot_k_tiled,
-written for a 3-D tile; temperature (when != 1) is one correctly rounded division.
+The kept logits are the values the LM head's chains computed, stored and reloaded exactly: the same values in the
+same order as computing them again (which the sum pass and the finish used to do), so the same bits at half the
+LM-head work. Each logit is the hidden-tiled fma chain of common.dot_k_tiled, written for a 3-D tile; temperature
+(when != 1) is one correctly rounded division.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from . import ascend_launch, common, strict_math as sm
-from .launch import cdiv, interpreter_layout, launch, next_power_of_2, program_count
+from . import ascend_launch, common, softmax, strict_math as sm
+from .interpreter_dot import strict_dot
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
 from .workspace import workspace
 
 
@@ -54,7 +56,7 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
         b_lanes = w_ptr + tl.reshape(vidx, [L]).to(tl.int64) * sw_v
         lane_ok = tl.reshape(v_ok, [L])
         flat = tl.zeros([BR, L], dtype=tl.float32)
-        for k0 in range(0, H, KT):
+        for k0 in range(0, H, KT):  # not pipelined: a stage of the unrolled tile's loads would not fit in shared memory
             start = tl.zeros([L], dtype=tl.int32) + k0
             flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
         total = tl.reshape(flat, [BR, NTB, VTP])
@@ -74,7 +76,7 @@ def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr, VTP: tl.constexpr):
 
 
 @triton.jit
-def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_chunks, n_work, n1,
+def _max_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, sl, temp, n_chunks, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
                 VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
@@ -84,7 +86,33 @@ def _max_kernel(h_ptr, w_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, temp, n_ch
         tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT, VTP)
         x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, NPU)
         ok = row_ok[:, None, None] & v_ok[None, :, :]
+        tl.store(lg_ptr + rows.to(tl.int64)[:, None, None] * sl + vidx[None, :, :], x, mask=ok)  # kept for passes 3, 4
         m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VTP]), tl.reshape(ok, [BR, NTB * VTP]))
+        out = rows.to(tl.int64) * n_chunks + c
+        tl.store(m_ptr + out, m, mask=row_ok)
+        tl.store(p_ptr + out, bad, mask=row_ok)
+        tl.store(z_ptr + out, pz, mask=row_ok)
+
+
+@triton.jit
+def _max_dot_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, sl, temp, n_chunks, n_work, n1,
+                    HAS_TEMP: tl.constexpr, KT: tl.constexpr, KTP: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr,
+                    NPU: tl.constexpr):
+    """_max_kernel for row blocks of >= 16 on NVIDIA: the logits of a [BR rows, BV vocab entries] block as float32
+    ieee dots (common.dot_k_tiled_fma: the same chains, so the same logits), kept, and the block's (max, poisoned,
+    has +0.0) as chunk c (a chunk is BV vocab entries here: max is exact in any grouping)."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: row blocks of one vocab block run together
+        row_ok = rows < R
+        c = item // n1
+        vidx = c * BV + tl.arange(0, BV)
+        v_ok = vidx < V
+        x = common.dot_k_tiled_fma(h_ptr, sh, 1, w_ptr, 1, sw_v, rows, vidx, row_ok, v_ok, H, KT, KTP, BR, BV)
+        if HAS_TEMP:
+            x = sm.div(x, temp, NPU)
+        ok = row_ok[:, None] & v_ok[None, :]
+        tl.store(lg_ptr + rows.to(tl.int64)[:, None] * sl + vidx[None, :], x, mask=ok)  # kept for passes 3, 4
+        m, bad, pz = common.row_max(x, ok)
         out = rows.to(tl.int64) * n_chunks + c
         tl.store(m_ptr + out, m, mask=row_ok)
         tl.store(p_ptr + out, bad, mask=row_ok)
@@ -103,7 +131,7 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
         m2 = tl.full([BR, BC], float("-inf"), tl.float32)
         p2 = tl.zeros([BR, BC], dtype=tl.int32)
         z2 = tl.zeros([BR, BC], dtype=tl.int32)
-        for c0 in range(0, n_chunks, BC):
+        for c0 in tl.range(0, n_chunks, BC, num_stages=common.STAGES):
             ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
             offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
             m2 = tl.maximum(m2, tl.load(m_ptr + offs, mask=ok, other=float("-inf")))
@@ -119,91 +147,73 @@ def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work
 
 
 @triton.jit
-def _tile_sums(e, slot, BR: tl.constexpr, NTB: tl.constexpr, VTP: tl.constexpr):
-    """[BR, NTB] sequential sums from +0.0 over the last axis of e [BR, NTB, VTP] (terms >= +0.0 or NaN, lanes
-    past the vocab +0.0: adding them is an exact identity). e's lanes sit in different threads, so reading
-    them back in order one by one costs a reduction across the program per element; instead e goes to this
-    program's scratch slot and comes back 8 consecutive elements per thread (common.eight), and each
-    (row, tile) sum runs inside one thread. The barriers order the slot's reuse: the previous item's reads
-    before these stores, these stores before the reads."""
-    lane = (tl.arange(0, BR)[:, None] * NTB + tl.arange(0, NTB)[None, :]) * VTP  # [BR, NTB]: first element
-    tl.debug_barrier()
-    tl.store(slot + lane[:, :, None] + tl.arange(0, VTP)[None, None, :], e)
-    tl.debug_barrier()
-    e8 = tl.arange(0, 8)
-    s = tl.zeros([BR, NTB], dtype=tl.float32)
-    for c in range(0, VTP, 8):
-        v0, v1, v2, v3, v4, v5, v6, v7 = common.eight(tl.load(slot + lane[:, :, None] + c + e8[None, None, :]), BR, NTB)
-        s = ((((((((s + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7)
-    return s
+def _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT: tl.constexpr, VTP: tl.constexpr, BR: tl.constexpr,
+                NTB: tl.constexpr):
+    """[BR, NTB] tile sums read from one [BR, NTB, VTP] block in place (the interpreter's and the Ascend layout);
+    lanes past the tile or the vocab add +0.0, an exact identity in a sum of non-negative terms (= skipped)."""
+    lane = tl.arange(0, VTP)
+    vidx = tiles[:, None] * VT + lane[None, :]
+    ok = row_ok[:, None, None] & ((vidx < V) & (lane < VT)[None, :])[None, :, :]
+    x = tl.load(lg_ptr + base[:, None, None] + vidx[None, :, :], mask=ok, other=0.0)
+    e = tl.where(ok, sm.exp(x - shift[:, None, None]), 0.0)
+    return common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
 
 
 @triton.jit
-def _sum_kernel(h_ptr, w_ptr, shift_ptr, part_ptr, scr_ptr, R, V, H, sh, sw_v, temp, n_tiles, n_work, n1,
-                HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
+def _sum_kernel(lg_ptr, shift_ptr, part_ptr, R, V, sl, sp, n_tiles, n_work, n1, VT: tl.constexpr,
+                VTP: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VEC: tl.constexpr, REG: tl.constexpr,
+                NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest (see _max_kernel)
+        rows = (item % n1) * BR + tl.arange(0, BR)
         row_ok = rows < R
-        tiles, vidx, v_ok = _vocab_block(item // n1, V, NTB, VT, VTP)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, NPU)
+        tiles = (item // n1) * NTB + tl.arange(0, NTB)
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
-        # past the vocab end: +0.0, an exact identity in a sum of non-negative terms (= skipped)
-        e = tl.where(v_ok[None, :, :], sm.exp(x - shift[:, None, None]), 0.0)
+        base = rows.to(tl.int64) * sl
         if NPU:  # the Ascend variant (no tl.split): read back in place
-            s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
-        elif VTP < 8:  # a tile smaller than one 8-element step
-            s = common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
-        else:
-            s = _tile_sums(e, scr_ptr + tl.program_id(0).to(tl.int64) * (BR * NTB * VTP), BR, NTB, VTP)
-        out = rows.to(tl.int64)[:, None] * n_tiles + tiles[None, :]
+            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
+        elif REG:  # the interpreter: few, large operations
+            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
+        else:  # GPU: each (row, tile) lane's chain in one thread, VEC consecutive logits per 16-byte load, pipelined
+            s = softmax._exp_sums_vec(lg_ptr, base, row_ok, shift, tiles * VT, V, VT, BR, NTB, VEC, True)
+        out = rows.to(tl.int64)[:, None] * sp + tiles[None, :]
         tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
 
 
 @triton.jit
-def _finish_kernel(h_ptr, w_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_ptr, R, H, sh, sw_v, temp,
-                   n_tiles, n_work, HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NPU: tl.constexpr):
+def _finish_kernel(lg_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_ptr, R, sl, sp, n_tiles, n_work,
+                   BR: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = item * BR + tl.arange(0, BR)
         row_ok = rows < R
-        s = tl.zeros([BR], dtype=tl.float32)
-        for t in range(0, n_tiles):
-            s = s + tl.load(part_ptr + rows.to(tl.int64) * n_tiles + t, mask=row_ok, other=0.0)
+        prow = part_ptr + rows.to(tl.int64) * sp
+        if NPU:  # the Ascend variant: one tile sum per step
+            s = tl.zeros([BR], dtype=tl.float32)
+            for t in range(0, n_tiles):
+                s = s + tl.load(prow + t, mask=row_ok, other=0.0)
+        else:  # 4 consecutive tile sums per 16-byte load, added in order in the row's thread; the rows are padded
+            # to sp (a multiple of 16), so a vector is loaded whole and its entries past n_tiles skipped by the chain
+            s2 = tl.zeros([BR, 1], dtype=tl.float32)
+            for c in tl.range(0, n_tiles, 4, num_stages=common.STAGES):
+                t, ok = common.vec_step(tl.zeros([1], dtype=tl.int32), c, n_tiles, 4, 4)  # [1, 4]
+                v = tl.load(prow[:, None, None] + t[None, :, :], mask=row_ok[:, None, None], other=0.0)
+                v0, v1, v2, v3 = common.four(v, BR, 1)
+                k0, k1, k2, k3 = common.four(ok[None, :, :], 1, 1)
+                s2 = common.add_steps(s2, v0, v1, v2, v3, k0, k1, k2, k3)  # past n_tiles: skipped
+            s = tl.reshape(s2, [BR])
         tok = tl.load(tok_ptr + rows, mask=row_ok, other=0)
-        # the token's logit: the same chain as _logits, for one vocab entry per row
-        total = tl.zeros([BR], dtype=tl.float32)
-        a_p = h_ptr + rows.to(tl.int64) * sh
-        b_p = w_ptr + tok.to(tl.int64) * sw_v
-        for k0 in range(0, H, KT):
-            part = tl.zeros([BR], dtype=tl.float32)
-            for _ in range(k0, tl.minimum(k0 + KT, H)):
-                a = sm.widen(tl.load(a_p, mask=row_ok, other=0.0))
-                b = sm.widen(tl.load(b_p, mask=row_ok, other=0.0))
-                part = tl.fma(a, b, part)
-                a_p += 1
-                b_p += 1
-            total = total + part
-        if HAS_TEMP:
-            total = sm.div(total, temp, NPU)
+        logit = tl.load(lg_ptr + rows.to(tl.int64) * sl + tok, mask=row_ok, other=0.0)  # the kept logit
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
         empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
-        out = tl.where(empty, float("-inf"), (total - shift) - sm.log(s, NPU))
+        out = tl.where(empty, float("-inf"), (logit - shift) - sm.log(s, NPU))
         tl.store(out_ptr + rows, sm.canonical_nan(out), mask=row_ok)
 
 
-#: programs of the tile-sum pass per multiprocessor (the kernel keeps one 8-warp program per SM resident)
-_SUM_PROGRAMS_PER_SM = 2
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device; 2 elsewhere (the interpreter: programs then loop over several work
-    items, as on the GPU)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+#: the kept float32 logits of one row group stay under this size (rows are processed in groups above it)
+_LOGITS_SCRATCH_BYTES = 1 << 29
 
 
 def _blocks(rows: int, n_tiles: int):
-    """(rows per program, vocab tiles per program, warps of the two logits kernels)."""
+    """(rows per program, vocab tiles per program, warps) of the logits kernel."""
     if interpreter_layout():  # few, large programs: the interpreter pays per operation
         return next_power_of_2(min(rows, 16)), next_power_of_2(n_tiles), 4
     if ascend_launch.active():
@@ -211,6 +221,42 @@ def _blocks(rows: int, n_tiles: int):
     # one vocab entry (of a 256 tile) per thread; 8 rows keep the 8 x 8 hidden values of a step in registers
     # (sm_90 machine code, hal.kernels.checks.sass_profile: 152 registers, no spills; 16 rows need 254)
     return min(8, next_power_of_2(rows)), 1, 8
+
+
+#: rows from which the logits run as FMA-dot tiles (tl.dot needs 16 rows; fewer rows keep the vector chains)
+_DOT_MIN_ROWS = 16
+
+
+def _dot_blocks(rows: int, vocab: int):
+    """(rows, vocab entries) of an FMA-dot logits tile: 32 x 64 on 4 warps on the GPU (sm_90 profile: 118 registers, no
+    spill under Triton 3.6 and 3.9; 64 x 32 spills 16 bytes under 3.6 with the row max); few, large programs in the
+    interpreter."""
+    if interpreter_layout():
+        return max(16, next_power_of_2(min(rows, 64))), max(16, next_power_of_2(min(vocab, 256)))
+    return 32, 64
+
+
+def _sum_blocks(rows: int, n_tiles: int, br: int, ntb: int):
+    """(rows, tiles) per program of the tile-sum pass: the logits kernel's blocks in the interpreter and on Ascend;
+    on the GPU one (row, tile) lane per thread of 4 warps, as softmax's chains."""
+    if interpreter_layout() or ascend_launch.active():
+        return br, ntb
+    ntb = min(32, next_power_of_2(n_tiles))
+    return max(4, common.VECTOR_LANES // ntb), ntb
+
+
+def _finish_blocks(br: int):
+    """(rows per program, warps) of the finish: on the GPU one warp, one row per thread (a row's 4-wide vectors of
+    tile sums stay whole in its thread: 16-byte loads); elsewhere the logits kernel's rows."""
+    if interpreter_layout() or ascend_launch.active():
+        return br, 4
+    return 32, 1
+
+
+def _round16(n: int) -> int:
+    """n rounded up to a multiple of 16: row strides that keep rows 16-byte aligned (and get Triton's
+    divisibility hint, so the rows are read with 16-byte loads)."""
+    return cdiv(n, 16) * 16
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
@@ -227,29 +273,44 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
         return out.reshape(lead)
     vt, kt = spec.vocab_tile, spec.hidden_tile
     n_tiles = max(1, cdiv(vocab, vt))
-    br, ntb, warps = _blocks(rows, n_tiles)
-    n_chunks = cdiv(n_tiles, ntb)
+    sl, sp = _round16(vocab), _round16(n_tiles)  # row strides of the kept logits and of the tile sums
+    group = min(rows, max(16, _LOGITS_SCRATCH_BYTES // (4 * sl) // 16 * 16))  # rows a pass keeps the logits of
+    br, ntb, warps = _blocks(group, n_tiles)
+    sbr, sntb = _sum_blocks(group, n_tiles, br, ntb)
+    fbr, fwarps = _finish_blocks(br)
+    dot = fma_dot() and group >= _DOT_MIN_ROWS  # the logits as FMA-dot tiles (matmul's, K = the hidden axis)
+    if dot:
+        dbr, dbv = _dot_blocks(group, vocab)
+        n_chunks = cdiv(vocab, dbv)
+    else:
+        n_chunks = cdiv(n_tiles, ntb)
     temp = float(temperature)
     has_temp = temp != 1.0
     f32, i32 = torch.float32, torch.int32
-    m = workspace("token_logprobs chunk max", (rows, n_chunks), f32, dev)
-    bad = workspace("token_logprobs chunk bad", (rows, n_chunks), i32, dev)
-    pz = workspace("token_logprobs chunk pz", (rows, n_chunks), i32, dev)
-    shift = workspace("token_logprobs shift", (rows,), f32, dev)
-    empty = workspace("token_logprobs empty", (rows,), i32, dev)
-    parts = workspace("token_logprobs tile sums", (rows, n_tiles), f32, dev)
-    grid2 = (n_chunks, cdiv(rows, br))
-    common_args = dict(HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=next_power_of_2(vt), VEC=16 // w.element_size(),
-                       num_warps=warps)
-    launch(_max_kernel, grid2, h2, w, m, bad, pz, rows, vocab, hdim, h2.stride(0), w.stride(0), temp, n_chunks,
-           **common_args, persistent=True)
-    launch(_stats_kernel, (cdiv(rows, br),), m, bad, pz, shift, empty, rows, n_chunks, BR=br,
-           BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
-    # a scratch slot of one program's exps per program; the programs are capped so it stays small
-    programs = program_count(grid2[0] * grid2[1], _SUM_PROGRAMS_PER_SM * _sm_count(dev))
-    scratch = workspace("token_logprobs exps", (programs, br * ntb * next_power_of_2(vt)), f32, dev)
-    launch(_sum_kernel, grid2, h2, w, shift, parts, scratch, rows, vocab, hdim, h2.stride(0), w.stride(0), temp,
-           n_tiles, **common_args, persistent=True, max_programs=programs)
-    launch(_finish_kernel, (cdiv(rows, br),), h2, w, tok, shift, empty, parts, out, rows, hdim,
-           h2.stride(0), w.stride(0), temp, n_tiles, HAS_TEMP=has_temp, KT=kt, BR=br, persistent=True)
+    logits = workspace("token_logprobs logits", (group, sl), f32, dev)
+    m = workspace("token_logprobs chunk max", (group, n_chunks), f32, dev)
+    bad = workspace("token_logprobs chunk bad", (group, n_chunks), i32, dev)
+    pz = workspace("token_logprobs chunk pz", (group, n_chunks), i32, dev)
+    shift = workspace("token_logprobs shift", (group,), f32, dev)
+    empty = workspace("token_logprobs empty", (group,), i32, dev)
+    parts = workspace("token_logprobs tile sums", (group, sp), f32, dev)
+    vtp = next_power_of_2(vt)
+    for r0 in range(0, rows, group):  # row groups: each pass sees only its group's rows (the bits are per row)
+        n = min(group, rows - r0)
+        hg = h2[r0:r0 + n]
+        if dot:
+            with strict_dot():
+                launch(_max_dot_kernel, (n_chunks, cdiv(n, dbr)), hg, w, logits, m, bad, pz, n, vocab, hdim,
+                       h2.stride(0), w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt,
+                       KTP=max(16, next_power_of_2(kt)), BR=dbr, BV=dbv, persistent=True)
+        else:
+            launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
+                   w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
+                   VEC=16 // w.element_size(), num_warps=warps, persistent=True)
+        launch(_stats_kernel, (cdiv(n, br),), m, bad, pz, shift, empty, n, n_chunks, BR=br,
+               BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
+        launch(_sum_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp, n_tiles,
+               VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, REG=interpreter_layout(), persistent=True)
+        launch(_finish_kernel, (cdiv(n, fbr),), logits, tok[r0:r0 + n], shift, empty, parts, out[r0:r0 + n], n, sl,
+               sp, n_tiles, BR=fbr, num_warps=fwarps, persistent=True)
     return out.reshape(lead)

@@ -184,7 +184,7 @@ def attn_reverse_merge_negative():
         out, lse = _prefill(q, k, v, spec)
         with kernel_variant(attention_kernel, "_merge_kernel",
                             "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
-                            "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
+                            "w = _ws_offsets(b * HQ + h, i, n_own - 1 - sp, n_ws_rows, n_ws_splits)"):
             o, l = _from_cache(q[40:], k, v, L_SEQ, spec, num_splits=8)  # 30 rows x 4 heads, 2-3 splits each
             pairs = [("rows-40-69:lse", lse[:, 40:], l), ("rows-40-69:out", out[40:], o)]
         _differs(f"attn-reverse-merge-negative[{spec.id},{dt}]", pairs)

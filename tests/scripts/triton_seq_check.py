@@ -128,7 +128,7 @@ def attn_negative():
     q = rnd(3, 1, hq, d).to(dt)
     o1, l1 = ref_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 0, spec)
     with kernel_variant(tri_kernel, "_merge_kernel", "w = _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits)",
-                        "w = _ws_offsets(b * HQ + h, i, n_ws_splits - 1 - sp, n_ws_rows, n_ws_splits)"):
+                        "w = _ws_offsets(b * HQ + h, i, n_own - 1 - sp, n_ws_rows, n_ws_splits)"):
         o2, l2 = tri_attn.flash_attn_with_kvcache(q, kc, vc, seqlens, table, 0.25, causal, window, 3, spec)
     _differs("attn-negative-control[reverse split merge]", [("out", o1, o2), ("lse", l1, l2)])
 

@@ -109,16 +109,18 @@ def _gemv_cases_in(label_prefix):
         yield name, problem
 
 
-LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature, special values
-    (1, 136, 600, 64, 256, torch.bfloat16, 1.0, False),   # vocab off the tile; hidden off 8 and the tile
-    (5, 70, 300, 20, 128, torch.float32, 0.7, True),      # hidden tile 20 (not a multiple of 4); NaN / inf
-    (16, 64, 257, 64, 256, torch.float16, 1.0, False),    # 16 rows: two row blocks with the GPU's 8
+LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature, special values, row groups
+    (1, 136, 600, 64, 256, torch.bfloat16, 1.0, False, False),   # vocab off the tile; hidden off 8 and the tile
+    (5, 70, 300, 20, 128, torch.float32, 0.7, True, False),      # hidden tile 20 (not a multiple of 4); NaN / inf
+    (16, 64, 257, 64, 256, torch.float16, 1.0, False, False),    # 16 rows: two row blocks with the GPU's 8
+    (40, 24, 300, 16, 128, torch.bfloat16, 1.0, False, True),    # kept logits in 3 row groups of 16, 16, 8
+    (33, 70, 300, 20, 128, torch.float32, 0.7, True, False),     # >= 16 rows: FMA-dot logits (k_tile 20 on 32 lanes)
 ]
 
 
 def _lm_cases(label_prefix=""):
     for layout in _layouts():
-        for rows, h, v, ht, vt, dtype, temp, special in LM_CASES:
+        for rows, h, v, ht, vt, dtype, temp, special, groups in LM_CASES:
             g = torch.Generator().manual_seed(rows)
             hid = torch.randn(rows, h, generator=g).to(dtype)
             w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)
@@ -126,10 +128,22 @@ def _lm_cases(label_prefix=""):
             if special:
                 hid[1, 3], w[7, 2] = float("nan"), float("inf")
             spec = hal.spec.TokenLogprobsSpec(hidden_tile=ht, vocab_tile=vt)
-            got = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="triton")
+            cap, real_launch, ran = ktl._LOGITS_SCRATCH_BYTES, ktl.launch, set()
+            ktl._LOGITS_SCRATCH_BYTES = 1 if groups else cap  # the smallest group: 16 rows
+
+            def recorded(kernel, *a, **kw):
+                ran.add(getattr(kernel, "fn", kernel).__name__)
+                return real_launch(kernel, *a, **kw)
+            ktl.launch = recorded
+            try:
+                got = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="triton")
+            finally:
+                ktl._LOGITS_SCRATCH_BYTES, ktl.launch = cap, real_launch
+            want_max = "_max_dot_kernel" if rows >= ktl._DOT_MIN_ROWS else "_max_kernel"  # FMA-dot logits from 16 rows
             want = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="reference")
             yield (f"{label_prefix}{layout}: rows {rows} H{h} V{v} h{ht} v{vt} {str(dtype)[6:]} T{temp}"
-                   f"{' nan/inf' if special else ''}", _diff(got, want))
+                   f"{' nan/inf' if special else ''}{' row groups' if groups else ''}",
+                   _diff(got, want) or (None if want_max in ran else f"{want_max} did not run: {sorted(ran)}"))
 
 
 def check_odd_tiles():

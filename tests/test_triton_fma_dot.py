@@ -1,0 +1,74 @@
+"""Strict matmul tiles as float32 ``ieee`` tl.dot on NVIDIA (issue 41 item 1).
+
+* interpreter (tests/scripts/triton_fma_dot_check.py): above 16 rows the FMA-dot kernel variant runs and gives the
+  reference's raw bits (K off the tile, k_tile not a power of two, NaN / inf, every dtype); negative control: the
+  fast kernels' stand-in (two roundings per step) in place of the strict one is caught;
+* machine code (sm_90): the tile's K steps are ``fma.rn.f32`` chains of 64 from +0.0 (lint.fma_chains), on 16-byte
+  cp.async operand tiles, without spills; negative control: dots chained across K tiles are flagged by the same
+  check. The dot rules of the lint itself (fp32 x fp32, ieee, zero accumulator, none in the AMD / Ascend variant)
+  have their negative controls in tests/test_triton_lint.py.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+
+from _triton_seq_run import ROOT, interpreter_ok, run_checks  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "triton_fma_dot_check.py")
+needs_interpreter = pytest.mark.skipif(not interpreter_ok(), reason="needs the Triton 3.9+ interpreter")
+needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                    reason="kernels are interpreter objects under TRITON_INTERPRET=1")
+
+
+@needs_interpreter
+def test_fma_dot_tiles_give_reference_bits():
+    assert run_checks("bits", script=SCRIPT).count(": ok") == 8  # 4 cases x (interpreter, GPU) blocks
+
+
+@needs_interpreter
+def test_two_rounding_stand_in_is_caught():
+    assert "is caught in the float32 cases: ok" in run_checks("negative", script=SCRIPT)
+
+
+def _case(name):
+    from hal.kernels.checks import lint
+    return next(c for c in lint.strict_kernels(full=True) if c.name == name)
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", ["matmul[bf16]", "matmul[fp32]", "matmul[fp16]"])
+def test_dot_tile_is_64_step_fma_chains_without_spill(name):
+    from hal.kernels.checks import lint
+    from hal.kernels.checks.sass_profile import profile
+    compiled = lint.compile_case(_case(name), "sm90", aligned=True)
+    assert lint.dot_chain_problems(compiled.asm["ptx"], 64) == []
+    p = profile(compiled)
+    c = _case(name).constexprs
+    threads = 32 * _case(name).num_warps
+    assert not p.stack and p.ffma == c["BM"] * c["BN"] * 64 // threads and p.async_copies, p  # chains of 64, unrolled
+    assert {op for op in p.global_loads if op.startswith("LDGSTS")} == {"LDGSTS.E.BYPASS.128"}, p
+
+
+@needs_compiler
+def test_dots_chained_across_tiles_are_flagged():
+    import test_triton_lint as tlint
+    from hal.kernels.checks import lint
+    chained = lint.compile_case(tlint._case(tlint._dot_chain, "fp32", 16), "sm90").asm["ptx"]
+    single = lint.compile_case(tlint._case(tlint._fp32_dot, "fp32", 16, PREC="ieee", FMA_DOT=True), "sm90").asm["ptx"]
+    assert lint.dot_chain_problems(single, 16) == [] and lint.dot_chain_problems(chained, 16) != []
+
+
+@needs_compiler
+def test_lm_head_dot_tile_is_64_step_fma_chains_without_spill():
+    # token_logprobs' logits for row blocks of >= 16 (_max_dot_kernel): the matmul tile's chains, linted in full
+    from hal.kernels.checks import lint
+    from hal.kernels.checks.sass_profile import profile
+    case = _case("token_logprobs.max_dot")
+    compiled = lint.compile_case(case, "sm90", aligned=True)
+    assert lint.lint(case, "sm90") == [] and lint.dot_chain_problems(compiled.asm["ptx"], 64) == []
+    p = profile(compiled)
+    assert not p.stack and p.async_copies and p.shared_bytes <= 227 * 1024, p
