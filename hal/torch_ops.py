@@ -192,10 +192,16 @@ def _refuse(message: str):
     return setup_context, backward
 
 
+_helpers: dict[str, HelperOp] = {}
+
+
 def _define(helper: HelperOp) -> None:
     lib = _library()
-    if hasattr(getattr(torch.ops, NAMESPACE), helper.name):
+    known = _helpers.get(helper.name)
+    if known == helper:
         return  # one backward op may serve several ops (the gated delta rule's two forms)
+    if known is not None or helper.name in TORCH_OPS:
+        raise ValueError(f"torch op {helper.name!r} is already registered (another definition)")
     kernel = helper.kernel
     if helper.direct:
         def kernel(*args, _fn=helper.kernel):
@@ -205,6 +211,7 @@ def _define(helper: HelperOp) -> None:
     lib.define(helper.schema)
     lib.impl(helper.name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{helper.name}", helper.fake, lib=lib)
+    _helpers[helper.name] = helper
 
 
 def _register_torch_op(op: TorchOp) -> None:
@@ -262,9 +269,10 @@ def _check(record: OpRecord) -> None:
                              f"its suites ({', '.join(sorted(listed)) or 'none listed'}) and check the op")
     for backend_name, kernel in record.kernels:
         dispatch.get_backend(backend_name)  # an unknown backend is refused here, by name
-        if backend_contract.parameters(kernel) != backend_contract.parameters(record.contract):
-            raise ValueError(f"op {record.name!r}: its {backend_name} kernel takes ({', '.join(backend_contract.parameters(kernel))}), "
-                             f"the contract is ({', '.join(backend_contract.parameters(record.contract))})")
+        got, want = backend_contract.parameters(kernel), backend_contract.parameters(record.contract)
+        if got != want:
+            raise ValueError(f"op {record.name!r}: its {backend_name} kernel takes ({', '.join(got)}), the contract "
+                             f"is ({', '.join(want)})")
 
 
 def register(item) -> None:

@@ -253,6 +253,22 @@ def test_the_core_never_reaches_an_integration(graph, named):
     assert not [t for m in ("hal.serving", "hal.sampling") for t in graph[m] | named[m] if _in(t, (INTEGRATIONS,))]
 
 
+def registrar_reaches_an_op(graph) -> list[str]:
+    """The modules of ours the registrar (hal.torch_ops) imports that are not foundation: it knows no op's internals,
+    every op hands it its record."""
+    return sorted(t for t in graph.get("hal.torch_ops", ()) if role(t) != "foundation")
+
+
+def test_the_registrar_knows_no_op(graph, named):
+    assert registrar_reaches_an_op(graph) == [] and registrar_reaches_an_op(named) == []  # no import, no path string
+    # negative control: the old registrar's reach into the op modules (the autograd table's Functions, the
+    # attention backward's _VarlenFn, the GDN kernels by string, hf_attention's backward) is caught
+    old = {"hal.torch_ops": {"hal.ops_registry", "hal.ops", "hal.elementwise", "hal.attention", "hal.gated_delta_rule",
+                             "hal.integrations.hf_attention"}}
+    assert registrar_reaches_an_op(old) == ["hal.attention", "hal.elementwise", "hal.gated_delta_rule",
+                                            "hal.integrations.hf_attention", "hal.ops"]
+
+
 # ------------------------------------------------------------------ negative controls for the checkers
 
 
