@@ -29,7 +29,7 @@ from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, 
 from .aten_mode import aten_mode
 from . import torch_ops as _torch_ops
 
-_torch_ops.register_all()  # torch.ops.lockstep.*, from the op table (hal/ops_registry.py)
+_torch_ops.register_all()  # torch.ops.lockstep.*: each op module registered its records on import (hal/torch_ops.py)
 
 __version__ = "0.2.0"
 

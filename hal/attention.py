@@ -27,6 +27,8 @@ from .kernels.layout import (append_kv, capacity as cache_capacity, key_visibili
                              varlen_via_padded)
 from .ops import _prepare
 from .ops_registry import TORCH_OP, route, routing
+from .spec import FAST, STRICT
+from .torch_ops import HelperOp, OpBackward, OpRecord, TorchOp, register
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "key_visibility"]
 
@@ -284,3 +286,80 @@ def plan_kvcache_call(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         return impl.flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
                                             num_splits, s)
     return run
+
+
+# ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
+# The varlen backward is an op too: its math reads cu_seqlens on the host (sequence by sequence), so under AOT
+# autograd it must stay opaque. flash_attn_with_kvcache writes its caches and takes no gradient (its public
+# function refuses inputs that require one).
+
+
+def _varlen_backward_kernel(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, gout, glse, spec,
+                            backend):
+    """_VarlenFn.backward with the backend chosen now (as the forward kernel chose its own)."""
+    from types import SimpleNamespace
+    _, impl = _prepare("flash_attn_varlen_func", spec, backend, q.dtype, q=q, k=k, v=v, cu_seqlens_q=cu_q,
+                       cu_seqlens_k=cu_k)
+    ctx = SimpleNamespace(saved_tensors=(q, k, v, cu_q, cu_k, out, lse), args=(scale, causal, tuple(window)),
+                          maxes=(max_q, max_k), impl=impl)
+    with torch.no_grad():
+        gq, gk, gv = _VarlenFn.backward(ctx, gout, glse)[:3]
+    return gq.contiguous(), gk.contiguous(), gv.contiguous()
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, spec, backend = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+    ctx.rest = (max_q, max_k, _scale(softmax_scale, q.shape[2]), bool(causal), list(_window(window)), spec, backend)
+
+
+def _varlen_backward(ctx, gout, glse):
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    max_q, max_k, scale, causal, window, spec, backend = ctx.rest
+    if gout is None:
+        gout = torch.zeros_like(out)
+    gq, gk, gv = torch.ops.lockstep.flash_attn_varlen_backward(
+        q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, gout, glse, spec, backend)
+    return gq, gk, gv, *[None] * 9
+
+
+_VARLEN_BACKWARD = HelperOp(
+    "flash_attn_varlen_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal, SymInt[] window_size, "
+    "Tensor gout, Tensor? glse, str? spec, str? backend) -> (Tensor, Tensor, Tensor)",
+    _varlen_backward_kernel, lambda q, k, v, *rest: (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)))
+
+
+class _Contract:
+    """The backend methods (hal/backend_contract.py): hal calls them with validated tensors and the resolved spec."""
+
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
+        """``(out [Tq, Hq, D] in q's dtype, lse [Hq, Tq] float32)`` over packed sequences (cu_* as lists)."""
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window,
+                                num_splits, spec):
+        """``(out, lse)`` of q [B, Sq, Hq, D] over the cached keys (already appended by hal)."""
+
+
+_SUITES = (("attention", (STRICT,)), ("attention_fast", (FAST,)))
+
+# lse is always returned by the torch ops (the public op drops it unless asked); max_seqlen as SymInt
+register(OpRecord("flash_attn_varlen_func", "attention", contract=_Contract.flash_attn_varlen_func, suites=_SUITES,
+                  torch_ops=(TorchOp(
+    "flash_attn_varlen", None, flash_attn_varlen_func,
+    "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+    "SymInt max_seqlen_k, float? softmax_scale, bool causal, SymInt[] window_size", "(Tensor, Tensor)",
+    fixed=(("return_lse", True),),
+    fake=lambda q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, spec, backend: (
+        q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)),
+    backward=OpBackward(_VARLEN_BACKWARD, _varlen_setup, _varlen_backward)),)))
+
+# appends k, v into the caches in place: the schema says so (a!), (b!)
+register(OpRecord("flash_attn_with_kvcache", "attention", contract=_Contract.flash_attn_with_kvcache, suites=_SUITES,
+                  torch_ops=(TorchOp(
+    "flash_attn_with_kvcache", None, flash_attn_with_kvcache,
+    "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+    "Tensor? block_table, float? softmax_scale, bool causal, SymInt[] window_size, int num_splits",
+    "(Tensor, Tensor)", fixed=(("return_lse", True),),
+    fake=lambda q, k_cache, v_cache, *rest: (q.new_empty((*q.shape[:3], v_cache.shape[-1])),
+                                             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))),)))

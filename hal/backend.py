@@ -19,24 +19,14 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LEVELS = ("L0", "L1", "L2", "L3", "L4", "A")
 
 #: The conformance suites (conformance/suites/*.py) a backend may claim: suite -> (the ops it checks,
-#: the policies its specs use). The one list the backends derive their ``suites`` from (by the ops they
-#: implement); tests/test_layering.py checks it against hal.conformance.suites. A suite is not a spec family
+#: the policies its specs use). Derived from the ops' records (``OpRecord.suites``, hal/torch_ops.py
+#: ``register``); the backends derive their ``suites`` from it (by the ops they implement);
+#: tests/test_layering.py checks it against hal.conformance.suites. A suite is not a spec family
 #: (hal/spec.py): the matmul spec family has three suites, matmul, matmul_exact and matmul_fast.
-CONFORMANCE_SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "matmul": (("matmul", "linear"), (STRICT,)),
-    "matmul_exact": (("matmul", "linear"), (EXACT,)),
-    "matmul_fast": (("matmul", "linear"), (FAST,)),
-    "rms_norm": (("rms_norm",), (STRICT,)),
-    "softmax": (("softmax", "log_softmax", "logsumexp"), (STRICT,)),
-    "token_logprobs": (("token_logprobs",), (STRICT,)),
-    "token_logprobs_exact": (("token_logprobs",), (STRICT, EXACT)),  # exact logits, strict log-softmax
-    "attention": (("flash_attn_varlen_func", "flash_attn_with_kvcache"), (STRICT,)),
-    "attention_fast": (("flash_attn_varlen_func", "flash_attn_with_kvcache"), (FAST,)),
-    "gated_delta_rule": (("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"), (STRICT,)),
-    "gdn_layer": (("gdn_gating", "gdn_causal_conv1d"), (STRICT,)),
-    "elementwise": (("sigmoid", "silu", "softplus", "silu_mul"), (STRICT,)),
-    "rotary": (("rotary_cos_sin", "apply_rotary"), (STRICT,)),
-}
+CONFORMANCE_SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+#: The suite objects of ops registered from outside lockstep (``OpRecord.conformance``): name -> Suite. Lockstep's
+#: own live in conformance/suites/; ``hal.conformance.suites.get`` finds both.
+OUTSIDE_SUITES: dict[str, object] = {}
 
 
 def __getattr__(name):
@@ -93,6 +83,12 @@ class Backend:
             if inspect.isfunction(fn) and not name.startswith("_") and not hasattr(Backend, name) \
                     and not getattr(fn, "_marks_running", False):
                 setattr(cls, name, _marks_running(fn))
+
+    @classmethod
+    def add_op(cls, name: str, fn) -> None:
+        """Give this backend class the method ``name`` (an op registered from outside lockstep brings its kernels
+        in its record: hal/torch_ops.py ``register``); it marks the thread as inside lockstep as the others do."""
+        setattr(cls, name, fn if getattr(fn, "_marks_running", False) else _marks_running(fn))
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run on this machine, else why not (missing package, device)."""

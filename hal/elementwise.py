@@ -14,6 +14,8 @@ from . import tensor_parallel as _tp, validate as v
 from .errors import InputError
 from .ops import _acc_dtype, _needs_grad, _prepare
 from .ops_registry import DTENSOR, TORCH_OP, route, routing
+from .spec import STRICT
+from .torch_ops import FunctionBackward, OpRecord, TorchOp, register, saves
 
 __all__ = ["sigmoid", "silu", "softplus", "silu_mul", "rotary_cos_sin", "apply_rotary"]
 
@@ -251,3 +253,51 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     if _needs_grad(x, cos, sin):
         return _RotaryFn.apply(x, cos, sin, interleaved, s, impl)
     return impl.apply_rotary(x, cos, sin, interleaved, s)
+
+
+# ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
+
+
+class _Contract:
+    """The backend methods (hal/backend_contract.py): hal calls them with validated tensors and the resolved spec."""
+
+    def sigmoid(self, x, spec):
+        """Elementwise sigmoid in x's dtype."""
+
+    def silu(self, x, spec):
+        """Elementwise ``x * sigmoid(x)``."""
+
+    def softplus(self, x, spec):
+        """Elementwise ``log(1 + exp(x))``."""
+
+    def silu_mul(self, a, b, spec):
+        """``silu(a) * b``, rounded once."""
+
+    def rotary_cos_sin(self, positions, rotary_dim, base, inv_freq, spec):
+        """``(cos, sin)`` float32 tables [..., rotary_dim / 2]."""
+
+    def apply_rotary(self, x, cos, sin, interleaved, spec):
+        """x with its first 2 * cos.shape[-1] channels rotated (rotate-half or interleaved pairs)."""
+
+
+_ELEMENTWISE = (("elementwise", (STRICT,)),)
+_ROTARY = (("rotary", (STRICT,)),)
+
+for _kind, _fn in (("sigmoid", sigmoid), ("silu", silu), ("softplus", softplus)):
+    register(OpRecord(_kind, "elementwise", contract=getattr(_Contract, _kind), suites=_ELEMENTWISE, torch_ops=(
+        TorchOp(_kind, None, _fn, "Tensor x", "Tensor", fake=lambda x, spec, backend: x.new_empty(x.shape),
+                backward=FunctionBackward(_UnaryFn, saves(0, kind=lambda i, o, k=_kind: k), 1)),)))
+register(OpRecord("silu_mul", "elementwise", contract=_Contract.silu_mul, suites=_ELEMENTWISE, sharding=_tp.ROWWISE,
+                  torch_ops=(TorchOp("silu_mul", None, silu_mul, "Tensor a, Tensor b", "Tensor",
+                                     fake=lambda a, b, spec, backend: a.new_empty(a.shape),
+                                     backward=FunctionBackward(_SiluMulFn, saves(0, 1), 2)),)))
+register(OpRecord("rotary_cos_sin", "rotary", contract=_Contract.rotary_cos_sin, suites=_ROTARY, torch_ops=(
+    TorchOp("rotary_cos_sin", None, rotary_cos_sin, "Tensor positions, int rotary_dim, float base, Tensor? inv_freq",
+            "(Tensor, Tensor)",
+            fake=lambda positions, rotary_dim, base, inv_freq, spec, backend: tuple(
+                positions.new_empty((*positions.shape, rotary_dim // 2), dtype=F32) for _ in range(2))),)))
+register(OpRecord("apply_rotary", "rotary", contract=_Contract.apply_rotary, suites=_ROTARY, sharding=_tp.ROWWISE,
+                  torch_ops=(TorchOp("apply_rotary", None, apply_rotary, "Tensor x, Tensor cos, Tensor sin, bool interleaved",
+                                     "Tensor", fake=lambda x, cos, sin, interleaved, spec, backend: x.new_empty(x.shape),
+                                     backward=FunctionBackward(_RotaryFn,
+                                                               saves(0, 1, 2, interleaved=lambda i, o: i[3]), 3)),)))

@@ -29,6 +29,7 @@ from . import dispatch, spec as specs, validate as val
 from .errors import InputError, UnsupportedError
 from .ops import _needs_grad, _prepare
 from .ops_registry import OPS, TORCH_OP, route, routing
+from .torch_ops import HelperOp, OpBackward, OpRecord, TorchOp, register
 
 __all__ = ["GatedDeltaRuleState", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_gating",
            "gdn_causal_conv1d"]
@@ -587,3 +588,135 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
         from hal.kernels.oracle.gated_delta_rule import causal_conv1d as ora
         return _RecomputeFn.apply(fwd, ora, 4, x, weight, bias, conv_state, activation, cu)
     return fwd()
+
+
+# ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
+# Their backwards are ops too: the rule's reads cu_seqlens on the host and, like the conv's and the gates',
+# differentiates a recompute with torch.autograd.grad, which must stay out of AOT autograd's trace.
+
+
+def _like_or_empty(*inputs, fallback):
+    """A fake gradient per input: its shape and dtype, or [0] for an input not given."""
+    return tuple(fallback.new_empty((0,)) if x is None else x.new_empty(x.shape) for x in inputs)
+
+
+_RULE_BACKWARD = HelperOp(
+    "gated_delta_rule_backward(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, "
+    "Tensor? initial_state, str? state_spec, int[] state_layout, Tensor? state_position, Tensor? state_S, "
+    "Tensor? open_k, Tensor? open_v, Tensor? open_g, Tensor? open_beta, Tensor? state_final, Tensor? cu_seqlens, "
+    "bool use_qk_l2norm_in_kernel, Tensor do, Tensor dfinal, str op, str? spec, str? backend) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _rule_backward_kernel,
+    lambda q, k, v, g, beta, scale, init, *rest: _like_or_empty(q, k, v, g, beta, init, fallback=q))
+
+
+def _rule_setup(ctx, inputs, output):
+    (q, k, v, g, beta, scale, init, state_spec, layout, *parts), rest = inputs[:16], inputs[16:]
+    want, _, cu, l2, spec, backend = rest
+    ctx.save_for_backward(q, k, v, g, beta, init, *parts, cu)
+    ctx.rest = (scale, state_spec, list(layout), want, l2, spec, backend)
+
+
+def _rule_backward(op):
+    def backward(ctx, do, dfinal, *unused):
+        q, k, v, g, beta, init, *parts, cu = ctx.saved_tensors
+        scale, state_spec, layout, want, l2, spec, backend = ctx.rest
+        n = q.shape[0] if cu is None else cu.shape[0] - 1
+        if do is None:
+            do = torch.zeros_like(v)
+        if want == 0 or dfinal is None:  # no final state returned (an empty output): nothing flows from it
+            dfinal = v.new_zeros((n, v.shape[2], q.shape[3], v.shape[3]), dtype=F64 if v.dtype == F64 else F32)
+        grads = torch.ops.lockstep.gated_delta_rule_backward(
+            q, k, v, g, beta, scale, init, state_spec, layout, *parts, cu, l2, do, dfinal, op, spec, backend)
+        return (*grads[:5], None, grads[5] if init is not None else None, *[None] * 15)
+    return backward
+
+
+def _gating_dtype(*ts):
+    return F64 if F64 in (t.dtype for t in ts) else F32
+
+
+def _gating_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+
+
+def _gating_backward(ctx, grad_g, grad_beta):
+    A_log, a, dt_bias, b = ctx.saved_tensors
+    dtype = _gating_dtype(A_log, a, dt_bias, b)
+    grad_g, grad_beta = (a.new_zeros(a.shape, dtype=dtype) if x is None else x for x in (grad_g, grad_beta))
+    grads = torch.ops.lockstep.gdn_gating_backward(A_log, a, dt_bias, b, grad_g, grad_beta)
+    return (*grads, None, None)
+
+
+def _conv_setup(ctx, inputs, output):
+    x, weight, bias, conv_state, activation, cu = inputs[:6]
+    ctx.save_for_backward(x, weight, bias, conv_state, cu)
+    ctx.activation, ctx.state_shape = activation, output[1].shape
+
+
+def _conv_backward(ctx, grad_y, grad_state):
+    x, weight, bias, conv_state, cu = ctx.saved_tensors
+    grad_y = torch.zeros_like(x) if grad_y is None else grad_y
+    grad_state = x.new_zeros(ctx.state_shape) if grad_state is None else grad_state
+    gx, gw, gb, gs = torch.ops.lockstep.gdn_causal_conv1d_backward(
+        x, weight, bias, conv_state, ctx.activation, cu, grad_y, grad_state)
+    return gx, gw, gb if bias is not None else None, gs if conv_state is not None else None, None, None, None, None
+
+
+def _conv_fake(x, weight, bias, conv_state, activation, cu_seqlens, spec, backend):
+    n = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return x.new_empty(x.shape), x.new_empty((n, weight.shape[1] - 1, x.shape[2]))
+
+
+class _Contract:
+    """The backend methods (hal/backend_contract.py): hal calls them with validated tensors and the resolved spec."""
+
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
+        """``(o, Parts)``: the chunked gated delta rule from ``state`` (kernels/layout.py ``Parts``)."""
+
+    def fused_recurrent_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec,
+                                         want_final):
+        """``(o, Parts)``: the same rule, one token at a time (same bits as the chunked form)."""
+
+    def gdn_gating(self, A_log, a, dt_bias, b, spec):
+        """``(g, beta)`` float32: ``-exp(A_log) * softplus(a + dt_bias)`` and ``sigmoid(b)``."""
+
+    def gdn_causal_conv1d(self, x, weight, bias, conv_state, activation, cu_seqlens, spec):
+        """``(y, new_conv_state)``: the depthwise causal conv over the previous K-1 inputs, then the activation."""
+
+
+# a GatedDeltaRuleState crosses as tensors (its spec id, layout and Parts fields in; o, final and the Parts
+# fields out; empty where absent): "the torch ops" above
+for _name, _kernel in (("chunk_gated_delta_rule", _chunk_kernel),
+                       ("fused_recurrent_gated_delta_rule", _fused_recurrent_kernel)):
+    register(OpRecord(_name, "gated_delta_rule", contract=getattr(_Contract, _name),
+                      suites=(("gated_delta_rule", (specs.STRICT,)),), torch_ops=(TorchOp(
+        _name, None, _kernel,
+        "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, Tensor? initial_state, "
+        "str? state_spec, int[] state_layout, Tensor? state_position, Tensor? state_S, Tensor? open_k, "
+        "Tensor? open_v, Tensor? open_g, Tensor? open_beta, Tensor? state_final, int output_final_state, "
+        "SymInt open_rows, Tensor? cu_seqlens, bool use_qk_l2norm_in_kernel", "(" + ", ".join(["Tensor"] * 8) + ")",
+        fake=lambda q, k, v, g, beta, scale, initial_state, state_spec, state_layout, state_position, state_S, *rest:
+            _rule_fake(q, v, beta, initial_state, state_S, rest[5], rest[6], rest[7]),
+        backward=OpBackward(_RULE_BACKWARD, _rule_setup, _rule_backward(_name))),)))
+
+register(OpRecord("gdn_gating", "gated_delta_rule", contract=_Contract.gdn_gating,
+                  suites=(("gdn_layer", (specs.STRICT,)),), torch_ops=(TorchOp(
+    "gdn_gating", None, gdn_gating, "Tensor A_log, Tensor a, Tensor dt_bias, Tensor b", "(Tensor, Tensor)",
+    fake=lambda A_log, a, dt_bias, b, spec, backend: (a.new_empty(a.shape, dtype=_gating_dtype(A_log, a, dt_bias, b)),
+                                                      a.new_empty(a.shape, dtype=_gating_dtype(A_log, a, dt_bias, b))),
+    backward=OpBackward(HelperOp(
+        "gdn_gating_backward(Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor grad_g, Tensor grad_beta) "
+        "-> (Tensor, Tensor, Tensor, Tensor)", _gating_backward_kernel,
+        lambda A_log, a, dt_bias, b, gg, gb: _like_or_empty(A_log, a, dt_bias, b, fallback=a)),
+        _gating_setup, _gating_backward)),)))
+
+register(OpRecord("gdn_causal_conv1d", "gated_delta_rule", contract=_Contract.gdn_causal_conv1d,
+                  suites=(("gdn_layer", (specs.STRICT,)),), torch_ops=(TorchOp(
+    "gdn_causal_conv1d", None, gdn_causal_conv1d,
+    "Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, Tensor? cu_seqlens",
+    "(Tensor, Tensor)", fake=_conv_fake,
+    backward=OpBackward(HelperOp(
+        "gdn_causal_conv1d_backward(Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, "
+        "Tensor? cu_seqlens, Tensor grad_y, Tensor grad_state) -> (Tensor, Tensor, Tensor, Tensor)",
+        _conv_backward_kernel, lambda x, weight, bias, state, *rest: _like_or_empty(x, weight, bias, state, fallback=x)),
+        _conv_setup, _conv_backward)),)))

@@ -13,6 +13,7 @@ from .errors import SpecError, UnsupportedError
 from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
 from .ops_registry import DTENSOR, OPS, TORCH_OP, route, routing
+from .torch_ops import FunctionBackward, OpRecord, TorchOp, register, saves
 
 __all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
            "token_logprobs"]
@@ -352,3 +353,98 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     if _needs_grad(hidden, lm_head_weight):
         return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl, w_arg)
     return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
+
+
+# ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
+
+
+def _softmax_setup(kind):
+    def setup(ctx, inputs, output):
+        x, dim = inputs[0], inputs[1] % inputs[0].dim()
+        out = output if kind == "logsumexp" else output.movedim(dim, -1)
+        ctx.save_for_backward(x.movedim(dim, -1), out)
+        ctx.kind, ctx.dim = kind, dim
+    return setup
+
+
+def _softmax_formula(kind):
+    """_SoftmaxFamilyFn.backward on the op's ``dim`` (the Function works on the last axis)."""
+    def formula(ctx, g):
+        if kind != "logsumexp":
+            g = g.movedim(ctx.dim, -1)
+        return (_SoftmaxFamilyFn.backward(ctx, g)[0].movedim(-1, ctx.dim),)
+    return formula
+
+
+def _rms_residual_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], inputs[1])  # the backward reads h = x + residual
+    ctx.eps, ctx.has_residual = inputs[3], True
+
+
+class _Contract:
+    """The backend methods (hal/backend_contract.py): hal calls them with validated tensors and the resolved spec."""
+
+    def matmul(self, a, b, spec):
+        """``a [..., M, K] @ b [K, N]`` in a's dtype."""
+
+    def linear(self, x, weight, bias, spec):
+        """``x [..., K] @ weight[N, K]^T (+ bias[N])``; under the exact policy ``weight`` may be a prepared
+        ``hal.ExactWeight`` when the backend sets ``reads_exact_weight``."""
+
+    def rms_norm(self, x, weight, eps, residual, spec):
+        """``y`` ([..., H], x's dtype), or ``(y, x + residual)`` when ``residual`` is given."""
+
+    def softmax(self, x, spec):
+        """Softmax over the last dim (hal moves the reduced dim last)."""
+
+    def log_softmax(self, x, spec):
+        """Log-softmax over the last dim."""
+
+    def logsumexp(self, x, spec):
+        """Logsumexp over the last dim, float32 (float64 for float64 input), the dim removed."""
+
+    def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [T, H]."""
+
+
+_MATMUL_SUITES = (("matmul", (specs.STRICT,)), ("matmul_exact", (specs.EXACT,)), ("matmul_fast", (specs.FAST,)))
+
+for _record in (
+    OpRecord("matmul", "matmul", contract=_Contract.matmul, suites=_MATMUL_SUITES, torch_ops=(
+        TorchOp("matmul", None, matmul, "Tensor a, Tensor b", "Tensor",
+                fake=lambda a, b, spec, backend: a.new_empty((*a.shape[:-1], b.shape[1])),
+                backward=FunctionBackward(_MatmulFn, saves(0, 1), 2)),)),
+    OpRecord("linear", "matmul", contract=_Contract.linear, suites=_MATMUL_SUITES,
+             sharding=_tp.TP_LINEAR,
+             torch_ops=(TorchOp("linear", None, linear, "Tensor x, Tensor weight, Tensor? bias", "Tensor",
+                                fake=lambda x, weight, bias, spec, backend: x.new_empty((*x.shape[:-1], weight.shape[0])),
+                                backward=FunctionBackward(_LinearFn, saves(0, 1, has_bias=lambda i, o: i[2] is not None),
+                                                          3)),)),
+    OpRecord("rms_norm", "rms_norm", contract=_Contract.rms_norm, suites=(("rms_norm", (specs.STRICT,)),),
+             sharding=_tp.ROWWISE, torch_ops=(
+        TorchOp("rms_norm", None, rms_norm, "Tensor x, Tensor weight, float eps", "Tensor",
+                fake=lambda x, weight, eps, spec, backend: x.new_empty(x.shape),
+                backward=FunctionBackward(_RMSNormFn, saves(0, 1, eps=lambda i, o: i[2], has_residual=lambda i, o: False),
+                                          2)),
+        TorchOp("rms_norm_residual", None, rms_norm, "Tensor x, Tensor weight, Tensor residual, float eps",
+                "(Tensor, Tensor)",
+                fake=lambda x, weight, residual, eps, spec, backend: (x.new_empty(x.shape), x.new_empty(x.shape)),
+                backward=FunctionBackward(_RMSNormFn, _rms_residual_setup, 3, reads_output=True)))),
+    *(OpRecord(kind, "softmax", contract=getattr(_Contract, kind), suites=(("softmax", (specs.STRICT,)),),
+               sharding=None if kind == "logsumexp" else _tp.ROWWISE, torch_ops=(
+        TorchOp(kind, None, fn, "Tensor x, int dim", "Tensor",
+                fake=(lambda x, dim, spec, backend: x.new_empty(x.shape[:dim % x.dim()] + x.shape[dim % x.dim() + 1:]))
+                if kind == "logsumexp" else (lambda x, dim, spec, backend: x.new_empty(x.shape)),
+                backward=FunctionBackward(_SoftmaxFamilyFn, _softmax_setup(kind), 1, reads_output=True,
+                                          formula=_softmax_formula(kind))),))
+      for kind, fn in (("softmax", softmax), ("log_softmax", log_softmax), ("logsumexp", logsumexp))),
+    OpRecord("token_logprobs", "token_logprobs", contract=_Contract.token_logprobs, sharding=_tp.ROWWISE,
+             suites=(("token_logprobs", (specs.STRICT,)), ("token_logprobs_exact", (specs.STRICT, specs.EXACT))),
+             torch_ops=(TorchOp("token_logprobs", None, token_logprobs,
+                                "Tensor hidden, Tensor lm_head_weight, Tensor tokens, float temperature", "Tensor",
+                                fake=lambda hidden, w, tokens, temperature, spec, backend: hidden.new_empty(
+                                    tokens.shape, dtype=torch.float32),
+                                backward=FunctionBackward(_TokenLogprobsFn,
+                                                          saves(0, 1, 2, temperature=lambda i, o: i[3]), 2)),)),
+):
+    register(_record)

@@ -1,9 +1,14 @@
-"""The op table: every public op's spec family and the torch op (``torch.ops.lockstep.*``) it becomes.
+"""The op record and the tables derived from it: every public op's spec family, the torch ops
+(``torch.ops.lockstep.*``) it becomes, and how each call is routed.
 
-``OPS`` (public op name -> spec family) is what dispatch and the conformance suite read. ``TORCH_OPS``
-declares, once per torch op, its schema (tensors, ints, floats, bools; ``spec`` and ``backend`` as
-``str?`` ids/names), the arguments it writes (``Tensor(a!)`` in the schema) and the public python
-function its real kernel calls. hal/torch_ops.py registers every entry from this table.
+Each public op declares one :class:`OpRecord` beside its public function (hal/ops.py, hal/attention.py, ...)
+and hands it to ``hal.torch_ops.register``, which fills ``OPS`` (public op name -> spec family: what dispatch
+and the conformance suite read), ``TORCH_OPS`` (torch op name -> :class:`TorchOp`: its schema -- tensors, ints,
+floats, bools, then ``spec`` and ``backend`` as ``str?`` id / name --, the arguments it writes, ``Tensor(a!)``,
+the python function its real kernel calls, its fake and its backward), ``DTENSOR_RULES``, the backend contract
+(hal/backend_contract.py) and the conformance suites a backend may claim (hal/backend.py). An integration
+registers its own torch ops the same way (a lone :class:`TorchOp` over a public op's family): the core names
+none. docs/architecture.md, "A new op, step by step".
 
 Routing, one call at every public op's head: ``how = routing("linear", x, weight, bias)`` says how this
 call runs, one of
@@ -26,41 +31,22 @@ A new public op starts with the same head::
     how = routing("my_op", x, w)          # every tensor argument, None allowed
     if how is TORCH_OP:
         return route("my_op", x, w, spec=spec, backend=backend)
-    if how is DTENSOR:                    # only if "my_op" is in DTENSOR_RULES
+    if how is DTENSOR:                    # only if its record has a ``sharding`` rule
         return tensor_parallel.rowwise(...)
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from . import spec as specs
 from .errors import SpecError, UnsupportedError
 
-#: op name -> spec family
-OPS: dict[str, str] = {
-    "matmul": "matmul",
-    "linear": "matmul",
-    "rms_norm": "rms_norm",
-    "softmax": "softmax",
-    "log_softmax": "softmax",
-    "logsumexp": "softmax",
-    "token_logprobs": "token_logprobs",
-    "flash_attn_varlen_func": "attention",
-    "flash_attn_with_kvcache": "attention",
-    "chunk_gated_delta_rule": "gated_delta_rule",
-    "fused_recurrent_gated_delta_rule": "gated_delta_rule",
-    "gdn_gating": "gated_delta_rule",
-    "gdn_causal_conv1d": "gated_delta_rule",
-    "sigmoid": "elementwise",
-    "silu": "elementwise",
-    "softplus": "elementwise",
-    "silu_mul": "elementwise",
-    "rotary_cos_sin": "rotary",
-    "apply_rotary": "rotary",
-}
+#: op name -> spec family (derived: filled by each op's record, hal.torch_ops.register)
+OPS: dict[str, str] = {}
 
 
 def register_op(op: str, family: str) -> None:
@@ -73,14 +59,19 @@ _CHOICE = "str? spec, str? backend"  # every torch op ends with these two
 
 @dataclass(frozen=True)
 class TorchOp:
-    """One ``torch.ops.lockstep.<name>``: ``public`` (a key of OPS, the python function
-    ``module:function`` its kernel calls with the schema's arguments by name, plus ``fixed``)."""
+    """One ``torch.ops.lockstep.<name>`` serving public op ``public`` (a key of OPS; None inside an
+    :class:`OpRecord`: the record's op). Its real kernel calls ``function`` with the schema's arguments by
+    name, plus ``fixed``; ``fake`` gives its outputs' shapes (same arguments, no data); ``backward`` is how
+    autograd reaches it (:class:`FunctionBackward`, :class:`OpBackward`, :class:`Refused`; None: the op
+    takes no gradient, its public function refuses inputs that require one)."""
     name: str
-    public: str
-    function: str
+    public: str | None
+    function: Callable
     args: str  # the schema's arguments before ``spec, backend``
     returns: str
     fixed: tuple[tuple[str, object], ...] = ()  # keyword arguments the kernel adds (e.g. return_lse=True)
+    fake: Callable | None = None
+    backward: object = None
 
     @property
     def family(self) -> str:
@@ -96,71 +87,79 @@ class TorchOp:
         return tuple(a.split()[-1] for a in self.args.split(",") if "!)" in a)
 
 
-TORCH_OPS: dict[str, TorchOp] = {op.name: op for op in (
-    TorchOp("matmul", "matmul", "hal.ops:matmul", "Tensor a, Tensor b", "Tensor"),
-    TorchOp("linear", "linear", "hal.ops:linear", "Tensor x, Tensor weight, Tensor? bias", "Tensor"),
-    TorchOp("rms_norm", "rms_norm", "hal.ops:rms_norm", "Tensor x, Tensor weight, float eps", "Tensor"),
-    TorchOp("rms_norm_residual", "rms_norm", "hal.ops:rms_norm",
-            "Tensor x, Tensor weight, Tensor residual, float eps", "(Tensor, Tensor)"),
-    TorchOp("softmax", "softmax", "hal.ops:softmax", "Tensor x, int dim", "Tensor"),
-    TorchOp("log_softmax", "log_softmax", "hal.ops:log_softmax", "Tensor x, int dim", "Tensor"),
-    TorchOp("logsumexp", "logsumexp", "hal.ops:logsumexp", "Tensor x, int dim", "Tensor"),
-    TorchOp("token_logprobs", "token_logprobs", "hal.ops:token_logprobs",
-            "Tensor hidden, Tensor lm_head_weight, Tensor tokens, float temperature", "Tensor"),
-    TorchOp("sigmoid", "sigmoid", "hal.elementwise:sigmoid", "Tensor x", "Tensor"),
-    TorchOp("silu", "silu", "hal.elementwise:silu", "Tensor x", "Tensor"),
-    TorchOp("softplus", "softplus", "hal.elementwise:softplus", "Tensor x", "Tensor"),
-    TorchOp("silu_mul", "silu_mul", "hal.elementwise:silu_mul", "Tensor a, Tensor b", "Tensor"),
-    TorchOp("rotary_cos_sin", "rotary_cos_sin", "hal.elementwise:rotary_cos_sin",
-            "Tensor positions, int rotary_dim, float base, Tensor? inv_freq", "(Tensor, Tensor)"),
-    TorchOp("apply_rotary", "apply_rotary", "hal.elementwise:apply_rotary",
-            "Tensor x, Tensor cos, Tensor sin, bool interleaved", "Tensor"),
-    # attention: lse is always returned (the public op drops it unless asked); max_seqlen as SymInt
-    TorchOp("flash_attn_varlen", "flash_attn_varlen_func", "hal.attention:flash_attn_varlen_func",
-            "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
-            "SymInt max_seqlen_k, float? softmax_scale, bool causal, SymInt[] window_size", "(Tensor, Tensor)",
-            fixed=(("return_lse", True),)),
-    # appends k, v into the caches in place: the schema says so (a!), (b!)
-    TorchOp("flash_attn_with_kvcache", "flash_attn_with_kvcache", "hal.attention:flash_attn_with_kvcache",
-            "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
-            "Tensor? block_table, float? softmax_scale, bool causal, SymInt[] window_size, int num_splits",
-            "(Tensor, Tensor)", fixed=(("return_lse", True),)),
-    # gated delta rule: a GatedDeltaRuleState crosses as tensors (its spec id, layout and Parts fields in;
-    # o, final and the Parts fields out; empty where absent): hal/gated_delta_rule.py, "the torch ops"
-    *(TorchOp(name, name, f"hal.gated_delta_rule:{kernel}",
-              "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, Tensor? initial_state, "
-              "str? state_spec, int[] state_layout, Tensor? state_position, Tensor? state_S, Tensor? open_k, "
-              "Tensor? open_v, Tensor? open_g, Tensor? open_beta, Tensor? state_final, int output_final_state, "
-              "SymInt open_rows, Tensor? cu_seqlens, bool use_qk_l2norm_in_kernel", "(" + ", ".join(["Tensor"] * 8) + ")")
-      for name, kernel in (("chunk_gated_delta_rule", "_chunk_kernel"),
-                           ("fused_recurrent_gated_delta_rule", "_fused_recurrent_kernel"))),
-    TorchOp("gdn_gating", "gdn_gating", "hal.gated_delta_rule:gdn_gating",
-            "Tensor A_log, Tensor a, Tensor dt_bias, Tensor b", "(Tensor, Tensor)"),
-    TorchOp("gdn_causal_conv1d", "gdn_causal_conv1d", "hal.gated_delta_rule:gdn_causal_conv1d",
-            "Tensor x, Tensor weight, Tensor? bias, Tensor? conv_state, str? activation, Tensor? cu_seqlens",
-            "(Tensor, Tensor)"),
-    # the patched HF GatedDeltaNet's mask / positions -> packed sequences (a plan that reads values), conv and
-    # chunk rule in one kernel: o [B, T, HV, dv] with zeros at padding (hal/integrations/hf_modules.py)
-    TorchOp("hf_gated_delta_net", "chunk_gated_delta_rule", "hal.integrations.hf_modules:packed_conv_and_rule",
-            "Tensor mixed, Tensor g, Tensor beta, Tensor conv_weight, Tensor? conv_bias, Tensor? attention_mask, "
-            "Tensor? position_ids, Tensor? cu_seq_lens_q, int key_dim, int head_k_dim, int head_v_dim", "Tensor"),
-    # the patched HF attention: mask / positions -> sequences (a plan that reads values) + varlen attention,
-    # all inside one kernel so that a traced model holds no data-dependent host code
-    # (lse [B, Tq, Hq] is returned for the backward op, which gathers it as the varlen backward needs it)
-    TorchOp("hf_attention", "flash_attn_varlen_func", "hal.integrations.hf_attention:masked_attention",
-            "Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
-            "Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, float? scaling", "(Tensor, Tensor)",
-            fixed=(("return_lse", True),)),
-)}
+@dataclass(frozen=True)
+class HelperOp:
+    """A torch op that is no public op's own: a backward op, or a step of a sharding rule a graph cannot
+    trace. ``schema`` is the whole ``name(args) -> returns``; ``kernel`` gets the arguments positionally
+    (inside the public ops' direct path when ``direct``), ``fake`` the same."""
+    schema: str
+    kernel: Callable
+    fake: Callable
+    direct: bool = False
 
+    @property
+    def name(self) -> str:
+        return self.schema.partition("(")[0]
+
+
+@dataclass(frozen=True)
+class FunctionBackward:
+    """The op's gradient is an ``autograd.Function``'s backward, run as the op ``<name>_backward``: ``setup``
+    (ctx, inputs, output) stores on ctx what the Function's forward stores; ``grads``: how many leading op
+    arguments (the differentiable tensors, in the Function's order) it returns grads for; ``reads_output``:
+    setup reads the op's outputs. ``formula`` (ctx, *grads) replaces ``function.backward`` when the op's
+    argument order differs from the Function's."""
+    function: type
+    setup: Callable
+    grads: int
+    reads_output: bool = False
+    formula: Callable | None = None
+
+
+@dataclass(frozen=True)
+class OpBackward:
+    """The op's gradient is a backward op of its own (``op``, e.g. one that reads host values), called by
+    ``backward`` (ctx, *grads) from what ``setup_context`` (ctx, inputs, output) saved."""
+    op: HelperOp
+    setup_context: Callable
+    backward: Callable
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The op has no backward yet: an input that requires grad is refused with ``message``."""
+    message: str
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One public op, declared beside its public function; ``hal.torch_ops.register(record)`` derives every
+    op-indexed table from it: ``OPS`` (name -> spec ``family``), ``TORCH_OPS`` and the torch ops themselves
+    (``torch_ops``: schema, kernel, fake, backward), ``DTENSOR_RULES`` (``sharding``: what its DTensor rule
+    takes, None when it has none), the backend contract (``contract``: the backend method's signature and
+    what it returns) and ``hal.backend.CONFORMANCE_SUITES`` (``suites``: conformance suite -> the policies
+    its specs use). An op that lives outside lockstep also brings its ``kernels`` (backend name -> the method
+    that backend runs for it, added to the backend's class) and its ``conformance`` suites (``Suite`` objects,
+    found by ``hal.conformance.suites.get`` like lockstep's own)."""
+    name: str
+    family: str
+    torch_ops: tuple[TorchOp, ...]
+    contract: Callable
+    sharding: str | None = None
+    suites: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    kernels: tuple[tuple[str, Callable], ...] = ()
+    conformance: tuple[object, ...] = ()
+
+
+#: torch op name -> its TorchOp (derived: filled by the records and the integrations' torch ops)
+TORCH_OPS: dict[str, TorchOp] = {}
 
 # ---------------------------------------------------------------- routing
 
 DIRECT, TORCH_OP, DTENSOR = "direct", "torch_op", "dtensor"  # what routing() answers
 
-#: public ops with a DTensor rule in hal/tensor_parallel.py (row-wise over a sharded batch; TP linears)
-DTENSOR_RULES = frozenset({"linear", "rms_norm", "softmax", "log_softmax", "silu_mul", "token_logprobs",
-                           "apply_rotary"})
+#: public ops with a DTensor rule in hal/tensor_parallel.py (derived: the records with a ``sharding``)
+DTENSOR_RULES: set[str] = set()
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _is_compiling = torch.compiler.is_compiling  # bound once: Dynamo knows the function, not the name

@@ -38,6 +38,11 @@ import torch
 from .errors import UnsupportedError
 from .ops_registry import NAMESPACE, tracing
 from .ops_registry import dtensor_class as _dtensor, has_dtensor  # noqa: F401 (has_dtensor: re-exported)
+from .torch_ops import HelperOp, register
+
+#: what a record's ``sharding`` says of the rules here (hal/ops_registry.py OpRecord)
+ROWWISE = "row-wise: row tensors Shard(batch dim) or Replicate, weights Replicate (rowwise)"
+TP_LINEAR = ROWWISE + "; ColwiseParallel / RowwiseParallel weights (linear)"
 
 _float_partials = contextvars.ContextVar("lockstep_float_partial_sums", default=False)
 
@@ -265,3 +270,11 @@ class _RowParallelExact(torch.autograd.Function):
         gw = (g2.transpose(0, 1) @ x.reshape(-1, x.shape[-1]).float()).to(w.dtype) if ctx.needs_input_grad[1] else None
         gb = g2.sum(0).to(w.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None
+
+
+# the rule's two steps a graph cannot trace, as torch ops (their gradients: the autograd.Functions above)
+register(HelperOp("row_parallel_linear(Tensor x, Tensor weight, Tensor? bias, str group_name, str spec) -> Tensor",
+                  row_parallel_linear_kernel,
+                  lambda x, weight, bias, group_name, spec: x.new_empty((*x.shape[:-1], weight.shape[0])), direct=True))
+register(HelperOp("float_partials_gate(Tensor partials, str spec) -> Tensor", float_partials_gate_kernel,
+                  lambda partials, spec: partials.new_empty(partials.shape), direct=True))

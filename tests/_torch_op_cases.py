@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 import hal
+import hal.integrations.hf_modules  # noqa: F401 (registers the HF integration's torch ops: hf_attention, hf_gated_delta_net)
 
 F32, BF16 = torch.float32, torch.bfloat16
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib
 
+from hal.backend import OUTSIDE_SUITES
+
 from ..suite import Suite
 
 MODULES = {
@@ -23,10 +25,13 @@ MODULES = {
 
 
 def get(name: str) -> Suite:
+    if name in OUTSIDE_SUITES:
+        return OUTSIDE_SUITES[name]
     if name not in MODULES:
-        raise KeyError(f"unknown conformance suite {name!r}; known: {', '.join(MODULES)}")
+        raise KeyError(f"unknown conformance suite {name!r}; known: {', '.join(names())}")
     return importlib.import_module(MODULES[name]).SUITE
 
 
 def names() -> list[str]:
-    return list(MODULES)
+    """Lockstep's suites, then those of ops registered from outside (their records' ``conformance``)."""
+    return list(MODULES) + [n for n in OUTSIDE_SUITES if n not in MODULES]

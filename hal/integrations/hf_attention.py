@@ -24,6 +24,7 @@ from ..attention import flash_attn_varlen_func
 from ..attention_checks import _scale
 from ..errors import InputError, UnsupportedError
 from ..ops_registry import TORCH_OP, route, routing
+from ..torch_ops import HelperOp, OpBackward, TorchOp, register
 
 NAME = "lockstep"
 
@@ -263,3 +264,53 @@ def _unpacked(g, like, index):
     if g is not None:
         full.index_put_(index, g, accumulate=True)
     return full.transpose(1, 2)
+
+
+# ---------------------------------------------------------------- the integration's own torch ops
+# The patched attention as one torch op (hal/torch_ops.py register): mask / positions -> sequences (a plan that reads
+# values) + varlen attention inside one kernel, so that a traced model holds no data-dependent host code. lse
+# [B, Tq, Hq] is returned for the backward op, which plans again (host values) and runs attend_backward.
+
+
+def _backward_kernel(query, key, value, attention_mask, position_ids, cu_q, cu_k, causal, scaling, out, lse, gout,
+                     glse, spec, backend):
+    vis = visibility(query.shape[0], query.shape[2], key.shape[2], attention_mask, position_ids, cu_q, cu_k, causal)
+    with torch.no_grad():
+        return attend_backward(query, key, value, vis, scaling, out, lse, gout, glse, spec=spec, backend=backend)
+
+
+def _fake_backward(query, key, value, *rest):
+    """The real kernel's layout: [B, H, T, D] views of [B, T, H, D] buffers (as eager's gradients)."""
+    return tuple(t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2)
+                 for t in (query, key, value))
+
+
+def _setup(ctx, inputs, output):
+    query, key, value, *masks, causal, scaling, spec, backend = inputs
+    ctx.save_for_backward(query, key, value, *masks, *output)
+    ctx.rest = (bool(causal), scaling, spec, backend)
+
+
+def _backward(ctx, gout, glse):
+    query, key, value, mask, positions, cu_q, cu_k, out, lse = ctx.saved_tensors
+    causal, scaling, spec, backend = ctx.rest
+    if gout is None:
+        gout = torch.zeros_like(out)
+    grads = torch.ops.lockstep.hf_attention_backward(
+        query, key, value, mask, positions, cu_q, cu_k, causal, scaling, out, lse, gout, glse, spec, backend)
+    return *grads, *[None] * 8
+
+
+register(TorchOp(
+    "hf_attention", "flash_attn_varlen_func", masked_attention,
+    "Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, Tensor? cu_seq_lens_q, "
+    "Tensor? cu_seq_lens_k, bool causal, float? scaling", "(Tensor, Tensor)", fixed=(("return_lse", True),),
+    fake=lambda query, key, value, *rest: (query.new_empty((query.shape[0], query.shape[2], query.shape[1],
+                                                            value.shape[-1])),
+                                           query.new_empty((query.shape[0], query.shape[2], query.shape[1]),
+                                                           dtype=torch.float32)),
+    backward=OpBackward(HelperOp(
+        "hf_attention_backward(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
+        "Tensor? cu_seq_lens_q, Tensor? cu_seq_lens_k, bool causal, float? scaling, Tensor out, Tensor lse, "
+        "Tensor gout, Tensor? glse, str? spec, str? backend) -> (Tensor, Tensor, Tensor)",
+        _backward_kernel, _fake_backward), _setup, _backward)))

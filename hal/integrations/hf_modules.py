@@ -17,6 +17,7 @@ import torch
 import hal
 from ..errors import UnsupportedError
 from ..ops_registry import TORCH_OP, route, routing, tracing
+from ..torch_ops import Refused, TorchOp, register
 from .hf_attention import (attend, check_attention_args, masked_attention, segments_from_cu,
                            segments_from_positions, several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
@@ -500,3 +501,16 @@ def sparse_moe_block(mod, hidden_states):
     routed = mod.experts(h, index, weights)
     shared = hal.sigmoid(mod.shared_expert_gate(h)) * shared
     return (routed + shared).reshape(B, T, H)
+
+
+# ---------------------------------------------------------------- the integration's own torch op
+# The patched GatedDeltaNet's mask / positions -> packed sequences (a plan that reads values), conv and chunk rule
+# in one kernel (packed_conv_and_rule): o [B, T, HV, dv] with zeros at padding.
+register(TorchOp(
+    "hf_gated_delta_net", "chunk_gated_delta_rule", packed_conv_and_rule,
+    "Tensor mixed, Tensor g, Tensor beta, Tensor conv_weight, Tensor? conv_bias, Tensor? attention_mask, "
+    "Tensor? position_ids, Tensor? cu_seq_lens_q, int key_dim, int head_k_dim, int head_v_dim", "Tensor",
+    fake=lambda mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids, cu_seq_lens_q, key_dim,
+    head_k_dim, head_v_dim, spec, backend: mixed.new_empty((*mixed.shape[:2], g.shape[-1], head_v_dim)),
+    backward=Refused("the patched HF GatedDeltaNet under torch.compile / torch.export has no backward pass yet; "
+                     "compile the patched model for inference (torch.no_grad()) or train it eagerly")))
