@@ -15,6 +15,7 @@ vLLM-CPU forces async scheduling off (``platforms/cpu.py``); lockstep relies on 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,33 @@ ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # the tested list (tes
 DTYPES = (torch.float32, torch.bfloat16)
 
 _installed = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """One schedule of the engine, for tests and diagnostics: ``rows`` = (request id, tokens computed before
+    this step, tokens scheduled now, prompt length) per scheduled request. A row is a prefill chunk while its
+    computed tokens are fewer than its prompt, else a decode row."""
+    rows: tuple
+
+    @property
+    def prefill(self) -> list:
+        return [r for r in self.rows if r[1] < r[3]]
+
+    @property
+    def decode(self) -> list:
+        return [r for r in self.rows if r[1] >= r[3]]
+
+
+STEP_HOOKS: list = []  # fn(Step) called after each schedule in the engine-core process (in-process engines: here)
+
+
+def _step_of(scheduler, out) -> Step:
+    rows = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    rows += list(zip(cached.req_ids, cached.num_computed_tokens))
+    return Step(tuple((rid, done, out.num_scheduled_tokens[rid], scheduler.requests[rid].num_prompt_tokens)
+                      for rid, done in rows))
 
 
 def check_version() -> str:
@@ -168,9 +196,12 @@ def install() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
     from vllm.v1.engine.input_processor import InputProcessor
     from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from . import layers, sampler
+    from . import layers, sampler, weights
 
     for name, cls in layers.OOT_CUSTOM_OPS.items():
         CustomOp.register_oot(cls, name=name)
@@ -208,6 +239,30 @@ def install() -> None:
         check_config(self.vllm_config)
         load(self, *args, **kwargs)
         audit_model(self.model)
+        weights.watch_load_weights(self.model)
 
     CPUModelRunner.load_model = load_model
+    CPUWorker.lockstep_weights_epoch = weights.worker_weights_epoch
+
+    for name in ("step", "step_with_batch_queue"):
+        def wrap(step):
+            @functools.wraps(step)
+            def checked_step(self, *args, **kwargs):
+                weights.before_schedule(self)
+                return step(self, *args, **kwargs)
+            return checked_step
+        setattr(EngineCore, name, wrap(getattr(EngineCore, name)))
+
+    schedule = Scheduler.schedule
+
+    @functools.wraps(schedule)
+    def scheduled(self, *args, **kwargs):
+        out = schedule(self, *args, **kwargs)
+        if STEP_HOOKS:
+            step = _step_of(self, out)
+            for fn in STEP_HOOKS:
+                fn(step)
+        return out
+
+    Scheduler.schedule = scheduled
     _installed = True
