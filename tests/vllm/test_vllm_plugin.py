@@ -154,7 +154,7 @@ def test_refusals_by_name(models, tmp_path):
             dict(model=path, dtype=case[1], engine=dict(model_impl="transformers"), batches=[]),
             dict(model=str(mistral), dtype=case[1], batches=[]),
             dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * len(refused_requests),
-                 sampling=[[dict(max_tokens=4, logprobs=0, **r)] for r in refused_requests])]
+                 sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests])]
     fp8, raw_logits, hf_impl, arch, requests = run_engines(tmp_path, runs)
     for res, name in ((fp8, "kv_cache_dtype='fp8'"), (raw_logits, "logprobs_mode='raw_logits'"),
                       (hf_impl, "model_impl"), (arch, "MistralForCausalLM")):
