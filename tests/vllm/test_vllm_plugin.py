@@ -208,3 +208,6 @@ def test_reload_weights_evicts_the_prefix_cache(models, tmp_path):
     after = outputs(res, 1)
     assert all(o["cached"] == 0 for o in after), [o["cached"] for o in after]
     assert differing(other, case[1], long_prompts, after) == (0, 0)
+    # negative control: stock vLLM serves the second batch from blocks computed with the old weights
+    (stock,) = run_engines(tmp_path, runs, plugin=False, name="stock")
+    assert sum(o["cached"] for o in outputs(stock, 1)) >= 32 * len(long_prompts)

@@ -244,14 +244,20 @@ def install() -> None:
     CPUModelRunner.load_model = load_model
     CPUWorker.lockstep_weights_epoch = weights.worker_weights_epoch
 
-    for name in ("step", "step_with_batch_queue"):
-        def wrap(step):
-            @functools.wraps(step)
-            def checked_step(self, *args, **kwargs):
-                weights.before_schedule(self)
-                return step(self, *args, **kwargs)
-            return checked_step
-        setattr(EngineCore, name, wrap(getattr(EngineCore, name)))
+    def checking_weights(fn, after=False):
+        @functools.wraps(fn)
+        def checked(self, *args, **kwargs):
+            if not after:
+                weights.check_weights(self)
+            out = fn(self, *args, **kwargs)
+            if after:
+                weights.check_weights(self)
+            return out
+        return checked
+
+    for name in ("step", "step_with_batch_queue", "add_request"):
+        setattr(EngineCore, name, checking_weights(getattr(EngineCore, name)))
+    EngineCore.collective_rpc = checking_weights(EngineCore.collective_rpc, after=True)
 
     schedule = Scheduler.schedule
 

@@ -6,7 +6,7 @@ With the plugin on, every way weights enter the engine goes through the model's 
 ``collective_rpc("reload_weights", ...)`` (vLLM's model loader calls it), a worker extension's own method
 (verl / OpenRLHF call ``model_runner.model.load_weights``), a colocated trainer calling it on an in-process
 engine's model directly (TRL, verl). :func:`watch_load_weights` counts those calls on the worker's model; before
-each schedule the engine core asks the workers :func:`weights_epoch` and evicts the prefix cache when it moved.
+each schedule the engine core asks the workers :func:`weights_epoch` (:func:`check_weights`) and evicts the prefix cache when it moved.
 
 Not seen: a write into a parameter that bypasses ``load_weights`` (``p.data.copy_`` by hand). The weight-change
 detector of the reliability issue (branch ``detector``) is to replace :func:`weights_epoch`'s body -- the one
@@ -44,18 +44,19 @@ def weights_epoch(model) -> int:
 
 def worker_weights_epoch(worker) -> int:
     """The worker method ``lockstep_weights_epoch`` (added to vLLM's CPU worker; called by collective_rpc)."""
-    return weights_epoch(worker.model_runner.model)
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    return 0 if model is None else weights_epoch(model)  # 0 before the model is loaded
 
 
-def before_schedule(core) -> None:
-    """In the engine core, before each schedule: evict the prefix cache when the workers' weights moved."""
+def check_weights(core) -> None:
+    """In the engine core -- after every ``collective_rpc``, before a request is added and before each schedule:
+    when the workers' weights moved, evict the prefix cache (blocks computed with the old weights). Refused
+    when requests still hold blocks computed with the old weights (weights changed mid-generation)."""
     epoch = max(core.model_executor.collective_rpc("lockstep_weights_epoch"))
     seen = core.__dict__.setdefault("_lockstep_weights_seen", epoch)
     if epoch == seen:
         return
-    if core.scheduler.has_unfinished_requests():
-        raise UnsupportedError("the model's weights changed while the engine had unfinished requests: their KV was "
+    if not core.scheduler.reset_prefix_cache():  # False while running requests hold blocks
+        raise UnsupportedError("the model's weights changed while the engine had running requests: their KV was "
                                "computed with the old weights. Update weights between generate calls.")
-    if not core.scheduler.reset_prefix_cache():
-        raise UnsupportedError("the weights changed but vLLM could not evict its prefix cache")
     core.__dict__["_lockstep_weights_seen"] = epoch
