@@ -53,6 +53,12 @@ def _act(llm, action):
     kind, arg = action
     if kind == "reload_weights":  # vLLM's own path: the worker reloads from a checkpoint directory
         llm.collective_rpc("reload_weights", kwargs={"weights_path": arg})
+    elif kind == "extension":  # a worker extension's own method (how verl / OpenRLHF sync weights)
+        llm.collective_rpc("lockstep_test_load", args=(os.path.join(arg, "model.safetensors"),))
+    elif kind == "colocated":  # a trainer in this process calls the in-process engine's model directly (TRL, verl)
+        from safetensors.torch import load_file
+        worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        worker.model_runner.model.load_weights(load_file(os.path.join(arg, "model.safetensors")).items())
     elif kind == "reset_prefix_cache":
         llm.reset_prefix_cache()
     else:
@@ -94,6 +100,34 @@ def run_one(run) -> dict:
         gc.collect()
 
 
+def run_async(run) -> dict:
+    """One batch through ``AsyncLLM`` (what verl's async rollout and ``vllm serve`` use), requests concurrent."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def go():
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=run["model"], dtype=run["dtype"],
+                                                           **{**BASE, **run.get("engine", {})}))
+        try:
+            async def one(i, p):
+                final = None
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=p), SamplingParams(**GREEDY),
+                                                 request_id=f"r{i}"):
+                    final = out
+                o = final.outputs[0]
+                return dict(tokens=list(o.token_ids), cached=final.num_cached_tokens,
+                            bits=[bits(d[t].logprob) for d, t in zip(o.logprobs, o.token_ids)])
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(run["batches"][0])))
+        finally:
+            engine.shutdown()
+
+    return dict(batches=[dict(outputs=asyncio.run(go()))])
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     results = []
@@ -101,7 +135,7 @@ def main():
         if run.get("import_hal"):
             import hal  # noqa: F401  (a trainer process: numba is imported before the engine's worker starts)
         try:
-            results.append(run_one(run))
+            results.append(run_async(run) if run.get("async") else run_one(run))
         except Exception as e:
             results.append(_error(e))
         json.dump(results, open(sys.argv[2], "w"))

@@ -187,6 +187,14 @@ def test_multiprocess_engine_two_threads(models, tmp_path):
     assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
 
 
+def test_async_llm_equals_trainer(models, tmp_path):
+    """AsyncLLM (verl's async rollout, ``vllm serve``), six concurrent requests: the trainer's bits."""
+    case = ("qwen3", "float32")
+    (res,) = run_engines(tmp_path, [dict(model=models[case], dtype=case[1], batches=[PROMPTS], **{"async": True})],
+                         multiprocess=True)
+    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+
+
 def test_compiled_engine_equals_trainer(models, tmp_path):
     """vLLM's default execution mode (torch.compile, enforce_eager=False; a fresh compile cache) gives the bits
     of the eager engine and the trainer."""
@@ -196,18 +204,21 @@ def test_compiled_engine_equals_trainer(models, tmp_path):
     assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
 
 
-def test_reload_weights_evicts_the_prefix_cache(models, tmp_path):
-    """collective_rpc("reload_weights") with other weights, then the same prompts: no stale prefix block (the
-    bits are the new weights' trainer's), without reset_prefix_cache()."""
+@pytest.mark.parametrize("path_kind", ["reload_weights", "extension", "colocated"])
+def test_weight_paths_evict_the_prefix_cache(path_kind, models, tmp_path):
+    """New weights through vLLM's reload_weights RPC, a worker extension's own method, or a colocated trainer
+    calling the in-process engine's model.load_weights, then the same prompts: no stale prefix block (the bits
+    are the new weights' trainer's), without reset_prefix_cache()."""
     case = ("llama", "bfloat16")
     other = tiny.save_tiny("llama", "bfloat16", tmp_path / "other", seed=1)
     long_prompts = [p for p in PROMPTS if len(p) > 32]
     runs = [dict(model=models[case], dtype=case[1], batches=[long_prompts, long_prompts],
-                 between=[[1, ["reload_weights", other]]], engine=dict(enable_prefix_caching=True))]
+                 between=[[1, [path_kind, other]]],
+                 engine=dict(enable_prefix_caching=True, worker_extension_cls="weight_sync_extension.WeightSyncExtension"))]
     (res,) = run_engines(tmp_path, runs)
     after = outputs(res, 1)
     assert all(o["cached"] == 0 for o in after), [o["cached"] for o in after]
     assert differing(other, case[1], long_prompts, after) == (0, 0)
-    # negative control: stock vLLM serves the second batch from blocks computed with the old weights
-    (stock,) = run_engines(tmp_path, runs, plugin=False, name="stock")
-    assert sum(o["cached"] for o in outputs(stock, 1)) >= 32 * len(long_prompts)
+    if path_kind == "reload_weights":  # negative control: stock vLLM serves blocks computed with the old weights
+        (stock,) = run_engines(tmp_path, runs, plugin=False, name="stock")
+        assert sum(o["cached"] for o in outputs(stock, 1)) >= 32 * len(long_prompts)
