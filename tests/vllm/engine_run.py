@@ -39,13 +39,18 @@ def _steps_recorder(steps: list):
 
 def _step_summary(steps) -> dict:
     prefill_steps: dict = {}
-    mixed = 0
+    mixed = preempted = 0
+    reached: dict = {}  # tokens each request had computed after its last scheduled step
     for s in steps:
+        for rid, done, new, _ in s.rows:
+            preempted += done < reached.get(rid, 0)  # it restarts below what it had: preempted, recomputed
+            reached[rid] = done + new
         for rid, *_ in s.prefill:
             prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
         if s.prefill and s.decode and len(s.rows) >= 2:
             mixed += 1
-    return dict(steps=len(steps), mixed_steps=mixed, max_prefill_steps=max(prefill_steps.values(), default=0))
+    return dict(steps=len(steps), mixed_steps=mixed, max_prefill_steps=max(prefill_steps.values(), default=0),
+                preempted=preempted)
 
 
 def _act(llm, action):

@@ -119,6 +119,19 @@ def test_scheduler_invariance_with_hook_proof(models, tmp_path):
     assert outputs(cached, 1)[0]["cached"] >= 64  # the hit really happened (vLLM's own count)
 
 
+def test_preemption_changes_no_bit(models, tmp_path):
+    """Six 30-token prompts fill six blocks of 32 tokens; decoding past token 32 needs a seventh: vLLM preempts
+    and recomputes requests (the step hook sees a request restart below what it had computed); every bit is
+    still the trainer's."""
+    case = ("qwen3", "bfloat16")
+    prompts = [PROMPTS[1][i:i + 30] for i in range(6)]
+    runs = [dict(model=models[case], dtype=case[1], batches=[prompts], record_steps=True,
+                 engine=dict(num_gpu_blocks_override=6, max_model_len=128, enable_prefix_caching=False))]
+    (res,) = run_engines(tmp_path, runs)
+    assert res.get("steps", {}).get("preempted", 0) >= 1, res.get("steps", res.get("error"))
+    assert differing(models[case], case[1], prompts, outputs(res)) == (0, 0)
+
+
 def test_seeded_sampling_logprobs_equal_the_trainers(models, tmp_path):
     """temperature / top-k / top-p with a seed per request: processed log-probs are lt.token_logprobs with the
     same settings; raw ones the temperature-1 values; a seeded request draws the same tokens beside others."""
