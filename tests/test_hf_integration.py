@@ -14,6 +14,7 @@ import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.hf_verify import cache_kwargs  # noqa: E402
 
 KINDS = ["llama", "qwen3", "qwen3_next"]
 LENGTHS = {"llama": (6, 3, 8), "qwen3": (6, 3, 8), "qwen3_next": (6, 3, 8)}
@@ -130,10 +131,10 @@ def test_token_logprobs_helper_decode_equals_teacher_forced():
             full = m.model(input_ids=s[None], use_cache=False).last_hidden_state[0]
             lp_full = lt.token_logprobs(m, full[p - 1:-1], s[p:])
             cache = DynamicCache(config=m.config)
-            h = m.model(input_ids=s[None, :p], cache=cache, use_cache=True).last_hidden_state[0, -1:]
+            h = m.model(input_ids=s[None, :p], use_cache=True, **cache_kwargs(m.model, cache)).last_hidden_state[0, -1:]
             lps = [lt.token_logprobs(m, h, s[p:p + 1])]
             for t in range(p, len(s) - 1):
-                h = m.model(input_ids=s[None, t:t + 1], cache=cache, use_cache=True).last_hidden_state[0, -1:]
+                h = m.model(input_ids=s[None, t:t + 1], use_cache=True, **cache_kwargs(m.model, cache)).last_hidden_state[0, -1:]
                 lps.append(lt.token_logprobs(m, h, s[t + 1:t + 2]))
         return same(lp_full, torch.cat(lps))
 

@@ -22,3 +22,23 @@ def test_versions_outside_are_refused_by_name_unless_allowed(version):
                                                r"\(tested: >=1.16,<1.17\): why$"):
         check_supported("TRL", version, RANGE, "hal.integrations.trl", ": why")
     assert check_supported("TRL", version, RANGE, "hal.integrations.trl", ": why", allow_untested=True) == version
+
+
+EXACT = frozenset({(5, 19), (5, 24)})  # hal.integrations.transformers' form: tested releases, none between
+
+
+@pytest.mark.parametrize("version", ["5.19.0", "5.19.3", "5.24.0"])
+def test_exact_releases_pass(version):
+    assert check_supported("transformers", version, EXACT, "x", ": why") == version
+
+
+@pytest.mark.parametrize("version", ["5.18.0", "5.20.0", "5.23.1", "5.25.0"])
+def test_releases_between_exact_ones_are_refused(version):
+    with pytest.raises(UnsupportedError, match=rf"^transformers {version} is not supported by x "
+                                               r"\(tested: 5.19, 5.24\): why$"):
+        check_supported("transformers", version, EXACT, "x", ": why")
+
+
+def test_transformers_lists_exactly_the_tested_minors():
+    from hal.integrations import transformers as lt
+    assert lt.SUPPORTED == frozenset({(5, 19), (5, 24)})

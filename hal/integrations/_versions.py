@@ -13,9 +13,16 @@ def release(version: str) -> tuple[int, ...]:
 
 def check_supported(library: str, version: str, supported, integration: str, risk: str,
                     allow_untested: bool = False) -> str:
-    """``version`` when its release is in ``supported`` ([low, high) of (major, minor)) or the caller allows an
-    untested one; else UnsupportedError naming the library, the version, the tested range and ``risk`` (what
-    may differ and what to do; it follows the range, with its own leading punctuation)."""
+    """``version`` when its release is in ``supported`` or the caller allows an untested one; else
+    UnsupportedError naming the library, the version, the tested releases and ``risk`` (what may differ and
+    what to do; it follows the releases, with its own leading punctuation). ``supported``: a range
+    ``(low, high)`` ([low, high) of (major, minor)), or a frozenset of the exact (major, minor) releases tested
+    (when the ones between them were not: each listed, none claimed)."""
+    if isinstance(supported, frozenset):
+        if release(version) in supported or allow_untested:
+            return version
+        tested = ", ".join(f"{a}.{b}" for a, b in sorted(supported))
+        raise UnsupportedError(f"{library} {version} is not supported by {integration} (tested: {tested}){risk}")
     lo, hi = supported
     if lo <= release(version) < hi or allow_untested:
         return version

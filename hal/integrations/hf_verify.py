@@ -15,6 +15,15 @@ import torch
 from ..errors import InputError
 
 
+def cache_kwargs(model, cache) -> dict:
+    """The keyword that hands ``cache`` to ``model``'s forward: ``cache`` (transformers 5.24) or
+    ``past_key_values`` (5.19, which passes an unknown ``cache=`` on to the layers but builds the mask
+    without it)."""
+    import inspect
+    params = inspect.signature(type(model).forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def _bits():
     from hal.conformance.bits import first_divergence
     return first_divergence
@@ -236,7 +245,7 @@ class _BatchedDecode:
             ids[b, P - self.pre[b]:], self.mask[b, P - self.pre[b]:] = s[:self.pre[b]], 1
         self.cache = DynamicCache(config=model.config)
         pos = (self.mask.cumsum(-1) - 1).clamp_min(0)
-        model(input_ids=ids, attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+        model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True, **cache_kwargs(model, self.cache))
 
     def step(self, step):
         """Logits [n, V] of decode step ``step`` (steps run in order, each once)."""
@@ -244,7 +253,8 @@ class _BatchedDecode:
         tok = torch.stack([s[self.pre[b] + step] for b, s in enumerate(self.seqs)])[:, None]
         self.mask = torch.cat([self.mask, torch.ones(n, 1, dtype=torch.long)], -1)
         pos = torch.tensor([[self.pre[b] + step] for b in range(n)])
-        out = self.model(input_ids=tok, attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=tok, attention_mask=self.mask, position_ids=pos, use_cache=True,
+                         **cache_kwargs(self.model, self.cache))
         return out.logits.float()[:, -1]
 
 

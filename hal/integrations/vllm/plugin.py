@@ -1,0 +1,279 @@
+"""Installing lockstep into vLLM (the plugin switched on), and what it refuses.
+
+:func:`install` runs once per process (front end, engine core, each worker, an in-process engine's process):
+
+* the layers (layers.py) through vLLM's out-of-tree registries; the unquantized linear methods' ``apply`` and
+  ``process_weights_after_loading`` (vLLM-CPU has no linear registry); ``CPU_ATTN`` -> attention.py's backend;
+  ``Sampler.forward`` -> sampler.py;
+* the refusals, each naming the feature, before anything computes: the engine's configuration when it is
+  built (:func:`check_config`, in the front end's ``EngineArgs.create_engine_config`` and again in the worker
+  before the model loads), every module of the loaded model (:func:`audit_model`: a module lockstep does not
+  cover stops the engine), and every request at admission (:func:`check_request`).
+
+vLLM-CPU forces async scheduling off (``platforms/cpu.py``); lockstep relies on nothing async.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import UnsupportedError
+
+SUPPORTED = ((0, 32), (0, 33))  # [low, high): the vLLM releases whose layers and hooks this plugin mirrors
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # the tested list (tests/vllm)
+DTYPES = (torch.float32, torch.bfloat16)
+
+_installed = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """One schedule of the engine, for tests and diagnostics: ``rows`` = (request id, tokens computed before
+    this step, tokens scheduled now, prompt length) per scheduled request. A row is a prefill chunk while its
+    computed tokens are fewer than its prompt, else a decode row."""
+    rows: tuple
+
+    @property
+    def prefill(self) -> list:
+        return [r for r in self.rows if r[1] < r[3]]
+
+    @property
+    def decode(self) -> list:
+        return [r for r in self.rows if r[1] >= r[3]]
+
+
+STEP_HOOKS: list = []  # fn(Step) called after each schedule in the engine-core process (in-process engines: here)
+
+
+def _step_of(scheduler, out) -> Step:
+    rows = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    rows += list(zip(cached.req_ids, cached.num_computed_tokens))
+    return Step(tuple((rid, done, out.num_scheduled_tokens[rid], scheduler.requests[rid].num_prompt_tokens)
+                      for rid, done in rows))
+
+
+def check_version() -> str:
+    import vllm
+
+    from .._versions import check_supported
+    return check_supported("vLLM", vllm.__version__, SUPPORTED, "lockstep's vLLM plugin",
+                           ": the plugin replaces that release's layers, sampler and attention backend.")
+
+
+def check_platform() -> None:
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        raise UnsupportedError(
+            f"lockstep's vLLM plugin runs on vLLM's CPU platform only (this is {type(current_platform).__name__}): "
+            "the GPU route (vLLM's CUSTOM attention backend, its linear method, CUDA graphs) cannot be tested in "
+            "lockstep's environments yet, so it is refused rather than run unverified. Unset LOCKSTEP_VLLM.")
+
+
+def check_config(cfg) -> None:
+    """Refuse, naming each, the engine features lockstep cannot make exact (UnsupportedError, every reason)."""
+    mc, problems = cfg.model_config, []
+    archs = list(getattr(mc.hf_config, "architectures", None) or [])
+    if not archs or any(a not in ARCHITECTURES for a in archs):
+        problems.append(f"architecture {archs} (tested: {', '.join(ARCHITECTURES)})")
+    if str(getattr(mc, "model_impl", "auto")) not in ("auto", "vllm", "ModelImpl.AUTO", "ModelImpl.VLLM"):
+        problems.append(f"model_impl={mc.model_impl!r} (vLLM's own model code only; not the transformers backend)")
+    if mc.dtype not in DTYPES:
+        problems.append(f"dtype {mc.dtype} (float32 or bfloat16)")
+    if mc.head_dtype != mc.dtype:
+        problems.append(f"head_dtype {mc.head_dtype} != dtype {mc.dtype} (lockstep's LM head accumulates in float32 "
+                        "itself; leave head_dtype at the model dtype)")
+    if mc.quantization is not None or cfg.quant_config is not None:
+        problems.append(f"quantization={mc.quantization!r}")
+    if mc.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+        problems.append(f"logprobs_mode={mc.logprobs_mode!r} (raw_logprobs or processed_logprobs)")
+    if cfg.cache_config.cache_dtype != "auto":
+        problems.append(f"kv_cache_dtype={cfg.cache_config.cache_dtype!r} (fp8 KV cache)")
+    if cfg.speculative_config is not None:
+        problems.append("speculative decoding")
+    if cfg.lora_config is not None:
+        problems.append("LoRA (enable_lora)")
+    pc = cfg.parallel_config
+    if pc.tensor_parallel_size != 1 or pc.pipeline_parallel_size != 1 or pc.data_parallel_size != 1:
+        problems.append(f"tensor/pipeline/data parallel sizes {pc.tensor_parallel_size}/{pc.pipeline_parallel_size}/"
+                        f"{pc.data_parallel_size} (1 each)")
+    hf = mc.hf_text_config
+    if getattr(hf, "sliding_window", None) is not None or getattr(hf, "use_sliding_window", False) or \
+            any(t != "full_attention" for t in (getattr(hf, "layer_types", None) or [])):
+        problems.append("sliding-window attention")
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf.hidden_act!r} (silu MLPs only)")
+    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"rope_parameters {rope} (plain full-width RoPE only)")
+    if getattr(hf, "attention_bias", False) or getattr(hf, "mlp_bias", False):
+        problems.append("attention / MLP biases")
+    if problems:
+        raise UnsupportedError("lockstep's vLLM plugin (LOCKSTEP_VLLM=1) cannot make this engine's bits exact:",
+                               problems)
+
+
+# Module classes of the tested models; each is lockstep's (layers.py), exact as it stands, or a container.
+_COVERED = {
+    "LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP",
+    "Qwen3ForCausalLM", "Qwen3Model", "Qwen3DecoderLayer", "Qwen3Attention", "Qwen2MLP",  # Qwen3 reuses Qwen2MLP
+    "VocabParallelEmbedding", "ParallelLMHead",  # a gather; the head's logits: LockstepLogitsProcessor
+    "QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear",  # checked: UnquantizedLinearMethod
+    "LockstepRMSNorm", "LockstepSiluAndMul", "LockstepRotaryEmbedding", "LockstepLogitsProcessor",
+    "Attention",  # checked: lockstep's attention impl
+    "ModuleList", "PPMissingLayer", "ApplyRotaryEmb",  # containers; ApplyRotaryEmb: never called by ours
+}
+
+
+def audit_model(model) -> None:
+    """Every module of the loaded model is covered (or the engine stops, naming the first few that are not)."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    from .attention import LockstepCPUAttentionImpl
+    bad = []
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        if cls not in _COVERED:
+            bad.append(f"{name or '(root)'} ({cls})")
+        elif isinstance(mod, LinearBase) and type(mod.quant_method) is not UnquantizedLinearMethod:
+            bad.append(f"{name} ({cls} with {type(mod.quant_method).__name__})")
+        elif cls == "Attention" and not isinstance(getattr(mod, "impl", None), LockstepCPUAttentionImpl):
+            bad.append(f"{name} (attention impl {type(getattr(mod, 'impl', None)).__name__})")
+    if bad:
+        raise UnsupportedError("lockstep's vLLM plugin does not cover these modules of the model (they would compute "
+                               "stock bits): " + ", ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""), bad)
+
+
+def check_request(params) -> None:
+    """Refuse (at admission, naming each) the sampling parameters lockstep cannot record exactly."""
+    from vllm.sampling_params import SamplingParams
+    if not isinstance(params, SamplingParams):
+        raise UnsupportedError(f"{type(params).__name__} requests (pooling) are not supported by lockstep's plugin")
+    p, problems = params, []
+    if p.min_p:
+        problems.append(f"min_p={p.min_p}")
+    if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
+        problems.append("presence / frequency / repetition penalties")
+    if p.logit_bias:
+        problems.append("logit_bias")
+    if p.bad_words:
+        problems.append("bad_words")
+    if p.allowed_token_ids:
+        problems.append("allowed_token_ids")
+    if p.min_tokens:
+        problems.append(f"min_tokens={p.min_tokens}")
+    if p.structured_outputs is not None:
+        problems.append("structured outputs")
+    if p.logprobs not in (None, 0):
+        problems.append(f"logprobs={p.logprobs} (alternatives: lockstep records the sampled token's log-prob, "
+                        "logprobs=0)")
+    if p.prompt_logprobs is not None or p.prompt_logprob_token_ids is not None:
+        problems.append("prompt_logprobs (not served yet: compute reference log-probs with lt.token_logprobs)")
+    if p.logprob_token_ids:
+        problems.append("logprob_token_ids")
+    if p.thinking_token_budget is not None:
+        problems.append("thinking_token_budget")
+    if getattr(p, "repetition_detection", None) is not None:
+        problems.append("repetition_detection")
+    if problems:
+        raise UnsupportedError("lockstep's vLLM plugin (LOCKSTEP_VLLM=1) refuses this request's sampling parameters:",
+                               problems)
+
+
+def install() -> None:
+    """Swap vLLM's components for lockstep's (idempotent; refuses non-CPU platforms and other vLLM releases)."""
+    global _installed
+    if _installed:
+        return
+    check_version()
+    check_platform()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.custom_op import CustomOp, PluggableLayer
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from . import layers, sampler, weights
+
+    for name, cls in layers.OOT_CUSTOM_OPS.items():
+        CustomOp.register_oot(cls, name=name)
+    for name, cls in layers.OOT_LAYERS.items():
+        PluggableLayer.register_oot(cls, name=name)
+    for method in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
+        method.apply = layers.lockstep_linear_apply
+        method.process_weights_after_loading = layers.keep_weights
+    register_backend(AttentionBackendEnum.CPU_ATTN, "hal.integrations.vllm.attention.LockstepCPUAttentionBackend")
+    Sampler.forward = sampler.lockstep_sample
+
+    create = EngineArgs.create_engine_config
+
+    @functools.wraps(create)
+    def create_engine_config(self, *args, **kwargs):
+        cfg = create(self, *args, **kwargs)
+        check_config(cfg)
+        return cfg
+
+    EngineArgs.create_engine_config = create_engine_config
+
+    validate = InputProcessor._validate_params
+
+    @functools.wraps(validate)
+    def _validate_params(self, params, *args, **kwargs):
+        check_request(params)
+        return validate(self, params, *args, **kwargs)
+
+    InputProcessor._validate_params = _validate_params
+
+    load = CPUModelRunner.load_model
+
+    @functools.wraps(load)
+    def load_model(self, *args, **kwargs):
+        check_config(self.vllm_config)
+        load(self, *args, **kwargs)
+        audit_model(self.model)
+        weights.watch_weights(self.model)
+
+    CPUModelRunner.load_model = load_model
+    CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
+
+    def checking_weights(fn, when):
+        @functools.wraps(fn)
+        def checked(self, *args, **kwargs):
+            if when == "admission":  # a full check once per admission burst (the first request after a step)
+                if not self.__dict__.get("_lockstep_admission_checked"):
+                    weights.check_weights(self, full=True)
+                    self.__dict__["_lockstep_admission_checked"] = True
+            elif when == "step":
+                weights.check_weights(self, full=False)
+                self.__dict__["_lockstep_admission_checked"] = False
+            out = fn(self, *args, **kwargs)
+            if when == "rpc":
+                weights.check_weights(self, full=True)
+            return out
+        return checked
+
+    for name, when in (("step", "step"), ("step_with_batch_queue", "step"), ("add_request", "admission"),
+                       ("collective_rpc", "rpc")):
+        setattr(EngineCore, name, checking_weights(getattr(EngineCore, name), when))
+
+    schedule = Scheduler.schedule
+
+    @functools.wraps(schedule)
+    def scheduled(self, *args, **kwargs):
+        out = schedule(self, *args, **kwargs)
+        if STEP_HOOKS:
+            step = _step_of(self, out)
+            for fn in STEP_HOOKS:
+                fn(step)
+        return out
+
+    Scheduler.schedule = scheduled
+    _installed = True

