@@ -9,6 +9,9 @@ hal.flash_attn_varlen_func on that request alone with its keys contiguous. Wrong
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -276,7 +279,11 @@ def test_recorded_logprobs_is_the_trainers_value():
 def test_vllm_cpu_views_read_what_vllms_own_writer_stored():
     """vLLM's CPU attention fills its cache with its own op (cpu_attn_reshape_and_cache); PagedKV.from_vllm_cpu
     reads every token back, and the step's attention over it equals each request alone. Needs vLLM (CPU)."""
-    pytest.importorskip("vllm")
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # without vLLM, tests/vllm/ is found as a namespace package "vllm"
+        if os.environ.get("LOCKSTEP_VLLM_TESTS") == "1":
+            pytest.fail("LOCKSTEP_VLLM_TESTS=1 but vLLM is not importable")
+        pytest.skip("needs vLLM's CPU build: runs in CI's vLLM environment (.ci/run)")
     from vllm import _custom_ops as vllm_ops
     bs, d = 32, 32  # vLLM's CPU attention takes block sizes that are multiples of 32, head sizes from 32
     cached, new = [40, 37, 0], [1, 30, 20]  # 2, 3 and 1 blocks of TABLE: a decode, a later chunk, a first one
