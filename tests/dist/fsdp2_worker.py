@@ -22,8 +22,8 @@ def batch(world: int) -> torch.Tensor:
 
 
 def control_batch(world: int) -> torch.Tensor:
-    """One 2-token row per rank: a rank's linears see 2 rows, the single process 2 * world -- where this CPU's
-    ``F.linear`` changes its bits with the row count (GEMV below 3 rows), so the stock controls are caught."""
+    """One 2-token row per rank (a rank's linears see 2 rows, the single process 2 * world): the negative controls'
+    batch, small so that the stock models add little to the run."""
     from hal.integrations.hf_testing import VOCAB
     return torch.randint(0, VOCAB, (world, 2), generator=torch.Generator().manual_seed(2))
 

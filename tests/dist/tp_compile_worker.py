@@ -96,8 +96,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
 
         # 1. the row-wise ops on a Shard(0) batch: eager, and one fullgraph graph
         plain = W.op_inputs()
-        weights = {"w", "b", "norm_w"}
-        dt = {k: distribute_tensor(v, mesh, [Replicate() if k in weights else Shard(0)]) for k, v in plain.items()}
+        dt = {k: distribute_tensor(v, mesh, [Replicate() if k in W.WEIGHTS else Shard(0)]) for k, v in plain.items()}
         for k, v in W.run_ops(dt).items():
             res[f"eager/{k}"] = v.to_local()
         torch._dynamo.reset()

@@ -12,6 +12,13 @@ import torch
 ROWS = 6                    # rows of the row-wise op inputs (Shard(0): 3 per rank)
 H, V, INTER = 64, 128, 160  # hidden, vocab, MLP width: 80 per rank, not a multiple of the strict 64-wide K tile
 SEQ = 10
+# A second linear with a K reduction of several 64-wide strict tiles: at K = 64 (one tile, one fma chain) a CPU
+# BLAS that runs one fma chain per output (AVX-512 MKL) gives lockstep's bits, so only a longer K lets the stock
+# control below show that the comparison catches a stock F.linear on any CPU. 200: three tiles and a partial one.
+LONG_K = 200
+# the linears of run_ops and their (x, weight, bias) inputs: the stock control runs F.linear on the same ones
+LINEARS = {"linear": ("x", "w", "b"), "linear_long_k": ("xk", "wk", "b")}
+WEIGHTS = {"w", "wk", "b", "norm_w"}  # op_inputs replicated on every rank; the others are Shard(0)
 
 
 def op_inputs() -> dict[str, torch.Tensor]:
@@ -19,14 +26,17 @@ def op_inputs() -> dict[str, torch.Tensor]:
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     ang = r(ROWS, 4, 8)
     return {"x": r(ROWS, H), "w": r(V, H) * H ** -0.5, "b": r(V), "norm_w": r(H), "res": r(ROWS, H), "gate": r(ROWS, H),
-            "tokens": torch.randint(0, V, (ROWS,), generator=g), "q": r(ROWS, 4, 2, 16), "cos": ang.cos(), "sin": ang.sin()}
+            "tokens": torch.randint(0, V, (ROWS,), generator=g), "q": r(ROWS, 4, 2, 16), "cos": ang.cos(),
+            "sin": ang.sin(),  # the long-K linear's inputs are drawn last, so the inputs above keep their values
+            "xk": r(ROWS, LONG_K), "wk": r(V, LONG_K) * LONG_K ** -0.5}
 
 
 def run_ops(t: dict) -> dict[str, torch.Tensor]:
     """The row-wise ops on the tensors ``t`` (plain or DTensor); the test runs this on plain tensors too."""
     import hal
     y, h = hal.rms_norm(t["x"], t["norm_w"], 1e-6, residual=t["res"])
-    return {"linear": hal.linear(t["x"], t["w"], t["b"]), "rms_norm": y, "rms_norm_h": h,
+    return {**{op: hal.linear(*(t[k] for k in keys)) for op, keys in LINEARS.items()},
+            "rms_norm": y, "rms_norm_h": h,
             "softmax": hal.softmax(t["x"], -1), "log_softmax": hal.log_softmax(t["x"], -1),
             "silu_mul": hal.silu_mul(t["gate"], t["x"]),
             "token_logprobs": hal.token_logprobs(t["x"], t["w"], t["tokens"]),
@@ -79,12 +89,12 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
 
         # 1. row-wise ops on a Shard(0) batch with replicated weights
         plain = op_inputs()
-        weights = {"w", "b", "norm_w"}
-        dt = {k: distribute_tensor(v, mesh, [Replicate() if k in weights else Shard(0)]) for k, v in plain.items()}
+        dt = {k: distribute_tensor(v, mesh, [Replicate() if k in WEIGHTS else Shard(0)]) for k, v in plain.items()}
         for k, v in run_ops(dt).items():
             res[f"op/{k}"] = v.to_local()
             res[f"placements/{k}"] = str(v.placements)
-        res["op_stock/linear"] = torch.nn.functional.linear(dt["x"], dt["w"], dt["b"]).to_local()
+        for op, keys in LINEARS.items():  # negative control: stock F.linear on the same DTensors
+            res[f"op_stock/{op}"] = torch.nn.functional.linear(*(dt[k] for k in keys)).to_local()
         res["op_grad/weight_placements"] = str(_weight_grad(dt, hal).placements)
         x_feat = distribute_tensor(plain["x"], mesh, [Shard(1)])
         w_shard = distribute_tensor(plain["norm_w"], mesh, [Shard(0)])
