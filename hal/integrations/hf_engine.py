@@ -24,7 +24,6 @@ Features that cannot be exact are refused by name (:func:`check_engine_model`, :
 """
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import flash_attn_varlen_func
-from ..ops import softmax
 from ..errors import InputError, UnsupportedError
+from ..sampling import Sampling, kept_logprobs, kept_set, renormalise_kept, sampling_scores  # noqa: F401 (re-exported)
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
 # accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
@@ -259,27 +258,6 @@ _gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GD
 _WARPERS = {"TemperatureLogitsWarper": "temperature", "TopKLogitsWarper": "top_k", "TopPLogitsWarper": "top_p"}
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """What sampling draws from: softmax(logits / ``temperature``) over :func:`kept_set` (``top_k``,
-    ``top_p``: None = off)."""
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k < 1):
-            raise InputError(f"top_k must be a positive int or None, got {self.top_k!r}")
-        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
-                                       or not 0.0 <= self.top_p <= 1.0):
-            raise InputError(f"top_p must be a float in [0, 1] or None, got {self.top_p!r}")
-
-    @property
-    def filters(self) -> bool:
-        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
-
-
 def sampling_settings(processors) -> Sampling:
     """The engine's sampling settings, read from its logits processors (a list, or the engine's
     ``ContinuousBatchingLogitsProcessorList``); any other processor, a warper out of transformers' order,
@@ -307,111 +285,6 @@ def sampling_settings(processors) -> Sampling:
     return Sampling(temperature=float(found.get("temperature", 1.0)),
                     top_k=None if "top_k" not in found else int(found["top_k"]),
                     top_p=None if "top_p" not in found else float(found["top_p"]))
-
-
-# ---------------------------------------------------------------- the kept set, and log-probs over it
-
-
-_FIXED_ONE = 2 ** 60  # probability 1 in kept_set's fixed point: the mass sums are exact int64 sums
-
-
-def sampling_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """float32 ``logits / temperature``: the scores sampling and :func:`kept_set` see (engine and trainer alike)."""
-    return logits.float() / temperature
-
-
-def kept_set(scores: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
-             min_tokens_to_keep: int = 1) -> torch.Tensor:
-    """bool ``[n, V]``: the tokens sampling may draw from in each row of ``scores [n, V]`` (:func:`sampling_scores`).
-
-    The rule, applied in transformers' order (top-k, then top-p over what top-k kept):
-
-    * top-k: the scores >= the row's k-th highest (``k = max(top_k, min_tokens_to_keep)``): ties at the
-      k-th score are all kept, as transformers' warper keeps them;
-    * top-p: ``p = hal.softmax`` of the row with the tokens top-k dropped set to -inf (lockstep's softmax:
-      the same bits whatever the batch). A token is kept when the mass of the tokens strictly more probable
-      than it is < ``top_p``: the smallest set of most probable tokens whose mass reaches ``top_p``, plus
-      every token tied with its least probable one; the ``min_tokens_to_keep`` most probable are always kept
-      (ties with the last of them too), and a token of probability < 2**-60 only through that minimum.
-      The mass is summed exactly, in any order and on any device: each ``p`` floored to a multiple of
-      2**-60 and added as int64 (the floor changes a row's mass by < V * 2**-60). ``top_p`` >= 1: no top-p.
-
-    transformers' TopPLogitsWarper keeps the tokens whose ascending float32 cumulative sum of torch's softmax
-    exceeds ``1 - top_p``: the same rule in exact arithmetic, except that its result depends on the rounding
-    of that sum near the boundary, and at a tie across the boundary it keeps whichever of the tied tokens
-    its (unstable) sort put last -- lockstep keeps them all.
-    """
-    if scores.dim() != 2 or scores.dtype != torch.float32:
-        raise InputError(f"kept_set takes float32 scores [n, vocab], got {tuple(scores.shape)} {scores.dtype}")
-    Sampling(top_k=top_k, top_p=top_p)  # validates both
-    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
-        raise InputError(f"min_tokens_to_keep must be a positive int, got {min_tokens_to_keep!r}")
-    vocab = scores.shape[-1]
-    kept = torch.ones_like(scores, dtype=torch.bool)
-    if top_k is not None:
-        k = min(max(top_k, min_tokens_to_keep), vocab)
-        kept = scores >= scores.topk(k, dim=-1).values[:, -1:]
-    if top_p is None or top_p >= 1.0 or scores.shape[0] == 0:
-        return kept
-    p = softmax(scores.masked_fill(~kept, float("-inf")), dim=-1)
-    q = (p.double() * _FIXED_ONE).floor().to(torch.int64)  # exact: float32 -> float64, a power-of-two scale
-    desc = q.sort(dim=-1, descending=True).values
-    above = desc.cumsum(-1) - desc  # mass of the tokens sorted before each (int64: exact, order-free)
-    limit = math.ceil(top_p * _FIXED_ONE)  # top_p * 2**60 is exact in float64; above < it <=> above < ceil
-    n_keep = ((above < limit) & (desc > 0)).sum(-1).clamp(min=min(min_tokens_to_keep, vocab))
-    least = desc.gather(1, (n_keep - 1).reshape(-1, 1))  # the least probable kept; its ties are kept too
-    return kept & (q >= least)
-
-
-def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
-
-    ``lp_token [n]`` and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
-    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
-    float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
-    position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
-    ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).
-    """
-    exact = []
-    for row in torch.split(lp_kept.detach(), counts):
-        total = 0.0
-        for x in row.tolist():
-            total += math.exp(x)
-        exact.append(math.log(total))
-    log_sum = torch.tensor(exact, dtype=torch.float64, device=lp_token.device)
-    if lp_token.requires_grad or lp_kept.requires_grad:
-        n, width = len(counts), max(counts)
-        starts = torch.tensor([0] + counts[:-1], device=lp_kept.device).cumsum(0)
-        rows = torch.repeat_interleave(torch.arange(n, device=lp_kept.device), torch.tensor(counts, device=lp_kept.device))
-        cols = torch.arange(lp_kept.shape[0], device=lp_kept.device) - starts[rows]
-        padded = lp_kept.new_full((n, width), float("-inf"), dtype=torch.float64).index_put((rows, cols),
-                                                                                          lp_kept.double())
-        lse = torch.logsumexp(padded, -1)
-        log_sum = log_sum + (lse - lse.detach())  # + 0.0 exactly: the value stays the float64 sum above
-    return (lp_token.double() - log_sum).float()
-
-
-def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, logprobs_fn,
-                  scores: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to :func:`kept_set`.
-    ``hidden [..., H]``, ``tokens [...]``; ``scores`` (the engine's): :func:`sampling_scores` of these rows,
-    else computed here with the model's (patched) LM head, the logits the engine sampled from.
-    Cost: one full-vocabulary ``logprobs_fn`` row per kept token (fine for top-k's tens of tokens; a top-p
-    set over a flat distribution of a large vocabulary is correspondingly slow)."""
-    shape = tokens.shape
-    h = hidden.reshape(-1, hidden.shape[-1])
-    t = tokens.reshape(-1)
-    if scores is None:
-        with torch.no_grad():
-            scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)
-    kept = kept_set(scores, sampling.top_k, sampling.top_p)
-    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1).to(torch.int64)).all()):
-        raise InputError(f"a token is outside the kept set of its row (top_k={sampling.top_k}, top_p={sampling.top_p}):"
-                         " it cannot have been sampled with these settings")
-    rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
-    lp_all = logprobs_fn(h[rows], ids, sampling.temperature)
-    lp_tok = logprobs_fn(h, t, sampling.temperature)
-    return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
 
 
 # ---------------------------------------------------------------- the engine step
