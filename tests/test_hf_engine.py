@@ -225,7 +225,8 @@ def test_engine_sampled_equals_trainer(registered, name, monkeypatch):
             return
         # negative control: the trainer decides the kept set with transformers' warpers (its boundary splits
         # tied groups): refused or other bits on some request
-        monkeypatch.setattr(hf_engine, "kept_set", transformers_kept_set)
+        import hal.sampling  # the trainer's kept set lives there (hf_engine re-exports it)
+        monkeypatch.setattr(hal.sampling, "kept_set", transformers_kept_set)
         caught = 0
         for i, p in enumerate(PROMPTS):
             try:
