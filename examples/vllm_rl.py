@@ -160,11 +160,11 @@ def plot(results: dict, png: str) -> None:
             x = [s["step"] for s in steps]
             style = "-o" if name == "lockstep" else "--x"
             axes[0].plot(x, [s["bits_differ"] for s in steps], style, label=f"{name} {cfg}")
-            axes[1].plot(x, [max(s["k3"], 1e-12) for s in steps], style, label=f"{name} {cfg}")
+            axes[1].plot(x, [max(s["k3"], 1e-16) for s in steps], style, label=f"{name} {cfg}")
             axes[2].plot(x, [max(abs(s["is_max"] - 1), abs(1 - s["is_min"]), 1e-9) for s in steps], style,
                          label=f"{name} {cfg}")
     axes[0].set_title("tokens whose log-prob bits differ")
-    axes[1].set_title("k3 (sampler vs trainer; 0 drawn at 1e-12)")
+    axes[1].set_title("k3 (sampler vs trainer; 0 drawn at 1e-16)")
     axes[1].set_yscale("log")
     axes[2].set_title("max |IS ratio - 1| (0 drawn at 1e-9)")
     axes[2].set_yscale("log")
