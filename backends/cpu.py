@@ -100,7 +100,6 @@ class CpuBackend(Backend):
     dtypes = FLOAT_DTYPES + (F64,)
     policies = (STRICT, EXACT)  # exact: matmul / linear and token_logprobs' logits by torch._int_mm
     reads_exact_weight = True
-    candidate_tokens = True  # token_logprobs takes tokens [N, K]: K tokens from one logits row
     description = "the strict specs compiled with numba: the reference bits, compiled"
 
     def unavailable_reason(self):

@@ -25,7 +25,6 @@ class ReferenceBackend(Backend):
     priority = 0
     dtypes = FLOAT_DTYPES + (F64,)
     policies = (STRICT, EXACT)
-    candidate_tokens = True  # token_logprobs takes tokens [N, K]: K tokens from one logits row
     reads_exact_weight = True
     description = ("readable definition of every strict spec (torch elementwise ops, no BLAS) and of the "
                    "exact matmul policy (int64 matmuls); golden bits")

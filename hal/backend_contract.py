@@ -37,9 +37,7 @@ class BackendOps:
         """Logsumexp over the last dim, float32 (float64 for float64 input), the dim removed."""
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [T, H]; a backend
-        with ``candidate_tokens = True`` also takes tokens [T, K] (K tokens read from each row's one
-        log-softmax, out [T, K]); without it hal repeats the rows."""
+        """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [T, H]."""
 
     def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
         """``(out [Tq, Hq, D] in q's dtype, lse [Hq, Tq] float32)`` over packed sequences (cu_* as lists)."""

@@ -298,7 +298,7 @@ class _TokenLogprobsFn(torch.autograd.Function):
     def forward(ctx, hidden, weight, tokens, temperature, s, impl, w_arg):
         ctx.save_for_backward(hidden, weight, tokens)
         ctx.temperature = temperature
-        return _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s)
+        return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
 
     @staticmethod
     def backward(ctx, g):
@@ -307,13 +307,8 @@ class _TokenLogprobsFn(torch.autograd.Function):
         h32, w32 = h.to(acc).reshape(-1, h.shape[-1]), w.to(acc)
         t = ctx.temperature
         p = torch.softmax(h32 @ w32.transpose(0, 1) / t, -1)
-        if tok.ndim == h.ndim:  # candidates [..., K]: d/dlogits of sum_k g_k log p_k = sum_k g_k onehot_k - (sum_k g_k) p
-            g2 = g.reshape(p.shape[0], -1).to(acc)
-            picked = torch.zeros_like(p).scatter_add_(-1, tok.reshape(p.shape[0], -1).long(), g2)
-            glogits = (picked - g2.sum(-1, keepdim=True) * p) / t
-        else:
-            onehot = torch.zeros_like(p).scatter_(-1, tok.reshape(-1, 1).long(), 1.0)
-            glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
+        onehot = torch.zeros_like(p).scatter_(-1, tok.reshape(-1, 1).long(), 1.0)
+        glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
         gh = (glogits @ w32).reshape(h.shape).to(h.dtype) if ctx.needs_input_grad[0] else None
         gw = (glogits.transpose(0, 1) @ h32).to(w.dtype) if ctx.needs_input_grad[1] else None
         return gh, gw, None, None, None, None, None
@@ -322,10 +317,6 @@ class _TokenLogprobsFn(torch.autograd.Function):
 def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
                    temperature: float = 1.0, *, spec=None, backend=None) -> torch.Tensor:
     """float32 ``log p(tokens | hidden)`` for hidden ``[..., H]``, LM head ``[V, H]``, tokens ``[...]``.
-
-    ``tokens [..., K]`` (one more dim than ``hidden``'s lead shape): K tokens of each row, out ``[..., K]``,
-    each the bits it has as a single token -- one LM-head row per hidden row, not one per token (how
-    ``hal.sampling`` reads a row's kept set).
 
     The LM head is accumulated in float32 and the log-softmax is vocab-tiled; the result is never
     rounded below float32. This is the number a sampler records and a trainer recomputes. Under an
@@ -345,10 +336,8 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     v.integer("tokens", tokens)
     v.dim_eq("token_logprobs: lm_head_weight.shape[1] vs hidden.shape[-1] (hidden size)",
              lm_head_weight.shape[1], hidden.shape[-1], "lm_head_weight must be [vocab, hidden]")
-    lead = tuple(tokens.shape[:-1]) if tokens.ndim == hidden.ndim else tuple(tokens.shape)
-    if lead != tuple(hidden.shape[:-1]):
-        raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}"
-                           " (one token per row), or that plus a trailing K (K tokens per row)")
+    if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
+        raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}")
     vocab = lm_head_weight.shape[0]
     v.nonempty_axis("lm_head_weight", lm_head_weight, 0, "a log-softmax over the vocabulary")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
@@ -362,19 +351,4 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     w_arg = _weight_arg(impl, prepared, lm_head_weight)
     if _needs_grad(hidden, lm_head_weight):
         return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl, w_arg)
-    return _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s)
-
-
-def _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s):
-    """The backend's token_logprobs; K tokens per row (tokens [..., K]) read from one logits row where the
-    backend takes tokens [N, K] (``candidate_tokens``), else each row repeated K times (the same bits: a
-    row's log-probs do not depend on its neighbours; K LM-head rows per hidden row)."""
-    if tokens.ndim != hidden.ndim:
-        return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
-    k = tokens.shape[-1]
-    h2, t2 = hidden.reshape(-1, hidden.shape[-1]), tokens.reshape(-1, k)
-    if getattr(impl, "candidate_tokens", False):
-        out = impl.token_logprobs(h2, w_arg, t2, temperature, s)
-    else:
-        out = impl.token_logprobs(h2.repeat_interleave(k, 0), w_arg, t2.reshape(-1), temperature, s)
-    return out.reshape(tokens.shape)
+    return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
