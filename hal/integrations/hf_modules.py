@@ -430,34 +430,52 @@ def router(mod, hidden_states, *, mm=DEFAULT):
         logits = mm.linear(h, mod.weight, key=(id(mod), "weight"))
     else:  # a converted copy: a temporary, not cached
         logits = mm.linear(h, mod.weight.to(h.dtype))
+    vals, idx = top_k_route(logits, mod.top_k, type(mod).__name__ in ALWAYS_NORMALISED_ROUTER or mod.norm_topk_prob)
+    return logits, vals, idx
+
+
+def top_k_route(logits, top_k: int, normalise: bool):
+    """``(weights [tokens, k] in logits' dtype, expert ids [tokens, k])`` from router logits: ``hal.softmax`` in
+    float32, the k largest with ties broken by the lower expert index, optionally divided by their sum taken
+    left to right. Engine-neutral (the vLLM shim routes with it too)."""
     probs = hal.softmax(logits.float(), -1)
     vals, idx = torch.sort(probs, dim=-1, descending=True, stable=True)  # stable: equal probs keep index order
-    vals, idx = vals[:, :mod.top_k], idx[:, :mod.top_k]
-    if type(mod).__name__ in ALWAYS_NORMALISED_ROUTER or mod.norm_topk_prob:
+    vals, idx = vals[:, :top_k], idx[:, :top_k]
+    if normalise:
         total = vals[:, 0]
-        for j in range(1, mod.top_k):  # a fixed left-to-right sum, not a vectorised reduction
+        for j in range(1, top_k):  # a fixed left-to-right sum, not a vectorised reduction
             total = total + vals[:, j]
         vals = vals / total.unsqueeze(-1)
-    return logits, vals.to(logits.dtype), idx
+    return vals.to(logits.dtype), idx
 
 
 def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
     """Each token's expert outputs, weighted and summed in rank order (rank 0 first)."""
     if getattr(mod, "has_bias", False):
         raise UnsupportedError(f"{type(mod).__name__} with expert biases is not supported")
-    out = torch.zeros_like(hidden_states)
     if tracing():
         return _dense_experts(mod, hidden_states, top_k_index, top_k_weights, mm)
+
+    def expert(e, x):
+        gate, up = mm.linear(x, mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e)).chunk(2, dim=-1)
+        return mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
+
+    return routed_experts(hidden_states, top_k_index, top_k_weights, mod.num_experts, expert)
+
+
+def routed_experts(hidden_states, top_k_index, top_k_weights, num_experts: int, expert):
+    """lockstep's defined MoE order, engine-neutral: for each rank ``j`` (rank 0 first), every token's chosen
+    expert ``expert(e, rows) -> [rows, H]`` on its rows, times the token's weight (rounded once), the ranks
+    summed left to right. Ids outside ``[0, num_experts)`` contribute nothing."""
+    out = torch.zeros_like(hidden_states)
     for j in range(top_k_index.shape[-1]):
         acc = torch.zeros_like(hidden_states)
         col = top_k_index[:, j]
         for e in torch.unique(col).tolist():
-            if e < 0 or e >= mod.num_experts:
+            if e < 0 or e >= num_experts:
                 continue
             rows = (col == e).nonzero()[:, 0]
-            gate_up = mm.linear(hidden_states[rows], mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e))
-            gate, up = gate_up.chunk(2, dim=-1)
-            y = mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
+            y = expert(e, hidden_states[rows])
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
         out = out + acc
     return out
