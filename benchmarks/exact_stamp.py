@@ -1,4 +1,4 @@
-"""The cost of the exact policy's content stamp (kernels/exact/stamp.py) against the exact matmul itself.
+"""The cost of the exact policy's content stamp (hal/weight_watch.py) against the exact matmul itself.
 
     python -m benchmarks.exact_stamp --threads 1
 
@@ -29,7 +29,7 @@ WEIGHTS = {"tiny 64x64": (64, 64), "small 512x512": (512, 512), "7B attn 4096x40
 
 def weight_rows(names, dtypes):
     import hal
-    from hal.kernels.exact import stamp
+    from hal import weight_watch as stamp
     for name in names:
         n, k = WEIGHTS[name]
         for dtype in dtypes:
@@ -45,8 +45,8 @@ def weight_rows(names, dtypes):
 
 def forward_rows(sizes, tokens, dtype):
     from benchmarks.hf_exact import model
+    from hal import weight_watch
     from hal.integrations import transformers as lt
-    from hal.kernels.exact import prepared
     lt.register()
     for size in sizes:
         m = model(size, dtype)
@@ -58,13 +58,13 @@ def forward_rows(sizes, tokens, dtype):
         stock = median_time(fwd, 3, 1.0)
         with lt.patch(m, matmul_spec=SPEC) as patch:
             shipped = median_time(fwd, 3, 1.0)
-            real = prepared.content_hash
-            prepared.content_hash = lambda t: 0  # the quick stamp only: blind to fused steps, timing only
+            real = weight_watch.content_hash
+            weight_watch.content_hash = lambda t: 0  # the quick stamp only: blind to fused steps, timing only
             patch.matmul.clear()  # re-stamped (with 0) by median_time's untimed first call
             try:
                 quick_only = median_time(fwd, 3, 1.0)
             finally:
-                prepared.content_hash = real
+                weight_watch.content_hash = real
         yield size, stock, shipped, quick_only
 
 

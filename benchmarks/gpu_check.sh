@@ -5,8 +5,8 @@
 #   STEPS="lint conformance-seq attn-train" bash benchmarks/gpu_check.sh OUT_DIR   (only these steps)
 #
 # Every step is time-boxed (its *_TIMEOUT variable); a failing step is logged and the next one runs. All steps
-# together need more than one 8-minute device call: on a 15-minute lease run benchmarks/gpu_check_6min.sh (one
-# prepared call, docs/triton.md "GPU check"); here, split them over calls with STEPS. Steps and what they write to OUT_DIR (plus env.txt and log.txt):
+# together need more than one 8-minute device call: on a 15-minute lease run benchmarks/gpu_check_8min.sh (one
+# prepared call, the current GPU check: docs/triton.md "GPU check"); here, split them over calls with STEPS. Steps and what they write to OUT_DIR (plus env.txt and log.txt):
 #   lint              lint.txt: PTX/TTIR lint of the strict kernels with the GPU's own Triton
 #   conformance       conformance.txt/.json: the foundation suites (SUITES; CONF_ARGS=--quick) vs the goldens
 #   bench             bench.txt/.csv: strict triton vs stock torch, CUDA events, median

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Superseded by benchmarks/gpu_check_8min.sh (issue 40: every op's ratio to stock, profiles, a symptom summary).
 # One prepared device call of at most 6 minutes (a lent H200: 15 device-minutes per task, start-up included).
 #
 #   bash benchmarks/gpu_check_6min.sh OUT_DIR          (run with the call's timeout_s = 360)

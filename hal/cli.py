@@ -396,7 +396,13 @@ def _load_logprobs(path: str) -> dict:
                                  "log-probs are floats, mask is bool or 0/1, cu_seqlens integers")
             if not arr.dtype.isnative:  # e.g. '>f4' from another machine: the same values in native order
                 arr = arr.astype(arr.dtype.newbyteorder("="))
-            out[name] = torch.from_numpy(np.ascontiguousarray(arr))
+            arr = np.require(arr, requirements="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+            try:
+                out[name] = torch.from_numpy(arr)
+            except TypeError:  # a dtype torch has no type for, e.g. float128 (np.longdouble)
+                raise InputError(f"{path}: array {name!r} has dtype {arr.dtype}, which torch cannot hold; save "
+                                 "log-probs as float64, float32 or float16 (mask bool or 0/1, cu_seqlens "
+                                 "integers)") from None
     return out
 
 

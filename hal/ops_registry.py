@@ -15,7 +15,11 @@ call runs, one of
   when it runs, so a compiled graph never bakes a choice made at trace time;
 * ``DTENSOR``: a tensor argument is a DTensor: the op applies its sharding rule (hal/tensor_parallel.py).
   Only the ops in ``DTENSOR_RULES`` have one; for any other op :func:`routing` raises UnsupportedError
-  naming the op, never a DTensor run through plain-tensor code.
+  naming the op, never a DTensor run through plain-tensor code. This holds while tracing too: the rule is
+  python that Dynamo traces (placements are trace-time constants it guards on; ``to_local`` /
+  ``DTensor.from_local`` are graph ops), and its local calls, on plain tensors, then take ``TORCH_OP``. A
+  DTensor handed to ``torch.ops.lockstep.*`` itself would meet DTensor's own dispatch, which knows no
+  lockstep rule: compiled and eager calls take the same rule, its refusals and its bits.
 
 A new public op starts with the same head::
 
@@ -32,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UnsupportedError
+from . import spec as specs
+from .errors import SpecError, UnsupportedError
 
 #: op name -> spec family
 OPS: dict[str, str] = {
@@ -173,9 +178,8 @@ _route_all = False  # set by hal.torch_ops.routed(): eager calls through the tor
 def routing(op: str, *tensors) -> str:
     """How public op ``op`` runs this call, given its tensor arguments: DIRECT, TORCH_OP or DTENSOR (the
     module docstring). Plain tensors and None cost one type check each (other values are allowed and
-    never a DTensor); tracing wins over DTensor (a traced DTensor reaches the torch op)."""
-    if _is_compiling() or _route_all:
-        return TORCH_OP
+    never a DTensor); a DTensor wins over tracing (its sharding rule runs, traced, and calls the torch op
+    on the local tensors)."""
     for t in tensors:
         if t is not None and type(t) not in _PLAIN and _is_dtensor(t):
             if op not in DTENSOR_RULES:
@@ -184,6 +188,8 @@ def routing(op: str, *tensors) -> str:
                     f"{', '.join(sorted(DTENSOR_RULES))}); pass local tensors (DTensor.to_local()) or "
                     "redistribute to a plain tensor first")
             return DTENSOR
+    if _is_compiling() or _route_all:
+        return TORCH_OP
     return DIRECT
 
 
@@ -206,6 +212,18 @@ def has_dtensor(*tensors) -> bool:
     return False
 
 
+def _crossing(op: TorchOp, spec):
+    """A spec object crosses the torch op as its id, and the kernel rebuilds it from that id (spec.from_id):
+    refused now, with eager's refusal, when it is not a spec of this op's family or its id names no spec.
+    (An id string crosses as it is: the kernel resolves it when it runs, and refuses it as eagerly.)"""
+    spec = specs.resolve(op.family, spec)
+    if specs.from_id(spec.id) != spec:
+        raise SpecError(f"{op.public} under torch.compile / torch.export: spec {type(spec).__name__} crosses the torch op "
+                        f"as its id {spec.id!r}, which names no spec of hal.spec's classes at their current version; "
+                        "pass one of those (hal.spec.CLASSES) or call eagerly")
+    return spec
+
+
 def route(name: str, *args, spec=None, backend=None):
     """Call ``torch.ops.lockstep.<name>`` with the spec as its id and the backend as its name."""
     op = TORCH_OPS[name]
@@ -217,6 +235,8 @@ def route(name: str, *args, spec=None, backend=None):
                 f"{op.public} under torch.compile / torch.export: an argument of type {type(a).__name__} cannot "
                 f"cross the torch op boundary", [f"{type(a).__name__} is not a tensor or a number (a prepared "
                 "hal.exact_weight is refused under compile: pass the weight tensor itself, same bits)"])
+    if spec is not None and not isinstance(spec, str):
+        spec = _crossing(op, spec)
     spec_id = spec if spec is None or isinstance(spec, str) else spec.id
     backend_name = backend if backend is None or isinstance(backend, str) else backend.name
     return getattr(getattr(torch.ops, NAMESPACE), name)(*args, spec_id, backend_name)

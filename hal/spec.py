@@ -75,6 +75,12 @@ class OpSpec:
     def _id_parts(self) -> list[str]:
         raise NotImplementedError
 
+    @classmethod
+    def _fields_from_id(cls, parts: list[str]) -> dict:
+        """The inverse of :meth:`_id_parts`: the fields (besides policy and version) an id's middle names.
+        Raises ValueError when ``parts`` is not of this class's form (:func:`from_id` checks the round trip)."""
+        raise ValueError(f"{cls.__name__} ids are not parsed")
+
     def policies_used(self) -> frozenset[str]:
         """Every policy this spec's computation needs (a backend must implement all of them)."""
         return frozenset((self.policy,))
@@ -93,6 +99,26 @@ class OpSpec:
 
 def tile(default: int):
     return field(default=default, metadata={"tile": True})
+
+
+def _tiles(parts: list[str], **prefixes: str) -> dict:
+    """``["k32"]``, k_tile="k" -> {"k_tile": 32}: one part per field, in order, each its prefix and an int."""
+    if len(parts) != len(prefixes):
+        raise ValueError(f"{len(parts)} parts for {len(prefixes)} fields")
+    fields = {}
+    for part, (name, prefix) in zip(parts, prefixes.items()):
+        digits = part[len(prefix):]
+        if not part.startswith(prefix) or not digits.isdigit():
+            raise ValueError(f"{part!r} is not {prefix}<int>")
+        fields[name] = int(digits)
+    return fields
+
+
+def _math(parts: list[str]) -> list[str]:
+    """The parts before the trailing math version, which must be this library's (other math: other bits)."""
+    if not parts or parts[-1] != MATH_VERSION:
+        raise ValueError(f"no {MATH_VERSION} part")
+    return parts[:-1]
 
 
 def _reduction_words(axis: str, t: int) -> str:
@@ -121,6 +147,10 @@ class MatmulSpec(OpSpec):
 
     def _id_parts(self):
         return [f"k{self.k_tile}"]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(parts, k_tile="k")
 
     def describe(self):
         return [
@@ -166,6 +196,10 @@ class FastMatmulSpec(OpSpec):
         return [f"m{self.block_m}", f"n{self.block_n}", f"k{self.block_k}", f"w{self.num_warps}",
                 f"s{self.num_stages}"]
 
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(parts, block_m="m", block_n="n", block_k="k", num_warps="w", num_stages="s")
+
     def describe(self):
         bm, bn, bk = self.block_m, self.block_n, self.block_k
         return [
@@ -209,6 +243,10 @@ class ExactMatmulSpec(OpSpec):
     def _id_parts(self):
         return [f"s{self.slices}"]
 
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(parts, slices="s")
+
     def describe(self):
         s = self.slices
         top = 2 * (7 * s - 1)
@@ -248,6 +286,10 @@ class RMSNormSpec(OpSpec):
     def _id_parts(self):
         return [f"h{self.hidden_tile}"]
 
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(parts, hidden_tile="h")
+
     def describe(self):
         return [
             _policy_words(self.policy),
@@ -268,6 +310,10 @@ class SoftmaxSpec(OpSpec):
 
     def _id_parts(self):
         return [f"t{self.tile}", MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(_math(parts), tile="t")
 
     def describe(self):
         return [
@@ -314,6 +360,13 @@ class TokenLogprobsSpec(OpSpec):
     def _id_parts(self):
         dot = f"h{self.hidden_tile}" if self.matmul is None else f"exact-s{self.matmul.slices}"
         return [dot, f"v{self.vocab_tile}", MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        parts = _math(parts)
+        if parts and parts[0].startswith("exact-"):
+            return dict(matmul=ExactMatmulSpec(**_tiles(parts[:1], slices="exact-s")), **_tiles(parts[1:], vocab_tile="v"))
+        return _tiles(parts, hidden_tile="h", vocab_tile="v")
 
     def describe(self):
         if self.matmul is None:
@@ -363,6 +416,12 @@ class AttentionSpec(OpSpec):
     def _id_parts(self):
         p = "pf32" if self.p_precision == "fp32" else "pin"
         return [f"b{self.kv_block}", f"s{self.kv_split}", f"d{self.dot_tile}", p, MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        *tiles, p = _math(parts)
+        return dict(_tiles(tiles, kv_block="b", kv_split="s", dot_tile="d"),
+                    p_precision={"pf32": "fp32", "pin": "input"}[p])
 
     def describe(self):
         b, s = self.kv_block, self.kv_split
@@ -431,6 +490,10 @@ class FastAttentionSpec(OpSpec):
         return [f"m{self.block_m}", f"b{self.kv_block}", f"s{self.kv_split}", f"w{self.num_warps}",
                 f"st{self.num_stages}"]
 
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(parts, block_m="m", kv_block="b", kv_split="s", num_warps="w", num_stages="st")
+
     def describe(self):
         b, s = self.kv_block, self.kv_split
         return [
@@ -483,6 +546,13 @@ class GatedDeltaRuleSpec(OpSpec):
         if self.variant == "serial":
             return ["serial", f"d{self.dk_tile}", MATH_VERSION]
         return ["chunked", f"c{self.chunk}", f"d{self.dk_tile}", MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        variant, *tiles = _math(parts)
+        if variant == "serial":
+            return dict(variant=variant, **_tiles(tiles, dk_tile="d"))
+        return dict(variant=variant, **_tiles(tiles, chunk="c", dk_tile="d"))
 
     def describe(self):
         dot = _reduction_words("d_k", self.dk_tile)
@@ -542,6 +612,10 @@ class ElementwiseSpec(OpSpec):
     def _id_parts(self):
         return [MATH_VERSION]
 
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(_math(parts))
+
     def describe(self):
         return [
             _policy_words(self.policy),
@@ -570,6 +644,10 @@ class RotarySpec(OpSpec):
 
     def _id_parts(self):
         return [MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        return _tiles(_math(parts))
 
     def describe(self):
         return [
@@ -609,6 +687,7 @@ def register(spec: OpSpec, default: bool = False) -> OpSpec:
 
 
 def get(spec_id: str) -> OpSpec:
+    """The registered spec with this id (``hal spec list``); SpecError else."""
     try:
         return _SPECS[spec_id]
     except KeyError:
@@ -616,16 +695,49 @@ def get(spec_id: str) -> OpSpec:
                         "(`hal spec list` prints them)") from None
 
 
+#: Every spec class an id can name (:func:`from_id` parses their ids).
+CLASSES = (MatmulSpec, FastMatmulSpec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec, AttentionSpec,
+           FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
+_PARSED: dict[str, OpSpec | None] = {}
+
+
+def from_id(spec_id: str) -> OpSpec | None:
+    """The spec whose id is ``spec_id``, registered or not (e.g. ``matmul.strict.k32.v2`` is
+    ``MatmulSpec(k_tile=32)``), or None when no spec class of this module makes that id at its current
+    version (another version's arithmetic is not the code's). An id is the whole spec (whatever changes the
+    bits changes the id), so this is what lets a spec object cross a torch op as its id and come back
+    (hal/ops_registry.py ``route``): the rebuilt spec is checked to give the very same id."""
+    if spec_id in _SPECS:
+        return _SPECS[spec_id]
+    if spec_id not in _PARSED:
+        _PARSED[spec_id] = _parse(spec_id)
+    return _PARSED[spec_id]
+
+
+def _parse(spec_id: str) -> OpSpec | None:
+    family, policy, *parts = spec_id.split(".") if spec_id.count(".") >= 2 else ("", "", "")
+    for cls in CLASSES:
+        if cls.family != family or policy not in cls.policies:
+            continue
+        try:
+            spec = cls(policy=policy, **cls._fields_from_id(parts[:-1]))
+        except (ValueError, KeyError, TypeError):  # not this class's form, or fields it refuses (SpecError)
+            continue
+        if spec.id == spec_id:
+            return spec
+    return None
+
+
 def all_specs() -> list[OpSpec]:
     return [ _SPECS[k] for k in sorted(_SPECS)]
 
 
 def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
-    """The spec a call uses: the given one (object or id) or the family's default."""
+    """The spec a call uses: the given one (object, or its id: :func:`from_id`) or the family's default."""
     if spec is None:
         return DEFAULTS[family]
     if isinstance(spec, str):
-        spec = get(spec)
+        spec = from_id(spec) or get(spec)  # any spec's id (get: the unknown-id error, listing the registered)
     if not isinstance(spec, OpSpec):
         raise SpecError(f"spec must be an OpSpec or a spec id string, got {type(spec).__name__}")
     if spec.family != family:

@@ -19,6 +19,14 @@ gather or a stock computation.
   Under the strict or fast policy the only way is float partial sums all-reduced, which rounds
   differently for every TP degree; that is refused unless the caller opts in with
   :func:`float_partial_sums` (documented not invariant; the tests use it as the negative control).
+
+Under torch.compile the same rules run: ``hal.ops_registry.routing`` sends a DTensor call here while Dynamo
+traces too, so the rule's checks run at trace time on the placements (constants Dynamo guards on: another
+placement retraces and meets the rule again) and its local calls become ``torch.ops.lockstep.*`` on the local
+tensors. The two steps a graph cannot trace are torch ops of their own (registered in hal/torch_ops.py): the
+exact row-parallel linear (collectives and host decisions on the reduced exponents) and the float partial
+sums' opt-in, read when the graph runs (as ``hal.use`` is), so a graph traced with the opt-in never serves a
+call made without it.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import contextvars
 import torch
 
 from .errors import UnsupportedError
+from .ops_registry import NAMESPACE, tracing
 from .ops_registry import dtensor_class as _dtensor, has_dtensor  # noqa: F401 (has_dtensor: re-exported)
 
 _float_partials = contextvars.ContextVar("lockstep_float_partial_sums", default=False)
@@ -179,27 +188,73 @@ def linear(call, x, weight, bias, spec):
     xl, wl = x.to_local(), weight.to_local()
     if s.policy == specs.EXACT:
         bl = None if bias is None else bias.to_local()
-        out = _RowParallelExact.apply(xl, wl, bl, s, mesh.get_group(0))
+        out = _RowParallelExact.apply(xl, wl, bl, s, mesh.get_group(0).group_name)
         return _wrap(out, mesh, [Replicate()], (*x.shape[:-1], weight.shape[0]))
+    if tracing():  # the opt-in is read when the graph runs (a graph outlives the with-block it was traced in)
+        partials = _FloatPartialsGate.apply(call(xl, wl, None), s.id)
+    else:
+        require_float_partial_sums(s)
+        partials = call(xl, wl, None)
+    part = _wrap(partials, mesh, [Partial()], (*x.shape[:-1], weight.shape[0]))
+    full = part.redistribute(mesh, [Replicate()])
+    return full if bias is None else full + bias
+
+
+def require_float_partial_sums(s) -> None:
+    """Refuses a RowwiseParallel linear under a strict / fast spec ``s`` unless :func:`float_partial_sums` is on."""
     if not _float_partials.get():
         raise UnsupportedError(f"linear: a Shard(1) weight (RowwiseParallel) under the {s.policy} policy ({s.id}) would "
                                "sum float partial products across ranks, whose bits depend on the TP degree; use an "
                                "exact spec (hal.spec.ExactMatmulSpec, integer partial sums, the TP = 1 bits) or opt "
                                "in to stock bits with hal.tensor_parallel.float_partial_sums()")
-    part = _wrap(call(xl, wl, None), mesh, [Partial()], (*x.shape[:-1], weight.shape[0]))
-    full = part.redistribute(mesh, [Replicate()])
-    return full if bias is None else full + bias
+
+
+# ---------------------------------------------------------------- the torch ops' kernels (hal/torch_ops.py)
+
+
+def _spec(spec_id: str):
+    from . import spec as specs
+    from .ops_registry import OPS
+    return specs.resolve(OPS["linear"], spec_id)
+
+
+def row_parallel_linear_kernel(x, weight, bias, group_name: str, spec):
+    """``torch.ops.lockstep.row_parallel_linear``: the exact row-parallel linear on the group named ``group_name``
+    (``spec``: an exact matmul spec or its id; eagerly, ``_RowParallelExact`` calls this directly)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from .distributed import row_parallel_linear
+    return row_parallel_linear(x, weight, bias, _spec(spec), group=_resolve_process_group(group_name))
+
+
+def float_partials_gate_kernel(partials, spec: str):
+    """``torch.ops.lockstep.float_partials_gate``: ``partials`` if the float partial sums' opt-in is on now."""
+    require_float_partial_sums(_spec(spec))
+    return partials.clone()
+
+
+class _FloatPartialsGate(torch.autograd.Function):
+    """The traced opt-in check: the torch op forward (refuses at run time), the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, partials, spec_id):
+        return getattr(torch.ops, NAMESPACE).float_partials_gate(partials, spec_id)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
 
 
 class _RowParallelExact(torch.autograd.Function):
     """The exact row-parallel linear on local shards; backward: ordinary float32 math on the local shards."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, s, group):
-        from .distributed import row_parallel_linear
+    def forward(ctx, x, weight, bias, s, group_name):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return row_parallel_linear(x, weight, bias, s, group=group)
+        if tracing():  # collectives and host decisions: one opaque op in the graph
+            return getattr(torch.ops, NAMESPACE).row_parallel_linear(x, weight, bias, group_name, s.id)
+        return row_parallel_linear_kernel(x, weight, bias, group_name, s)
 
     @staticmethod
     def backward(ctx, g):

@@ -359,6 +359,30 @@ _BACKWARD_OPS = {
 }
 
 
+# ---------------------------------------------------------------- tensor parallelism: two steps of a DTensor rule
+# A compiled DTensor call runs its sharding rule at trace time (hal/tensor_parallel.py); these are the rule's two
+# steps a graph cannot trace: the exact row-parallel linear (collectives, host decisions on the reduced exponents)
+# and the float partial sums' opt-in, read when the graph runs. Their gradients: the rule's autograd.Functions.
+
+#: name -> (schema, kernel in hal/tensor_parallel.py, fake kernel)
+_TP_OPS = {
+    "row_parallel_linear": ("row_parallel_linear(Tensor x, Tensor weight, Tensor? bias, str group_name, str spec) "
+                            "-> Tensor", "row_parallel_linear_kernel",
+                            lambda x, weight, bias, group_name, spec: x.new_empty((*x.shape[:-1], weight.shape[0]))),
+    "float_partials_gate": ("float_partials_gate(Tensor partials, str spec) -> Tensor", "float_partials_gate_kernel",
+                            lambda partials, spec: partials.new_empty(partials.shape)),
+}
+
+
+def _tp_kernel(name):
+    def kernel(*args):
+        from . import tensor_parallel
+        with _direct():
+            return getattr(tensor_parallel, name)(*args)
+    kernel.__name__ = f"lockstep_{name}"
+    return kernel
+
+
 # ---------------------------------------------------------------- autograd: the eager backwards, as ops
 # Under AOT autograd a backward written in torch code is traced and Inductor fuses / reorders its float math,
 # so a compiled step's gradients would not be eager's bits. Each table row's backward is therefore an op too,
@@ -528,6 +552,10 @@ def register_all() -> None:
     torch.library.register_autograd(f"{NAMESPACE}::hf_attention", _hf_attention_backward,
                                     setup_context=_hf_attention_setup, lib=lib)
     _register_gdn(lib)
+    for name, (schema, kernel, fake) in _TP_OPS.items():
+        lib.define(schema)
+        lib.impl(name, _tp_kernel(kernel), "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
     _lib = lib
 
 

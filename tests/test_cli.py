@@ -201,3 +201,19 @@ def test_rl_report_bad_input_is_a_message_not_a_traceback(tmp_path):
     np.savez(f, trainer=P.ravel(), sampler=Q.ravel(), cu_seqlens=np.array([0.0, 2.9, 6.0]))
     r = hal("rl", "report", str(f))
     assert r.returncode == 2 and r.stderr.startswith("hal: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_rl_report_refuses_a_dtype_torch_cannot_hold_and_names_a_0d_array_s_shape(capsys, tmp_path):
+    """float128 (np.longdouble) used to end in torch.from_numpy's TypeError (a traceback, exit 1); a 0-d array
+    was reported as shape (1,) (np.ascontiguousarray makes it 1-d). Each is refused before any work, exit 2."""
+    f = tmp_path / "lp.npz"
+    np.savez(f, trainer=P.astype(np.longdouble), sampler=Q)
+    _refused(capsys, ["rl", "report", str(f)], f"array 'trainer' has dtype {np.dtype(np.longdouble)}, which torch "
+                                               "cannot hold")
+    np.savez(f, trainer=np.float64(-1.0), sampler=np.float64(-2.0))
+    _refused(capsys, ["rl", "report", str(f)], "got shape ()")
+    np.savez(f, trainer=P.ravel(), sampler=Q.ravel(), cu_seqlens=np.array(6, dtype=np.int64))  # 0-d offsets
+    assert "from 0 to 6, got 6" in _refused(capsys, ["rl", "report", str(f)], "cu_seqlens must be")
+    np.savez(f, trainer=P.astype(np.longdouble), sampler=Q.astype(np.longdouble))
+    r = hal("rl", "report", str(f))  # as a user runs it: a message and exit 2, not a traceback and exit 1
+    assert r.returncode == 2 and r.stderr.startswith("hal: ") and "Traceback" not in r.stderr, r.stderr

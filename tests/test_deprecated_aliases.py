@@ -108,3 +108,45 @@ def test_a_backend_written_against_the_old_names_still_claims_its_suites():
 
     with pytest.warns(DeprecationWarning, match="Backend.suites"):
         assert runner.claims(OldStyle(), "matmul_exact") == frozenset(hal.LEVELS)
+
+
+# ---------------------------------------------------------------- hf_engine's engine-neutral names (issue 36 item 3)
+
+
+HF_ENGINE_MOVED = {"EngineBatch": ("hal.serving", "ServingBatch"), "engine_attention": ("hal.serving", "varlen_attention"),
+                   **{n: ("hal.sampling", n)
+                      for n in ("Sampling", "sampling_scores", "kept_set", "renormalise_kept", "kept_logprobs")}}
+
+
+@pytest.mark.parametrize("old", sorted(HF_ENGINE_MOVED))
+def test_hf_engine_moved_names_are_the_new_objects_and_warn(old):
+    import importlib
+
+    from hal.integrations import hf_engine
+    module, new = HF_ENGINE_MOVED[old]
+    with pytest.warns(DeprecationWarning, match=f"hf_engine.{old} is deprecated: use {module}.{new}"):
+        obj = getattr(hf_engine, old)
+    assert obj is getattr(importlib.import_module(module), new)
+
+
+def test_hf_engine_gather_paged_is_write_kv_then_request_kv():
+    import torch
+
+    from hal.integrations import hf_engine
+    from hal.serving import PagedKV, ServingBatch, request_kv, write_kv
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 6, 4, 2, 8, generator=g)  # keys / values [blocks, block_size, Hkv, D]
+    k_new, v_new = torch.randn(2, 2, 8, generator=g), torch.randn(2, 2, 8, generator=g)
+    batch = ServingBatch(torch.tensor([0, 1, 2]), torch.tensor([3, 6]), torch.tensor([[5, -1], [1, 0]]),
+                         torch.tensor([22, 5]))
+    old_cache, new_cache = cache.clone(), cache.clone()
+    with pytest.warns(DeprecationWarning, match="gather_paged is deprecated"):
+        got = hf_engine.gather_paged(old_cache[0], old_cache[1], k_new, v_new, batch)
+    paged = PagedKV(new_cache[0], new_cache[1])
+    write_kv(paged, k_new, v_new, batch.slot_mapping)
+    want = request_kv(paged, batch)
+    assert torch.equal(old_cache.view(torch.int32), new_cache.view(torch.int32))
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, want))
+    assert not torch.equal(new_cache.view(torch.int32), cache.view(torch.int32))  # the write really happened
+    with pytest.raises(AttributeError):
+        hf_engine.NO_SUCH_NAME  # noqa: B018 -- the module __getattr__ answers only the moved names

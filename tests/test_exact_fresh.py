@@ -81,7 +81,7 @@ def _step(opt_name, kw, params, loss_fn):
 def test_hash_definitions_agree_and_see_one_bit(dtype):
     """numba's hash == the torch definition (contiguous, transposed, inference tensors); flipping any one
     bit (sign, lowest mantissa), swapping two values or moving a value changes it."""
-    from hal.kernels.exact import stamp
+    from hal import weight_watch as stamp
     w = _spread((37, 70), dtype, 3)
     with torch.inference_mode():
         inf_w = w.clone()
@@ -172,10 +172,10 @@ def test_unchanged_weight_stays_fresh_and_one_check_per_call(monkeypatch):
     p, x = _weight_and_x()
     ew = hal.exact_weight(p, spec=S4)
     p.data = p.data
-    from hal.kernels.exact import prepared, stamp
+    from hal import weight_watch
     calls = []
-    real = stamp.content_hash
-    monkeypatch.setattr(prepared, "content_hash", lambda t: calls.append(1) or real(t))
+    real = weight_watch.content_hash
+    monkeypatch.setattr(weight_watch, "content_hash", lambda t: calls.append(1) or real(t))
     for be in ("reference", "cpu"):
         calls.clear()
         assert_bits(be, hal.linear(x, p.detach(), spec=S4, backend=be), hal.linear(x, ew, spec=S4, backend=be))

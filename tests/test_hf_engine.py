@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import hal.sampling  # noqa: E402
 from hal.errors import InputError, UnsupportedError  # noqa: E402
 from hal.integrations import hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
@@ -225,7 +226,7 @@ def test_engine_sampled_equals_trainer(registered, name, monkeypatch):
             return
         # negative control: the trainer decides the kept set with transformers' warpers (its boundary splits
         # tied groups): refused or other bits on some request
-        monkeypatch.setattr(hf_engine, "kept_set", transformers_kept_set)
+        monkeypatch.setattr(hal.sampling, "kept_set", transformers_kept_set)  # the kept set's home (hal/sampling.py)
         caught = 0
         for i, p in enumerate(PROMPTS):
             try:

@@ -10,13 +10,15 @@ Layers (docs/architecture.md):
 * implementations: hal.backends.*, hal.kernels.*, hal.jax.* (the JAX kernels behind backends/jax.py).
 
 Rules: no import circles; implementations never import a public op module; public op modules reach no
-implementation except through dispatch (a short, commented allow-list names what cannot hold yet).
+implementation except through dispatch (a short, commented allow-list names what cannot hold yet); no module
+outside hal.integrations imports or names (in a string: a module path) an integration -- the core knows none.
 Each checker is run on a synthetic graph that breaks its rule, so a checker that cannot fail fails here.
 """
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 import torch
@@ -26,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", "conformance": "hal.conformance"}
 
 FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
-              "hal.fp_env", "hal.kernels.layout"}
+              "hal.fp_env", "hal.weight_watch", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
 #: (which runs backends directly and compares them with the oracles)
@@ -47,6 +49,16 @@ OP_TO_KERNEL_ALLOWED = {
     ("hal.gated_delta_rule", "hal.kernels.oracle.gated_delta_rule"),
     ("hal.gdn_backward", "hal.kernels.oracle.gated_delta_rule"),
     ("hal.elementwise", "hal.kernels.reference.elementwise"),
+}
+
+INTEGRATIONS = "hal.integrations"
+#: Core module -> integration module it still imports or names, and why the rule cannot hold there yet.
+CORE_TO_INTEGRATION_ALLOWED = {
+    # Issue 36 item 2: the op table (hal/ops_registry.py) lists the HF integration's torch ops hf_attention and
+    # hf_gated_delta_net by their implementations' paths, and hal/torch_ops.py imports hf_attention's backward,
+    # so `import hal` reaches up into hal.integrations; those ops move to a registration of the integration's own.
+    ("hal.ops_registry", "hal.integrations.hf_attention"), ("hal.ops_registry", "hal.integrations.hf_modules"),
+    ("hal.torch_ops", "hal.integrations.hf_attention"),
 }
 
 
@@ -107,6 +119,27 @@ def import_graph(mods) -> dict[str, set[str]]:
         targets.discard(name)  # a package naming its own submodules' attributes is no edge
         graph[name] = targets
     return graph
+
+
+def named_modules(mods) -> dict[str, set[str]]:
+    """module -> the modules of ours its code names in a string (``"hal.x.y"`` or ``"hal.x.y:attr"``, as an
+    op table resolves by path); docstrings are prose and do not count."""
+    out = {}
+    for name, (path, _) in mods.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        prose = {id(n.body[0].value) for n in ast.walk(tree)
+                 if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                 and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+                for word in re.findall(r"hal(?:\.\w+)+", node.value):
+                    targets.add(_known(word, mods))
+        targets.discard(None)
+        targets.discard(name)
+        out[name] = targets
+    return out
 
 
 def _in(name: str, prefixes) -> bool:
@@ -178,9 +211,20 @@ def op_imports_implementation(graph, allowed=frozenset()) -> list[tuple[str, str
                   if role(t) == "implementation" and (m, t) not in allowed)
 
 
+def core_reaches_integration(graph, named, allowed=frozenset()) -> list[tuple[str, str]]:
+    """(module outside hal.integrations, integration module it imports or names, not allow-listed)."""
+    return sorted({(m, t) for edges in (graph, named) for m, ts in edges.items() if not _in(m, (INTEGRATIONS,))
+                   for t in ts if _in(t, (INTEGRATIONS,)) and t != INTEGRATIONS and (m, t) not in allowed})
+
+
 @pytest.fixture(scope="module")
 def graph():
     return import_graph(modules())
+
+
+@pytest.fixture(scope="module")
+def named():
+    return named_modules(modules())
 
 
 # ------------------------------------------------------------------ the rules on the package
@@ -212,6 +256,17 @@ def test_the_allow_list_holds_only_edges_that_exist(graph):
     assert stale == []
 
 
+def test_the_core_never_reaches_an_integration(graph, named):
+    assert core_reaches_integration(graph, named, CORE_TO_INTEGRATION_ALLOWED) == []
+    # the serving core and the sampling module, which engine shims build on, reach no integration at all
+    assert not [t for m in ("hal.serving", "hal.sampling") for t in graph[m] | named[m] if _in(t, (INTEGRATIONS,))]
+
+
+def test_the_core_to_integration_allow_list_holds_only_edges_that_exist(graph, named):
+    stale = sorted((m, t) for m, t in CORE_TO_INTEGRATION_ALLOWED if t not in graph.get(m, set()) | named.get(m, set()))
+    assert stale == []
+
+
 # ------------------------------------------------------------------ negative controls for the checkers
 
 
@@ -230,6 +285,27 @@ def test_checkers_catch_synthetic_violations():
     op_uses_kernel = {"hal.gated_delta_rule": {"hal.kernels.reference.gated_delta_rule", "hal.kernels.layout"}}
     assert op_imports_implementation(op_uses_kernel) == [("hal.gated_delta_rule",
                                                           "hal.kernels.reference.gated_delta_rule")]
+
+
+def test_core_to_integration_checker_catches_synthetic_edges(tmp_path):
+    up = {"hal.serving": {"hal.kernels.layout", "hal.integrations.hf_engine"}, "hal.integrations.hf_engine": {"hal.serving"}}
+    assert core_reaches_integration(up, {}) == [("hal.serving", "hal.integrations.hf_engine")]
+    assert core_reaches_integration({}, {"hal.backends.cpu": {"hal.integrations.vllm"}}) == [
+        ("hal.backends.cpu", "hal.integrations.vllm")]
+    assert core_reaches_integration(up, {}, {("hal.serving", "hal.integrations.hf_engine")}) == []
+    # a real source tree: a function-level import and an op-table-style path string are caught, a docstring
+    # naming the integration is not, and integration -> core edges are the normal direction
+    for folder in ("hal", "hal/integrations", "kernels"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "hal" / "integrations" / "hf_engine.py").write_text("from ..serving import paged_attention\n")
+    (tmp_path / "hal" / "serving.py").write_text(
+        '"""Used by hal.integrations.hf_engine (prose)."""\ndef f():\n    from .integrations import hf_engine\n')
+    (tmp_path / "hal" / "ops_registry.py").write_text('ROW = ("hal.integrations.hf_engine:hf_paged_attention",)\n')
+    (tmp_path / "kernels" / "layout.py").write_text('def g():\n    """See hal.integrations.hf_engine."""\n')
+    mods = modules(str(tmp_path), {"hal": "hal", "kernels": "hal.kernels"})
+    assert core_reaches_integration(import_graph(mods), named_modules(mods)) == [
+        ("hal.ops_registry", "hal.integrations.hf_engine"), ("hal.serving", "hal.integrations.hf_engine")]
 
 
 def test_a_module_importing_an_op_module_inside_a_function_is_flagged(tmp_path):

@@ -33,7 +33,10 @@ def test_plain_tensors_run_direct_and_routed_calls_the_torch_op(dtensor):
     assert routing("linear", x, 2, "not a tensor") is DIRECT  # other values are never DTensors
     with torch_ops.routed():
         assert routing("linear", x) is TORCH_OP
-        assert routing("sigmoid", dtensor) is TORCH_OP  # tracing wins: a traced DTensor reaches the torch op
+        # a DTensor wins over tracing: its rule runs traced (compiled DTensor calls keep eager's bits and refusals)
+        assert routing("linear", x, dtensor) is DTENSOR
+        with pytest.raises(hal.UnsupportedError, match="sigmoid: DTensor arguments are not supported"):
+            routing("sigmoid", dtensor)
 
 
 def test_a_dtensor_takes_the_rule_of_the_ops_that_have_one(dtensor):

@@ -33,25 +33,25 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
-def slot(b: int, pos: int) -> int:
-    return int(TABLE[b, pos // BS]) * BS + pos % BS
+def slot(b: int, pos: int, bs: int = BS) -> int:
+    return int(TABLE[b, pos // bs]) * bs + pos % bs
 
 
-def make_step(dtype=torch.float32):
+def make_step(dtype=torch.float32, bs: int = BS, d: int = D, cached=CACHED, new=NEW):
     g = torch.Generator().manual_seed(0)
-    lens = [c + n for c, n in zip(CACHED, NEW)]
-    keys = [torch.randn(n, HKV, D, generator=g).to(dtype) for n in lens]
-    vals = [torch.randn(n, HKV, D, generator=g).to(dtype) for n in lens]
-    q = torch.randn(sum(NEW) + PAD, HQ, D, generator=g).to(dtype)
-    qsl = torch.tensor([0] + NEW).cumsum(0).to(torch.int32)
-    mapping = torch.tensor([slot(b, t) for b in range(3) for t in range(CACHED[b], lens[b])])
+    lens = [c + n for c, n in zip(cached, new)]
+    keys = [torch.randn(n, HKV, d, generator=g).to(dtype) for n in lens]
+    vals = [torch.randn(n, HKV, d, generator=g).to(dtype) for n in lens]
+    q = torch.randn(sum(new) + PAD, HQ, d, generator=g).to(dtype)
+    qsl = torch.tensor([0] + list(new)).cumsum(0).to(torch.int32)
+    mapping = torch.tensor([slot(b, t, bs) for b in range(3) for t in range(cached[b], lens[b])])
     batch = ServingBatch(query_start_loc=qsl, seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=TABLE,
                          slot_mapping=mapping)
-    old = torch.tensor([slot(b, t) for b in range(3) for t in range(CACHED[b])])
-    k_old = torch.cat([keys[b][:CACHED[b]] for b in range(3)])
-    v_old = torch.cat([vals[b][:CACHED[b]] for b in range(3)])
-    k_new = torch.cat([keys[b][CACHED[b]:] for b in range(3)])
-    v_new = torch.cat([vals[b][CACHED[b]:] for b in range(3)])
+    old = torch.tensor([slot(b, t, bs) for b in range(3) for t in range(cached[b])])
+    k_old = torch.cat([keys[b][:cached[b]] for b in range(3)])
+    v_old = torch.cat([vals[b][:cached[b]] for b in range(3)])
+    k_new = torch.cat([keys[b][cached[b]:] for b in range(3)])
+    v_new = torch.cat([vals[b][cached[b]:] for b in range(3)])
     return q, keys, vals, batch, (old, k_old, v_old), (k_new, v_new)
 
 
@@ -109,11 +109,14 @@ def test_mixed_step_equals_each_request_alone(layout, dtype):
     if layout == "vllm_cpu":
         assert inside(cache.keys, base) and inside(cache.values, base)  # views into the engine's tensor
         assert not cache.keys.is_contiguous()
-        # write_kv landed in vLLM's rows: a token's key, then its value, in the row of its (block, head, offset)
-        b, t = 1, CACHED[1] + 2
-        blk, off = divmod(slot(b, t), BS)
-        assert torch.equal(bits(base[blk, :, off, :D].float()), bits(keys[b][t].float()))
-        assert torch.equal(bits(base[blk, :, off, D:].float()), bits(vals[b][t].float()))
+        # write_kv landed where vLLM's CPU attention ("vec" ISA) keeps a token: in the memory of its (block, kv
+        # head), element d of the key at d * BS + offset, element d of the value at BS * D + offset * D + d
+        for b, t in ((0, CACHED[0]), (1, CACHED[1] + 2), (2, 0)):
+            blk, off = divmod(slot(b, t), BS)
+            for h in range(HKV):
+                mem = base[blk, h].reshape(-1)
+                assert torch.equal(bits(mem[torch.arange(D) * BS + off].float()), bits(keys[b][t][h].float()))
+                assert torch.equal(bits(mem[BS * D + off * D + torch.arange(D)].float()), bits(vals[b][t][h].float()))
 
 
 def test_both_layouts_give_the_same_bits():
@@ -138,10 +141,12 @@ def test_wrong_addressing_is_caught():
     reversed_keys = [k.flip(0) for k in keys]  # contiguous keys, newest first
     assert not same_bits(varlen_attention(q, torch.cat(reversed_keys), torch.cat(vals), batch, SCALE)[:n], want)
     q, keys, vals, batch, cache, kv = filled(vllm_cache)
-    naive = kv.view(BLOCKS, BS, HKV, 2 * D)  # the wrong reading of vLLM's rows: a reshape, not the transpose
-    wrong = PagedKV(naive[..., :D], naive[..., D:])
-    got = paged_attention(q, wrong, batch, SCALE)[:n]
-    assert not same_bits(got, want)
+    rows = kv.transpose(1, 2)  # the wrong reading of vLLM's cache: a token's key and value side by side in a row
+    wrong = PagedKV(rows[..., :D], rows[..., D:])
+    assert not same_bits(paged_attention(q, wrong, batch, SCALE)[:n], want)
+    keys_tokens_major = kv.view(BLOCKS, HKV, 2, BS, D)[:, :, 0].transpose(1, 2)  # keys read [BS, D], not [D, BS]
+    wrong = PagedKV(keys_tokens_major, cache.values)
+    assert not same_bits(paged_attention(q, wrong, batch, SCALE)[:n], want)
 
 
 def test_refusals_change_nothing():
@@ -163,6 +168,8 @@ def test_refusals_change_nothing():
         paged_attention(q, cache, ServingBatch(batch.query_start_loc, batch.seq_lens), SCALE)
     with pytest.raises(InputError, match="vLLM CPU KV cache"):
         PagedKV.from_vllm_cpu(torch.zeros(BLOCKS, HKV, BS, 2 * D), D + 1)
+    with pytest.raises(UnsupportedError, match="ISA 'amx'"):
+        PagedKV.from_vllm_cpu(torch.zeros(BLOCKS, HKV, BS, 2 * D), D, isa="amx")
     # padding slots (negative, vLLM's PAD_SLOT_ID) are skipped, not written through the -1 wrap-around
     write_kv(cache, torch.cat([k1, k1]), torch.cat([v1, v1]), torch.tensor([-1, -1]))
     assert torch.equal(bits(kc), bits(before[0]))
@@ -264,3 +271,27 @@ def test_recorded_logprobs_is_the_trainers_value():
             want = lt.token_logprobs(model, h, tokens, temperature=0.8, **settings)
             got = recorded_logprobs(model.lm_head.weight, h, tokens, Sampling(0.8, **settings))
             assert same_bits(got, want), settings
+
+
+def test_vllm_cpu_views_read_what_vllms_own_writer_stored():
+    """vLLM's CPU attention fills its cache with its own op (cpu_attn_reshape_and_cache); PagedKV.from_vllm_cpu
+    reads every token back, and the step's attention over it equals each request alone. Needs vLLM (CPU)."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as vllm_ops
+    bs, d = 32, 32  # vLLM's CPU attention takes block sizes that are multiples of 32, head sizes from 32
+    cached, new = [40, 37, 0], [1, 30, 20]  # 2, 3 and 1 blocks of TABLE: a decode, a later chunk, a first one
+    for dtype, isa in ((torch.float32, "vec"), (torch.bfloat16, "vec16")):
+        q, keys, vals, batch, (old, k_old, v_old), (k_new, v_new) = make_step(dtype, bs, d, cached, new)
+        kv = torch.zeros(BLOCKS, HKV, bs, 2 * d, dtype=dtype)
+        k_half, v_half = kv.view(BLOCKS, HKV, 2 * bs, d).chunk(2, dim=2)  # how vLLM's backend hands it over
+        for slots, k, v in ((old, k_old, v_old), (batch.slot_mapping, k_new, v_new)):
+            vllm_ops.cpu_attn_reshape_and_cache(k, v, k_half, v_half, slots, isa, k_scale=1.0, v_scale=1.0,
+                                                kv_cache_dtype="auto")
+        cache = PagedKV.from_vllm_cpu(kv, d, isa)
+        for b in range(3):
+            for t in range(keys[b].shape[0]):
+                blk, off = divmod(slot(b, t, bs), bs)
+                assert torch.equal(bits(cache.keys[blk, off].float()), bits(keys[b][t].float())), (isa, b, t)
+                assert torch.equal(bits(cache.values[blk, off].float()), bits(vals[b][t].float())), (isa, b, t)
+        n = sum(new)
+        assert same_bits(paged_attention(q, cache, batch, SCALE)[:n].float(), alone(q, keys, vals, batch).float())

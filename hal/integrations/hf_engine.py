@@ -1,106 +1,37 @@
-"""transformers' continuous-batching engine on lockstep's bits.
+"""transformers' continuous-batching engine on lockstep's bits: the transformers shim.
 
-The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen
-batch per step: prefill chunks cut by ``max_batch_tokens`` next to decode rows, KV in pages, blocks
-shared across requests (prefix cache), requests offloaded when blocks run out. Three pieces make a
-request's bits independent of all that:
-
-* attention: :class:`EngineBatch` is the batch metadata a serving engine has (query start offsets,
-  sequence lengths, and, for engines that hand over their page table, block table + slot mapping);
-  :func:`engine_attention` runs ``hal.flash_attn_varlen_func`` over it, each request's queries
-  bottom-right aligned on its own keys (L1 + L2: neighbours, chunking and paging change no bit).
-  :func:`hf_paged_attention` is the transformers shim; another engine is another thin shim.
-* log-probs: the engine's own forward step is replaced by :class:`_LockstepStep`, the same forward
-  (one model call per step, no second pass) whose recorded log-prob is
-  ``lt.token_logprobs(model, hidden, token, temperature, top_k, top_p)`` of the hidden state the LM head
-  saw; the tokens are sampled from lockstep's kept set (:func:`kept_set`), not from transformers' warpers.
-* the prefix cache: blocks computed under older weights are evicted before the next batch is
-  scheduled (:meth:`_EngineState.before_schedule`).
-* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the engine pages the attention layers only
-  (:func:`_without_gdn_layers`); each request's GDN state lives in :class:`GdnEngineStates` on the
-  engine's cache, keyed by request id and token position (hf_modules' GDN forward reads and stores it).
-
-Features that cannot be exact are refused by name (:func:`check_engine_model`, :func:`sampling_settings`).
+The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen step
+(prefill chunks cut by ``max_batch_tokens`` next to decode rows), keeps KV in pages shared across requests
+(prefix cache) and offloads requests when blocks run out. What makes a request's bits independent of that
+is engine-neutral: the serving core (hal/serving.py: batch metadata, attention over the engine's paged
+cache, GDN state beside it) and the sampling module (hal/sampling.py: the kept set, the recorded log-prob).
+This module, the only one that touches the engine's internals, translates the engine onto them:
+:func:`hf_paged_attention` (its steps' attention), :class:`_LockstepStep` (its forward step: one model call,
+tokens drawn from lockstep's kept set, the recorded log-prob ``lt.token_logprobs`` of the hidden rows the LM
+head saw), :class:`GdnEngineStates` (its rows -> the request-keyed ``serving.GdnStates`` on its cache, the
+GDN layers left out of its pages by :func:`_without_gdn_layers`), :class:`_EngineState`
+(prefix blocks of older weights evicted, a change while requests run refused: hal/weight_watch.py), and refusals by name (:func:`check_engine_model`,
+:func:`sampling_settings`).
 """
 from __future__ import annotations
 
-import math
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..attention import flash_attn_varlen_func
-from ..ops import softmax
+from .. import sampling as _sampling
 from ..errors import InputError, UnsupportedError
+from ..serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
+                       varlen_attention, write_kv)
+from ..weight_watch import ModelWeights
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
 # accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
 _ENGINE_ATTN = "paged|eager"
 _STATE = "_lockstep_engine"  # attribute on the engine's batch processor
-
-
-# ---------------------------------------------------------------- engine-neutral adapter
-
-
-@dataclass(frozen=True)
-class EngineBatch:
-    """One engine step's attention metadata, as serving engines hold it.
-
-    ``query_start_loc [n+1]``: cumulative query tokens per request (the rows of ``q``);
-    ``seq_lens [n]``: keys each request sees after this step (cached + new; queries are the last ones);
-    ``block_table [n, max_pages]`` and ``slot_mapping [tokens]`` (optional): where the engine's paged
-    cache holds each request's keys and where each new token's key goes (``page * page_size + offset``).
-    """
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor | None = None
-    slot_mapping: torch.Tensor | None = None
-
-    def key_starts(self) -> torch.Tensor:
-        lens = self.seq_lens.to(torch.int32)
-        return torch.cat([lens.new_zeros(1), lens.cumsum(0).to(torch.int32)])
-
-
-def gather_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                 batch: EngineBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write ``k_new/v_new [tokens, Hkv, D]`` at ``batch.slot_mapping`` into the paged caches
-    ``[pages, page_size, Hkv, D]`` and return every request's keys/values, contiguous (copies only)."""
-    if batch.block_table is None or batch.slot_mapping is None:
-        raise InputError("gather_paged needs batch.block_table and batch.slot_mapping")
-    page = k_cache.shape[1]
-    flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
-    slots = batch.slot_mapping.to(torch.int64)
-    flat_k.index_copy_(0, slots, k_new)
-    flat_v.index_copy_(0, slots, v_new)
-    rows = []
-    for b, n in enumerate(batch.seq_lens.tolist()):
-        t = torch.arange(n, device=k_cache.device)
-        rows.append(batch.block_table[b].to(torch.int64)[t // page] * page + t % page)
-    idx = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=k_cache.device)
-    return flat_k.index_select(0, idx), flat_v.index_select(0, idx)
-
-
-def engine_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: EngineBatch,
-                     scale: float) -> torch.Tensor:
-    """``q [tokens, Hq, D]`` (requests packed as ``batch.query_start_loc`` says), ``keys/values
-    [sum(seq_lens), Hkv, D]`` (each request's keys contiguous, oldest first) -> ``[tokens, Hq, Dv]``.
-    Rows past ``query_start_loc[-1]`` (an engine's padding) are zeros."""
-    cu_q = batch.query_start_loc.to(torch.int32)
-    cu_k = batch.key_starts().to(q.device)
-    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
-    if n_q > q.shape[0] or n_k > keys.shape[0]:
-        raise InputError(f"engine batch describes {n_q} queries / {n_k} keys but got {q.shape[0]} / {keys.shape[0]}")
-    q_lens = (cu_q[1:] - cu_q[:-1]).to(cu_k.device)
-    if bool((q_lens > batch.seq_lens.to(cu_k.device)).any()):
-        raise InputError("an engine request has more new queries than keys (seq_lens must count the new tokens)")
-    out = q.new_zeros((q.shape[0], q.shape[1], values.shape[-1]))
-    if n_q == 0:
-        return out
-    out[:n_q] = flash_attn_varlen_func(q[:n_q], keys[:n_k], values[:n_k], cu_q, cu_k, int(q_lens.max()),
-                                       int(batch.seq_lens.max()), softmax_scale=scale, causal=True)
-    return out
 
 
 # ---------------------------------------------------------------- transformers shim
@@ -113,24 +44,23 @@ def is_engine_cache(cache) -> bool:
 def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
     """A patched attention layer's core inside HF's engine: ``q [1, Hq, T, D]``, new ``k/v [1, Hkv, T, D]``
     -> ``[1, T, Hq * Dv]``. Varlen steps: the engine's allocator writes and reads its cache (exact copies).
-    Decode fast path (a block table, one new token per request): the serving-engine form, gather_paged."""
+    Decode fast path (a block table, one new token per request): the serving core over the engine's cache."""
     keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
     cu_k = kwargs["cu_seq_lens_k"]
     table = kwargs.get("block_table")
     if table is None:
-        batch = EngineBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
-        keys, values = keys[0].transpose(0, 1), values[0].transpose(0, 1)
+        batch = ServingBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
+        out = varlen_attention(q[0].transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), batch,
+                               mod.scaling)
     else:
         n = q.shape[2]  # decode only: one query per request
         lens = (cu_k[1:n + 1] - cu_k[:n]).to(torch.int64)
-        k_cache, v_cache = kwargs["k_cache"], kwargs["v_cache"]
-        page = k_cache.shape[1]
-        pos = lens - 1  # the new token's position
-        slots = table[:n].to(torch.int64).gather(1, (pos // page).reshape(-1, 1)).reshape(-1) * page + pos % page
-        batch = EngineBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
-                            block_table=table[:n], slot_mapping=slots)
-        keys, values = gather_paged(k_cache, v_cache, k[0].transpose(0, 1), v[0].transpose(0, 1), batch)
-    out = engine_attention(q[0].transpose(0, 1), keys, values, batch, mod.scaling)
+        paged = PagedKV(kwargs["k_cache"], kwargs["v_cache"])  # [pages, page_size, Hkv, D]
+        slots = decode_slot_mapping(paged, table[:n], lens)
+        batch = ServingBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
+                             block_table=table[:n], slot_mapping=slots)
+        write_kv(paged, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
+        out = paged_attention(q[0].transpose(0, 1), paged, batch, mod.scaling)
     return out.reshape(1, out.shape[0], -1)
 
 
@@ -167,60 +97,46 @@ _GDN_STATES = "_lockstep_gdn_states"  # attribute on the engine's PagedAttention
 
 
 class GdnEngineStates:
-    """Each engine request's Gated DeltaNet state (conv window, :class:`hal.GatedDeltaRuleState`) per layer,
-    kept beside the engine's paged cache (which holds the full-attention layers only).
+    """The engine's rows -> the request-keyed :class:`hal.serving.GdnStates` (``core``) on its cache.
 
-    Keyed by request id, so a request's state never depends on the rows next to it; every entry carries the
-    token position it was computed up to, and a chunk continues only from the state at its own start
-    position (position 0: a fresh state -- a request re-prefilled from scratch after a soft-reset offload).
-    The latest two positions are kept: an offload in the engine's async mode may roll a request back by one
-    token. States of requests the scheduler no longer holds are dropped after every scheduled step.
+    ``step_requests``: the request id of each row of the running step (set before the model runs);
+    hf_modules' GDN forward looks up and stores by row. Offloaded requests keep their states (a soft reset
+    re-prefills from token 0, which restarts them); finished ones go after every scheduled step (:meth:`prune`).
     """
 
-    KEEP = 2
-
     def __init__(self):
-        self.states: dict = {}  # key -> {layer: {position: (conv_state, rule_state)}}
+        self.core = GdnStates()
         self.step_requests: list = []  # request ids of the running step, in the batch's row order
         self.check_positions = True  # False only in the negative-control test (states keyed by row)
+
+    @property
+    def states(self) -> dict:
+        return self.core.states
 
     def key(self, row: int, request_id: str):
         return request_id
 
     def lookup(self, row: int, layer: int, start: int):
         """(conv_state, rule_state) for the chunk of batch row ``row`` starting at token ``start``; None: fresh."""
-        if start == 0:
-            return None
-        rid = self.step_requests[row]
-        by_pos = self.states.get(self.key(row, rid), {}).get(layer, {})
-        if start in by_pos:
-            return by_pos[start]
-        if not self.check_positions and by_pos:
-            return by_pos[max(by_pos)]
-        raise UnsupportedError(
-            f"engine request {rid!r} continues at token {start} in Gated DeltaNet layer {layer}, but lockstep holds "
-            f"its state at {sorted(by_pos) or 'no position'}: the engine skipped or replayed tokens this state was "
-            "not built from (shared prefixes are not supported on GDN models)")
+        key = self.key(row, self.step_requests[row])
+        held = self.core.positions(key, layer)
+        if start and not self.check_positions and held and start not in held:
+            start = held[-1]  # the negative control: continue from whatever this key holds
+        return self.core.lookup(key, layer, start)
 
     def store(self, row: int, layer: int, start: int, end: int, conv_state, rule_state) -> None:
-        layers = self.states.setdefault(self.key(row, self.step_requests[row]), {})
-        if start == 0:  # a fresh prefill (first, or after a soft reset): older states are of another run
-            layers.pop(layer, None)
-        by_pos = layers.setdefault(layer, {})
-        by_pos[end] = (conv_state, rule_state)
-        for old in list(by_pos)[:-self.KEEP]:  # insertion order: the oldest stored go first
-            del by_pos[old]
+        key = self.key(row, self.step_requests[row])
+        if key not in self.core:
+            self.core.start(key)
+        self.core.advance(key, layer, start, end, conv_state, rule_state)
 
     def fork(self, parent_id: str, child_ids) -> None:
-        """Forked children (parallel sampling) start from their parent's states (immutable: shared)."""
-        parent = self.states.get(parent_id, {})
-        for child in child_ids:
-            self.states[child] = {layer: dict(by_pos) for layer, by_pos in parent.items()}
+        self.core.fork(parent_id, child_ids)  # forked children (parallel sampling) continue their parent
 
     def prune(self, live_request_ids) -> None:
         live = {self.key(i, rid) for i, rid in enumerate(self.step_requests)} | set(live_request_ids)
-        for k in [k for k in self.states if k not in live]:
-            del self.states[k]
+        for key in [k for k in self.core.states if k not in live]:
+            self.core.finish(key)
 
 
 def gdn_engine_states(cache) -> GdnEngineStates:
@@ -259,28 +175,7 @@ _gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GD
 _WARPERS = {"TemperatureLogitsWarper": "temperature", "TopKLogitsWarper": "top_k", "TopPLogitsWarper": "top_p"}
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """What sampling draws from: softmax(logits / ``temperature``) over :func:`kept_set` (``top_k``,
-    ``top_p``: None = off)."""
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k < 1):
-            raise InputError(f"top_k must be a positive int or None, got {self.top_k!r}")
-        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
-                                       or not 0.0 <= self.top_p <= 1.0):
-            raise InputError(f"top_p must be a float in [0, 1] or None, got {self.top_p!r}")
-
-    @property
-    def filters(self) -> bool:
-        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
-
-
-def sampling_settings(processors) -> Sampling:
+def sampling_settings(processors) -> _sampling.Sampling:
     """The engine's sampling settings, read from its logits processors (a list, or the engine's
     ``ContinuousBatchingLogitsProcessorList``); any other processor, a warper out of transformers' order,
     or ``min_tokens_to_keep != 1`` is refused by name."""
@@ -304,122 +199,12 @@ def sampling_settings(processors) -> Sampling:
             raise UnsupportedError(f"{name} with min_tokens_to_keep={proc.min_tokens_to_keep}: lockstep's trainer "
                                    "API (lt.token_logprobs) keeps one token at least")
         found[setting] = getattr(proc, setting)
-    return Sampling(temperature=float(found.get("temperature", 1.0)),
-                    top_k=None if "top_k" not in found else int(found["top_k"]),
-                    top_p=None if "top_p" not in found else float(found["top_p"]))
-
-
-# ---------------------------------------------------------------- the kept set, and log-probs over it
-
-
-_FIXED_ONE = 2 ** 60  # probability 1 in kept_set's fixed point: the mass sums are exact int64 sums
-
-
-def sampling_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """float32 ``logits / temperature``: the scores sampling and :func:`kept_set` see (engine and trainer alike)."""
-    return logits.float() / temperature
-
-
-def kept_set(scores: torch.Tensor, top_k: int | None = None, top_p: float | None = None,
-             min_tokens_to_keep: int = 1) -> torch.Tensor:
-    """bool ``[n, V]``: the tokens sampling may draw from in each row of ``scores [n, V]`` (:func:`sampling_scores`).
-
-    The rule, applied in transformers' order (top-k, then top-p over what top-k kept):
-
-    * top-k: the scores >= the row's k-th highest (``k = max(top_k, min_tokens_to_keep)``): ties at the
-      k-th score are all kept, as transformers' warper keeps them;
-    * top-p: ``p = hal.softmax`` of the row with the tokens top-k dropped set to -inf (lockstep's softmax:
-      the same bits whatever the batch). A token is kept when the mass of the tokens strictly more probable
-      than it is < ``top_p``: the smallest set of most probable tokens whose mass reaches ``top_p``, plus
-      every token tied with its least probable one; the ``min_tokens_to_keep`` most probable are always kept
-      (ties with the last of them too), and a token of probability < 2**-60 only through that minimum.
-      The mass is summed exactly, in any order and on any device: each ``p`` floored to a multiple of
-      2**-60 and added as int64 (the floor changes a row's mass by < V * 2**-60). ``top_p`` >= 1: no top-p.
-
-    transformers' TopPLogitsWarper keeps the tokens whose ascending float32 cumulative sum of torch's softmax
-    exceeds ``1 - top_p``: the same rule in exact arithmetic, except that its result depends on the rounding
-    of that sum near the boundary, and at a tie across the boundary it keeps whichever of the tied tokens
-    its (unstable) sort put last -- lockstep keeps them all.
-    """
-    if scores.dim() != 2 or scores.dtype != torch.float32:
-        raise InputError(f"kept_set takes float32 scores [n, vocab], got {tuple(scores.shape)} {scores.dtype}")
-    Sampling(top_k=top_k, top_p=top_p)  # validates both
-    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
-        raise InputError(f"min_tokens_to_keep must be a positive int, got {min_tokens_to_keep!r}")
-    vocab = scores.shape[-1]
-    kept = torch.ones_like(scores, dtype=torch.bool)
-    if top_k is not None:
-        k = min(max(top_k, min_tokens_to_keep), vocab)
-        kept = scores >= scores.topk(k, dim=-1).values[:, -1:]
-    if top_p is None or top_p >= 1.0 or scores.shape[0] == 0:
-        return kept
-    p = softmax(scores.masked_fill(~kept, float("-inf")), dim=-1)
-    q = (p.double() * _FIXED_ONE).floor().to(torch.int64)  # exact: float32 -> float64, a power-of-two scale
-    desc = q.sort(dim=-1, descending=True).values
-    above = desc.cumsum(-1) - desc  # mass of the tokens sorted before each (int64: exact, order-free)
-    limit = math.ceil(top_p * _FIXED_ONE)  # top_p * 2**60 is exact in float64; above < it <=> above < ceil
-    n_keep = ((above < limit) & (desc > 0)).sum(-1).clamp(min=min(min_tokens_to_keep, vocab))
-    least = desc.gather(1, (n_keep - 1).reshape(-1, 1))  # the least probable kept; its ties are kept too
-    return kept & (q >= least)
-
-
-def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
-
-    ``lp_token [n]`` and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
-    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
-    float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
-    position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
-    ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).
-    """
-    exact = []
-    for row in torch.split(lp_kept.detach(), counts):
-        total = 0.0
-        for x in row.tolist():
-            total += math.exp(x)
-        exact.append(math.log(total))
-    log_sum = torch.tensor(exact, dtype=torch.float64, device=lp_token.device)
-    if lp_token.requires_grad or lp_kept.requires_grad:
-        n, width = len(counts), max(counts)
-        starts = torch.tensor([0] + counts[:-1], device=lp_kept.device).cumsum(0)
-        rows = torch.repeat_interleave(torch.arange(n, device=lp_kept.device), torch.tensor(counts, device=lp_kept.device))
-        cols = torch.arange(lp_kept.shape[0], device=lp_kept.device) - starts[rows]
-        padded = lp_kept.new_full((n, width), float("-inf"), dtype=torch.float64).index_put((rows, cols),
-                                                                                          lp_kept.double())
-        lse = torch.logsumexp(padded, -1)
-        log_sum = log_sum + (lse - lse.detach())  # + 0.0 exactly: the value stays the float64 sum above
-    return (lp_token.double() - log_sum).float()
-
-
-def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, logprobs_fn,
-                  scores: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to :func:`kept_set`.
-    ``hidden [..., H]``, ``tokens [...]``; ``scores`` (the engine's): :func:`sampling_scores` of these rows,
-    else computed here with the model's (patched) LM head, the logits the engine sampled from.
-    Cost: one full-vocabulary ``logprobs_fn`` row per kept token (fine for top-k's tens of tokens; a top-p
-    set over a flat distribution of a large vocabulary is correspondingly slow)."""
-    shape = tokens.shape
-    h = hidden.reshape(-1, hidden.shape[-1])
-    t = tokens.reshape(-1)
-    if scores is None:
-        with torch.no_grad():
-            scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)
-    kept = kept_set(scores, sampling.top_k, sampling.top_p)
-    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1).to(torch.int64)).all()):
-        raise InputError(f"a token is outside the kept set of its row (top_k={sampling.top_k}, top_p={sampling.top_p}):"
-                         " it cannot have been sampled with these settings")
-    rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
-    lp_all = logprobs_fn(h[rows], ids, sampling.temperature)
-    lp_tok = logprobs_fn(h, t, sampling.temperature)
-    return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
+    return _sampling.Sampling(temperature=float(found.get("temperature", 1.0)),
+                              top_k=None if "top_k" not in found else int(found["top_k"]),
+                              top_p=None if "top_p" not in found else float(found["top_p"]))
 
 
 # ---------------------------------------------------------------- the engine step
-
-
-def _weights_version(model) -> tuple:
-    """Changes whenever a parameter is updated in place (optimizer step, load_state_dict) or replaced."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 @dataclass(frozen=True)
@@ -436,23 +221,54 @@ class EngineStep:
 
 class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
-    and the test/diagnostic hooks called once per scheduled step."""
+    and the test/diagnostic hooks called once per scheduled step.
+
+    The weight-change detector (hal/weight_watch.py; torch's version counter misses fused optimizer
+    steps, ``p.data.copy_``, broadcasts) runs at two places:
+
+    * before the scheduler admits requests (the only moment it reuses prefix blocks): the full check (a hash
+      of every parameter); a change evicts the prefix cache, or is refused when requests are running;
+    * after every step's forward, before its tokens and log-probs are delivered: the cheap check (quick
+      stamps and the process's optimizer step count: no data read), and the full check only when it says
+      "maybe"; a change is refused while requests run, so no result computed partly with the weights an
+      optimizer step (any kind) or a load wrote is delivered.
+
+    So a decode step hashes nothing unless the cheap signal fires, a step admitting requests hashes the
+    weights once, an idle engine never. A raw write the cheap check cannot see (``p.data.copy_``, a
+    collective into ``p.data``) while requests run is caught at the next admission."""
 
     def __init__(self, model, processor):
         self.model, self.processor = model, processor
-        self.weights = _weights_version(model)
+        self.watch = ModelWeights(model)
+        self.weights = self.watch.stamp()
         self.offloads = 0  # requests the engine offloaded (blocks ran out) so far
         self.invalidate_on_update = True  # False only in the negative-control test (stale prefix blocks)
+        scheduler = processor.scheduler
+        schedule, update = scheduler.schedule_batch, processor.update_batch
 
-    def before_schedule(self) -> None:
-        now = _weights_version(self.model)
-        if now == self.weights:
-            return
-        if self.processor.scheduler.active_requests:
-            raise UnsupportedError("the model's weights changed while the engine had running requests: their KV "
-                                   "was computed with the old weights. Update weights between generate calls.")
-        if self.invalidate_on_update:
-            self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+        def schedule_batch(*args, **kwargs):  # the new requests are already taken from the queue here
+            if scheduler.waiting_requests:
+                self.check_weights()
+            return schedule(*args, **kwargs)
+
+        def update_batch(*args, **kwargs):  # delivers the step's tokens and log-probs
+            if self.watch.quick_changed(self.weights):
+                self.check_weights()
+            return update(*args, **kwargs)
+        scheduler.schedule_batch, processor.update_batch = schedule_batch, update_batch
+
+    def check_weights(self) -> None:
+        """The full check: on a change, refuse if requests are running, else evict the prefix cache."""
+        now = self.watch.stamp()
+        if not now.same_bits(self.weights):
+            if self.processor.scheduler.active_requests:
+                names = now.changed_names(self.weights)
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                raise UnsupportedError(f"the model's weights changed while the engine had running requests ({shown}): "
+                                       "their KV was computed with the old weights. Update weights between generate "
+                                       "calls.")
+            if self.invalidate_on_update:
+                self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
         self.weights = now
 
     def count_offloads(self, offload):
@@ -491,7 +307,7 @@ class _LockstepStep:
         runner.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
         sampling = sampling_settings(runner.logit_processor)  # refuses other processors, greedy or not
         if not runner.do_sample:
-            sampling = Sampling()  # greedy: the recorded value is the temperature-1 full-vocabulary log-prob
+            sampling = _sampling.Sampling()  # greedy: the recorded value is the temperature-1 full-vocabulary log-prob
         seen = []
         head = model.get_output_embeddings()
         handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
@@ -507,23 +323,19 @@ class _LockstepStep:
         if "logits_to_keep" not in batch_data:
             logits, hidden = logits[:, idx], hidden[idx]
         # lockstep's scores and kept set replace the engine's warpers: the sampler's mask IS kept_set's
-        scores = sampling_scores(logits[0], sampling.temperature)
-        sampled_from = scores
-        if sampling.filters:
-            sampled_from = scores.masked_fill(~kept_set(scores, sampling.top_k, sampling.top_p), float("-inf"))
+        scores = _sampling.sampling_scores(logits[0], sampling.temperature)
         if runner.do_sample:
-            tokens = torch.multinomial(torch.softmax(sampled_from, dim=-1), num_samples=1).squeeze(-1)
+            probs = torch.softmax(_sampling.kept_scores(scores, sampling), dim=-1)
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
         else:
             tokens = torch.argmax(scores, dim=-1)  # lockstep's logits: no softmax rounding between them and argmax
         n = tokens.shape[0]
         output_ids[0, :n].copy_(tokens)
         if runner.return_logprobs:
-            token_logprobs = _hooks["token_logprobs"]
-            if sampling.filters:
-                lp = kept_logprobs(model, hidden, tokens, sampling, lambda h, t, temp: token_logprobs(model, h, t, temp),
-                                   scores=scores)
-            else:
-                lp = token_logprobs(model, hidden, tokens, sampling.temperature)
+            def logprobs(h, t, temperature):
+                return _hooks["token_logprobs"](model, h, t, temperature)
+            lp = (_sampling.kept_logprobs(model, hidden, tokens, sampling, logprobs, scores=scores) if sampling.filters
+                  else logprobs(hidden, tokens, sampling.temperature))
             output_ids[1, :n].copy_(lp.view(torch.int32))
 
 
@@ -553,7 +365,7 @@ def install(owner, token_logprobs) -> None:
     switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
 
     # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's
-    # adapter serves it on any device (gather_paged), so it stays on for a lockstep model's engine.
+    # serving core serves it on any device (serving.paged_attention), so it stays on for a lockstep model's engine.
     from transformers.generation.continuous_batching import initialization as init
     ensure_fast_path = init.ensure_decode_fast_path_is_available
 
@@ -617,7 +429,6 @@ def install(owner, token_logprobs) -> None:
             prepare = processor.prepare_next_batch
 
             def prepare_next_batch(*args, **kwargs):
-                state.before_schedule()
                 ok = prepare(*args, **kwargs)
                 if ok:
                     state.after_schedule()
@@ -665,3 +476,29 @@ def engine_state(manager) -> _EngineState:
     if state is None:
         raise InputError("this engine has no lockstep state yet (not a lockstep-patched model, or not started)")
     return state
+
+
+# ---------------------------------------------------------------- names that moved (issue 36 item 3)
+
+
+def _gather_paged(k_cache, v_cache, k_new, v_new, batch):
+    """The old ``gather_paged``: ``serving.write_kv`` of the new keys, then ``serving.request_kv``."""
+    paged = PagedKV(k_cache, v_cache)
+    write_kv(paged, k_new, v_new, batch.slot_mapping)
+    return request_kv(paged, batch)
+
+
+#: old name -> (its object now, its home): kept one release, each use warns (DeprecationWarning)
+_MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
+          "engine_attention": (varlen_attention, "hal.serving.varlen_attention"),
+          "gather_paged": (_gather_paged, "hal.serving.write_kv and hal.serving.request_kv"),
+          **{name: (getattr(_sampling, name), f"hal.sampling.{name}")
+             for name in ("Sampling", "sampling_scores", "kept_set", "renormalise_kept", "kept_logprobs")}}
+
+
+def __getattr__(name):
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"hal.integrations.hf_engine.{name} is deprecated: use {_MOVED[name][1]}", DeprecationWarning,
+                  stacklevel=2)
+    return _MOVED[name][0]

@@ -3,8 +3,9 @@
 Every linear of a patched model (``nn.Linear`` incl. the LM head, the MoE router and experts) runs
 ``hal.linear(..., spec=matmul.spec)`` through one :class:`PatchMatmul`. Under an exact spec
 (``ExactMatmulSpec``) a weight is sliced once (``hal.exact_weight``) and the slices are reused while
-the weight holds the same bits: each call compares the weight's stamp (kernels/exact/prepared.py: its
-version counter and storage, then a hash of its bits) with the one it was sliced from, so every
+the weight holds the same bits: each call compares the weight's stamp (hal/weight_watch.py, the one
+weight-change detector: its version counter and storage, then a hash of its bits) with the one it was
+sliced from, so every
 write is seen -- an optimizer step (fused, foreach or loop), ``load_state_dict``, ``w.data.copy_``,
 ``w.data = t``, a broadcast into the parameter -- and inference tensors (no version counter) work.
 """
@@ -17,6 +18,7 @@ from .. import spec as specs, tensor_parallel as _tp
 from ..errors import InputError, SpecError
 from ..kernels.exact import core as exact_core
 from ..kernels.exact.prepared import ExactWeight
+from ..ops_registry import tracing
 
 
 def resolve(matmul_spec) -> specs.OpSpec:
@@ -75,6 +77,8 @@ class PatchMatmul:
         """
         if not self.exact or _tp.has_dtensor(w):  # a DTensor shard (tensor parallelism): sliced per call
             return w
+        if tracing():  # torch.compile / export: a prepared weight cannot cross the torch op (refused there);
+            return w   # the weight itself gives the same bits, sliced inside the op's kernel each call
         ew = self._prepared.get(key)
         if ew is not None and ew.source is not w:  # same weight, another view object: autograd must reach w
             ew = ew.over(w)

@@ -34,6 +34,7 @@ from .hf_modules import _OWNER, _owner
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
 from . import hf_engine
+from ..sampling import Sampling, recorded_logprobs, sampling_scores
 
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
            "SUPPORTED", "NAME"]
@@ -430,9 +431,9 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
 
     ``top_k`` / ``top_p``: the log-prob under the distribution top-k / top-p (nucleus) sampling draws
     from -- softmax(logits / temperature) renormalised over each row's kept set, decided by
-    ``hf_engine.kept_set`` (top-k: the k highest scores, ties kept; top-p, after top-k: the smallest set of
+    ``hal.sampling.kept_set`` (top-k: the k highest scores, ties kept; top-p, after top-k: the smallest set of
     most probable tokens whose lockstep-softmax mass reaches top_p, summed exactly, ties kept), the value
-    the continuous-batching engine records under lockstep (hf_engine.kept_logprobs). A token outside its
+    the continuous-batching engine records under lockstep (``hal.sampling.recorded_logprobs``). A token outside its
     row's kept set is refused (InputError).
 
     ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
@@ -440,10 +441,7 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     with ``matmul_spec``, the token_logprobs spec whose logits use that dot (exact s ->
     ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
     """
-    sampling = hf_engine.Sampling(temperature, top_k, top_p)
-    if sampling.filters:
-        return hf_engine.kept_logprobs(model, hidden, tokens, sampling,
-                                       lambda h, t, temp: token_logprobs(model, h, t, temp))
+    sampling = Sampling(temperature, top_k, top_p)
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise InputError("model has no output embedding (LM head) with a weight")
@@ -453,11 +451,13 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     if isinstance(pending, _Pending):  # a head attached since the patch (resize_token_embeddings): patch it first
         pending.patch.refresh()
     p = _owner(head)
-    if p is None:
-        return hal.token_logprobs(hidden, head.weight, tokens, temperature)
-    mm = p.matmul
-    return hal.token_logprobs(hidden, mm.weight(head.weight, (id(head), "weight")), tokens, temperature,
-                              spec=mm.logprobs_spec)
+    weight, spec = (head.weight, None) if p is None else (
+        p.matmul.weight(head.weight, (id(head), "weight")), p.matmul.logprobs_spec)
+    scores = None
+    if sampling.filters:  # the kept set is decided on the logits the model's own LM head computes
+        with torch.no_grad():
+            scores = sampling_scores(head(hidden.reshape(-1, hidden.shape[-1])), temperature)
+    return recorded_logprobs(weight, hidden, tokens, sampling, spec=spec, scores=scores)
 
 
 from .hf_verify import audit, verify  # noqa: E402  (verify uses the names above)

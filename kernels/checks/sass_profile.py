@@ -2,6 +2,12 @@
 
     python -m hal.kernels.checks.sass_profile            # the CI kernel set on sm_90
     python -m hal.kernels.checks.sass_profile --full --targets sm80 sm90
+    python -m hal.kernels.checks.sass_profile --triton-venv /work/triton36   # and again under that venv's Triton
+
+``--triton-venv VENV`` (repeatable) reruns the same report with ``VENV/bin/python`` and this checkout on
+PYTHONPATH after the installed Triton's, so a Triton the GPU machine runs (3.6) is profiled beside the
+installed one; the venv needs triton, torch, numpy and numba (docs/gpu_profile_triton36.md). Every report
+starts with a line naming its Triton version.
 
 Each kernel is compiled as a launch with aligned tensors would compile it (pointers and the row strides /
 lengths in ``KernelCase.divisible`` carry Triton's divisibility-by-16 hint), its cubin is disassembled
@@ -92,13 +98,41 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="every strict kernel and dtype/mode variant")
     ap.add_argument("--targets", nargs="*", default=["sm90"], choices=list(TARGETS))
     ap.add_argument("--only", nargs="*", default=None, help="kernels whose name contains one of these")
+    ap.add_argument("--triton-venv", action="append", default=[], metavar="VENV",
+                    help="then the same report under VENV/bin/python (e.g. a venv with triton==3.6.0)")
     args = ap.parse_args(argv)
+    print(f"# sass_profile: triton {triton.__version__} ({os.path.dirname(triton.__file__)}), python "
+          f"{sys.version.split()[0]}, targets {' '.join(args.targets)}", flush=True)
     for case in strict_kernels(args.full):
         if args.only and not any(s in case.name for s in args.only):
             continue
         for target in args.targets:
             print(_row(case.name, target, profile_case(case, target)), flush=True)
-    return 0
+    status = 0
+    for venv in args.triton_venv:
+        status |= _rerun_in(venv, argv if argv is not None else sys.argv[1:])
+    return status
+
+
+def _rerun_in(venv: str, argv: list[str]) -> int:
+    """This report again with ``venv``'s python (its Triton), this checkout first on PYTHONPATH."""
+    python = os.path.join(venv, "bin", "python")
+    if not os.access(python, os.X_OK):
+        print(f"# --triton-venv {venv}: no {python}", flush=True)
+        return 1
+    rest, skip = [], False
+    for a in argv:  # the same arguments, without --triton-venv (no recursion)
+        if skip:
+            skip = False
+        elif a == "--triton-venv":
+            skip = True
+        elif not a.startswith("--triton-venv="):
+            rest.append(a)
+    checkout = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
+    env = {**os.environ, "PYTHONPATH": checkout + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("TRITON_INTERPRET", None)
+    sys.stdout.flush()
+    return subprocess.run([python, "-m", "hal.kernels.checks.sass_profile", *rest], env=env, cwd=checkout).returncode
 
 
 if __name__ == "__main__":

@@ -15,26 +15,17 @@ from __future__ import annotations
 import torch
 
 from hal.errors import InputError
+from hal.weight_watch import TensorStamp
 
 from . import core
-from .stamp import content_hash
 
 LAYOUTS = {"linear": "weight [N, K] (hal.linear; the LM head [V, H] of token_logprobs)",
            "matmul": "b [K, N] (hal.matmul)"}
 
 
-def quick_stamp(t: torch.Tensor) -> tuple:
-    """What says for free that a tensor may have changed: torch's in-place version counter (none on
-    inference tensors), its storage address, shape, strides, dtype and device. A change here means
-    re-slice; no change proves nothing (a fused optimizer step bumps no version), so the content
-    stamp (``stamp.content_hash``) is always read as well."""
-    version = None if t.is_inference() else t._version
-    return version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device
-
-
-def stamp_of(t: torch.Tensor) -> tuple:
-    """The quick stamp and the hash of the bits: what an ExactWeight compares on each use."""
-    return quick_stamp(t), content_hash(t)
+def stamp_of(t: torch.Tensor) -> TensorStamp:
+    """What an ExactWeight compares on each use: the weight detector's full stamp (hal/weight_watch.py)."""
+    return TensorStamp.of(t)
 
 
 class ExactWeight:
@@ -51,7 +42,8 @@ class ExactWeight:
     lands on it. Any use after the source's bits changed raises InputError, however they changed
     (an optimizer step fused or not, ``.data`` writes, a rebound storage, a broadcast): each use
     compares the source's stamp -- its quick stamp, then the hash of its bits -- with the one taken
-    when it was sliced (kernels/exact/stamp.py; cost in docs/exact_matmul.md).
+    when it was sliced (hal/weight_watch.py, the one weight-change detector; cost in docs/exact_matmul.md).
+    The stamp is keyed per process: an ExactWeight unpickled in another process is refused by name.
     """
 
     __slots__ = ("source", "spec", "layout", "sliced", "_stamp", "_checked")
@@ -74,11 +66,11 @@ class ExactWeight:
         ew._checked = True
         return ew
 
-    def is_fresh(self) -> bool:
+    def is_fresh(self, name: str = "weight") -> bool:
         """Whether the source still holds the bits the slices were cut from (the hash is read only when
-        the quick stamp matches: a quick-stamp change is a change)."""
-        quick, digest = self._stamp
-        return quick_stamp(self.source) == quick and content_hash(self.source) == digest
+        the quick stamp matches: a quick-stamp change is a change). InputError for a stamp of another
+        process (a pickled ExactWeight)."""
+        return self._stamp.same_tensor(self.source, name) and self._stamp.same_bits(self.source, name)
 
     @property
     def rows(self) -> torch.Tensor:
@@ -109,7 +101,7 @@ class ExactWeight:
         if self._checked:
             self._checked = False
             return
-        if not self.is_fresh():
+        if not self.is_fresh(name):
             raise InputError(f"{name}: weight changed since exact_weight(...) (its bits or its storage differ "
                              "from those it was sliced from, so its slices are stale); prepare it again with "
                              "hal.exact_weight(weight, spec=...)")

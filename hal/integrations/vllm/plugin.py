@@ -248,25 +248,30 @@ def install() -> None:
         check_config(self.vllm_config)
         load(self, *args, **kwargs)
         audit_model(self.model)
-        weights.watch_load_weights(self.model)
+        weights.watch_weights(self.model)
 
     CPUModelRunner.load_model = load_model
-    CPUWorker.lockstep_weights_epoch = weights.worker_weights_epoch
+    CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
 
-    def checking_weights(fn, after=False):
+    def checking_weights(fn, when):
         @functools.wraps(fn)
         def checked(self, *args, **kwargs):
-            if not after:
-                weights.check_weights(self)
+            if when == "admission":  # a full check once per admission burst (the first request after a step)
+                if not self.__dict__.get("_lockstep_admission_checked"):
+                    weights.check_weights(self, full=True)
+                    self.__dict__["_lockstep_admission_checked"] = True
+            elif when == "step":
+                weights.check_weights(self, full=False)
+                self.__dict__["_lockstep_admission_checked"] = False
             out = fn(self, *args, **kwargs)
-            if after:
-                weights.check_weights(self)
+            if when == "rpc":
+                weights.check_weights(self, full=True)
             return out
         return checked
 
-    for name in ("step", "step_with_batch_queue", "add_request"):
-        setattr(EngineCore, name, checking_weights(getattr(EngineCore, name)))
-    EngineCore.collective_rpc = checking_weights(EngineCore.collective_rpc, after=True)
+    for name, when in (("step", "step"), ("step_with_batch_queue", "step"), ("add_request", "admission"),
+                       ("collective_rpc", "rpc")):
+        setattr(EngineCore, name, checking_weights(getattr(EngineCore, name), when))
 
     schedule = Scheduler.schedule
 

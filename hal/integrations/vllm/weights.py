@@ -2,61 +2,58 @@
 
 vLLM keeps its prefix cache in the scheduler (the engine-core process) and the model in a worker; stock vLLM
 keeps blocks computed with the old weights after any weight update until the user calls ``reset_prefix_cache()``.
-With the plugin on, every way weights enter the engine goes through the model's ``load_weights``:
-``collective_rpc("reload_weights", ...)`` (vLLM's model loader calls it), a worker extension's own method
-(verl / OpenRLHF call ``model_runner.model.load_weights``), a colocated trainer calling it on an in-process
-engine's model directly (TRL, verl). :func:`watch_load_weights` counts those calls on the worker's model; before
-each schedule the engine core asks the workers :func:`weights_epoch` (:func:`check_weights`) and evicts the prefix cache when it moved.
+With the plugin on, the worker watches its model's weights with lockstep's weight-change detector
+(hal/weight_watch.py ``ModelWeights``: a stamp taken when the model is loaded, compared with the weights' bits),
+and the engine core asks it (:func:`check_weights`) at the boundaries where stale blocks could be reused:
 
-Not seen: a write into a parameter that bypasses ``load_weights`` (``p.data.copy_`` by hand). The weight-change
-detector of the reliability issue (branch ``detector``) is to replace :func:`weights_epoch`'s body -- the one
-place the plugin asks "did the weights change?" -- and will see those too.
+* full check (hash of the weights' bits) before requests are admitted (once per admission burst: the first
+  ``add_request`` after a step) and after every ``collective_rpc`` (``reload_weights``, a worker extension's
+  own sync method): sees every write, ``p.data.copy_`` and broadcasts into ``p.data`` included, whether it came
+  through an RPC or from a colocated trainer calling the in-process engine's ``model.load_weights`` directly;
+* cheap check (no data read) before each schedule, a full one only when it says "maybe".
+
+A change evicts the prefix cache; a change while requests hold blocks is refused (their KV was computed with
+the old weights). No per-step hash of the whole model.
 """
 from __future__ import annotations
 
 from ...errors import UnsupportedError
+from ...weight_watch import ModelWeights
 
-_EPOCH = "_lockstep_weight_epoch"
-
-
-def watch_load_weights(model) -> None:
-    """Count ``model.load_weights`` calls on the model instance (in the worker, after the model is loaded)."""
-    if _EPOCH in model.__dict__:
-        return
-    load = model.load_weights
-    model.__dict__[_EPOCH] = 0
-
-    def load_weights(*args, **kwargs):
-        try:
-            return load(*args, **kwargs)
-        finally:
-            model.__dict__[_EPOCH] += 1
-
-    model.load_weights = load_weights
+_WATCH = "_lockstep_weight_watch"
 
 
-def weights_epoch(model) -> int:
-    """THE call site where the plugin asks "did the weights change?": a number that moves whenever the model's
-    weights may have changed. Stand-in: the count of ``load_weights`` calls. Switch this to the reliability
-    issue's weight-change detector (branch ``detector``) when it lands; no per-step hash of the whole model."""
-    return int(model.__dict__.get(_EPOCH, 0))
+def watch_weights(model) -> None:
+    """In the worker, after the model is loaded: the detector over its parameters and the stamp it starts from."""
+    if _WATCH not in model.__dict__:
+        watch = ModelWeights(model)
+        model.__dict__[_WATCH] = [watch, watch.stamp()]
 
 
-def worker_weights_epoch(worker) -> int:
-    """The worker method ``lockstep_weights_epoch`` (added to vLLM's CPU worker; called by collective_rpc)."""
+def weights_changed(model, full: bool) -> bool:
+    """THE place the plugin asks "did the weights change since the last answer?" (the detector of
+    hal/weight_watch.py). ``full``: compare the bits; else the cheap check first (a full one if it says maybe)."""
+    entry = model.__dict__.get(_WATCH)
+    if entry is None:  # before the model is loaded
+        return False
+    watch, seen = entry
+    if not full and not watch.quick_changed(seen):
+        return False
+    now = watch.stamp()
+    entry[1] = now
+    return not now.same_bits(seen)
+
+
+def worker_weights_changed(worker, full: bool) -> bool:
+    """The worker method ``lockstep_weights_changed`` (added to vLLM's CPU worker; called by collective_rpc)."""
     model = getattr(getattr(worker, "model_runner", None), "model", None)
-    return 0 if model is None else weights_epoch(model)  # 0 before the model is loaded
+    return False if model is None else weights_changed(model, full)
 
 
-def check_weights(core) -> None:
-    """In the engine core -- after every ``collective_rpc``, before a request is added and before each schedule:
-    when the workers' weights moved, evict the prefix cache (blocks computed with the old weights). Refused
-    when requests still hold blocks computed with the old weights (weights changed mid-generation)."""
-    epoch = max(core.model_executor.collective_rpc("lockstep_weights_epoch"))
-    seen = core.__dict__.setdefault("_lockstep_weights_seen", epoch)
-    if epoch == seen:
+def check_weights(core, full: bool) -> None:
+    """In the engine core: evict the prefix cache when a worker's weights changed (see the module docstring)."""
+    if not any(core.model_executor.collective_rpc("lockstep_weights_changed", args=(full,))):
         return
     if not core.scheduler.reset_prefix_cache():  # False while running requests hold blocks
         raise UnsupportedError("the model's weights changed while the engine had running requests: their KV was "
                                "computed with the old weights. Update weights between generate calls.")
-    core.__dict__["_lockstep_weights_seen"] = epoch

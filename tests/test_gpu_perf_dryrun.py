@@ -1,0 +1,143 @@
+"""The GPU run (benchmarks/gpu_perf.py, benchmarks/gpu_check_8min.sh) is never broken when a GPU comes: its CPU dry
+run executes every stage's code with CPU stand-ins (issue 40), and the summary's classifier names each symptom."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _rows(folder, name):
+    with open(os.path.join(folder, name)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_shell_script_parses():
+    for script in ("gpu_check_8min.sh", "check_steps.sh"):
+        r = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    pytest.importorskip("triton")
+    out = str(tmp_path_factory.mktemp("gpu_perf"))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("LOCKSTEP_BACKEND", None)
+    p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_perf", "--device", "cpu", "--tiny", "--out", out,
+                        "--budget", "600"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out, p.stdout
+
+
+def test_every_stage_wrote_its_rows(dry_run):
+    from benchmarks import gpu_perf
+    out, stdout = dry_run
+    assert not os.path.exists(os.path.join(out, "errors.jsonl")), open(os.path.join(out, "errors.jsonl")).read()
+    with open(os.path.join(out, "env.json")) as f:
+        env = json.load(f)
+    assert env["triton"] and env["torch"] == torch.__version__
+    ceilings = {r["name"]: r for r in _rows(out, "ceilings.jsonl")}
+    assert set(ceilings) == {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"}
+    assert all(r["value"] > 0 for r in ceilings.values())
+    # every case of every op family and policy ran through the whole row: timed, bits compared, kernels recorded
+    ops = {r["id"]: r for r in _rows(out, "ops.jsonl")}
+    want = [c.id for c in gpu_perf.cases(gpu_perf.TINY, "cpu")]
+    assert list(ops) == want
+    for r in ops.values():
+        assert r.get("error") is None and r.get("skipped") is None, r
+        assert r["bits"] == "same" and r["ours_s"] > 0 and r["sets"] == 2 and r["bytes"] > 0, r
+        assert r["kernels"] and all(isinstance(g, list) for g in r["grids"]), r
+        assert r["triton"] == gpu_perf.TRITON
+    assert {r["policy"] for r in ops.values()} == {"strict", "fast", "exact"}
+    assert all(r["ratio"] is not None for r in ops.values())  # transformers is a test dependency: GDN has stock
+    kernels = _rows(out, "kernels.jsonl")
+    assert {k["id"] for k in kernels} == set(want) and all(k["programs"] >= 1 for k in kernels)
+    with open(os.path.join(out, "ops.csv")) as f:
+        assert len(f.read().splitlines()) == len(want) + 1
+    profiled = _rows(out, "profile.jsonl")
+    assert len(profiled) == 2 and all(p["kernels"] and "cpu stand-in" in p["source"] for p in profiled), profiled
+    assert os.path.getsize(os.path.join(out, "profile.txt")) > 0
+    ncu = _rows(out, "ncu.jsonl")
+    assert 1 <= len(ncu) <= 3
+    for n in ncu:  # no ncu here: its command is built, its absence logged
+        assert n["status"].startswith("skipped: ncu not found"), n
+        kernels_regex = n["cmd"].split("--kernel-name regex:^(")[1].split(")$")[0].split("|")
+        assert n["kernel"] in kernels_regex and n["id"] in n["cmd"].split("--run-case")[1].split()
+        assert n["target_rc"] == 0, n  # the ncu target (the --run-case child, every picked case) runs
+    summary = _rows(out, "summary.jsonl")
+    assert summary and all(s["symptoms"] for s in summary)
+    with open(os.path.join(out, "summary.txt")) as f:
+        text = f.read()
+    assert "slow rows" in text and f"triton {gpu_perf.TRITON}" in text and text.strip() in stdout
+
+
+def test_replay_bits_check_catches_a_difference():
+    """The row's bits field is not a constant: a replay that differs in one bit is reported."""
+    from benchmarks.gpu_perf import _bits
+    a = torch.tensor([1.0, -0.0, 3.0], dtype=torch.bfloat16)
+    b = a.clone()
+    assert _bits("x", a, (b,)) == "same"
+    b[1] = 0.0  # +0.0 against -0.0: equal as numbers, different bits
+    assert _bits("x", a, b).startswith("DIFFER")
+
+
+def _k(name, programs, **kw):
+    return {"kernel": name, "grid": [programs], "programs": programs, "n_spills": 0, **kw}
+
+
+def test_classifier_names_each_symptom():
+    from benchmarks.gpu_perf import classify
+    row = {"frac": 0.05, "ceiling": "copy"}
+    assert classify(row, [_k("a", 200, n_spills=12, sass_stack=48)], None, [], 132)[0].startswith("spills: a 12")
+    conv = classify(row, [_k("a", 200, sass_shared=392, sass_barriers=144)], None, [], 132)
+    assert conv == ["layout conversions: a 392 LDS/STS 144 BAR"]
+    assert classify(row, [_k("a", 16)], None, [], 132)[0].startswith("too few programs: a grid [16] = 16 < 132")
+    prof = {"first_kernel": "main", "torch_share": 0.0,
+            "kernels": [{"name": "combine", "share": 0.7}, {"name": "main", "share": 0.3}]}
+    got = classify(row, [_k("main", 500), _k("combine", 500)], prof, [], 132)
+    assert got[0].startswith("secondary kernel dominating: combine 70%")
+    torch_prof = {"first_kernel": "main", "torch_share": 0.6,
+                  "kernels": [{"name": "torch:copy_", "share": 0.6}, {"name": "main", "share": 0.4}]}
+    assert classify(row, [_k("main", 500)], torch_prof, [], 132)[0].startswith("secondary kernels dominating: torch")
+    # none of those, far from the ceiling: a latency-bound loop; near the ceiling: nothing to name
+    assert classify(row, [_k("main", 500)], None, [], 132)[0].startswith("latency-bound loop: 5.0% of the copy")
+    assert classify({"frac": 0.8, "ceiling": "copy"}, [_k("main", 500)], None, [], 132)[0].startswith("unclassified")
+    ncu = [{"kernel": "main", "metrics": {"DRAM Throughput": "12 %", "Duration": "5 us"}}]
+    got = classify(row, [_k("main", 500)], None, ncu, 132)
+    assert got == ["ncu main: DRAM Throughput 12 %", got[1]] and got[1].startswith("latency-bound loop")
+
+
+def test_ncu_csv_parsed():
+    from benchmarks.gpu_perf import parse_ncu
+    text = ('==PROF== Connected\n"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","_gemv","GPU Speed Of Light Throughput","DRAM Throughput","%","11.0"\n'
+            '"1","_gemv","GPU Speed Of Light Throughput","DRAM Throughput","%","61.2"\n'
+            '"1","_gemv","Occupancy","Achieved Occupancy","%","40.1"\n'
+            '"1","_gemv","Launch Statistics","Shared Memory Configuration Size","Kbyte","8"\n'
+            '"2","_max","GPU Speed Of Light Throughput","DRAM Throughput","%","5"\n')
+    assert parse_ncu(text) == {"_gemv": {"DRAM Throughput": "61.2 %", "Achieved Occupancy": "40.1 %"},
+                               "_max": {"DRAM Throughput": "5 %"}}  # a kernel's last launch (a replay) counts
+
+
+def test_launch_record_reads_sass_of_a_compiled_kernel():
+    """The GPU-only part of a kernel record (its SASS counts) on a kernel compiled for sm_90 here: the names the
+    summary reads exist, and a kernel with no cubin says why instead of failing the row."""
+    pytest.importorskip("triton")
+    from benchmarks.gpu_perf import Launches
+    from hal.kernels.checks.lint import compile_case, strict_kernels
+    case = next(c for c in strict_kernels(False) if c.name.startswith("rms_norm"))
+    compiled = compile_case(case, "sm90", aligned=True)
+    rec = Launches(sass=True).describe(type("Fn", (), {"__name__": "rms"})(), (3, 1), compiled, 0.0)
+    assert rec["kernel"] == "rms" and rec["grid"] == [3, 1] and rec["programs"] == 3
+    assert rec["num_warps"] >= 1 and rec["sass_stack"] == 0 and rec["sass_ldg128"] > 0, rec
+    assert {"sass_shared", "sass_barriers", "sass_ffma", "sass_ldg_narrow", "sass_instr"} <= rec.keys()
+    no_cubin = type("Compiled", (), {"asm": {}})()
+    rec = Launches(sass=True).describe(type("Fn", (), {"__name__": "x"})(), "g", no_cubin, 0.0)
+    assert rec["sass"].startswith("unavailable: KeyError") and rec["grid"] == "callable" and rec["n_regs"] is None
