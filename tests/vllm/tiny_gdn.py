@@ -2,8 +2,9 @@
 
 Shapes vLLM-CPU accepts: full-attention head_dim 32 (its attention kernel sizes), 2 key / 4 value GDN heads of
 64 (the sizes stock's C++ GDN kernels accept: 32 is refused, and the negative control runs them), conv kernel 4;
-one GDN layer then one full-attention layer, twice. Qwen3.5's partial rotary factor 0.25 gives 8 rotary dims (4 frequencies: the interleaved mRoPE pick touches all three rows); Qwen3-Next's dense
-MLP in layer 0, MoE (4 experts, top 2, a shared expert) in the others."""
+one GDN layer then one full-attention layer, twice. Qwen3.5's partial rotary factor 0.25 gives 8 rotary dims
+(4 frequencies: the interleaved mRoPE pick touches all three rows); Qwen3-Next's dense MLP in layer 0, MoE
+(4 experts, top 2, a shared expert) in the others."""
 from __future__ import annotations
 
 import torch

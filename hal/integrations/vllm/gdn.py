@@ -19,8 +19,9 @@ What the plugin swaps for these models, mirroring ``lt.patch`` on transformers (
 The step's requests (ids in the batch's row order, tokens computed before the step, query offsets) are
 recorded by the model runner hook (:func:`record_step`) before each forward; the GDN core runs as one opaque
 torch op (``torch.ops.lockstep.vllm_gdn_core``) so a traced graph keeps the per-request Python outside it.
-vLLM's compiled mode is refused for these models for now (check_config says why): ``enforce_eager=True``. A request continuing at a position lockstep holds no state for (a prefix-cache hit) is refused by
-name; prefix caching is switched off for these models (:func:`prefix_caching_policy`).
+vLLM's compiled mode is refused for these models for now (check_config says why): ``enforce_eager=True``.
+A request continuing at a position lockstep holds no state for (a prefix-cache hit) is refused by name;
+prefix caching is switched off for these models (:func:`prefix_caching_policy`).
 
 Qwen3.5's vLLM model file imports transformers' torchvision image processor through its vision sibling; see
 :func:`install_text_only_stand_in` for the test-time stand-in (the multimodal model stays refused).
