@@ -13,7 +13,8 @@ hal/integrations/hf_engine.py, vLLM) is a thin translation of its own metadata:
 * :func:`varlen_attention`: ``hal.flash_attn_varlen_func`` over the step, each request's queries
   bottom-right aligned on its own keys (L1 + L2: neighbours, chunking and paging change no bit);
 * :class:`GdnStates`: each request's Gated DeltaNet state beside the cache (engines page attention only),
-  keyed by an opaque request key and the token position it was computed up to.
+  keyed by an opaque request key and the token position it was computed up to; :func:`gdn_step` runs a
+  GDN layer's conv and gated delta rule over one step, each request from its own state.
 
 The paged addressing is kernels/layout.py's (``slot_coords``, ``gather_kv``, ``padded_to_varlen``): moves
 and masks only, so nothing here rounds. This module imports neither transformers nor vLLM.
@@ -29,7 +30,7 @@ from .errors import InputError, UnsupportedError
 from .kernels import layout
 
 __all__ = ["ServingBatch", "PagedKV", "write_kv", "paged_attention", "varlen_attention", "request_kv",
-           "decode_slot_mapping", "GdnStates"]
+           "decode_slot_mapping", "GdnStates", "gdn_step"]
 
 
 # ---------------------------------------------------------------- batch metadata
@@ -276,3 +277,39 @@ class GdnStates:
         src = self.states.get(parent, {})
         for child in children:
             self.states[child] = {layer: dict(by_pos) for layer, by_pos in src.items()}
+
+
+def gdn_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor, conv_bias,
+             chunks, lookup, store, key_dim: int, head_k_dim: int, head_v_dim: int) -> torch.Tensor:
+    """One engine step of a Gated DeltaNet layer's sequence part, engine-neutral (plain tensors, two callbacks).
+
+    ``mixed [1, tokens, 2 key_dim + value_dim]`` (the conv input, requests packed), the gates ``g, beta
+    [1, tokens, HV]``, the conv weight ``[C, kernel]`` (and bias or None); ``chunks``: one ``(t0, t1, start)``
+    per request, its rows ``t0:t1`` of the step continuing its tokens from position ``start``.
+    ``lookup(i, start)`` gives request ``i``'s ``(conv_state, rule_state)`` at ``start`` (None: fresh, start 0),
+    ``store(i, start, end, conv_state, rule_state)`` keeps its states after the chunk (e.g. :class:`GdnStates`).
+
+    Each request runs alone (``hal.gdn_causal_conv1d`` from its conv window, then the gated delta rule from
+    its :class:`hal.GatedDeltaRuleState`: the chunked op for a prefill chunk, the recurrent op for one decode
+    token after a state, the same bits), so neighbours and where the engine cut the prompt change no bit.
+    Returns ``o [1, tokens, HV, dv]`` (rows of no chunk: zeros).
+    """
+    import hal
+    n = mixed.shape[1]
+    out = mixed.new_zeros((1, n, g.shape[-1], head_v_dim))
+    for i, (t0, t1, start) in enumerate(chunks):
+        if t1 == t0:
+            continue
+        prev = lookup(i, start)
+        y, conv1 = hal.gdn_causal_conv1d(mixed[:, t0:t1], conv_weight, conv_bias,
+                                         conv_state=None if prev is None else prev[0], activation="silu")
+        yq, yk, yv = torch.split(y, [key_dim, key_dim, y.shape[-1] - 2 * key_dim], dim=-1)
+        rule = hal.fused_recurrent_gated_delta_rule if prev is not None and t1 - t0 == 1 else hal.chunk_gated_delta_rule
+        m = t1 - t0
+        o, st = rule(yq.reshape(1, m, -1, head_k_dim), yk.reshape(1, m, -1, head_k_dim),
+                     yv.reshape(1, m, -1, head_v_dim), g[:, t0:t1], beta[:, t0:t1],
+                     initial_state=None if prev is None else prev[1], output_final_state="state",
+                     use_qk_l2norm_in_kernel=True)
+        store(i, start, start + m, conv1, st)
+        out[:, t0:t1] = o
+    return out

@@ -21,6 +21,7 @@ from ..torch_ops import Refused, TorchOp, register
 from .hf_attention import (attend, check_attention_args, masked_attention, segments_from_cu,
                            segments_from_positions, several_sequences_per_row, visibility)
 from .hf_matmul import DEFAULT
+from ..serving import gdn_step
 from .hf_engine import gdn_engine_states, hf_paged_attention, is_engine_cache
 
 # A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
@@ -110,15 +111,19 @@ def rotary_mrope(mod, x, position_ids):
     section = list(mod.mrope_section)
     if len(section) != 3:
         raise UnsupportedError(f"{type(mod).__name__}: mrope_section {section} (expected 3 sections: t, h, w)")
+    cos, sin = mrope_interleave(cos, section), mrope_interleave(sin, section)
+    return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
 
-    def interleave(table):
-        out = table[0].clone()
-        for row in (1, 2):
-            pick = slice(row, 3 * section[row], 3)
-            out[..., pick] = table[row][..., pick]
-        return torch.cat((out, out), -1)
 
-    return interleave(cos), interleave(sin)
+def mrope_interleave(table, section):
+    """Qwen3.5's interleaved mRoPE pick from per-row half tables ``table [3, ..., rotary_dim // 2]`` (t, h, w):
+    frequency ``i`` from row 1 when ``i % 3 == 1`` and ``i < 3 * section[1]``, from row 2 when ``i % 3 == 2``
+    and ``i < 3 * section[2]``, else row 0 (copies only; the vLLM shim uses it too)."""
+    out = table[0].clone()
+    for row in (1, 2):
+        pick = slice(row, 3 * section[row], 3)
+        out[..., pick] = table[row][..., pick]
+    return out
 
 
 # ---------------------------------------------------------------- attention module
@@ -364,9 +369,8 @@ def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
     ``cu_seq_lens_q`` says (rows past its end: the engine's padding, zeros out).
 
     The projections, gates and norm run over the whole step (lockstep's ops give each token the bits it has
-    alone); the conv and the gated delta rule run per request, each from that request's own state in
-    ``states`` at the chunk's start position (a prefill chunk continues the stored state with the chunk op,
-    a decode token with the recurrent op: the same bits), and the final states are stored back.
+    alone); the conv and the gated delta rule run per request from its own state in ``states``
+    (hal.serving.gdn_step, shared with the vLLM shim).
     """
     cu = [int(x) for x in cu_seq_lens_q.tolist()]
     n = cu[-1]
@@ -378,30 +382,17 @@ def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
     h = hidden_states[:, :n]
     mixed, z, b, a = gdn_projections(mod, h)
     g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
-    weight = mod.conv1d.weight.squeeze(1)
-    outs = []
-    for row in range(len(cu) - 1):
-        t0, t1 = cu[row], cu[row + 1]
-        if t1 == t0:
-            continue
-        start = int(starts[t0])
-        prev = states.lookup(row, mod.layer_idx, start)
-        y, conv1 = hal.gdn_causal_conv1d(mixed[:, t0:t1], weight, mod.conv1d.bias,
-                                         conv_state=None if prev is None else prev[0], activation="silu")
-        yq, yk, yv = torch.split(y, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
-        rule = (hal.fused_recurrent_gated_delta_rule if prev is not None and t1 - t0 == 1
-                else hal.chunk_gated_delta_rule)
-        o, st = rule(yq.reshape(1, t1 - t0, -1, mod.head_k_dim), yk.reshape(1, t1 - t0, -1, mod.head_k_dim),
-                     yv.reshape(1, t1 - t0, -1, mod.head_v_dim), g[:, t0:t1], beta[:, t0:t1],
-                     initial_state=None if prev is None else prev[1], output_final_state="state",
-                     use_qk_l2norm_in_kernel=True)
-        states.store(row, mod.layer_idx, start, start + t1 - t0, conv1, st)
-        outs.append(o)
+    chunks = [(cu[row], cu[row + 1], int(starts[cu[row]]) if cu[row + 1] > cu[row] else 0)
+              for row in range(len(cu) - 1)]
+    o = gdn_step(mixed, g, beta, mod.conv1d.weight.squeeze(1), mod.conv1d.bias, chunks,
+                 lambda row, start: states.lookup(row, mod.layer_idx, start),
+                 lambda row, start, end, conv, st: states.store(row, mod.layer_idx, start, end, conv, st),
+                 mod.key_dim, mod.head_k_dim, mod.head_v_dim)
     out = hidden_states.new_zeros((1, hidden_states.shape[1], mod.out_proj.weight.shape[0]))
     if n == 0:
         return out
     dv = mod.head_v_dim
-    o = mod.norm(torch.cat(outs, dim=1).reshape(-1, dv), z.reshape(-1, dv)).reshape(1, n, -1)
+    o = mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(1, n, -1)
     out[:, :n] = mod.out_proj(o)
     return out
 
@@ -440,34 +431,52 @@ def router(mod, hidden_states, *, mm=DEFAULT):
         logits = mm.linear(h, mod.weight, key=(id(mod), "weight"))
     else:  # a converted copy: a temporary, not cached
         logits = mm.linear(h, mod.weight.to(h.dtype))
+    vals, idx = top_k_route(logits, mod.top_k, type(mod).__name__ in ALWAYS_NORMALISED_ROUTER or mod.norm_topk_prob)
+    return logits, vals, idx
+
+
+def top_k_route(logits, top_k: int, normalise: bool):
+    """``(weights [tokens, k] in logits' dtype, expert ids [tokens, k])`` from router logits: ``hal.softmax`` in
+    float32, the k largest with ties broken by the lower expert index, optionally divided by their sum taken
+    left to right. Engine-neutral (the vLLM shim routes with it too)."""
     probs = hal.softmax(logits.float(), -1)
     vals, idx = torch.sort(probs, dim=-1, descending=True, stable=True)  # stable: equal probs keep index order
-    vals, idx = vals[:, :mod.top_k], idx[:, :mod.top_k]
-    if type(mod).__name__ in ALWAYS_NORMALISED_ROUTER or mod.norm_topk_prob:
+    vals, idx = vals[:, :top_k], idx[:, :top_k]
+    if normalise:
         total = vals[:, 0]
-        for j in range(1, mod.top_k):  # a fixed left-to-right sum, not a vectorised reduction
+        for j in range(1, top_k):  # a fixed left-to-right sum, not a vectorised reduction
             total = total + vals[:, j]
         vals = vals / total.unsqueeze(-1)
-    return logits, vals.to(logits.dtype), idx
+    return vals.to(logits.dtype), idx
 
 
 def experts(mod, hidden_states, top_k_index, top_k_weights, *, mm=DEFAULT):
     """Each token's expert outputs, weighted and summed in rank order (rank 0 first)."""
     if getattr(mod, "has_bias", False):
         raise UnsupportedError(f"{type(mod).__name__} with expert biases is not supported")
-    out = torch.zeros_like(hidden_states)
     if tracing():
         return _dense_experts(mod, hidden_states, top_k_index, top_k_weights, mm)
+
+    def expert(e, x):
+        gate, up = mm.linear(x, mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e)).chunk(2, dim=-1)
+        return mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
+
+    return routed_experts(hidden_states, top_k_index, top_k_weights, mod.num_experts, expert)
+
+
+def routed_experts(hidden_states, top_k_index, top_k_weights, num_experts: int, expert):
+    """lockstep's defined MoE order, engine-neutral: for each rank ``j`` (rank 0 first), every token's chosen
+    expert ``expert(e, rows) -> [rows, H]`` on its rows, times the token's weight (rounded once), the ranks
+    summed left to right. Ids outside ``[0, num_experts)`` contribute nothing."""
+    out = torch.zeros_like(hidden_states)
     for j in range(top_k_index.shape[-1]):
         acc = torch.zeros_like(hidden_states)
         col = top_k_index[:, j]
         for e in torch.unique(col).tolist():
-            if e < 0 or e >= mod.num_experts:
+            if e < 0 or e >= num_experts:
                 continue
             rows = (col == e).nonzero()[:, 0]
-            gate_up = mm.linear(hidden_states[rows], mod.gate_up_proj[e], key=(id(mod), "gate_up_proj", e))
-            gate, up = gate_up.chunk(2, dim=-1)
-            y = mm.linear(hal.silu_mul(gate, up), mod.down_proj[e], key=(id(mod), "down_proj", e))
+            y = expert(e, hidden_states[rows])
             acc = acc.index_put((rows,), y * top_k_weights[rows, j, None].to(y.dtype))
         out = out + acc
     return out

@@ -38,6 +38,9 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point (once per process, before vLLM builds workers or models)."""
     from .numba_guard import guard_llvmlite
     guard_llvmlite()
+    from .gdn import install_text_only_stand_in, text_only_requested
+    if text_only_requested():  # Qwen3.5's text model without torchvision (gdn.py; the tests set it)
+        install_text_only_stand_in()
     if enabled():
         from .plugin import install
         install()

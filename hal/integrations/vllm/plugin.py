@@ -22,7 +22,8 @@ import torch
 from ...errors import UnsupportedError
 
 SUPPORTED = ((0, 32), (0, 33))  # [low, high): the vLLM releases whose layers and hooks this plugin mirrors
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # the tested list (tests/vllm)
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM")  # tests/vllm
+GDN_ARCHITECTURES = ARCHITECTURES[2:]  # the Gated DeltaNet hybrids: gdn.py
 DTYPES = (torch.float32, torch.bfloat16)
 
 _installed = False
@@ -100,16 +101,20 @@ def check_config(cfg) -> None:
         problems.append(f"tensor/pipeline/data parallel sizes {pc.tensor_parallel_size}/{pc.pipeline_parallel_size}/"
                         f"{pc.data_parallel_size} (1 each)")
     hf = mc.hf_text_config
-    if getattr(hf, "sliding_window", None) is not None or getattr(hf, "use_sliding_window", False) or \
-            any(t != "full_attention" for t in (getattr(hf, "layer_types", None) or [])):
-        problems.append("sliding-window attention")
-    if getattr(hf, "hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={hf.hidden_act!r} (silu MLPs only)")
-    rope = dict(getattr(hf, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(f"rope_parameters {rope} (plain full-width RoPE only)")
-    if getattr(hf, "attention_bias", False) or getattr(hf, "mlp_bias", False):
-        problems.append("attention / MLP biases")
+    if any(a in GDN_ARCHITECTURES for a in archs):  # the hybrids' own checks (gdn.py)
+        from .gdn import check_config as gdn_checks
+        problems += gdn_checks(cfg, hf)
+    else:
+        if getattr(hf, "sliding_window", None) is not None or getattr(hf, "use_sliding_window", False) or \
+                any(t != "full_attention" for t in (getattr(hf, "layer_types", None) or [])):
+            problems.append("sliding-window attention")
+        if getattr(hf, "hidden_act", "silu") != "silu":
+            problems.append(f"hidden_act={hf.hidden_act!r} (silu MLPs only)")
+        rope = dict(getattr(hf, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+            problems.append(f"rope_parameters {rope} (plain full-width RoPE only)")
+        if getattr(hf, "attention_bias", False) or getattr(hf, "mlp_bias", False):
+            problems.append("attention / MLP biases")
     if problems:
         raise UnsupportedError("lockstep's vLLM plugin (LOCKSTEP_VLLM=1) cannot make this engine's bits exact:",
                                problems)
@@ -132,10 +137,11 @@ def audit_model(model) -> None:
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
     from .attention import LockstepCPUAttentionImpl
-    bad = []
+    from .gdn import COVERED as GDN_COVERED, audit as gdn_audit
+    bad = gdn_audit(model)
     for name, mod in model.named_modules():
         cls = type(mod).__name__
-        if cls not in _COVERED:
+        if cls not in _COVERED and cls not in GDN_COVERED:
             bad.append(f"{name or '(root)'} ({cls})")
         elif isinstance(mod, LinearBase) and type(mod.quant_method) is not UnquantizedLinearMethod:
             bad.append(f"{name} ({cls} with {type(mod.quant_method).__name__})")
@@ -201,12 +207,13 @@ def install() -> None:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from . import layers, sampler, weights
+    from . import gdn, layers, sampler, weights
 
     for name, cls in layers.OOT_CUSTOM_OPS.items():
         CustomOp.register_oot(cls, name=name)
     for name, cls in layers.OOT_LAYERS.items():
         PluggableLayer.register_oot(cls, name=name)
+    gdn.install(CustomOp, PluggableLayer)
     for method in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
         method.apply = layers.lockstep_linear_apply
         method.process_weights_after_loading = layers.keep_weights
@@ -216,8 +223,10 @@ def install() -> None:
     create = EngineArgs.create_engine_config
 
     @functools.wraps(create)
-    def create_engine_config(self, *args, **kwargs):
-        cfg = create(self, *args, **kwargs)
+    def create_engine_config(self, *args_, **kwargs):
+        asked = self.enable_prefix_caching  # None: left at vLLM's default (create() fills it in)
+        cfg = create(self, *args_, **kwargs)
+        cfg = gdn.prefix_caching_policy(self, asked, cfg, lambda args: create(args, *args_, **kwargs))
         check_config(cfg)
         return cfg
 

@@ -1,0 +1,141 @@
+"""The Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next with its MoE) under lockstep's vLLM plugin, on vLLM-CPU's
+real engine: recorded log-probs are the lockstep trainer's (transformers 5.19 + ``lt.patch``), bit for bit,
+whatever the scheduler does.
+
+Qwen3.5's vLLM model file needs the text-only stand-in for transformers' torchvision image processor
+(``LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY=1``, hal/integrations/vllm/gdn.py), set for every engine subprocess here (stock
+engines too: the stand-in computes nothing). Stock vLLM-CPU runs GDN models in bf16 only (its C++ kernels refuse
+fp32), so the stock negative controls are bf16.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import tiny  # noqa: E402
+import tiny_gdn  # noqa: E402
+from test_vllm_plugin import PROMPTS, differing, outputs, run_engines  # noqa: E402
+
+TEXT_ONLY = dict(LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY="1")
+DTYPES = ("float32", "bfloat16")
+CASES = [(k, d) for k in tiny_gdn.KINDS for d in DTYPES]
+CHUNKED = dict(max_num_batched_tokens=13, max_num_seqs=4)  # cuts every 13 tokens: never a multiple of 64
+
+
+def gdn_engines(tmp, runs, **kw):
+    return run_engines(tmp, runs, env={**TEXT_ONLY, **kw.pop("env", {})}, **kw)
+
+
+@pytest.fixture(scope="module")
+def gdn_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_gdn")
+    return {(k, d): tiny_gdn.save_tiny_gdn(k, d, root / f"{k}-{d}") for k, d in CASES}
+
+
+@pytest.fixture(scope="module")
+def lockstep_runs(gdn_models, tmp_path_factory):
+    """Per model and dtype: every prompt prefilled whole (batched), and prefills cut every 13 tokens beside decode
+    rows (one process building the eight engines in a row)."""
+    tmp = tmp_path_factory.mktemp("gdn_on")
+    runs = []
+    for c in CASES:
+        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS]))
+        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS], engine=CHUNKED, record_steps=True))
+    res = gdn_engines(tmp, runs)
+    return {c: dict(whole=res[2 * i], chunked=res[2 * i + 1]) for i, c in enumerate(CASES)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_greedy_equals_trainer_at_any_cut(case, gdn_models, lockstep_runs):
+    (kind, dtype), path, runs = case, gdn_models[case], lockstep_runs[case]
+    steps = runs["chunked"]["steps"]
+    assert steps["max_prefill_steps"] >= 3 and steps["mixed_steps"] >= 1, steps  # the hard steps happened
+    for name in ("whole", "chunked"):
+        lp, tok = differing(path, dtype, PROMPTS, outputs(runs[name]))
+        assert (lp, tok) == (0, 0), f"{kind} {dtype} {name}: {lp}/48 log-prob bits, {tok}/48 tokens differ"
+
+
+@pytest.mark.parametrize("kind", tiny_gdn.KINDS)
+def test_stock_vllm_scheduler_dependence_negative_control(kind, gdn_models, tmp_path):
+    """Plugin off (bf16: stock's only GDN dtype on CPU): the same comparisons catch stock vLLM -- its recorded
+    log-probs differ from the trainer's, and change when the prefill is cut differently."""
+    d = "bfloat16"
+    path = gdn_models[(kind, d)]
+    runs = [dict(model=path, dtype=d, batches=[PROMPTS]), dict(model=path, dtype=d, batches=[PROMPTS], engine=CHUNKED)]
+    whole, chunked = (outputs(r) for r in gdn_engines(tmp_path, runs, plugin=False, name="stock"))
+    vs_trainer, _ = differing(path, d, PROMPTS, whole)
+    moved = sum(ta != tb or ba != bb for a, b in zip(whole, chunked)
+                for ta, tb, ba, bb in zip(a["tokens"], b["tokens"], a["bits"], b["bits"]))
+    print(f"stock vLLM {kind} bf16: {vs_trainer}/48 differ from the trainer; {moved}/48 moved by chunked prefill")
+    assert vs_trainer >= 24, vs_trainer
+    assert moved >= 8, moved
+
+
+@pytest.mark.parametrize("kind", tiny_gdn.KINDS)
+def test_preemption_and_sampling(kind, gdn_models, tmp_path):
+    """Preemption (recomputed requests: their GDN states dropped and rebuilt from token 0; a small-state model so
+    that vLLM's hybrid blocks are small enough to run out) and seeded top-k/top-p sampling (processed log-probs ==
+    lt.token_logprobs with the same settings): every bit the trainer's. (Seeded sampling is not combined with
+    chunked prefill: vLLM's runner rewinds a seeded request's generator after a partial prefill with
+    ``set_offset``, which CPU generators lack -- it fails with or without the plugin.) vLLM's compiled mode is
+    refused by name for GDN models (gdn.check_config)."""
+    d = "bfloat16"
+    path = gdn_models[(kind, d)]
+    small = tiny_gdn.save_tiny_gdn(kind, d, tmp_path / "small_state", small_state=True)
+    short = [PROMPTS[1][i:i + 30] for i in range(6)]
+    params = [dict(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=100 + i, logprobs=0)
+              for i in range(len(PROMPTS))]
+    runs = [dict(model=small, dtype=d, batches=[short], record_steps=True,
+                 engine=dict(num_gpu_blocks_override=8, max_model_len=128)),
+            dict(model=path, dtype=d, batches=[PROMPTS], sampling=[params],
+                 engine=dict(logprobs_mode="processed_logprobs")),
+            dict(model=path, dtype=d, batches=[], engine=dict(enforce_eager=False))]
+    preempted, sampled, compiled = gdn_engines(tmp_path, runs)
+    assert preempted.get("steps", {}).get("preempted", 0) >= 1, preempted.get("steps", preempted.get("error"))
+    assert differing(small, d, short, outputs(preempted)) == (0, 0)
+    assert differing(path, d, PROMPTS, outputs(sampled), temperature=0.8, top_k=20, top_p=0.9)[0] == 0
+    assert "UnsupportedError" in compiled.get("error", "") and "enforce_eager=True" in compiled["error"], compiled
+
+
+def test_prefix_caching_policy_and_refusals(gdn_models, tmp_path):
+    """vLLM 0.32 turns prefix caching on by default for hybrids: left at the default, lockstep switches it off
+    (no cached tokens on a repeated 64-token prefix, the bits still the trainer's); asked for explicitly, the
+    engine is refused naming it. The multimodal Qwen3.5 class is refused by name."""
+    d = "float32"
+    path = gdn_models[("qwen3_5", d)]
+    mm = tmp_path / "multimodal"
+    mm.mkdir()
+    for f in Path(path).iterdir():
+        (mm / f.name).symlink_to(f)
+    (mm / "config.json").unlink()
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    (mm / "config.json").write_text(json.dumps(cfg))
+    shared = PROMPTS[1][:64]
+    hit = [shared + [7, 8, 9], shared + [11, 12, 13, 14, 15]]
+    runs = [dict(model=path, dtype=d, batches=[hit[:1], hit[1:]]),
+            dict(model=path, dtype=d, batches=[], engine=dict(enable_prefix_caching=True)),
+            dict(model=str(mm), dtype=d, batches=[])]
+    default, explicit, multimodal = gdn_engines(tmp_path, runs)
+    assert outputs(default, 1)[0]["cached"] == 0
+    assert differing(path, d, hit[1:], outputs(default, 1)) == (0, 0)
+    assert "UnsupportedError" in explicit.get("error", "") and "enable_prefix_caching=True" in explicit["error"]
+    assert "Qwen3_5ForConditionalGeneration" in multimodal.get("error", ""), multimodal
+
+
+def test_text_only_stand_in_serves_no_vision():
+    """The stand-in gives qwen3_vl.py its ``smart_resize`` (transformers' PIL geometry) and nothing else."""
+    import subprocess
+    code = ("from hal.integrations.vllm.gdn import install_text_only_stand_in as i; assert i()\n"
+            "from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize\n"
+            "assert smart_resize(56, 56) == (56, 56)\n"
+            "try:\n from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor\n"
+            "except ImportError as e:\n print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused:" in out.stdout and "torchvision is not installed" in out.stdout, out.stdout
