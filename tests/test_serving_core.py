@@ -280,7 +280,7 @@ def test_vllm_cpu_views_read_what_vllms_own_writer_stored():
     """vLLM's CPU attention fills its cache with its own op (cpu_attn_reshape_and_cache); PagedKV.from_vllm_cpu
     reads every token back, and the step's attention over it equals each request alone. Needs vLLM (CPU)."""
     spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:  # without vLLM, tests/vllm/ is found as a namespace package "vllm"
+    if spec is None or spec.origin is None:  # a namespace "vllm" (no origin) is not vLLM
         if os.environ.get("LOCKSTEP_VLLM_TESTS") == "1":
             pytest.fail("LOCKSTEP_VLLM_TESTS=1 but vLLM is not importable")
         pytest.skip("needs vLLM's CPU build: runs in CI's vLLM environment (.ci/run)")

@@ -22,7 +22,7 @@ import torch
 from ...errors import UnsupportedError
 
 SUPPORTED = ((0, 32), (0, 33))  # [low, high): the vLLM releases whose layers and hooks this plugin mirrors
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM")  # tests/vllm
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM")  # tests/vllm_engine
 GDN_ARCHITECTURES = ARCHITECTURES[2:]  # the Gated DeltaNet hybrids: gdn.py
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -1,7 +1,7 @@
-"""Runs vLLM engines in this process and writes what they produced as JSON (tests/vllm drive it in a subprocess:
+"""Runs vLLM engines in this process and writes what they produced as JSON (tests/vllm_engine drive it in a subprocess:
 lockstep's plugin is process-wide, so plugin-on and stock engines never share a process).
 
-    python tests/vllm/engine_run.py SPEC.json OUT.json
+    python tests/vllm_engine/engine_run.py SPEC.json OUT.json
 
 SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
