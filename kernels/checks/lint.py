@@ -92,10 +92,23 @@ def fma_chains(ptx: str) -> list[int]:
     return out
 
 
-def dot_chain_problems(ptx: str, steps: int) -> list[str]:
-    """An FMA-dot kernel's PTX must hold its K tiles as fma chains of ``steps`` (the dot's K lanes) from +0.0."""
+def _dot_steps(case) -> set[int] | None:
+    """The K lanes of an FMA-dot kernel's dots: matmul's K tile (KTP); attention's head-dim tile (DTP) for the scores
+    and its key block (KB) for P.V and l (attention_kernel._scores_fma_dot / _block_fma_dot)."""
+    c = case.constexprs
+    if "KTP" in c:
+        return {c["KTP"]}
+    if "DTP" in c and c.get("FMA_DOT"):
+        return {c["DTP"], c["KB"]}
+    return None
+
+
+def dot_chain_problems(ptx: str, steps) -> list[str]:
+    """An FMA-dot kernel's PTX must hold its K tiles as fma chains of ``steps`` (the dot's K lanes; a set where
+    a kernel's dots have different K) from +0.0."""
     lengths = fma_chains(ptx)
-    if not lengths or set(lengths) != {steps}:
+    steps = {steps} if isinstance(steps, int) else set(steps)
+    if not lengths or set(lengths) != steps:
         return [f"FMA dot: want fma chains of {steps} steps from +0.0, found lengths {sorted(set(lengths))[:8]} "
                 f"({len(lengths)} chains)"]
     return []
@@ -183,7 +196,7 @@ def lint(case: KernelCase, target: str, options_fusion: bool | None = None) -> l
                             strict=False)
     fusion = STRICT_OPTIONS["enable_fp_fusion"] if options_fusion is None else options_fusion
     k = compile_case(case, target, fusion)
-    steps = case.constexprs.get("KTP") if "tt.dot" in k.asm["ttir"] else None  # an FMA-dot kernel's K lanes
+    steps = _dot_steps(case) if "tt.dot" in k.asm["ttir"] else None  # an FMA-dot kernel's K lanes
     chains = dot_chain_problems(k.asm["ptx"], steps) if steps else []
     return (ttir_problems(k.asm["ttir"], bool(k.metadata.enable_fp_fusion), case.constexprs.get("FMA_DOT", True))
             + ptx_problems(k.asm["ptx"]) + chains)

@@ -22,7 +22,8 @@ import torch
 from . import ascend_launch
 from . import attention_kernel  # its kernels are read at launch: a swapped one (tests/scripts/_variants.py) runs
 from .dtypes import tl_dtype
-from .launch import int32_starts, int32_tensor, launch, next_power_of_2
+from .interpreter_dot import strict_dot
+from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2
 from .workspace import workspace
 
 F32 = torch.float32
@@ -73,6 +74,13 @@ def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
     return 16 // element_size, dict(num_warps=max(1, min(4, kb // 32)))
 
 
+def _fma_dot_tiles(block_m: int, kb: int, vec: int) -> bool:
+    """Strict tiles as float32 ``ieee`` tl.dots (attention_kernel._scores_fma_dot / _block_fma_dot): prefill-sized
+    tiles (a dot takes >= 16 rows and keys; decode tiles keep their vector chains) where launch.fma_dot allows
+    (NVIDIA and the interpreter's strict stand-in; AMD and Ascend keep the explicit chains)."""
+    return vec == 1 and block_m >= 16 and kb >= 16 and fma_dot()
+
+
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
            scale, causal, window, spec, num_splits: int, max_q: int, max_k: int):
     """Launch the kernels. q [rows, Hq, D] (contiguous); k, v [rows, Hkv, D] (``k_row0`` per sequence)
@@ -96,9 +104,11 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         kernel, bd = attention_kernel._attn_kernel, next_power_of_2(d)
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
         vec, options = _score_layout(bm, spec.kv_block, q.element_size())
+        dot = _fma_dot_tiles(bm, spec.kv_block, vec)
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
-                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack)
-        dots = contextlib.nullcontext()
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot,
+                         DTP=max(16, next_power_of_2(min(spec.dot_tile, d))))
+        dots = strict_dot() if dot else contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
     paged = block_table is not None
