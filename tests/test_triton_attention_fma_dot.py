@@ -33,6 +33,12 @@ def test_wrong_padding_and_two_rounding_stand_in_are_caught():
     assert out.count(": ok") == 2, out
 
 
+@needs_interpreter
+def test_signed_zero_golden_case_catches_plus_zero_padding():
+    out = run_checks("golden", script=SCRIPT)
+    assert out.count(": ok") == 2, out
+
+
 def _case(name):
     from hal.kernels.checks import lint
     return next(c for c in lint.strict_kernels(full=True) if c.name == name)

@@ -9,6 +9,8 @@ accumulator given, NVIDIA's FMA dot lowering).
   tile, dot_tile not a power of two, causal diagonal blocks next to whole blocks, windows, GQA, p_precision input,
   NaN / inf in V rows no query sees, a V column whose chain ends at -0.0 before keys past the sequence), and the
   FMA-dot variant is what ran;
+* ``golden``: the attention suite's signed-zero golden case (fp32) gives its golden bits, and the +0.0-padded
+  variant below does not (the golden case catches it);
 * ``negative``: two wrong variants, each caught by the same comparison: V rows of unseen keys loaded as +0.0
   (a +0 * +0 step turns a chain at -0.0 into +0.0), and the fast kernels' stand-in (two roundings per step) in
   place of the strict one.
@@ -125,5 +127,31 @@ def check_negative():
            None if CASES[1][0] in caught else f"caught only in {caught}")
 
 
+def _golden_case_differs():
+    """The attention suite's signed-zero golden case (fp32) on the triton backend against its golden file: the
+    first divergence, or None."""
+    from hal.conformance import golden
+    from hal.conformance.suites.attention import SUITE
+    case = next(c for c in SUITE.cases() if c.id == "signed_zero_h2kv1_d40_noncausal.fp32")
+    inputs = SUITE.make_inputs(case)
+    got = SUITE.run("triton", case, inputs)
+    want = golden.load("attention", case, inputs, outputs=list(got))
+    for name in sorted(got):
+        d = first_divergence(name, want[name], got[name])
+        if d is not None:
+            return str(d)
+    return None
+
+
+def check_golden():
+    """The golden case gives its bits; with V rows of unseen keys loaded as +0.0 it does not (the golden catches
+    the wrong padding: the negative control of the golden case itself)."""
+    report("golden signed_zero_h2kv1_d40_noncausal.fp32: triton == golden", _golden_case_differs())
+    with kernel_variant(tri_kernel, "_block_fma_dot", "other=-0.0))", "other=0.0))"):
+        problem = _golden_case_differs()
+    report("golden signed_zero_h2kv1_d40_noncausal.fp32 catches V padded with +0.0",
+           None if problem else "the +0.0-padded variant gave the golden bits")
+
+
 if __name__ == "__main__":
-    main({"bits": check_bits, "negative": check_negative})
+    main({"bits": check_bits, "negative": check_negative, "golden": check_golden})
