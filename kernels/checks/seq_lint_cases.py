@@ -42,7 +42,8 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
                           OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, FMA_DOT=dot, DTP=64)
             sig = {k: v for k, v in _sig(AK._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", AK._attn_kernel, sig, consts,
-                                  divisible=attn_divisible, num_warps=options.get("num_warps")))
+                                  divisible=attn_divisible,
+                                  num_warps=A.DOT_WARPS if dot else options.get("num_warps")))
             if dot and full and not paged:  # the AMD variant of the prefill tile: no tt.dot may remain
                 out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one},hip]", AK._attn_kernel, sig,
                                       dict(consts, FMA_DOT=False), divisible=attn_divisible))
