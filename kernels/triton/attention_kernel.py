@@ -220,7 +220,9 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         kj = kb0 + cols
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
-        if FMA_DOT:
+        if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit; ascend_lint follows 'if NPU:')
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
+        elif FMA_DOT:
             s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP)
         else:
             s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
@@ -231,7 +233,11 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         # same operation per element as per column); prefill tiles (registers) and the Ascend variant (unified
         # buffer: no [rows, keys] exp temporaries) per key
         x_bits = (s if NPU or VEC == 1 else sm.exp(s - m_new[:, None])).to(tl.int32, bitcast=True)
-        if FMA_DOT:
+        if NPU:
+            l_blk, acc_blk = _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                           stride_kp, stride_kt, causal, left, right, kb0, k_lo, k_hi, D, BLOCK_M,
+                                           BLOCK_D, KB, VEC, P_IN, OUT, PAGED, NPU)
+        elif FMA_DOT:
             vis_s = vis & (kj[None, :] >= k_lo) & (kj[None, :] < k_hi)  # the split's keys only
             seen_any = tl.max(vis_s.to(tl.int32), axis=0)
             seen_all = tl.min((vis_s | ~valid[:, None]).to(tl.int32), axis=0)
