@@ -42,7 +42,32 @@ CONFIGS = [
     # query of seq 0, and of seq 2 which shares that prefix, sees it); outputs must be the canonical NaN
     # whichever path (prefill, chunk, decode, split-KV) computes them
     ("nan_gqa_h2kv1_d32", SMALL, (90, 12, 40, 10), 2, 1, 32, True, (-1, -1), None),
+    # signed zeros (_signed_zero_seq0): seq 0's output is -0.0 in head dim 0 only if every padded or skipped step
+    # leaves a chain at -0.0 as it is (its last block ends past the sequence; head dim 40 off the 64 dot tile)
+    ("signed_zero_h2kv1_d40_noncausal", SMALL, (170, 12, 40, 10), 2, 1, 40, False, (-1, -1), None),
 ]
+
+
+def _signed_zero_seq0(q, k, v, scale: float):
+    """Seq 0 (170 keys, kv_block 16, kv_split 64, non-causal) built so that head dim 0 of its output is -0.0, and
+    +0.0 if a padded step or a skipped key added a +0.0 product to a chain at -0.0 (an FMA-dot tile padding with
+    +0.0 where the spec's shorter chain keeps -0.0). A -0.0 survives only where the running value it is added to
+    is exactly -0.0, so it is built up in the spec's order (scores: q = e_0, so s = scale * k[:, 0], either 0 or
+    G ~ 100; V[:, 0] is -0.0 except three keys at minus the dtype's smallest subnormal, t):
+
+    split 1 (keys 0-63, s = 0, V[5] = -t): ACC = -t;  split 2 (keys 64-127, s = G): ACC = -t * exp(-G) -> -0.0;
+    split 3: block [128, 144) (s = 0, V[128] = -t) acc = -t; block [144, 160) (s = G) acc -> -0.0; block
+    [160, 176): key 160 (s = 0: p = exp(-G)) adds p * -t -> -0.0, keys 161-169 add -0.0, keys 170-175 are past
+    the sequence: the spec skips them; a kernel must add products equal to -0.0 there."""
+    tiny = torch.finfo(v.dtype).smallest_normal * torch.finfo(v.dtype).eps  # the smallest subnormal
+    q.zero_()
+    q[..., 0] = 1.0
+    k[..., 0] = 0.0
+    k[64:128, :, 0] = 100.0 / scale
+    k[144:170, :, 0] = 100.0 / scale
+    k[160, :, 0] = 0.0
+    v[..., 0] = -0.0
+    v[[5, 128, 160], :, 0] = -tiny
 
 
 # ------------------------------------------------------------------ helpers
@@ -360,6 +385,8 @@ class AttentionSuite(Suite):
         if case.name.startswith("nan_"):
             seqs[0][0][30, 1, 5] = float("nan")
             seqs[0][1][20, 0, 7] = float("nan")
+        if case.name.startswith("signed_zero_"):
+            _signed_zero_seq0(*seqs[0], case.p["scale"] or d ** -0.5)
         seqs[2] = [torch.cat([a[:pre], b]) for a, b in zip(seqs[0], seqs[2])]  # seq 2 = seq 0's prefix + suffix
         cu = torch.tensor([0, l0, l0 + l1, l0 + l1 + pre + suf], dtype=torch.int32)
         return {"q": torch.cat([s[0] for s in seqs]), "k": torch.cat([s[1] for s in seqs]),
@@ -422,7 +449,8 @@ class AttentionSuite(Suite):
 
 SUITE = AttentionSuite(
     # quick: 90 keys cross the 16-key blocks and the 64-key split; NaN inputs; the Triton interpreter's set
-    quick=("nan_gqa_h2kv1_d32.fp32", "nan_gqa_h2kv1_d32.bf16"),
+    # signed_zero: an output whose -0.0 depends on the padded steps of the strict kernels' FMA-dot tiles
+    quick=("nan_gqa_h2kv1_d32.fp32", "nan_gqa_h2kv1_d32.bf16", "signed_zero_h2kv1_d40_noncausal.fp32"),
     name="attention", ops=("flash_attn_varlen_func", "flash_attn_with_kvcache"),
     levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={

@@ -36,11 +36,17 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             # split-KV: the decode layout (a GQA group of 4 heads packed, one query row); else a prefill tile
             tiles = dict(BLOCK_M=4, ROWS=1, PACK=4) if one else dict(BLOCK_M=16, ROWS=16, PACK=1)
             vec, options = A._score_layout(tiles["BLOCK_M"], 64, tdt.primitive_bitwidth // 8)  # as attend launches
+            # prefill tiles on NVIDIA: fp32 ieee dots (A._fma_dot_tiles); decode tiles, AMD and Ascend: the chains
+            dot = not one and not npu
             consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
-                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu)
+                          OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, FMA_DOT=dot, DTP=64)
             sig = {k: v for k, v in _sig(AK._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", AK._attn_kernel, sig, consts,
-                                  divisible=attn_divisible, num_warps=options.get("num_warps")))
+                                  divisible=attn_divisible,
+                                  num_warps=A.DOT_WARPS if dot else options.get("num_warps")))
+            if dot and full and not paged:  # the AMD variant of the prefill tile: no tt.dot may remain
+                out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one},hip]", AK._attn_kernel, sig,
+                                      dict(consts, FMA_DOT=False), divisible=attn_divisible))
         consts = dict(HQ=32, D=128, BLOCK_M=4, ROWS=1, PACK=4, BLOCK_D=128, KS=256, OUT=tdt, NPU=npu)
         sig = {k: v for k, v in _sig(AK._merge_kernel, types, "*fp32").items() if k not in consts}
         out.append(KernelCase(f"attention.merge[{dt}]", AK._merge_kernel, sig, consts,

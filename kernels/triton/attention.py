@@ -22,7 +22,8 @@ import torch
 from . import ascend_launch
 from . import attention_kernel  # its kernels are read at launch: a swapped one (tests/scripts/_variants.py) runs
 from .dtypes import tl_dtype
-from .launch import int32_starts, int32_tensor, launch, next_power_of_2
+from .interpreter_dot import strict_dot
+from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2
 from .workspace import workspace
 
 F32 = torch.float32
@@ -32,14 +33,13 @@ F32 = torch.float32
 PACK_MAX_Q = 16
 
 
-def _tiles(max_q: int, group: int, bd: int, kb: int) -> tuple[int, int, int]:
+def _tiles(max_q: int, group: int, bd: int, kb: int, cap: int = 32) -> tuple[int, int, int]:
     """(BLOCK_M, ROWS, PACK): tile rows, query rows and query heads per program (rows are independent, so
     none of them changes bits). Decode-sized tiles pack PACK heads of a GQA group (the largest divisor of
     the group that fits) so K/V tiles are loaded once for them; prefill keeps one head per program, whose
     row tile already shares each K/V load among up to 32 query rows. The tile is at most 32 rows; the Ascend
     variant also fits the unified buffer, whose live float32 tiles are ACC, acc, acc_blk and the fma
     result [BM, BD] and the scores s, part, bits [BM, KB]."""
-    cap = 32
     if ascend_launch.npu_layout():
         cap = ascend_launch.fit_block(cap, lambda b: [(b, bd)] * 4 + [(b, kb)] * 3)
     pack = 1
@@ -73,6 +73,19 @@ def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
     return 16 // element_size, dict(num_warps=max(1, min(4, kb // 32)))
 
 
+#: rows and warps of the FMA-dot prefill tile. hal.kernels.checks.sass_profile, sm_90, bf16, D 128, kv_block 64: 16 rows
+#: on 8 warps spill least (stack 424 B under Triton 3.6, 376 under 3.9), 16 on 4 warps 1112 / 2304, 32 on 8 warps
+#: 816 / 688 (docs/triton.md: the dots' operand registers; not spill-free yet)
+DOT_ROWS, DOT_WARPS = 16, 8
+
+
+def _fma_dot_tiles(block_m: int, kb: int, vec: int) -> bool:
+    """Strict tiles as float32 ``ieee`` tl.dots (attention_kernel._scores_fma_dot / _block_fma_dot): prefill-sized
+    tiles (a dot takes >= 16 rows and keys; decode tiles keep their vector chains) where launch.fma_dot allows
+    (NVIDIA and the interpreter's strict stand-in; AMD and Ascend keep the explicit chains)."""
+    return vec == 1 and block_m >= 16 and kb >= 16 and fma_dot()
+
+
 def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_row0, lse_hstride,
            scale, causal, window, spec, num_splits: int, max_q: int, max_k: int):
     """Launch the kernels. q [rows, Hq, D] (contiguous); k, v [rows, Hkv, D] (``k_row0`` per sequence)
@@ -96,9 +109,14 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         kernel, bd = attention_kernel._attn_kernel, next_power_of_2(d)
         bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block)
         vec, options = _score_layout(bm, spec.kv_block, q.element_size())
+        dot = _fma_dot_tiles(bm, spec.kv_block, vec)
+        if dot:  # the FMA-dot tile's rows and warps (see DOT_ROWS)
+            bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block, cap=DOT_ROWS)
+            options = dict(num_warps=DOT_WARPS)
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
-                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack)
-        dots = contextlib.nullcontext()
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot,
+                         DTP=max(16, next_power_of_2(min(spec.dot_tile, d))))
+        dots = strict_dot() if dot else contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
     paged = block_table is not None

@@ -135,20 +135,97 @@ def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
+def _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    KB: tl.constexpr, DT: tl.constexpr, DTP: tl.constexpr):
+    """:func:`_scores`' bits with one float32 ``ieee`` tl.dot per head-dim tile (NVIDIA: an fma chain per score over
+    the tile's head dims in order, from the zero accumulator: the spec's in-tile chain), on [rows, DTP] x [DTP, keys]
+    operand tiles instead of one scalar load per step. A lane past the tile or past D is a padded step and adds a
+    product equal to -0.0 (q loaded as -0.0, k as +0.0): fma(-0, +0, c) = c for every c, where a +0.0 product would
+    turn a chain at -0.0 into +0.0. Tile partials are added in order from +0.0 by tl.fma(part, 1.0, s): s + part
+    rounded once, and not an addf that Triton could fold into the next dot's accumulator."""
+    dd = tl.arange(0, DTP)
+    s = tl.zeros([BLOCK_M, KB], tl.float32)
+    for t0 in tl.static_range(0, D, DT):
+        d = t0 + dd
+        d_ok = (dd < DT) & (d < D)
+        q = sm.widen(tl.load(Q + q_off[:, None] + d[None, :], mask=valid[:, None] & d_ok[None, :], other=-0.0))
+        k = sm.widen(tl.load(K + koff[None, :] + d[:, None], mask=d_ok[:, None] & kmask[None, :], other=0.0))
+        part = tl.dot(q, k, tl.zeros([BLOCK_M, KB], tl.float32), input_precision="ieee")
+        s = tl.fma(part, 1.0, s)
+    return s * scale
+
+
+@triton.jit
+def _block_fma_dot(V, p, vis, key_on, koff, OUT: tl.constexpr, P_IN: tl.constexpr, D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, NPU: tl.constexpr):
+    """(l_blk, acc_blk) of a block whose keys each are seen by every valid row or by none, as float32 ``ieee``
+    tl.dots from zero accumulators: acc_blk = P.V and l_blk = P.1 are fma chains over the keys in order (fma(p, 1, l)
+    is l + p rounded once: the spec's sum). A key no row sees must leave the chains as they are: its p is exactly
+    +0.0 and its V row is not read (loaded as -0.0), so it adds +0 * -0 = -0.0 (and +0 * 1 = +0 to l, which is
+    never -0.0: a sum of p >= 0 from +0.0). Its V row's values never reach the product, so a NaN / inf there
+    cannot leak (0 * inf); a seen key's product is the spec's, whatever its values."""
+    dcol = tl.arange(0, BLOCK_D)
+    pz = tl.where(vis, p, 0.0)
+    pv = _round_trip(pz, OUT, NPU) if P_IN else pz
+    v = sm.widen(tl.load(V + koff[:, None] + dcol[None, :], mask=key_on[:, None] & (dcol[None, :] < D),
+                         other=-0.0))
+    acc_blk = tl.dot(pv, v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), input_precision="ieee")
+    ones = tl.full([KB, 16], 1.0, tl.float32)
+    l16 = tl.dot(pz, ones, tl.zeros([BLOCK_M, 16], tl.float32), input_precision="ieee")
+    l_blk = _col(l16.to(tl.int32, bitcast=True), tl.arange(0, 16), 0)
+    return l_blk, acc_blk
+
+
+@triton.jit
+def _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
+                  causal, left, right, kb0, k_lo, k_hi, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr,
+                  PAGED: tl.constexpr, NPU: tl.constexpr):
+    """(l_blk, acc_blk) of the block's keys in [k_lo, k_hi) as the spec's per-key chains (x_bits: the scores' bits,
+    or decode tiles' p = exp(s - m'))."""
+    cols = tl.arange(0, KB)
+    dcol = tl.arange(0, BLOCK_D)
+    l_blk = tl.zeros([BLOCK_M], tl.float32)
+    acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    j_lo = tl.maximum(k_lo - kb0, 0)
+    j_hi = tl.minimum(k_hi - kb0, KB)
+    for j in range(j_lo, j_hi):  # keys in order: sequential chains
+        kjj = kb0 + j  # < k_hi <= klen
+        vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
+        p = sm.exp(_col(x_bits, cols, j) - m_new) if NPU or VEC == 1 else _col(x_bits, cols, j)
+        l_blk = tl.where(vis_j, l_blk + p, l_blk)
+        pv = _round_trip(p, OUT, NPU) if P_IN else p
+        # this key's V row from its index (not taken out of koff: the load need not wait on a reduction)
+        voff = _key_offsets(kjj, kjj < klen, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
+        vj = sm.widen(tl.load(V + voff + dcol[None, :], mask=dcol[None, :] < D, other=0.0))
+        acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj, acc_blk), acc_blk)
+    return l_blk, acc_blk
+
+
+@triton.jit
 def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
            DT: tl.constexpr, VEC: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
-           NPU: tl.constexpr):
-    """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0."""
+           NPU: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr):
+    """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0.
+
+    FMA_DOT (prefill tiles on NVIDIA, launch.fma_dot): scores by :func:`_scores_fma_dot`, and a block whose keys
+    are each seen by all valid rows or by none (all but the few blocks on a causal diagonal or a window edge) by
+    :func:`_block_fma_dot`; the other blocks keep the per-key chains (a key seen by some rows only would need a V
+    row of -0.0 for the others)."""
     cols = tl.arange(0, KB)
-    dcol = tl.arange(0, BLOCK_D)
     m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
     for kb0 in range((k_lo // KB) * KB, k_hi, KB):
         kj = kb0 + cols
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
-        s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
+        if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit; ascend_lint follows 'if NPU:')
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
+        elif FMA_DOT:
+            s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP)
+        else:
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
         vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
         m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
         blk_ne = tl.max(vis.to(tl.int32), axis=1)
@@ -156,20 +233,25 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         # same operation per element as per column); prefill tiles (registers) and the Ascend variant (unified
         # buffer: no [rows, keys] exp temporaries) per key
         x_bits = (s if NPU or VEC == 1 else sm.exp(s - m_new[:, None])).to(tl.int32, bitcast=True)
-        l_blk = tl.zeros([BLOCK_M], tl.float32)
-        acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        j_lo = tl.maximum(k_lo - kb0, 0)
-        j_hi = tl.minimum(k_hi - kb0, KB)
-        for j in range(j_lo, j_hi):  # keys in order: sequential chains
-            kjj = kb0 + j  # < k_hi <= klen
-            vis_j = _visible(kjj, pos, valid, klen, causal, left, right)
-            p = sm.exp(_col(x_bits, cols, j) - m_new) if NPU or VEC == 1 else _col(x_bits, cols, j)
-            l_blk = tl.where(vis_j, l_blk + p, l_blk)
-            pv = _round_trip(p, OUT, NPU) if P_IN else p
-            # this key's V row from its index (not taken out of koff: the load need not wait on a reduction)
-            voff = _key_offsets(kjj, kjj < klen, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
-            vj = sm.widen(tl.load(V + voff + dcol[None, :], mask=dcol[None, :] < D, other=0.0))
-            acc_blk = tl.where(vis_j[:, None], tl.fma(pv[:, None], vj, acc_blk), acc_blk)
+        if NPU:
+            l_blk, acc_blk = _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                           stride_kp, stride_kt, causal, left, right, kb0, k_lo, k_hi, D, BLOCK_M,
+                                           BLOCK_D, KB, VEC, P_IN, OUT, PAGED, NPU)
+        elif FMA_DOT:
+            vis_s = vis & (kj[None, :] >= k_lo) & (kj[None, :] < k_hi)  # the split's keys only
+            seen_any = tl.max(vis_s.to(tl.int32), axis=0)
+            seen_all = tl.min((vis_s | ~valid[:, None]).to(tl.int32), axis=0)
+            if tl.min((seen_any == seen_all).to(tl.int32), axis=0) > 0:  # every key: seen by all valid rows or none
+                l_blk, acc_blk = _block_fma_dot(V, sm.exp(s - m_new[:, None]), vis_s, seen_any > 0, koff, OUT, P_IN,
+                                                D, BLOCK_M, BLOCK_D, KB, NPU)
+            else:
+                l_blk, acc_blk = _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride,
+                                               page, stride_kp, stride_kt, causal, left, right, kb0, k_lo, k_hi, D,
+                                               BLOCK_M, BLOCK_D, KB, VEC, P_IN, OUT, PAGED, NPU)
+        else:
+            l_blk, acc_blk = _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                           stride_kp, stride_kt, causal, left, right, kb0, k_lo, k_hi, D, BLOCK_M,
+                                           BLOCK_D, KB, VEC, P_IN, OUT, PAGED, NPU)
         alpha = sm.exp(m - m_new)
         has = blk_ne > 0
         l = tl.where(has, tl.fma(l, alpha, l_blk), l)
@@ -188,7 +270,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  ROWS: tl.constexpr, PACK: tl.constexpr,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr, VEC: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                 NPU: tl.constexpr):
+                 NPU: tl.constexpr, FMA_DOT: tl.constexpr = False, DTP: tl.constexpr = 16):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)  # grid (row tile, sequence x head group, split)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
@@ -203,7 +285,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                 s_hi = tl.minimum(hi, (sp + 1) * KS)
                 m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
-                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU)
+                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
@@ -212,7 +294,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                     m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                            stride_kp, stride_kt, scale, causal, left, right,
                                            tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
-                                           D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU)
+                                           D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
