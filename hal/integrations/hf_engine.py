@@ -16,13 +16,13 @@ GDN layers left out of its pages by :func:`_without_gdn_layers`), :class:`_Engin
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 
 from .. import sampling as _sampling
+from ..deprecation import warn_moved
 from ..errors import InputError, UnsupportedError
 from ..serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
                        varlen_attention, write_kv)
@@ -488,7 +488,7 @@ def _gather_paged(k_cache, v_cache, k_new, v_new, batch):
     return request_kv(paged, batch)
 
 
-#: old name -> (its object now, its home): kept one release, each use warns (DeprecationWarning)
+#: old name -> (its object now, its home): kept one release, each use warns (hal/deprecation.py)
 _MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
           "engine_attention": (varlen_attention, "hal.serving.varlen_attention"),
           "gather_paged": (_gather_paged, "hal.serving.write_kv and hal.serving.request_kv"),
@@ -499,6 +499,5 @@ _MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
 def __getattr__(name):
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"hal.integrations.hf_engine.{name} is deprecated: use {_MOVED[name][1]}", DeprecationWarning,
-                  stacklevel=2)
+    warn_moved(f"hal.integrations.hf_engine.{name}", _MOVED[name][1])
     return _MOVED[name][0]
