@@ -33,7 +33,7 @@ from . import hf_modules as M
 from .hf_modules import _OWNER, _owner
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
-from . import hf_engine
+from . import hf_engine, hf_engine_install  # noqa: F401 -- hf_engine: trl.py reads it (the engine's build)
 from ..sampling import Sampling, recorded_logprobs, sampling_scores
 
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
@@ -401,7 +401,8 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
         p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
     p.active = True
     _watch_registrations()
-    hf_engine.install(_owner, token_logprobs)  # transformers' continuous-batching engine runs a patched model on lockstep
+    # transformers' continuous-batching engine runs a patched model on lockstep
+    hf_engine_install.install(_owner, token_logprobs)
     return p
 
 
