@@ -1,7 +1,7 @@
 """The sequence ops of the ``triton`` backend: attention and the gated delta rule family.
 
-:class:`SequenceOps` is a mixin of backend methods with the signatures of backends/reference.py;
-``backends/triton.py``'s ``TritonBackend`` and ``backends/ascend.py``'s ``AscendBackend`` inherit it
+:class:`SequenceOps` is a mixin of backend methods with the signatures of the backend contract
+(hal/backend_contract.py); ``backends/triton.py``'s ``TritonBackend`` and ``backends/ascend.py``'s ``AscendBackend`` inherit it
 (the conformance suites they claim follow from the ops, ``Backend.suites``); the backend's
 ``launch_on(tensor)`` context says where kernels launch. The kernels are imported on first use, so importing this module imports no
 triton. float64 inputs are not served (the reference runs the float64 oracle for gradcheck).

@@ -11,7 +11,6 @@ A check is a function ``check(backend, case, inputs, base) -> iterable of (label
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -37,8 +36,9 @@ class Case:
 
     @property
     def family(self) -> str:
-        """Deprecated: the suite's name is :attr:`suite` (a spec's ``family`` is another thing)."""
-        warnings.warn("Case.family is deprecated: use Case.suite", DeprecationWarning, stacklevel=2)
+        """Deprecated (hal/deprecation.py): the suite's name is :attr:`suite` (a spec's ``family`` is another thing)."""
+        from hal.deprecation import warn_moved
+        warn_moved("Case.family", "Case.suite")
         return self.suite
 
     @property

@@ -23,8 +23,8 @@ from .errors import (BackendUnavailable, GoldenError, HalError, InputError, Spec
 from .ops import ExactWeight, exact_weight, linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
 from .attention import flash_attn_varlen_func, flash_attn_with_kvcache
 from .kv_cache import KVCache
-from .gated_delta_rule import (GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
-                               gdn_causal_conv1d, gdn_gating)
+from .gated_delta_rule import GatedDeltaRuleState, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .gdn_layer import gdn_causal_conv1d, gdn_gating
 from .elementwise import apply_rotary, rotary_cos_sin, sigmoid, silu, silu_mul, softplus
 from .aten_mode import aten_mode
 from . import torch_ops as _torch_ops

@@ -18,14 +18,12 @@ import operator
 
 import torch
 
-from . import validate as chk
-from .attention_checks import (_check_pages, _cu_seqlens, _head_dim, _heads, _kv_pair, _no_grad_needed, _scale,
-                               _unsupported, _window)
+from . import attention_checks as checks, validate as chk
 from .errors import InputError
 from .kernels.layout import (append_kv, capacity as cache_capacity, key_visibility, kvcache_via_padded,  # noqa: F401
                              mask_causal_window, padded_to_varlen, query_positions, token_slots, varlen_to_padded,
                              varlen_via_padded)
-from .ops import _prepare
+from .op_call import resolve
 from .ops_registry import TORCH_OP, route, routing
 from .spec import FAST, STRICT
 from .torch_ops import HelperOp, OpBackward, OpRecord, TorchOp, register
@@ -121,7 +119,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``deterministic`` is accepted for compatibility: lockstep always is.
     """
     if routing("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k) is TORCH_OP:
-        _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
+        checks.only_defaults(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
                      alibi_slopes=(alibi_slopes, lambda x: x is None))
         out, lse = route("flash_attn_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, bool(causal), list(window_size), spec=spec, backend=backend)
@@ -130,14 +128,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return (out, lse) if return_lse else out
     chk.tensor("q", q, ndim=3), chk.tensor("k", k, ndim=3), chk.tensor("v", v, ndim=3)
     dtype = chk.same_dtype(q=chk.floating("q", q), k=chk.floating("k", k), v=chk.floating("v", v))
-    _kv_pair("k", k, "v", v)
-    _heads(q.shape[1], k.shape[1])
-    _head_dim(q.shape[2])
+    checks.kv_pair("k", k, "v", v)
+    checks.head_counts(q.shape[1], k.shape[1])
+    checks.head_dim(q.shape[2])
     chk.dim_eq("flash_attn_varlen_func: k head dim vs q head dim", k.shape[2], q.shape[2], "q, k, v must share head_dim")
-    _unsupported(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
+    checks.only_defaults(dropout_p=(dropout_p, lambda x: x == 0), softcap=(softcap, lambda x: x == 0),
                  alibi_slopes=(alibi_slopes, lambda x: x is None))
-    cq = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-    ck = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    cq = checks.cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    ck = checks.cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
     if cq.shape != ck.shape:
         raise InputError(f"cu_seqlens_q has {cq.shape[0] - 1} sequences but cu_seqlens_k has {ck.shape[0] - 1}; "
                          "both describe the same batch")
@@ -152,9 +150,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise InputError(f"{name} must be an int >= the longest sequence ({need}), got {given!r}")
         maxes.append(got)
     causal = bool(causal)
-    window = _window(window_size)
-    scale = _scale(softmax_scale, q.shape[2])
-    s, impl = _prepare("flash_attn_varlen_func", spec, backend, dtype, q=q, k=k, v=v,
+    window = checks.window(window_size)
+    scale = checks.softmax_scale(softmax_scale, q.shape[2])
+    s, impl = resolve("flash_attn_varlen_func", spec, backend, dtype, q=q, k=k, v=v,
                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, maxes[0], maxes[1], scale, causal, window, s)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -184,11 +182,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     with ``return_lse``, ``lse [batch, Hq, Sq]`` float32. No backward pass (inference op).
     """
     if routing("flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table) is TORCH_OP:
-        _unsupported(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
+        checks.only_defaults(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
                      cache_batch_idx=(cache_batch_idx, lambda x: x is None),
                      cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),
                      alibi_slopes=(alibi_slopes, lambda x: x is None))
-        _no_grad_needed("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+        checks.no_grad_needed("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
         if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):  # a tensor crosses the op
             cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
         out, lse = route("flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,
@@ -213,25 +211,25 @@ def plan_kvcache_call(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     call that would fail changes neither its pages nor its tensors.
     """
     chk.tensor("q", q, ndim=4), chk.tensor("k_cache", k_cache, ndim=4), chk.tensor("v_cache", v_cache, ndim=4)
-    _kv_pair("k_cache", k_cache, "v_cache", v_cache)
+    checks.kv_pair("k_cache", k_cache, "v_cache", v_cache)
     named = dict(q=q, k_cache=k_cache, v_cache=v_cache)
     if (k is None) != (v is None):
         raise InputError("pass both k and v (the new tokens to append) or neither")
     if k is not None:
         chk.tensor("k", k, ndim=4), chk.tensor("v", v, ndim=4)
-        _kv_pair("k", k, "v", v)
+        checks.kv_pair("k", k, "v", v)
         named.update(k=k, v=v)
     for n, t in named.items():
         chk.floating(n, t)
     dtype = chk.same_dtype(**named)
-    _unsupported(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
+    checks.only_defaults(rotary_cos=(rotary_cos, lambda x: x is None), rotary_sin=(rotary_sin, lambda x: x is None),
                  cache_batch_idx=(cache_batch_idx, lambda x: x is None),
                  cache_leftpad=(cache_leftpad, lambda x: x is None), softcap=(softcap, lambda x: x == 0),
                  alibi_slopes=(alibi_slopes, lambda x: x is None))
     bsz, sq, hq, hd = q.shape
     hkv = k_cache.shape[2]
-    _heads(hq, hkv)
-    _head_dim(hd)
+    checks.head_counts(hq, hkv)
+    checks.head_dim(hd)
     chk.dim_eq("flash_attn_with_kvcache: k_cache head dim vs q head dim", k_cache.shape[3], hd)
     if k is not None:
         if k.shape[0] != bsz or k.shape[2] != hkv or k.shape[3] != hd:
@@ -269,14 +267,14 @@ def plan_kvcache_call(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         raise InputError(f"cache too small: sequence {b} needs {int(after[b])} slots ({int(lens[b])} cached + {n_new} "
                          f"new) but holds {cap} ({where}); allocate a larger cache")
     if block_table is not None:
-        _check_pages(block_table, after, lens, n_new, k_cache)
+        checks.pages(block_table, after, lens, n_new, k_cache)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise InputError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
-    _no_grad_needed("flash_attn_with_kvcache", **named)
+    checks.no_grad_needed("flash_attn_with_kvcache", **named)
     causal = bool(causal)
-    window = _window(window_size)
-    scale = _scale(softmax_scale, hd)
-    s, impl = _prepare("flash_attn_with_kvcache", spec, backend, dtype, **tensors)
+    window = checks.window(window_size)
+    scale = checks.softmax_scale(softmax_scale, hd)
+    s, impl = resolve("flash_attn_with_kvcache", spec, backend, dtype, **tensors)
 
     def run():
         # Everything is valid and a backend is chosen: only now touch the cache.
@@ -298,7 +296,7 @@ def _varlen_backward_kernel(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, 
                             backend):
     """_VarlenFn.backward with the backend chosen now (as the forward kernel chose its own)."""
     from types import SimpleNamespace
-    _, impl = _prepare("flash_attn_varlen_func", spec, backend, q.dtype, q=q, k=k, v=v, cu_seqlens_q=cu_q,
+    _, impl = resolve("flash_attn_varlen_func", spec, backend, q.dtype, q=q, k=k, v=v, cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k)
     ctx = SimpleNamespace(saved_tensors=(q, k, v, cu_q, cu_k, out, lse), args=(scale, causal, tuple(window)),
                           maxes=(max_q, max_k), impl=impl)
@@ -310,7 +308,8 @@ def _varlen_backward_kernel(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, 
 def _varlen_setup(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, spec, backend = inputs
     ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
-    ctx.rest = (max_q, max_k, _scale(softmax_scale, q.shape[2]), bool(causal), list(_window(window)), spec, backend)
+    ctx.rest = (max_q, max_k, checks.softmax_scale(softmax_scale, q.shape[2]), bool(causal),
+                list(checks.window(window)), spec, backend)
 
 
 def _varlen_backward(ctx, gout, glse):

@@ -1,6 +1,6 @@
 """Argument checks of the attention ops (hal/attention.py), kept apart so that module reads as the ops and their
-autograd. Each raises an ``InputError`` naming the argument at fault; hal/torch_ops.py and the HF integration
-take the default scale and the window from here too.
+autograd. Each raises an ``InputError`` naming the argument at fault; callers use them as
+``attention_checks.<name>`` (the HF integration takes the default scale, ``softmax_scale``, from here too).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .errors import InputError
 from .kernels.layout import token_slots
 
 
-def _window(window_size) -> tuple[int, int]:
+def window(window_size) -> tuple[int, int]:
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -23,36 +23,36 @@ def _window(window_size) -> tuple[int, int]:
     return left, right
 
 
-def _scale(softmax_scale, head_dim: int) -> float:
+def softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
     return chk.scalar("softmax_scale", softmax_scale, positive=True)
 
 
-def _head_dim(head_dim: int) -> None:
+def head_dim(head_dim: int) -> None:
     if head_dim < 1:
         raise InputError(f"head_dim (q.shape[-1]) must be >= 1, got {head_dim}")
 
 
-def _heads(q_heads: int, kv_heads: int) -> None:
+def head_counts(q_heads: int, kv_heads: int) -> None:
     if kv_heads == 0 or q_heads % kv_heads:
         raise InputError(f"the number of query heads ({q_heads}) must be a multiple of the number of key/value "
                          f"heads ({kv_heads}) (GQA/MQA: query head h reads kv head h // (Hq/Hkv))")
 
 
-def _kv_pair(k_name: str, k: torch.Tensor, v_name: str, val: torch.Tensor) -> None:
+def kv_pair(k_name: str, k: torch.Tensor, v_name: str, val: torch.Tensor) -> None:
     if tuple(k.shape) != tuple(val.shape):
         raise InputError(f"{k_name} shape {tuple(k.shape)} != {v_name} shape {tuple(val.shape)}; "
                          "keys and values must have the same shape")
 
 
-def _unsupported(**kw) -> None:
+def only_defaults(**kw) -> None:
     for name, (val, ok) in kw.items():
         if not ok(val):
             raise InputError(f"{name}={val!r} is not supported by lockstep attention (leave it at its default)")
 
 
-def _cu_seqlens(name: str, cu, total: int) -> torch.Tensor:
+def cu_seqlens(name: str, cu, total: int) -> torch.Tensor:
     chk.tensor(name, cu, ndim=1)
     chk.integer(name, cu)
     if cu.shape[0] < 2:
@@ -69,7 +69,7 @@ def _cu_seqlens(name: str, cu, total: int) -> torch.Tensor:
     return c
 
 
-def _no_grad_needed(op: str, **tensors) -> None:
+def no_grad_needed(op: str, **tensors) -> None:
     if torch.is_grad_enabled():
         needing = [n for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
         if needing:
@@ -77,7 +77,7 @@ def _no_grad_needed(op: str, **tensors) -> None:
                              "flash_attn_varlen_func for training, or call this under torch.no_grad()")
 
 
-def _check_pages(block_table, after, before, n_new, k_cache) -> None:
+def pages(block_table, after, before, n_new, k_cache) -> None:
     """The pages a call uses must exist and be distinct within a sequence, and no sequence may append
     into a cache slot that another sequence of the call reads (its output would depend on the order)."""
     table = block_table.detach().cpu().to(torch.int64)

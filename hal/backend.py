@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import warnings
 
 import torch
 
@@ -30,10 +29,11 @@ OUTSIDE_SUITES: dict[str, object] = {}
 
 
 def __getattr__(name):
-    """The deprecated module names, kept one release: ``CONFORMANCE_FAMILIES`` is ``CONFORMANCE_SUITES``."""
+    """The deprecated module names, kept one release (hal/deprecation.py): ``CONFORMANCE_FAMILIES`` is
+    ``CONFORMANCE_SUITES``."""
     if name == "CONFORMANCE_FAMILIES":
-        warnings.warn("hal.backend.CONFORMANCE_FAMILIES is deprecated: use CONFORMANCE_SUITES",
-                      DeprecationWarning, stacklevel=2)
+        from .deprecation import warn_moved
+        warn_moved("hal.backend.CONFORMANCE_FAMILIES", "hal.backend.CONFORMANCE_SUITES")
         return CONFORMANCE_SUITES
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -108,9 +108,9 @@ class Backend:
 
     @property
     def families(self) -> frozenset[str]:
-        """Deprecated (kept one release): :attr:`suites`."""
-        warnings.warn("Backend.families is deprecated: use Backend.suites (the conformance suites it serves)",
-                      DeprecationWarning, stacklevel=2)
+        """Deprecated (kept one release, hal/deprecation.py): :attr:`suites`."""
+        from .deprecation import warn_moved
+        warn_moved("Backend.families", "Backend.suites (the conformance suites it serves)")
         return self.suites
 
     def supports(self, op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device) -> list[str]:

@@ -28,7 +28,7 @@ log = logging.getLogger("lockstep")
 
 ENTRY_POINT_GROUP = "lockstep.backends"
 #: The environment variables that name a backend, in the order they are read: lockstep's own prefix first, then
-#: the older name (kept one release; every other variable is LOCKSTEP_*).
+#: the older name (kept one release: read until hal.deprecation.REMOVED_IN; every other variable is LOCKSTEP_*).
 BACKEND_ENV_VARS = ("LOCKSTEP_BACKEND", "HAL_BACKEND")
 _BUILTIN = {
     "cpu": "hal.backends.cpu:CpuBackend",

@@ -12,7 +12,7 @@ import torch
 
 from . import tensor_parallel as _tp, validate as v
 from .errors import InputError
-from .ops import _acc_dtype, _needs_grad, _prepare
+from .op_call import backward_dtype, needs_grad, resolve
 from .ops_registry import DTENSOR, TORCH_OP, route, routing
 from .spec import STRICT
 from .torch_ops import FunctionBackward, OpRecord, TorchOp, register, saves
@@ -50,7 +50,7 @@ class _UnaryFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        acc = _acc_dtype(x)
+        acc = backward_dtype(x)
         return (g.to(acc) * _UNARY_GRAD[ctx.kind](x.to(acc))).to(x.dtype), None, None, None
 
 
@@ -59,8 +59,8 @@ def _unary(kind: str, x, spec, backend):
         return route(kind, x, spec=spec, backend=backend)
     v.tensor("x", x)
     v.floating("x", x)
-    s, impl = _prepare(kind, spec, backend, x.dtype, x=x)
-    if _needs_grad(x):
+    s, impl = resolve(kind, spec, backend, x.dtype, x=x)
+    if needs_grad(x):
         return _UnaryFn.apply(x, kind, s, impl)
     return getattr(impl, kind)(x, s)
 
@@ -90,7 +90,7 @@ class _SiluMulFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        acc = _acc_dtype(a)
+        acc = backward_dtype(a)
         g, a32, b32 = g.to(acc), a.to(acc), b.to(acc)
         ga = (g * b32 * _silu_grad(a32)).to(a.dtype) if ctx.needs_input_grad[0] else None
         gb = (g * torch.nn.functional.silu(a32)).to(b.dtype) if ctx.needs_input_grad[1] else None
@@ -113,8 +113,8 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor, *, spec=None, backend=None) -> to
     if tuple(a.shape) != tuple(b.shape):
         raise InputError(f"silu_mul: a shape {tuple(a.shape)} != b shape {tuple(b.shape)}; pass the gate and up "
                          "projections with equal shapes (e.g. a, b = x.chunk(2, -1))")
-    s, impl = _prepare("silu_mul", spec, backend, dtype, a=a, b=b)
-    if _needs_grad(a, b):
+    s, impl = resolve("silu_mul", spec, backend, dtype, a=a, b=b)
+    if needs_grad(a, b):
         return _SiluMulFn.apply(a, b, s, impl)
     return impl.silu_mul(a, b, s)
 
@@ -177,7 +177,7 @@ def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, base: float = 10000
     if not amax < POSITION_LIMIT:
         raise InputError(f"rotary angles must stay below 2**24 in magnitude (the strict sin/cos domain): max |pos| "
                          f"{pmax} x max inv_freq {float(fmax):.6g} = {amax:.6g}; check base / inv_freq")
-    s, impl = _prepare("rotary_cos_sin", spec, backend, F32, **tensors)
+    s, impl = resolve("rotary_cos_sin", spec, backend, F32, **tensors)
     # no gradient flows into a table: integer positions, and a given inv_freq is a constant here
     return impl.rotary_cos_sin(positions, r, base, None if inv_freq is None else inv_freq.detach(), s)
 
@@ -193,7 +193,7 @@ class _RotaryFn(torch.autograd.Function):
     def backward(ctx, g):
         from hal.kernels.reference.elementwise import rotary_pairs
         x, cos, sin = ctx.saved_tensors
-        acc = _acc_dtype(x)
+        acc = backward_dtype(x)
         half = cos.shape[-1]
         g, xa, c, s = g.to(acc), x.to(acc), cos.to(acc), sin.to(acc)
         g1, g2 = rotary_pairs(g, half, ctx.interleaved)
@@ -249,8 +249,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     if not ok:
         raise InputError(f"cos/sin shape {tuple(cos.shape)} must broadcast to x.shape[:-1] + (R/2,) = {want} "
                          "(e.g. cos[:, :, None, :] for x [B, T, H, D] and cos [B, T, R/2])")
-    s, impl = _prepare("apply_rotary", spec, backend, x.dtype, x=x, cos=cos, sin=sin)
-    if _needs_grad(x, cos, sin):
+    s, impl = resolve("apply_rotary", spec, backend, x.dtype, x=x, cos=cos, sin=sin)
+    if needs_grad(x, cos, sin):
         return _RotaryFn.apply(x, cos, sin, interleaved, s, impl)
     return impl.apply_rotary(x, cos, sin, interleaved, s)
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.errors import InputError
-from hal.kernels.oracle.gated_delta_rule import _l2
+from hal.kernels.oracle.gated_delta_rule import l2_normalize
 from hal.kernels.oracle.gated_delta_rule import gated_delta_rule as recurrent
 from hal.kernels.layout import gdn_from_padded as from_padded, gdn_to_padded as to_padded
 
@@ -137,7 +137,7 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, S0=None, cu_seqlens
     sequences (``cu_seqlens``) are padded into a batch, each starting its own chunk grid at its first token."""
     q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
     if l2:
-        q, k = _l2(q), _l2(k)
+        q, k = l2_normalize(q), l2_normalize(k)
     hv, dk, dv = v.shape[2], q.shape[-1], v.shape[-1]
     q, k = _expand_heads(q, hv) * scale, _expand_heads(k, hv)
     xs = [to_padded(x, cu_seqlens) for x in (q, k, v, g, beta)]  # [N, Lmax, ...], zeros after each end

@@ -12,26 +12,12 @@ from . import dispatch, spec as specs, tensor_parallel as _tp, validate as v
 from .errors import SpecError, UnsupportedError
 from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
-from .ops_registry import DTENSOR, OPS, TORCH_OP, route, routing
+from .op_call import backward_dtype, needs_grad, resolve
+from .ops_registry import DTENSOR, TORCH_OP, route, routing
 from .torch_ops import FunctionBackward, OpRecord, TorchOp, register, saves
 
 __all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
            "token_logprobs"]
-
-
-def _needs_grad(*ts) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
-
-
-def _prepare(op: str, spec, backend, dtype: torch.dtype, **tensors):
-    """Resolve (spec, backend) for a call whose tensors were validated."""
-    s = specs.resolve(OPS[op], spec)
-    device = dispatch.common_device(tensors)
-    return s, dispatch.select(op, s, dtype, device, backend)
-
-
-def _acc_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 # ---------------------------------------------------------------- prepared exact weights
@@ -97,7 +83,7 @@ class _MatmulFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        acc = _acc_dtype(a)
+        acc = backward_dtype(a)
         g32, a32, b32 = g.to(acc), a.to(acc), b.to(acc)
         ga = (g32 @ b32.transpose(0, 1)).to(a.dtype) if ctx.needs_input_grad[0] else None
         gb = None
@@ -116,10 +102,10 @@ def matmul(a: torch.Tensor, b, *, spec=None, backend=None) -> torch.Tensor:
     v.tensor("a", a, ndim_min=2), v.tensor("b", b, ndim=2)
     dtype = v.same_dtype(a=v.floating("a", a), b=v.floating("b", b))
     v.dim_eq("matmul: a.shape[-1] (K) vs b.shape[0]", a.shape[-1], b.shape[0], "b must be [K, N]")
-    s, impl = _prepare("matmul", spec, backend, dtype, a=a, b=b)
+    s, impl = resolve("matmul", spec, backend, dtype, a=a, b=b)
     if prepared is not None:
         prepared.check_spec("b", s if s.policy == specs.EXACT else None, s.id)
-    if _needs_grad(a, b):
+    if needs_grad(a, b):
         return _MatmulFn.apply(a, b, s, impl, prepared)
     return _run_matmul(a, b, s, impl, prepared)
 
@@ -134,7 +120,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        acc = _acc_dtype(x)
+        acc = backward_dtype(x)
         g2 = g.reshape(-1, g.shape[-1]).to(acc)
         gx = (g.to(acc) @ w.to(acc)).to(x.dtype) if ctx.needs_input_grad[0] else None
         gw = (g2.transpose(0, 1) @ x.reshape(-1, x.shape[-1]).to(acc)).to(w.dtype) if ctx.needs_input_grad[1] else None
@@ -159,11 +145,12 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=No
         v.dim_eq("linear: bias.shape[0] vs weight.shape[0] (N)", bias.shape[0], weight.shape[0])
     dtype = v.same_dtype(x=v.floating("x", x), weight=v.floating("weight", weight))
     v.dim_eq("linear: x.shape[-1] (K) vs weight.shape[1]", x.shape[-1], weight.shape[1], "weight must be [N, K]")
-    s, impl = _prepare("linear", spec, backend, dtype, x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
+    s, impl = resolve("linear", spec, backend, dtype, x=x, weight=weight,
+                      **({"bias": bias} if bias is not None else {}))
     if prepared is not None:
         prepared.check_spec("weight", s if s.policy == specs.EXACT else None, s.id)
     w_arg = _weight_arg(impl, prepared, weight)
-    if _needs_grad(x, weight, bias):
+    if needs_grad(x, weight, bias):
         return _LinearFn.apply(x, weight, bias, s, impl, w_arg)
     return impl.linear(x, w_arg, bias, s)
 
@@ -183,7 +170,7 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, gh=None):
         h, w = ctx.saved_tensors
-        acc = _acc_dtype(h)
+        acc = backward_dtype(h)
         h32, w32, gy32 = h.to(acc), w.to(acc), gy.to(acc)
         n = h.shape[-1]
         inv = torch.rsqrt((h32 * h32).mean(-1, keepdim=True) + ctx.eps)
@@ -220,8 +207,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
         if residual.shape != x.shape:
             raise v.InputError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     tensors = dict(x=x, weight=weight, **({"residual": residual} if residual is not None else {}))
-    s, impl = _prepare("rms_norm", spec, backend, x.dtype, **tensors)
-    if _needs_grad(x, weight, residual):
+    s, impl = resolve("rms_norm", spec, backend, x.dtype, **tensors)
+    if needs_grad(x, weight, residual):
         return _RMSNormFn.apply(x, weight, residual, eps, s, impl)
     return impl.rms_norm(x, weight, eps, residual, s)
 
@@ -240,7 +227,7 @@ class _SoftmaxFamilyFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, out = ctx.saved_tensors
-        acc = _acc_dtype(x)
+        acc = backward_dtype(x)
         g32, x32 = g.to(acc), x.to(acc)
         p = torch.softmax(x32, -1)
         if ctx.kind == "softmax":
@@ -264,10 +251,10 @@ def _softmax_family(kind: str, x: torch.Tensor, dim: int, spec, backend):
     v.floating("x", x)
     d = v.normalize_dim(dim, x.dim())
     v.nonempty_axis("x", x, d, kind)
-    s, impl = _prepare(kind, spec, backend, x.dtype, x=x)
+    s, impl = resolve(kind, spec, backend, x.dtype, x=x)
     last = d == x.dim() - 1
     xt = x if last else x.movedim(d, -1)  # rows are independent, so moving the axis changes no bits
-    if _needs_grad(x):
+    if needs_grad(x):
         out = _SoftmaxFamilyFn.apply(xt, kind, s, impl)
     else:
         out = getattr(impl, kind)(xt, s)
@@ -304,7 +291,7 @@ class _TokenLogprobsFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         h, w, tok = ctx.saved_tensors
-        acc = _acc_dtype(h)
+        acc = backward_dtype(h)
         h32, w32 = h.to(acc).reshape(-1, h.shape[-1]), w.to(acc)
         t = ctx.temperature
         p = torch.softmax(h32 @ w32.transpose(0, 1) / t, -1)
@@ -345,12 +332,12 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
         raise v.InputError(f"tokens must be in [0, {vocab}) (the LM head's vocab size); got values in "
                            f"[{int(tokens.min())}, {int(tokens.max())}]")
     temperature = v.scalar("temperature", temperature, positive=True, reciprocal=True)
-    s, impl = _prepare("token_logprobs", spec, backend, dtype, hidden=hidden, lm_head_weight=lm_head_weight,
+    s, impl = resolve("token_logprobs", spec, backend, dtype, hidden=hidden, lm_head_weight=lm_head_weight,
                        tokens=tokens)
     if prepared is not None:
         prepared.check_spec("lm_head_weight", s.matmul, s.id)
     w_arg = _weight_arg(impl, prepared, lm_head_weight)
-    if _needs_grad(hidden, lm_head_weight):
+    if needs_grad(hidden, lm_head_weight):
         return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl, w_arg)
     return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
 

@@ -29,8 +29,8 @@ from .errors import UnsupportedError
 from .ops_registry import (DTENSOR_RULES, NAMESPACE, OPS, TORCH_OPS, FunctionBackward, HelperOp, OpBackward, OpRecord,
                            Refused, TorchOp)
 
-__all__ = ["register", "register_all", "registered", "routed", "op_calls", "saves", "OpRecord", "TorchOp", "HelperOp",
-           "FunctionBackward", "OpBackward", "Refused"]
+__all__ = ["register", "register_all", "registered", "routed", "op_calls", "saves", "fake_grads", "OpRecord", "TorchOp",
+           "HelperOp", "FunctionBackward", "OpBackward", "Refused"]
 
 _lib: torch.library.Library | None = None
 
@@ -88,6 +88,12 @@ def saves(*idx, **attrs):
         for k, get in attrs.items():
             setattr(ctx, k, get(inputs, output))
     return setup
+
+
+def fake_grads(*inputs, fallback):
+    """A backward op's fake result: one gradient per input with its shape and dtype, or ``[0]`` (like
+    ``fallback``) for an input not given (a schema's ``Tensor`` output cannot be None)."""
+    return tuple(fallback.new_empty((0,)) if x is None else x.new_empty(x.shape) for x in inputs)
 
 
 # ---------------------------------------------------------------- autograd: the eager backwards, as ops

@@ -177,3 +177,26 @@ def offsets(name: str, t, total: int) -> torch.Tensor:
         raise InputError(f"{name} must be non-decreasing offsets from 0 to {total}, got "
                          f"{cu.tolist() if cu.dim() <= 1 else tuple(cu.shape)}")
     return cu
+
+
+def packed_offsets(cu_seqlens, x) -> list[int] | None:
+    """The sequence offsets of a packed ``x [1, total_tokens, ...]`` as ints (None without ``cu_seqlens``): N+1
+    strictly increasing offsets from 0 to ``total_tokens``, every sequence at least one token (the gated delta
+    rule's and the GDN conv's packing, as FLA's)."""
+    if cu_seqlens is None:
+        return None
+    tensor("cu_seqlens", cu_seqlens, ndim=1)
+    integer("cu_seqlens", cu_seqlens)
+    if x.shape[0] != 1:
+        raise InputError(f"with cu_seqlens the inputs must be packed as [1, total_tokens, heads, dim]; got batch "
+                         f"{x.shape[0]} (flatten the batch into the token axis)")
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != x.shape[1]:
+        raise InputError(f"cu_seqlens must start at 0 and end at the total token count {x.shape[1]} "
+                         f"(N sequences -> N+1 offsets); got {cu}")
+    bad = [i for i in range(len(cu) - 1) if cu[i + 1] <= cu[i]]
+    if bad:
+        i = bad[0]
+        raise InputError(f"cu_seqlens must be strictly increasing (every sequence has >= 1 token); "
+                         f"cu_seqlens[{i}] = {cu[i]} >= cu_seqlens[{i + 1}] = {cu[i + 1]}")
+    return cu

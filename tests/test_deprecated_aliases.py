@@ -150,3 +150,68 @@ def test_hf_engine_gather_paged_is_write_kv_then_request_kv():
     assert not torch.equal(new_cache.view(torch.int32), cache.view(torch.int32))  # the write really happened
     with pytest.raises(AttributeError):
         hf_engine.NO_SUCH_NAME  # noqa: B018 -- the module __getattr__ answers only the moved names
+
+
+# ---------------------------------------------------------------- the layer ops' old home (issue 36 item 4)
+
+
+@pytest.mark.parametrize("name", ["gdn_gating", "gdn_causal_conv1d"])
+def test_gated_delta_rule_layer_ops_are_the_gdn_layer_objects_and_warn(name):
+    import hal
+    import hal.gated_delta_rule
+    import hal.gdn_layer
+    with pytest.warns(DeprecationWarning, match=f"hal.gated_delta_rule.{name} is deprecated: use hal.gdn_layer.{name}"):
+        obj = getattr(hal.gated_delta_rule, name)
+    assert obj is getattr(hal.gdn_layer, name) is getattr(hal, name)
+    with pytest.raises(AttributeError):
+        hal.gated_delta_rule.NO_SUCH_NAME  # noqa: B018 -- the module __getattr__ answers only the moved names
+
+
+# ---------------------------------------------------------------- the release that removes them
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def _old_name_uses():
+    """Each deprecated name, used once: (what, a callable that uses it)."""
+    import importlib
+
+    import hal.backend
+    case = suites.get("rms_norm").cases()[0]
+    ref = hal.get_backend("reference")
+    out = [("CONFORMANCE_FAMILIES", lambda: hal.backend.CONFORMANCE_FAMILIES),
+           ("Backend.families", lambda: ref.families), ("Case.family", lambda: case.family),
+           ("hal.conformance.families", lambda: importlib.import_module(OLD_PACKAGE)),
+           ("hal.conformance.family", lambda: importlib.import_module(OLD_MODULE)),
+           ("hal.gated_delta_rule.gdn_gating",
+            lambda: getattr(importlib.import_module("hal.gated_delta_rule"), "gdn_gating"))]
+    out += [(f"hf_engine.{n}", lambda n=n: getattr(importlib.import_module("hal.integrations.hf_engine"), n))
+            for n in (*HF_ENGINE_MOVED, "gather_paged")]
+    return out
+
+
+def test_every_deprecation_warning_states_the_release_that_removes_the_alias(old_package_unimported):
+    from hal.deprecation import REMOVED_IN
+    for what, use in _old_name_uses():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            use()
+        messages = _deprecations(caught)
+        assert len(messages) == 1 and f"removed in lockstep {REMOVED_IN}" in messages[0], (what, messages)
+
+
+def test_the_removal_release_is_still_ahead_of_the_package_version():
+    """When the package reaches REMOVED_IN (pyproject.toml's version), this fails until the aliases are removed."""
+    import os
+    import re
+
+    import hal
+    from hal.deprecation import REMOVED_IN
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as fh:
+        version = re.search(r'^version = "([0-9.]+)"', fh.read(), re.M).group(1)
+    assert version == hal.__version__
+    assert _version(REMOVED_IN) > _version(version), (REMOVED_IN, version)
+    assert not _version("0.2.0") > _version("0.2.0")  # the comparison itself: equal is not ahead

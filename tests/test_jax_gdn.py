@@ -145,12 +145,12 @@ def test_gdn_stock_recurrence_is_caught():
     rf = rst.final_state
     cu = J(x["cu"])
     lens = cu[1:] - cu[:-1]
-    padded = [jgdn._to_padded(J(a)[0], cu, max(LENS))[0] for a in args]
+    padded = [jgdn.to_padded(J(a)[0], cu, max(LENS))[0] for a in args]
     st, _ = jgdn._start_state(J(x["s0"]), s, 3, (H, HV, DK, DV))
     stock = jax.jit(jgdn._stock_padded, static_argnames=jgdn._STATIC)
     o, _, _, _, _, _, final = stock(*padded, lens, st.position, st.S, *st[2:6], scale=DK ** -0.5, l2=True, spec=s,
                                     fresh=True)
-    assert first_divergence("stock o", ro, T(jgdn._to_packed(o, cu, sum(LENS), 0.0)[None])) is not None
+    assert first_divergence("stock o", ro, T(jgdn.to_packed(o, cu, sum(LENS), 0.0)[None])) is not None
     assert first_divergence("stock final", rf, T(final)) is not None
 
 

@@ -27,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: source folder -> the package it is installed as (pyproject's package-dir)
 PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", "conformance": "hal.conformance"}
 
-FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
+FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.deprecation",
+              "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
               "hal.fp_env", "hal.weight_watch", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
@@ -46,7 +47,7 @@ OP_TO_KERNEL_ALLOWED = {
     # Backward passes that are not specs: autograd through the float64/float32 oracle formulas
     # (gdn_gating, gdn_causal_conv1d, the GDN backward) and the strict rotary table the op's input check
     # bounds angles with, plus rotary's pair split for its backward.
-    ("hal.gated_delta_rule", "hal.kernels.oracle.gated_delta_rule"),
+    ("hal.gdn_layer", "hal.kernels.oracle.gated_delta_rule"),
     ("hal.gdn_backward", "hal.kernels.oracle.gated_delta_rule"),
     ("hal.elementwise", "hal.kernels.reference.elementwise"),
 }

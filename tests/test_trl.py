@@ -35,7 +35,7 @@ from hal.conformance.bits import raw_bits  # noqa: E402
 from hal.errors import InputError, UnsupportedError  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations import trl as lt_trl  # noqa: E402
-from hal.integrations.hf_modules import _owner  # noqa: E402
+from hal.integrations.hf_modules import patch_owner  # noqa: E402
 from hal.integrations.hf_testing import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -158,7 +158,7 @@ def test_lockstep_trainer_patches_policy_and_reference_model(tmp_path):
                            processing_class=ex.make_tokenizer(), reward_funcs=ex.reward_even_share,
                            train_dataset=ex.make_dataset(8, 0), lockstep=True)
     try:
-        assert _owner(t.model) is not None and _owner(t.ref_model) is not None
+        assert patch_owner(t.model) is not None and patch_owner(t.ref_model) is not None
         assert t.args.transformers_continuous_batching_config["return_logprobs"] is True
         # a wrapper around the patched policy (PEFT-like) would be scored with TRL's stock log-probs: refused
         wrapper = torch.nn.Module()
@@ -168,7 +168,7 @@ def test_lockstep_trainer_patches_policy_and_reference_model(tmp_path):
             t._get_per_token_logps_and_entropies(wrapper, ids, torch.ones_like(ids), 3)
     finally:
         t.revert_patches()
-    assert _owner(t.model) is None and _owner(t.ref_model) is None
+    assert patch_owner(t.model) is None and patch_owner(t.ref_model) is None
 
 
 @pytest.mark.parametrize("version", ["1.15.2", "1.17.0", "0.26.0"])

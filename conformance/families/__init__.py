@@ -1,7 +1,7 @@
 """Deprecated: the conformance suites moved to :mod:`hal.conformance.suites` (issue 22).
 
-This alias package stays one release for out-of-tree code. ``hal.conformance.families.<name>`` is the
-very module object ``hal.conformance.suites.<name>`` (registered in ``sys.modules`` here, never a second
+This alias package stays one release (removed in hal.deprecation.REMOVED_IN) for out-of-tree code.
+``hal.conformance.families.<name>`` is the very module object ``hal.conformance.suites.<name>`` (registered in ``sys.modules`` here, never a second
 copy that would hold its own suite objects), and each such module's ``FAMILY`` is its ``SUITE`` (the
 name old code reads); importing this package warns once.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib
 import sys
-import warnings
+
+from hal.deprecation import warn_moved
 
 from .. import suites as _suites
 from ..suites import MODULES, get, names  # noqa: F401 -- the old package's public names
 
-warnings.warn("hal.conformance.families is deprecated: the conformance suites are hal.conformance.suites "
-              "(the same modules; read a module's SUITE, not FAMILY)", DeprecationWarning, stacklevel=2)
+warn_moved("hal.conformance.families", "hal.conformance.suites (the same modules; read a module's SUITE, not FAMILY)")
 
 for _name, _module_name in _suites.MODULES.items():
     _module = importlib.import_module(_module_name)

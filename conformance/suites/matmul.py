@@ -18,19 +18,20 @@ SPECIAL_SHAPE = (6, 70, 9)
 EPS32 = 2.0 ** -24
 
 
-def _call(backend, case, x):
+def run_matmul(backend, case, x):
+    """The case's matmul / linear call (shared with the exact and fast matmul suites)."""
     return {
         "matmul": hal.matmul(x["a"], x["b"], spec=case.spec, backend=backend),
         "linear": hal.linear(x["a"], x["b"].t(), x["bias"], spec=case.spec, backend=backend),
     }
 
 
-def _column_subset(backend, case, inputs, base):
+def column_subset(backend, case, inputs, base):
     """Output columns must not depend on the other columns of b (N-invariance)."""
     n = inputs["b"].shape[1]
     cols = torch.tensor(sorted({0, n - 1, n // 2}), dtype=torch.long)
     sub = dict(inputs, b=inputs["b"][:, cols].contiguous(), bias=inputs["bias"][cols].contiguous())
-    got = _call(backend, case, sub)
+    got = run_matmul(backend, case, sub)
     for k in base:
         yield f"columns-{cols.tolist()}:{k}", base[k][:, cols], got[k]
 
@@ -88,7 +89,7 @@ class MatmulSuite(Suite):
         return x
 
     def run(self, backend, case, inputs):
-        return _call(backend, case, inputs)
+        return run_matmul(backend, case, inputs)
 
     def oracle(self, case, x):
         from hal.kernels import oracle
@@ -109,7 +110,7 @@ SUITE = MatmulSuite(
     quick=("m1_k7_n5.fp32", "m6_k70_n9.bf16", "m33_k64_n17.fp16"),
     name="matmul", ops=("matmul", "linear"), levels=("L0", "L1", "L3", "L4", "A"),
     checks={
-        "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],
-        "L3": autograd_check(_call, ("a", "b", "bias")),
+        "L1": rowwise_checks(run_matmul, ("a",)) + [("column-subset", column_subset)],
+        "L3": autograd_check(run_matmul, ("a", "b", "bias")),
     },
 )

@@ -16,7 +16,7 @@ from hal.spec import ExactMatmulSpec
 
 from .. import inputs as gen
 from ..suite import DTYPES, Case, autograd_check, half_ulp, rowwise_checks
-from .matmul import MatmulSuite, _call, _column_subset, place_nonfinite
+from .matmul import MatmulSuite, run_matmul, column_subset, place_nonfinite
 
 SPECS = (ExactMatmulSpec(slices=3), ExactMatmulSpec(slices=4))
 # (name, M, K, N, outlier channels): decode row, odd K, K past one int32-safe tile of 64, massive activations
@@ -64,7 +64,7 @@ def _k_permuted(backend, case, inputs, base):
     k = inputs["a"].shape[1]
     for seed in (1, 2):
         perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed)).to(inputs["a"].device)
-        got = _call(backend, case, dict(inputs, a=inputs["a"][:, perm], b=inputs["b"][perm]))
+        got = run_matmul(backend, case, dict(inputs, a=inputs["a"][:, perm], b=inputs["b"][perm]))
         for key in base:
             yield f"k-permutation-{seed}:{key}", base[key], got[key]
 
@@ -75,7 +75,7 @@ def _k_zero_padded(backend, case, inputs, base):
     pad = -k % tile or tile
     a = torch.cat([inputs["a"], inputs["a"].new_zeros(inputs["a"].shape[0], pad)], 1)
     b = torch.cat([inputs["b"], inputs["b"].new_zeros(pad, inputs["b"].shape[1])], 0)
-    got = _call(backend, case, dict(inputs, a=a, b=b))
+    got = run_matmul(backend, case, dict(inputs, a=a, b=b))
     for key in base:
         yield f"k-zero-padded-to-tile-{tile}:{key}", base[key], got[key]
 
@@ -96,9 +96,9 @@ SUITE = MatmulExactSuite(
     quick=("m1_k7_n5.fp32", "m6_k70_n9_nonfinite.bf16", "m3_k4097_n6.fp16"),
     name="matmul_exact", ops=("matmul", "linear"), levels=("L0", "L1", "L2", "L3", "L4", "A"),
     checks={
-        "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],
+        "L1": rowwise_checks(run_matmul, ("a",)) + [("column-subset", column_subset)],
         "L2": [("k-permutation", _k_permuted), ("k-zero-padding", _k_zero_padded),
                ("prepared-weight", _prepared_weight)],
-        "L3": autograd_check(_call, ("a", "b", "bias")),
+        "L3": autograd_check(run_matmul, ("a", "b", "bias")),
     },
 )

@@ -14,7 +14,7 @@ import torch
 from hal.spec import FastMatmulSpec, get
 
 from ..suite import Case, autograd_check, half_ulp, rowwise_checks
-from .matmul import NAN_SHAPE, EPS32, MatmulSuite, _call, _column_subset
+from .matmul import NAN_SHAPE, EPS32, MatmulSuite, run_matmul, column_subset
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)  # float32 is refused under fast (no silent tf32)
 # the default (128x128x64, H100/H200) and a small-tile spec that crosses many tiles at small sizes
@@ -51,7 +51,7 @@ SUITE = MatmulFastSuite(
     quick=("m6_k70_n9.bf16", "m130_k96_n17.fp16", "m1_k7_n5.bf16"),
     name="matmul_fast", ops=("matmul", "linear"), levels=("L0", "L1", "L3", "A"),
     checks={
-        "L1": rowwise_checks(_call, ("a",)) + [("column-subset", _column_subset)],
-        "L3": autograd_check(_call, ("a", "b", "bias")),
+        "L1": rowwise_checks(run_matmul, ("a",)) + [("column-subset", column_subset)],
+        "L3": autograd_check(run_matmul, ("a", "b", "bias")),
     },
 )

@@ -15,12 +15,14 @@ NAN_SHAPE = (4, 70, 300)  # hidden row 1 holds a NaN, row 2 an inf; vocab row 7 
 EPS32 = 2.0 ** -24
 
 
-def _call(backend, case, x):
+def run_token_logprobs(backend, case, x):
+    """The case's token_logprobs call (shared with the exact LM-head suite)."""
     return {"logprobs": hal.token_logprobs(x["hidden"], x["weight"], x["tokens"], case.p["temperature"],
                                            spec=case.spec, backend=backend)}
 
 
-def _hostile(name, n, x):
+def hostile_neighbours(name, n, x):
+    """L1's neighbour rows: extreme values, and valid token ids (shared with the exact LM-head suite)."""
     if name == "tokens":  # neighbours' token ids only need to be valid
         return torch.full((n,), int(x.max()), dtype=x.dtype, device=x.device)
     return extreme_rows(n, x.shape[1:], x.dtype, x.device)
@@ -43,7 +45,7 @@ class TokenLogprobsSuite(Suite):
         return x
 
     def run(self, backend, case, inputs):
-        return _call(backend, case, inputs)
+        return run_token_logprobs(backend, case, inputs)
 
     def oracle(self, case, x):
         from hal.kernels import oracle
@@ -61,6 +63,6 @@ SUITE = TokenLogprobsSuite(
     # quick: H = 70 / 96 cross the hidden tile, V = 300 / 515 the vocab tile; NaN/inf rows; T = 0.7 (output float32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16"),
     name="token_logprobs", ops=("token_logprobs",), levels=("L0", "L1", "L3", "L4", "A"),
-    checks={"L1": rowwise_checks(_call, ("hidden", "tokens"), hostile=_hostile),
-            "L3": autograd_check(_call, ("hidden", "weight"))},
+    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours),
+            "L3": autograd_check(run_token_logprobs, ("hidden", "weight"))},
 )

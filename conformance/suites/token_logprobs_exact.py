@@ -15,7 +15,7 @@ from hal.spec import ExactMatmulSpec, TokenLogprobsSpec, get
 
 from .. import inputs as gen
 from ..suite import DTYPES, Case, autograd_check, rowwise_checks
-from .token_logprobs import EPS32, SHAPES, TokenLogprobsSuite, _call, _hostile
+from .token_logprobs import EPS32, SHAPES, TokenLogprobsSuite, run_token_logprobs, hostile_neighbours
 
 SPEC = get(TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4)).id)  # the registered one
 OUTLIERS = (6, 256, 700, 1.0)  # six hidden channels 1000x larger (LLM residual streams)
@@ -54,7 +54,8 @@ def _h_permuted(backend, case, inputs, base):
     h = inputs["hidden"].shape[1]
     for seed in (1, 2):
         perm = torch.randperm(h, generator=torch.Generator().manual_seed(seed)).to(inputs["hidden"].device)
-        got = _call(backend, case, dict(inputs, hidden=inputs["hidden"][:, perm], weight=inputs["weight"][:, perm]))
+        got = run_token_logprobs(backend, case, dict(inputs, hidden=inputs["hidden"][:, perm],
+                                                     weight=inputs["weight"][:, perm]))
         yield f"hidden-permutation-{seed}:logprobs", base["logprobs"], got["logprobs"]
 
 
@@ -63,7 +64,7 @@ def _h_zero_padded(backend, case, inputs, base):
     tile = int(torch.randint(2, 97, (1,), generator=torch.Generator().manual_seed(h)))
     pad = -h % tile or tile
     hid, w = inputs["hidden"], inputs["weight"]
-    got = _call(backend, case, dict(inputs, hidden=torch.cat([hid, hid.new_zeros(hid.shape[0], pad)], 1),
+    got = run_token_logprobs(backend, case, dict(inputs, hidden=torch.cat([hid, hid.new_zeros(hid.shape[0], pad)], 1),
                                     weight=torch.cat([w, w.new_zeros(w.shape[0], pad)], 1)))
     yield f"hidden-zero-padded-to-tile-{tile}:logprobs", base["logprobs"], got["logprobs"]
 
@@ -72,7 +73,7 @@ SUITE = TokenLogprobsExactSuite(
     # quick: H = 70 with NaN/inf rows (bf16), T = 0.7 (fp16), massive activations (fp32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16", "n6_h256_v700_t1.0_outliers.fp32"),
     name="token_logprobs_exact", ops=("token_logprobs",), levels=("L0", "L1", "L2", "L3", "L4", "A"),
-    checks={"L1": rowwise_checks(_call, ("hidden", "tokens"), hostile=_hostile),
+    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours),
             "L2": [("hidden-permutation", _h_permuted), ("hidden-zero-padding", _h_zero_padded)],
-            "L3": autograd_check(_call, ("hidden", "weight"))},
+            "L3": autograd_check(run_token_logprobs, ("hidden", "weight"))},
 )

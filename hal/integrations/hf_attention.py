@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import flash_attn_varlen_func
-from ..attention_checks import _scale
+from .. import attention_checks
 from ..errors import InputError, UnsupportedError
 from ..ops_registry import TORCH_OP, route, routing
 from ..torch_ops import HelperOp, OpBackward, TorchOp, register
@@ -251,7 +251,8 @@ def attend_backward(query, key, value, vis, scaling, out, lse, gout, glse=None, 
     glse_rows = torch.zeros_like(lse_rows) if glse is None else glse[rows.q].t()
     gq, gk, gv = torch.ops.lockstep.flash_attn_varlen_backward(
         q, k, v, out[rows.q], lse_rows.contiguous(), rows.cu_q, rows.cu_k, rows.max_q, rows.max_k,
-        _scale(scaling, query.shape[-1]), True, [-1, -1], gout[rows.q], glse_rows.contiguous(), spec, backend)
+        attention_checks.softmax_scale(scaling, query.shape[-1]), True, [-1, -1], gout[rows.q], glse_rows.contiguous(),
+        spec, backend)
     return _unpacked(gq, query, rows.q), _unpacked(gk, key, rows.k), _unpacked(gv, value, rows.k)
 
 

@@ -1,36 +1,32 @@
-"""transformers' continuous-batching engine on lockstep's bits: the transformers shim.
+"""transformers' continuous-batching engine on lockstep's bits: the transformers shim, inside the engine.
 
 The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs requests into one varlen step
 (prefill chunks cut by ``max_batch_tokens`` next to decode rows), keeps KV in pages shared across requests
 (prefix cache) and offloads requests when blocks run out. What makes a request's bits independent of that
 is engine-neutral: the serving core (hal/serving.py: batch metadata, attention over the engine's paged
 cache, GDN state beside it) and the sampling module (hal/sampling.py: the kept set, the recorded log-prob).
-This module, the only one that touches the engine's internals, translates the engine onto them:
+The shim is two modules, the only ones that touch the engine's internals: hal/integrations/hf_engine_install.py
+wraps the engine's entry points (refusals before anything runs, the GDN layers left out of its pages) and hands
+each new batch processor to :func:`attach`; this one holds what then runs inside the engine:
 :func:`hf_paged_attention` (its steps' attention), :class:`_LockstepStep` (its forward step: one model call,
 tokens drawn from lockstep's kept set, the recorded log-prob ``lt.token_logprobs`` of the hidden rows the LM
-head saw), :class:`GdnEngineStates` (its rows -> the request-keyed ``serving.GdnStates`` on its cache, the
-GDN layers left out of its pages by :func:`_without_gdn_layers`), :class:`_EngineState`
-(prefix blocks of older weights evicted, a change while requests run refused: hal/weight_watch.py), and refusals by name (:func:`check_engine_model`,
-:func:`sampling_settings`).
+head saw), :class:`GdnEngineStates` (its rows -> the request-keyed ``serving.GdnStates`` on its cache),
+:class:`_EngineState` (prefix blocks of older weights evicted, a change while requests run refused:
+hal/weight_watch.py), and refusals by name (:func:`check_engine_model`, :func:`sampling_settings`).
 """
 from __future__ import annotations
 
-import threading
-import warnings
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from .. import sampling as _sampling
+from ..deprecation import warn_moved
 from ..errors import InputError, UnsupportedError
 from ..serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
                        varlen_attention, write_kv)
 from ..weight_watch import ModelWeights
 
-# the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
-# accepts only paged|eager, sdpa and flash names, and a patched attention never consults it
-_ENGINE_ATTN = "paged|eager"
 _STATE = "_lockstep_engine"  # attribute on the engine's batch processor
 
 
@@ -67,12 +63,12 @@ def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
 # ---------------------------------------------------------------- refusals
 
 
-_GDN_LAYERS = ("linear_attention",)
+GDN_LAYER_TYPES = ("linear_attention",)  # the layer types lockstep keeps GDN state for, outside the pages
 
 
 def is_gdn_model(model) -> bool:
     cfg = model.config.get_text_config()
-    return any(t in _GDN_LAYERS for t in (getattr(cfg, "layer_types", None) or []))
+    return any(t in GDN_LAYER_TYPES for t in (getattr(cfg, "layer_types", None) or []))
 
 
 def check_engine_model(model, cb_config) -> None:
@@ -146,27 +142,6 @@ def gdn_engine_states(cache) -> GdnEngineStates:
         raise InputError("this engine cache has no lockstep Gated DeltaNet states: the engine was not set up by "
                          "lockstep (lt.patch the model before init_continuous_batching / generate_batch)")
     return states
-
-
-def _without_gdn_layers(groups_fn, allocators):
-    """The engine's layer grouping, with a lockstep GDN hybrid's linear-attention layers left out: the engine
-    allocates pages for the attention layers only; lockstep keeps the GDN states (GdnEngineStates)."""
-    def group_layers_by_attn_type(config):
-        ref = _gdn_engine_configs.get(id(config))
-        if ref is None or ref() is not config:
-            return groups_fn(config)
-        groups: dict = {}
-        for i, t in enumerate(config.layer_types):
-            if t in _GDN_LAYERS:
-                continue
-            if t not in allocators:
-                raise UnsupportedError(f"layer {i} of type {t!r}: the continuous-batching engine has no cache for it")
-            groups.setdefault(t, []).append(i)
-        return groups
-    return group_layers_by_attn_type
-
-
-_gdn_engine_configs: dict = {}  # id(config) -> weakref to a lockstep-patched GDN model's config shown to the engine
 
 
 # transformers' temperature, top-k and top-p warpers (plain or per-request), in the order its
@@ -299,8 +274,8 @@ class _LockstepStep:
     """Replaces the engine's ``ModelRunner._forward_process_and_sample``: the same single forward and
     sampling, greedy by argmax of lockstep's logits, and the recorded log-prob lockstep's."""
 
-    def __init__(self, runner, model):
-        self.runner, self.model = runner, model
+    def __init__(self, runner, model, token_logprobs):
+        self.runner, self.model, self.token_logprobs = runner, model, token_logprobs
 
     def __call__(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids):
         runner = self.runner
@@ -333,130 +308,40 @@ class _LockstepStep:
         output_ids[0, :n].copy_(tokens)
         if runner.return_logprobs:
             def logprobs(h, t, temperature):
-                return _hooks["token_logprobs"](model, h, t, temperature)
+                return self.token_logprobs(model, h, t, temperature)
             lp = (_sampling.kept_logprobs(model, hidden, tokens, sampling, logprobs, scores=scores) if sampling.filters
                   else logprobs(hidden, tokens, sampling.temperature))
             output_ids[1, :n].copy_(lp.view(torch.int32))
 
 
-# ---------------------------------------------------------------- installing into transformers' engine
-
-
-_installed = False
-_building = threading.local()  # .lockstep: a lockstep model's engine is being configured (this thread)
-
-
-def _lockstep_model(model) -> bool:
-    return _hooks["owner"](model) is not None
-
-
-_hooks: dict = {}  # "owner": a module's lockstep patch or None; "token_logprobs": lt.token_logprobs
-
-
-def install(owner, token_logprobs) -> None:
-    """Wrap the engine's entry points (once per process); models without a lockstep patch see HF's own.
-    ``owner`` and ``token_logprobs`` come from hal.integrations.transformers (which imports this module)."""
-    global _installed
-    _hooks.update(owner=owner, token_logprobs=token_logprobs)
-    if _installed:
+def attach(processor, model, token_logprobs) -> None:
+    """lockstep on a new batch processor of a lockstep-patched ``model`` (once per processor): its
+    :class:`_EngineState`, the GDN states on its cache (forked with their request), its forward step
+    (:class:`_LockstepStep`, recording ``token_logprobs``' bits) and the per-step hooks after scheduling."""
+    if processor.__dict__.get(_STATE) is not None:
         return
-    from transformers.generation.continuous_batching import continuous_api as api
-    Manager = api.ContinuousBatchingManager
-    switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
+    state = processor.__dict__[_STATE] = _EngineState(model, processor)
+    if is_gdn_model(model):
+        gdn = processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
+        prepare_fork = processor.cache.prepare_fork_request
 
-    # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's
-    # serving core serves it on any device (serving.paged_attention), so it stays on for a lockstep model's engine.
-    from transformers.generation.continuous_batching import initialization as init
-    ensure_fast_path = init.ensure_decode_fast_path_is_available
+        def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
+            forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
+            gdn.fork(src_state.request_id, forked)
+            return forked
+        processor.cache.prepare_fork_request = prepare_fork_request
+    runner = processor.model_runner
+    runner._forward_process_and_sample = _LockstepStep(runner, model, token_logprobs)
+    prepare = processor.prepare_next_batch
 
-    def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
-        if not getattr(_building, "lockstep", False):
-            return ensure_fast_path(config, cb_config, user_requested)
-        if not all(init.ATTN_TYPE_TO_ALLOCATOR[t].supports_block_table for t in init.group_layers_by_attn_type(config)):
-            cb_config.max_blocks_per_request = 0
-
-    init_manager = Manager.__init__
-
-    def __init__(self, model, generation_config, *args, **kwargs):
-        _building.lockstep = _lockstep_model(model)
-        try:
-            if _building.lockstep:  # before the engine drops the processors it does not support (it would
-                sampling_settings(model._get_logits_processor(generation_config))  # sample without them)
-            init_manager(self, model, generation_config, *args, **kwargs)
-        finally:
-            _building.lockstep = False
-
-    def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash=True):
-        if not _lockstep_model(model):
-            return switch(self, model, auto_switch_to_flash)
-        if is_gdn_model(model):
-            cfg = model.config.get_text_config()
-            _gdn_engine_configs[id(cfg)] = weakref.ref(cfg)
-        current = model.config._attn_implementation
-        if current != _ENGINE_ATTN:
-            if self._original_attn_impl is None:
-                self._original_attn_impl = current  # restored by the engine's stop()
-            model.set_attn_implementation(_ENGINE_ATTN)
-
-    def _create_batch_processor(self):
-        if _lockstep_model(self.model):
-            check_engine_model(self.model, self.continuous_batching_config)
-        processor = create(self)
-        if not _lockstep_model(self.model):
-            return processor
-        cfg = self.continuous_batching_config
-        if cfg.varlen_compile_config is not None or cfg.decode_compile_config is not None:
-            raise UnsupportedError("torch.compile of the continuous-batching step (varlen/decode compile config) "
-                                   "on a lockstep-patched model is not supported")
-        if any(cfg.cuda_graph_booleans):
-            raise UnsupportedError("CUDA graphs in the continuous-batching engine are not supported with lockstep")
-        sampling_settings(self.logit_processor)  # refuse unsupported processors before any request runs
-        state = processor.__dict__.get(_STATE)
-        if state is None:
-            state = _EngineState(self.model, processor)
-            processor.__dict__[_STATE] = state
-            if is_gdn_model(self.model):
-                gdn = processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
-                prepare_fork = processor.cache.prepare_fork_request
-
-                def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
-                    forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
-                    gdn.fork(src_state.request_id, forked)
-                    return forked
-                processor.cache.prepare_fork_request = prepare_fork_request
-            runner = processor.model_runner
-            runner._forward_process_and_sample = _LockstepStep(runner, self.model)
-            prepare = processor.prepare_next_batch
-
-            def prepare_next_batch(*args, **kwargs):
-                ok = prepare(*args, **kwargs)
-                if ok:
-                    state.after_schedule()
-                return ok
-            processor.prepare_next_batch = prepare_next_batch
-            off = processor.offloading_manager
-            off.offload_requests = state.count_offloads(off.offload_requests)
-        return processor
-
-    init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
-    from transformers.generation.continuous_batching import cache as engine_cache
-    init.group_layers_by_attn_type = engine_cache.group_layers_by_attn_type = _without_gdn_layers(
-        engine_cache.group_layers_by_attn_type, engine_cache.ATTN_TYPE_TO_ALLOCATOR)
-    Manager.__init__ = __init__
-    add_request = Manager.add_request
-
-    def add_request_checked(self, input_ids, *args, **logit_processor_kwargs):
-        known = {"request_id", "max_new_tokens", "streaming", "record_timestamps", "eos_token_id"}
-        per_request = sorted(set(logit_processor_kwargs) - known)
-        if per_request and _lockstep_model(self.model):
-            raise UnsupportedError(f"per-request sampling settings {per_request} in the engine: lockstep records "
-                                   "log-probs with the engine-wide settings (generation_config) only")
-        return add_request(self, input_ids, *args, **logit_processor_kwargs)
-
-    Manager.add_request = add_request_checked
-    Manager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
-    Manager._create_batch_processor = _create_batch_processor
-    _installed = True
+    def prepare_next_batch(*args, **kwargs):
+        ok = prepare(*args, **kwargs)
+        if ok:
+            state.after_schedule()
+        return ok
+    processor.prepare_next_batch = prepare_next_batch
+    off = processor.offloading_manager
+    off.offload_requests = state.count_offloads(off.offload_requests)
 
 
 _HOOKS = "_lockstep_engine_step_hooks"
@@ -488,7 +373,7 @@ def _gather_paged(k_cache, v_cache, k_new, v_new, batch):
     return request_kv(paged, batch)
 
 
-#: old name -> (its object now, its home): kept one release, each use warns (DeprecationWarning)
+#: old name -> (its object now, its home): kept one release, each use warns (hal/deprecation.py)
 _MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
           "engine_attention": (varlen_attention, "hal.serving.varlen_attention"),
           "gather_paged": (_gather_paged, "hal.serving.write_kv and hal.serving.request_kv"),
@@ -499,6 +384,5 @@ _MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
 def __getattr__(name):
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"hal.integrations.hf_engine.{name} is deprecated: use {_MOVED[name][1]}", DeprecationWarning,
-                  stacklevel=2)
+    warn_moved(f"hal.integrations.hf_engine.{name}", _MOVED[name][1])
     return _MOVED[name][0]

@@ -25,18 +25,18 @@ from ..serving import gdn_step
 from .hf_engine import gdn_engine_states, hf_paged_attention, is_engine_cache
 
 # A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
-_OWNER = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
+OWNER_ATTR = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
 
 
-def _owner(mod):
+def patch_owner(mod):
     """The active Patch that ``mod`` belongs to, or None."""
-    p = mod.__dict__.get(_OWNER)
+    p = mod.__dict__.get(OWNER_ATTR)
     return p if p is not None and p.active else None
 
 
-def _refresh_stale(model) -> None:
+def refresh_stale(model) -> None:
     """Bring every patch over ``model``'s modules up to date (what the next forward would do)."""
-    for p in {id(p): p for p in map(_owner, model.modules()) if p is not None and p.stale}.values():
+    for p in {id(p): p for p in map(patch_owner, model.modules()) if p is not None and p.stale}.values():
         p.refresh()
 
 

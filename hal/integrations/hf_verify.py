@@ -325,8 +325,8 @@ def audit(model, input_ids, **forward_kwargs) -> Audit:
     TorchDispatchMode), so lockstep's own reference kernels are not counted.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
-    from .hf_modules import _refresh_stale
-    _refresh_stale(model)  # modules attached since the patch: patched (or refused) as the forward would
+    from .hf_modules import refresh_stale
+    refresh_stale(model)  # modules attached since the patch: patched (or refused) as the forward would
     stack: list[str] = []
     stock, lock, ops = [], [], {}
 

@@ -30,10 +30,10 @@ import torch
 import hal
 from ..errors import InputError, UnsupportedError
 from . import hf_modules as M
-from .hf_modules import _OWNER, _owner
+from .hf_modules import OWNER_ATTR, patch_owner
 from .hf_matmul import PatchMatmul
 from .hf_attention import NAME, attention_forward, mask_function
-from . import hf_engine
+from . import hf_engine, hf_engine_install  # noqa: F401 -- hf_engine: trl.py reads it (the engine's build)
 from ..sampling import Sampling, recorded_logprobs, sampling_scores
 
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
@@ -196,11 +196,11 @@ def _on_module_registered(parent, name, sub):
     """torch's global hook on every ``parent.name = sub`` / ``add_module`` (before torch stores it): a
     module attached to a patched tree gets a pending forward (patched, or refused by name, when it first
     runs); one holding another patch's modules is refused now, before the assignment."""
-    p = _owner(parent)
-    if p is None or sub is None or sub.__dict__.get(_OWNER) is p:
+    p = patch_owner(parent)
+    if p is None or sub is None or sub.__dict__.get(OWNER_ATTR) is p:
         return None
     for sname, mod in sub.named_modules():
-        other = _owner(mod)
+        other = patch_owner(mod)
         if other is not None and other is not p:
             where = f"{name}.{sname}" if sname else name
             raise InputError(f"cannot attach {where!r} ({type(mod).__name__}) to a module of a lockstep-patched "
@@ -266,7 +266,7 @@ class Patch:
     def _take(self, modules) -> None:
         """Mark ``[(name, module)]`` as this patch's and give each its lockstep forward (all checked before)."""
         for name, mod in modules:
-            self._set_attr(mod, _OWNER, self)
+            self._set_attr(mod, OWNER_ATTR, self)
             kind = _kind(mod)
             if kind is not None:
                 self._set_forward(mod, _FORWARDS[kind], kind, name)
@@ -283,7 +283,7 @@ class Patch:
         InputError for another patch's modules) before changing anything. Runs by itself on the next forward."""
         if not self.active:
             return
-        new = [(n, m) for n, m in self.model.named_modules() if m.__dict__.get(_OWNER) is not self]
+        new = [(n, m) for n, m in self.model.named_modules() if m.__dict__.get(OWNER_ATTR) is not self]
         _check_modules(self.model, new, self.unknown, self.matmul)
         self._take(new)
         for mod in self._pending:  # pending forwards of modules with no lockstep forward of their own
@@ -337,7 +337,7 @@ def _check_modules(model, modules, unknown: str, matmul: PatchMatmul):
     """Refuse ``[(name, module)]`` of ``model`` that a patch cannot take: another patch's modules (nested or
     overlapping patches), weights the matmul spec cannot take, dynamic RoPE, unknown classes."""
     for name, mod in modules:
-        other = _owner(mod)
+        other = patch_owner(mod)
         if other is not None:
             raise InputError(f"module {name or '(root)'!r} ({type(mod).__name__}) is already patched by lockstep "
                              f"(a patch applied to a {type(other.model).__name__}); nested or overlapping patches "
@@ -401,7 +401,8 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
         p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
     p.active = True
     _watch_registrations()
-    hf_engine.install(_owner, token_logprobs)  # transformers' continuous-batching engine runs a patched model on lockstep
+    # transformers' continuous-batching engine runs a patched model on lockstep
+    hf_engine_install.install(patch_owner, token_logprobs)
     return p
 
 
@@ -413,7 +414,7 @@ def patch(model, **kwargs) -> Patch:
 def revert(model) -> None:
     """Revert the patch applied to ``model`` (the same as its handle's ``revert()``): e.g. on a
     ``copy.deepcopy`` of a patched model, whose copy of the patch has no other handle."""
-    p = _owner(model) if isinstance(model, torch.nn.Module) else None
+    p = patch_owner(model) if isinstance(model, torch.nn.Module) else None
     if p is None:
         raise InputError(f"model ({type(model).__name__}) is not patched by lockstep: nothing to revert")
     if p.model is not model:
@@ -450,7 +451,7 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     pending = head.__dict__.get("forward")
     if isinstance(pending, _Pending):  # a head attached since the patch (resize_token_embeddings): patch it first
         pending.patch.refresh()
-    p = _owner(head)
+    p = patch_owner(head)
     weight, spec = (head.weight, None) if p is None else (
         p.matmul.weight(head.weight, (id(head), "weight")), p.matmul.logprobs_spec)
     scores = None

@@ -46,7 +46,7 @@ import trl
 from .. import rl
 from ..errors import InputError, UnsupportedError
 from . import transformers as lt
-from .hf_modules import _owner
+from .hf_modules import patch_owner
 
 __all__ = ["GRPOTrainer", "check_version", "teacher_forced_logprobs", "engine_supports_lockstep", "SUPPORTED",
            "METRICS"]
@@ -118,10 +118,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         super().__init__(**kwargs)
         self.mismatch_records: list[dict] = []
         self._patches = []
-        if lockstep and _owner(self.model) is None:
+        if lockstep and patch_owner(self.model) is None:
             self._patches.append(lt.apply(self.model))
-        policy = _owner(self.model)
-        if policy is not None and self.ref_model is not None and _owner(self.ref_model) is None:
+        policy = patch_owner(self.model)
+        if policy is not None and self.ref_model is not None and patch_owner(self.ref_model) is None:
             self._patches.append(lt.apply(self.ref_model, matmul_spec=policy.matmul.spec))
 
     # ------------------------------------------------------------ keeping the engine's log-probs
@@ -201,8 +201,8 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         inner = self.accelerator.unwrap_model(model)
-        if _owner(inner) is None:
-            if any(_owner(m) is not None for m in inner.modules()):  # e.g. PEFT around a patched model
+        if patch_owner(inner) is None:
+            if any(patch_owner(m) is not None for m in inner.modules()):  # e.g. PEFT around a patched model
                 raise UnsupportedError(f"hal.integrations.trl: the trainer's model ({type(inner).__name__}) wraps a "
                                        "lockstep-patched model; its log-probs would be TRL's stock ones. Patch the "
                                        "model the trainer holds (lockstep=True), without PEFT around it")

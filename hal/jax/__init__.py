@@ -23,10 +23,9 @@ __all__ += ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "Gated
 
 def __getattr__(name):
     """``GDNState``: the old name of :class:`GatedDeltaRuleState` (one name everywhere public, as in
-    ``hal.GatedDeltaRuleState``), kept for one release with a DeprecationWarning."""
+    ``hal.GatedDeltaRuleState``), kept for one release with a DeprecationWarning (hal/deprecation.py)."""
     if name == "GDNState":
-        import warnings
-        warnings.warn("hal.jax.GDNState is deprecated: use hal.jax.GatedDeltaRuleState (the same class)",
-                      DeprecationWarning, stacklevel=2)
+        from hal.deprecation import warn_moved
+        warn_moved("hal.jax.GDNState", "hal.jax.GatedDeltaRuleState (the same class)")
         return GatedDeltaRuleState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -104,7 +104,7 @@ def _attend(q, k, v, vis, scale: float, spec, fmt: str):
     return out, lse
 
 
-def _expand_heads(x, hq: int):
+def expand_heads(x, hq: int):
     return jnp.repeat(x, hq // x.shape[2], axis=2)
 
 
@@ -112,7 +112,7 @@ def _stock_attend(q, k, v, qlen, klen, n_q=0, n_k=0, scale=1.0, causal=False, wi
     """Plain float32 attention with the same masks (for jax.grad, not bits): (out, lse)."""
     vis = key_visibility(qlen, klen, n_q, n_k, causal, window)[:, :, None, :]    # [b, Q, 1, K]
     hq = q.shape[2]
-    qf, kf, vf = q.astype(F32), _expand_heads(k.astype(F32), hq), _expand_heads(v.astype(F32), hq)
+    qf, kf, vf = q.astype(F32), expand_heads(k.astype(F32), hq), expand_heads(v.astype(F32), hq)
     s = jnp.where(vis, jnp.einsum("bqhd,bkhd->bqhk", qf, kf) * scale, _NEG_INF)
     seen = jnp.any(vis, -1)
     m = jnp.where(seen, jnp.max(s, -1), 0.0)
@@ -127,7 +127,7 @@ def _attend_padded(q, k, v, qlen, klen, n_q=0, n_k=0, scale=1.0, causal=False, w
     fmt = jnp.dtype(q.dtype).name
     vis = key_visibility(qlen.astype(jnp.int64), klen.astype(jnp.int64), n_q, n_k, causal, window)
     hq = q.shape[2]
-    out, lse = _attend(sm.widen(q), _expand_heads(sm.widen(k), hq), _expand_heads(sm.widen(v), hq), vis,
+    out, lse = _attend(sm.widen(q), expand_heads(sm.widen(k), hq), expand_heads(sm.widen(v), hq), vis,
                        scale, spec, fmt)
     return sm.narrow(out, fmt), sm.narrow(lse, "float32")
 
@@ -136,14 +136,14 @@ def _scale(softmax_scale, d: int) -> float:
     return float(softmax_scale) if softmax_scale is not None else d ** -0.5
 
 
-def _to_padded(x, cu, max_len: int):
+def to_padded(x, cu, max_len: int):
     lens = cu[1:] - cu[:-1]
     i = jnp.arange(max_len)[None, :]
     idx = jnp.clip(jnp.where(i < lens[:, None], cu[:-1, None] + i, 0), 0, max(0, x.shape[0] - 1))
     return x[idx], lens
 
 
-def _to_packed(xp, cu, total: int, fill):
+def to_packed(xp, cu, total: int, fill):
     t = jnp.arange(total)
     bidx = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, xp.shape[0] - 1)
     i = t - cu[bidx]
@@ -174,16 +174,16 @@ def _pad_seqs(x, b: int, fill=0):
 @functools.partial(jax.jit, static_argnames=("b", "n_q", "n_k"))
 def _varlen_in(q, k, v, cq, ck, *, b: int, n_q: int, n_k: int):
     cq, ck = _pad_seqs(cq, b + 1, cq[-1]), _pad_seqs(ck, b + 1, ck[-1])  # empty sequences
-    qp, qlen = _to_padded(q, cq, n_q)
-    kp, klen = _to_padded(k, ck, n_k)
-    vp, _ = _to_padded(v, ck, n_k)
+    qp, qlen = to_padded(q, cq, n_q)
+    kp, klen = to_padded(k, ck, n_k)
+    vp, _ = to_padded(v, ck, n_k)
     return qp, kp, vp, qlen, klen
 
 
 @functools.partial(jax.jit, static_argnames=("total",))
 def _varlen_out(out, lse, cq, *, total: int):
     cq = _pad_seqs(cq, out.shape[0] + 1, cq[-1])
-    return _to_packed(out, cq, total, 0.0), _to_packed(lse, cq, total, -jnp.inf).T
+    return to_packed(out, cq, total, 0.0), to_packed(lse, cq, total, -jnp.inf).T
 
 
 def _static(softmax_scale, d: int, causal, window_size, spec):

@@ -8,7 +8,7 @@ from hal import spec as specs
 
 from . import strict_math as sm
 from ._api import strict_op
-from .ops import _fmt
+from .ops import checked_format
 
 F32 = jnp.float32
 
@@ -34,10 +34,10 @@ def softplus_f(x):
 def _unary(core, stock):
     @strict_op(stock=lambda x, spec=None: stock(x.astype(F32)).astype(x.dtype), static=("spec",))
     def impl(x, spec=None):
-        return sm.narrow(core(sm.widen(x)), _fmt(x))
+        return sm.narrow(core(sm.widen(x)), checked_format(x))
 
     def op(x, *, spec=None):
-        _fmt(x)
+        checked_format(x)
         return impl(x, spec=specs.resolve("elementwise", spec))
     return op
 
@@ -50,12 +50,12 @@ softplus = _unary(softplus_f, jax.nn.softplus)
 @strict_op(stock=lambda a, b, spec=None: (jax.nn.silu(a.astype(F32)) * b.astype(F32)).astype(a.dtype),
            static=("spec",))
 def _silu_mul(a, b, spec=None):
-    return sm.narrow(sm.mul(silu_f(sm.widen(a)), sm.widen(b)), _fmt(a))
+    return sm.narrow(sm.mul(silu_f(sm.widen(a)), sm.widen(b)), checked_format(a))
 
 
 def silu_mul(a, b, *, spec=None):
     """silu(a) * b with one rounding to a's dtype."""
-    _fmt(a), _fmt(b)
+    checked_format(a), checked_format(b)
     return _silu_mul(a, b, spec=specs.resolve("elementwise", spec))
 
 
@@ -113,7 +113,7 @@ def _stock_apply_rotary(x, cos, sin, interleaved=False, spec=None):
 
 @strict_op(stock=_stock_apply_rotary, static=("interleaved", "spec"))
 def _apply_rotary(x, cos, sin, interleaved=False, spec=None):
-    fmt = _fmt(x)
+    fmt = checked_format(x)
     half = cos.shape[-1]
     x1, x2 = _pairs(sm.widen(x), half, interleaved)
     c, s = sm.widen(cos), sm.widen(sin)
@@ -127,5 +127,5 @@ def _apply_rotary(x, cos, sin, interleaved=False, spec=None):
 
 def apply_rotary(x, cos, sin, interleaved: bool = False, *, spec=None):
     """Rotate the first 2 * cos.shape[-1] dims of x's last axis; the rest passes through."""
-    _fmt(x)
+    checked_format(x)
     return _apply_rotary(x, cos, sin, interleaved=bool(interleaved), spec=specs.resolve("rotary", spec))

@@ -24,8 +24,8 @@ from hal.errors import InputError
 
 from . import strict_math as sm
 from ._api import strict_op
-from .attention import _expand_heads, _to_packed, _to_padded
-from .ops import _fmt
+from .attention import expand_heads, to_packed, to_padded
+from .ops import checked_format
 
 EPS_L2 = 1e-6
 F32 = jnp.float32
@@ -215,7 +215,7 @@ def _chunked(qs, k_rows, v, g, b, state, lengths, hv: int, spec, fresh: bool):
         final = jnp.where(((total - 1) // C == ci)[:, None, None, None], S_at, final)
         S = jnp.where((total >= (ci + 1) * C)[:, None, None, None], S_at, S)
         return (S, final), o_c
-    xs = (jnp.arange(n_chunks), *map(chunks, (Q_rows, _expand_heads(K_rows, hv), V_rows, G_rows, B_rows)))
+    xs = (jnp.arange(n_chunks), *map(chunks, (Q_rows, expand_heads(K_rows, hv), V_rows, G_rows, B_rows)))
     (S, final), o = lax.scan(step, (S, S), xs)
     o = grid.new(jnp.moveaxis(jnp.moveaxis(o, 3, 2), 0, 1).reshape(n, grid.R, hv, -1))
     return o, (S, *map(grid.still_open, (K_rows, V_rows, G_rows, B_rows)), final)
@@ -234,13 +234,13 @@ def _strict_padded(q, k, v, g, beta, lengths, position, S, open_k, open_v, open_
     lengths = lengths.astype(jnp.int64)
     S = sm.widen(S)
     if spec.variant == "serial":
-        o, S = _serial(_expand_heads(qs, hv), _expand_heads(k32, hv), v32, sm.exp(g32), b32, S, lengths, t)
+        o, S = _serial(expand_heads(qs, hv), expand_heads(k32, hv), v32, sm.exp(g32), b32, S, lengths, t)
         rest = (S, None, None, None, None, S)
     else:
         st = (position.astype(jnp.int64), S, *(None if x is None else sm.widen(x)
                                                for x in (open_k, open_v, open_g, open_beta)))
-        o, rest = _chunked(_expand_heads(qs, hv), k32, v32, g32, b32, st, lengths, hv, spec, fresh)
-    return (sm.narrow(o, _fmt(v)), *(None if x is None else sm.narrow(x) for x in rest))
+        o, rest = _chunked(expand_heads(qs, hv), k32, v32, g32, b32, st, lengths, hv, spec, fresh)
+    return (sm.narrow(o, checked_format(v)), *(None if x is None else sm.narrow(x) for x in rest))
 
 
 def _stock_padded(q, k, v, g, beta, lengths, position, S, open_k, open_v, open_g, open_beta,
@@ -268,7 +268,7 @@ def _stock_padded(q, k, v, g, beta, lengths, position, S, open_k, open_v, open_g
         S = jnp.where(live, Sn, S)
         Sb = jnp.where(live & ((r + 1) % C == 0), S, Sb)  # the state at each completed chunk boundary
         return (S, Sb), jnp.einsum("nhkv,nhk->nhv", Sn, q_r)
-    xs = (jnp.arange(grid.R), *map(_steps, (_expand_heads(Q, hv), _expand_heads(K, hv), V, Gl, Bt)))
+    xs = (jnp.arange(grid.R), *map(_steps, (expand_heads(Q, hv), expand_heads(K, hv), V, Gl, Bt)))
     (final, Sb), o = lax.scan(step, (S, S), xs)
     o = grid.new(_steps(o)).astype(out_dtype)
     if not chunked:
@@ -297,7 +297,7 @@ def _check(q, k, v, g, beta):
     for name, x, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3)):
         if jnp.ndim(x) != nd:
             raise InputError(f"hal.jax gated delta rule: {name} must have {nd} dims, got shape {jnp.shape(x)}")
-        _fmt(x)
+        checked_format(x)
     if q.shape != k.shape:
         raise InputError(f"k shape {k.shape} must equal q shape {q.shape} ([B, T, H, d_k])")
     B, T, H, dk = q.shape
@@ -400,11 +400,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         if cu is None:
             args = (q, k, v, g, beta)
         else:
-            args = tuple(_to_padded(x[0], cu, lmax)[0] for x in (q, k, v, g, beta))
+            args = tuple(to_padded(x[0], cu, lmax)[0] for x in (q, k, v, g, beta))
         o, new = gated_delta_rule_padded(*args, lengths, state, scale=scale, l2=use_qk_l2norm_in_kernel, spec=s,
                                          fresh=fresh)
         if cu is not None:
-            o = _to_packed(o, cu, T, 0.0)[None]
+            o = to_packed(o, cu, T, 0.0)[None]
     if as_state:
         return o, new
     return o, (new.final if output_final_state else None)

@@ -11,7 +11,7 @@ from hal import spec as specs
 from . import strict_math as sm
 from ._api import strict_op
 from .elementwise import sigmoid_f, silu_f, softplus_f
-from .ops import _fmt
+from .ops import checked_format
 
 F32 = jnp.float32
 
@@ -69,7 +69,7 @@ def _stock_conv(x, weight, bias, conv_state, activation="silu", cu=None, spec=No
 
 @strict_op(stock=_stock_conv, static=("activation", "cu", "spec"))
 def _conv(x, weight, bias, conv_state, activation="silu", cu=None, spec=None):
-    fmt = _fmt(x)
+    fmt = checked_format(x)
     kw = weight.shape[1]
     rows, pack, state = _windows(x, conv_state, kw, cu)
     n, lmax, d = rows.shape[0], rows.shape[1] - (kw - 1), rows.shape[2]

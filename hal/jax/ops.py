@@ -20,7 +20,9 @@ from ._api import strict_op
 F32 = jnp.float32
 
 
-def _fmt(x) -> str:
+def checked_format(x) -> str:
+    """The strict-math format name of ``x``'s dtype (float32, bfloat16, float16); any other dtype is refused by name.
+    Shared by every hal.jax op module."""
     name = jnp.dtype(x.dtype).name
     if name not in sm.FORMATS:
         from hal.errors import InputError
@@ -42,12 +44,12 @@ def _stock_matmul(a, b, spec=None):
 @strict_op(stock=_stock_matmul, static=("spec",))
 def _matmul(a, b, spec=None):
     acc = sm.tiled_dot(sm.widen(a)[..., :, None, :], sm.widen(b).T, spec.k_tile)
-    return sm.narrow(acc, _fmt(a))
+    return sm.narrow(acc, checked_format(a))
 
 
 def matmul(a, b, *, spec=None):
     """``a [..., M, K] @ b [K, N]`` -> ``[..., M, N]`` in a's dtype (spec: MatmulSpec or ExactMatmulSpec)."""
-    _fmt(a), _fmt(b)
+    checked_format(a), checked_format(b)
     s = _spec("matmul", spec)
     if s.policy == specs.EXACT:
         core.check_k("a", a.shape[-1])
@@ -67,7 +69,7 @@ def _linear_impl(x, w, bias, spec):
     acc = sm.tiled_dot(sm.widen(x)[..., None, :], sm.widen(w), spec.k_tile)
     if bias is not None:
         acc = sm.add(acc, sm.widen(bias))
-    return sm.narrow(acc, _fmt(x))
+    return sm.narrow(acc, checked_format(x))
 
 
 @strict_op(stock=_stock_linear, static=("spec",))
@@ -82,17 +84,17 @@ def _linear_bias(x, w, bias, spec=None):
 
 def linear(x, weight, bias=None, *, spec=None):
     """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` in x's dtype; bias added once in float32."""
-    _fmt(x), _fmt(weight)
+    checked_format(x), checked_format(weight)
     s = _spec("matmul", spec)
     if s.policy == specs.EXACT:
         core.check_k("x", x.shape[-1])
         if bias is None:
             return _exact_linear(x, weight, spec=s)
-        _fmt(bias)
+        checked_format(bias)
         return _exact_linear_bias(x, weight, bias, spec=s)
     if bias is None:
         return _linear(x, weight, spec=s)
-    _fmt(bias)
+    checked_format(bias)
     return _linear_bias(x, weight, bias, spec=s)
 
 
@@ -100,7 +102,7 @@ def linear(x, weight, bias=None, *, spec=None):
 
 
 def _exact_2d(x, w, bias, spec):
-    out = exact.linear(x.reshape(-1, x.shape[-1]), w, bias, spec.slices, _fmt(x))
+    out = exact.linear(x.reshape(-1, x.shape[-1]), w, bias, spec.slices, checked_format(x))
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 
@@ -123,7 +125,7 @@ def _exact_linear_bias(x, w, bias, spec=None):
 
 
 def _rms_norm_impl(x, w, residual, eps, spec):
-    fmt = _fmt(x)
+    fmt = checked_format(x)
     if residual is not None:
         # rounded to float32, then to x's dtype: the value an unfused `h = x + r` holds
         h = sm.to_format(sm.add(sm.widen(x), sm.widen(residual)), fmt)
@@ -159,7 +161,7 @@ def _rms_res(x, w, r, eps=1e-6, spec=None):
 
 def rms_norm(x, weight, eps: float = 1e-6, residual=None, *, spec=None):
     """``x / sqrt(mean(x^2) + eps) * weight``; with ``residual`` returns ``(y, x + residual)``."""
-    _fmt(x), _fmt(weight)
+    checked_format(x), checked_format(weight)
     s = _spec("rms_norm", spec)
     if residual is None:
         return _rms(x, weight, eps=float(eps), spec=s)
@@ -184,36 +186,36 @@ def _row_stats(x, t: int):
 @strict_op(stock=lambda x, spec=None: jax.nn.logsumexp(x.astype(F32), -1).astype(x.dtype), static=("spec",))
 def _logsumexp(x, spec=None):
     m, s, _, empty = _row_stats(sm.widen(x), spec.tile)
-    return sm.narrow(jnp.where(empty, -jnp.inf, sm.add(m, sm.log(s))), _fmt(x))
+    return sm.narrow(jnp.where(empty, -jnp.inf, sm.add(m, sm.log(s))), checked_format(x))
 
 
 @strict_op(stock=lambda x, spec=None: jax.nn.log_softmax(x.astype(F32), -1).astype(x.dtype), static=("spec",))
 def _log_softmax(x, spec=None):
     _, s, shifted, empty = _row_stats(sm.widen(x), spec.tile)
     out = sm.sub(shifted, sm.log(s)[..., None])
-    return sm.narrow(jnp.where(empty[..., None], -jnp.inf, out), _fmt(x))
+    return sm.narrow(jnp.where(empty[..., None], -jnp.inf, out), checked_format(x))
 
 
 @strict_op(stock=lambda x, spec=None: jax.nn.softmax(x.astype(F32), -1).astype(x.dtype), static=("spec",))
 def _softmax(x, spec=None):
     _, s, shifted, empty = _row_stats(sm.widen(x), spec.tile)
     out = sm.div(sm.exp(shifted), s[..., None])
-    return sm.narrow(jnp.where(empty[..., None], 0.0, out), _fmt(x))
+    return sm.narrow(jnp.where(empty[..., None], 0.0, out), checked_format(x))
 
 
 def softmax(x, *, spec=None):
     """softmax over the last axis (SoftmaxSpec), in x's dtype."""
-    _fmt(x)
+    checked_format(x)
     return _softmax(x, spec=_spec("softmax", spec))
 
 
 def log_softmax(x, *, spec=None):
-    _fmt(x)
+    checked_format(x)
     return _log_softmax(x, spec=_spec("softmax", spec))
 
 
 def logsumexp(x, *, spec=None):
-    _fmt(x)
+    checked_format(x)
     return _logsumexp(x, spec=_spec("softmax", spec))
 
 
@@ -242,7 +244,7 @@ def _token_logprobs(hidden, weight, tokens, temperature=1.0, spec=None):
 
 def token_logprobs(hidden, weight, tokens, temperature: float = 1.0, *, spec=None):
     """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N] int."""
-    _fmt(hidden), _fmt(weight)
+    checked_format(hidden), checked_format(weight)
     s = _spec("token_logprobs", spec)
     if s.matmul is not None:
         core.check_k("hidden", hidden.shape[-1])

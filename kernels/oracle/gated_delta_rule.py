@@ -12,7 +12,9 @@ import torch.nn.functional as F
 F64 = torch.float64
 
 
-def _l2(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The rule's q / k L2 norm over the last axis (``use_qk_l2norm_in_kernel``), as a plain torch formula: the oracle's
+    and the GDN backward's recompute (hal/gdn_backward.py)."""
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
@@ -30,7 +32,7 @@ def recurrence(q, k, v, g, beta, scale: float, S0=None, l2: bool = False, dtype=
     n, T, _, dk = q.shape
     hv, dv = v.shape[2:]
     if l2:
-        q, k = _l2(q), _l2(k)
+        q, k = l2_normalize(q), l2_normalize(k)
     q, k = _expand(q, hv) * scale, _expand(k, hv)
     S = torch.zeros((n, hv, dk, dv), dtype=dtype, device=v.device) if S0 is None else S0.to(dtype)
     outs = []

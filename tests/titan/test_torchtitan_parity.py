@@ -68,7 +68,7 @@ def test_stock_torchtitan_vs_stock_hf_differ(dtype):
 
 
 def test_stock_torchtitan_cannot_train_packed_on_cpu():
-    """What the README says: stock TorchTitan's packed Qwen3 (varlen attention) has no CPU forward: the varlen
+    """What the README and docs/integrations.md say: stock TorchTitan's packed Qwen3 (varlen attention) has no CPU forward: the varlen
     kernel is CUDA-only. (Its other language-model backend, FlexAttention, has no CPU backward.)"""
     hf = ex.hf_qwen3(torch.float32, attn="sdpa")
     tt = ex.titan_qwen3(hf, lockstep=False)

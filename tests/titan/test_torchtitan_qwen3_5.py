@@ -54,7 +54,7 @@ def test_sampler_and_torchtitan_qwen3_5_agree_before_and_after_a_step(dtype):
 
 
 def test_stock_torchtitan_qwen3_5_cannot_run_on_cpu():
-    """What the README says: stock TorchTitan's Qwen3.5 runs FLA's Triton conv / gated delta rule (CUDA only)."""
+    """What the README and docs/integrations.md say: stock TorchTitan's Qwen3.5 runs FLA's Triton conv / gated delta rule (CUDA only)."""
     hf = ex.hf_qwen3_5(torch.float32)
     tt = ex.titan_qwen3_5(hf, lockstep=False)
     tokens, positions, _ = ex.pack([torch.tensor([1, 2, 3])], torch.tensor([[4, 5]]))
