@@ -135,6 +135,14 @@ GEMV_MAX_ROWS = 16
 #: registers, no spill under Triton 3.6 and 3.9, 16-byte cp.async operand tiles; 64 x 64 spills float32 operands
 #: (24 bytes on 4 warps under 3.9, 8 bytes on 8 warps under 3.6)
 _DOT_WARPS = 4
+#: FMA-dot tiles, largest first: 16, 8 and 4 outputs (fma chains) per thread of 4 warps. Every output is its own chain,
+#: so the tile never changes the bits. sm_90 profile (3.6 / 3.9): 64 x 32 128-152 registers, 1024 FFMA per ~150 shared
+#: loads; 32 x 32 76-116 registers, 512 per ~130; 16 x 32 64-96 registers, 256 per ~90; none spills. A 64 x 32 tile
+#: leaves 17-256-row linears on 32-128 programs of a 132-SM H200 (N = 4096: 128 at M <= 64); smaller tiles trade
+#: shared-memory loads per fma for programs
+_DOT_TILES = ((64, 32), (32, 32), (16, 32))
+#: programs (of _DOT_WARPS warps) that keep an H200 busy: 2 per SM, 8 warps an SM
+_BUSY_PROGRAMS = 264
 
 
 def _gemv(a2, b_kn, bias, k_tile, out):
@@ -171,8 +179,11 @@ def _blocks(m: int, n: int) -> tuple[int, int]:
         return max(16, next_power_of_2(min(m, 128))), max(16, next_power_of_2(min(n, 256)))
     if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
         return 32, 64
-    if fma_dot():  # a 64 x 32 fp32 dot tile (see _DOT_WARPS)
-        return 64, 32
+    if fma_dot():  # fp32 dot tiles on _DOT_WARPS warps: the largest of _DOT_TILES that keeps the GPU busy
+        for bm, bn in _DOT_TILES:
+            if cdiv(m, bm) * cdiv(n, bn) >= _BUSY_PROGRAMS:
+                return bm, bn
+        return _DOT_TILES[-1]
     bm = 16 if m <= 16 else 64
     return bm, 64 if m <= 16 else 128
 
