@@ -146,16 +146,20 @@ def _chunk_max_kernel(x_ptr, m_ptr, p_ptr, z_ptr, R, n, n_chunks, n_work, n1, CH
         c = item // n1
         base = rows.to(tl.int64) * n
         cols = tl.arange(0, BC)
-        m = tl.full([BR], float("-inf"), tl.float32)
-        poisoned = tl.zeros([BR], dtype=tl.int32)
-        pos_zero = tl.zeros([BR], dtype=tl.int32)
+        # elementwise across the loop, one reduction after it (no cross-warp reduction per block); common.row_max's
+        # rules: NaN ignored by the max, NaN / +inf poison, +0.0 noted
+        m2 = tl.full([BR, BC], float("-inf"), tl.float32)
+        p2 = tl.zeros([BR, BC], dtype=tl.int32)
+        z2 = tl.zeros([BR, BC], dtype=tl.int32)
         for c0 in tl.range(c * CH, tl.minimum(c * CH + CH, n), BC, num_stages=common.STAGES):
             ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
             x = sm.widen(tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0))
-            bm, bp, bz = common.row_max(x, ok)
-            m = tl.maximum(m, bm)
-            poisoned = tl.maximum(poisoned, bp)
-            pos_zero = tl.maximum(pos_zero, bz)
+            m2 = tl.maximum(m2, tl.where(ok & (x == x), x, float("-inf")))
+            p2 = tl.maximum(p2, (ok & ((x != x) | (x == float("inf")))).to(tl.int32))
+            z2 = tl.maximum(z2, (ok & (x.to(tl.int32, bitcast=True) == 0)).to(tl.int32))
+        m = tl.max(m2, axis=1)
+        poisoned = tl.max(p2, axis=1)
+        pos_zero = tl.max(z2, axis=1)
         out = rows.to(tl.int64) * n_chunks + c
         tl.store(m_ptr + out, m, mask=row_ok)
         tl.store(p_ptr + out, poisoned, mask=row_ok)
