@@ -229,8 +229,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                     f"matmul.gemv_vec[{dt},rows={bm}]", matmul._gemv_vec_kernel,
                     {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
                      **_ints("M", "N", "K", "n_kt", "n_tb", "sa_m", "sb_n", "n_work", "n1")},
-                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8, "NPU": npu},
-                    divisible=("K", "sa_m", "sb_n")))
+                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8,
+                     "WORDS": matmul.WORDS_LAYOUT, "NPU": npu}, divisible=("K", "sa_m", "sb_n")))
         if full:
             cases.append(KernelCase(
                 f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,

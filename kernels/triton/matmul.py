@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .interpreter_dot import strict_dot
-from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2, triton_version
 from .dtypes import tl_dtype
 from .workspace import workspace
 
@@ -89,7 +89,7 @@ def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_
 @triton.jit(do_not_specialize=["M", "n_work"])  # row counts change per call: no recompiles
 def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_work, n1,
                      KT: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr,
-                     NPU: tl.constexpr):
+                     WORDS: tl.constexpr, NPU: tl.constexpr):
     """Decode GEMV with K contiguous in a and b: [BM, BN x NKT] chains, lane j = (column j // NKT, K tile
     j % NKT); each step loads VEC consecutive k (16 bytes) of every lane's tile (one vector load per
     thread; a's rows are shared by all columns, so their loads broadcast) and runs them through the chains
@@ -107,7 +107,10 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
         tiles = (wb % n_tb) * NKT + lane % NKT
         a_rows = a_ptr + rows.to(tl.int64) * sa_m
         b_cols = b_ptr + cols.to(tl.int64) * sb_n
-        part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+        if WORDS:  # whole 16-byte vectors: read as int64 words, no reshape / split (Triton 3.6: no conversions)
+            part = common.dot_tile_words(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+        else:
+            part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
         offs = tiles.to(tl.int64)[None, :] * M * N + rows[:, None] * N + cols[None, :]
         tl.store(part_ptr + offs, part, mask=row_ok[:, None] & (col_ok & (tiles < n_kt))[None, :])
 
@@ -145,6 +148,21 @@ _DOT_TILES = ((64, 32), (32, 32), (16, 32))
 _BUSY_PROGRAMS = 264
 
 
+#: the vector chains read as int64 words (common.dot_tile_words) on Triton 3.6 (the H200 machine's), where the
+#: reshape / split of dot_tile_vec converts layouts through shared memory in the loop; 3.8 / 3.9 fold those and
+#: convert the words path's transpose instead (sass_profile: 8-row GEMV 392 / 144 vs 4 / 2 shared / barriers on 3.6,
+#: 0 / 0 vs 256 / 128 on 3.9). 3.7 is unprofiled and keeps dot_tile_vec
+WORDS_LAYOUT = triton_version() < (3, 7)
+
+
+def whole_vectors(a: torch.Tensor, b: torch.Tensor, k_tile: int) -> bool:
+    """Whether the chains over rows of a and b (K contiguous) take common.dot_tile_words: WORDS_LAYOUT, K and the K
+    tile multiples of a 16-byte vector, rows 8-byte aligned."""
+    vec = 16 // a.element_size()
+    return (WORDS_LAYOUT and a.shape[-1] % vec == 0 and k_tile % vec == 0 and all(
+        t.data_ptr() % 8 == 0 and (t.stride(0) * t.element_size()) % 8 == 0 for t in (a, b)))
+
+
 def _gemv(a2, b_kn, bias, k_tile, out):
     m, k = a2.shape
     n = b_kn.shape[1]
@@ -163,7 +181,7 @@ def _gemv(a2, b_kn, bias, k_tile, out):
         n_tb = cdiv(n_kt, vkt)
         launch(_gemv_vec_kernel, (cdiv(n, vn) * n_tb, cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
                a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
-               persistent=True)
+               WORDS=whole_vectors(a2, b_kn.t(), k_tile), persistent=True)
     else:
         launch(_gemv_partials_kernel, (cdiv(n, bn), cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
