@@ -2,7 +2,7 @@
 machine code.
 
 * tests/scripts/triton_norm_softmax_check.py (a subprocess with TRITON_INTERPRET=1): the GPU layout (reg=False) and the
-  interpreter's register layout give the reference's raw bits on edge shapes; a chain with two neighbours swapped
+  interpreter's register layout give the reference's raw bits on edge shapes, softmax also split across the row; a chain with two neighbours swapped
   is caught in both kernels, through both splits (common.eight and four).
 * the compiled kernels (sm_90, aligned launch; hal.kernels.checks.sass_profile and the TTGIR): every global load
   is a 16-byte vector load, and the chain loop (the loop that splits the vectors with tl.split) loads VEC
@@ -38,9 +38,16 @@ def test_both_layouts_give_reference_bits():
 
 
 @needs_interpreter
+def test_split_rows_give_reference_bits():
+    """A few long rows split across programs (chunk maxima, tile sums, tile order, outputs per chunk)."""
+    out = run_checks("split", script=SCRIPT)
+    assert out.count(": ok") == 16  # 10 cases on the GPU layout, 6 (power-of-2 tiles) on the register layout
+
+
+@needs_interpreter
 def test_swapped_chain_order_is_caught():
     out = run_checks("negative", script=SCRIPT)
-    for op in ("rms_norm", "softmax"):
+    for op in ("rms_norm", "softmax", "softmax split"):
         for split in ("eight", "four"):
             assert f"swapped neighbours in the {op} chain ({split}) are caught: ok" in out
 

@@ -1,7 +1,8 @@
 """Chains fed by 16-byte vector loads (decode GEMV, the LM head of token_logprobs) on the triton backend.
 
 * tests/scripts/triton_vector_chain_check.py (a subprocess with TRITON_INTERPRET=1): the reference's raw bits on edge
-  shapes, with the interpreter's and the GPU's block sizes; a chain with two neighbours swapped is caught.
+  shapes, with the interpreter's and the GPU's block sizes, the GEMV also through the int64-word chains (Triton 3.6's
+  formulation, common.dot_tile_words); a chain with two neighbours swapped is caught in each.
 * the compiled kernels (sm_90 cubin, disassembled; hal.kernels.checks.sass_profile): the vector GEMV reads its
   operands only with 16-byte loads and moves nothing through shared memory, the LM-head kernel reads the hidden
   states and weights only with 16-byte loads, without spills, and the tile-sum pass and the finish read the kept
@@ -25,7 +26,7 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 @needs_interpreter
-@pytest.mark.parametrize("check,cases", [("gemv", 10), ("lm_head", 10), ("odd_tiles", 3)])
+@pytest.mark.parametrize("check,cases", [("gemv", 10), ("gemv_words", 11), ("lm_head", 10), ("odd_tiles", 3)])
 def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
     assert run_checks(check, script=SCRIPT).count(": ok") == cases
 
@@ -34,6 +35,8 @@ def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
 def test_swapped_chain_order_is_caught():
     out = run_checks("negative", script=SCRIPT)
     assert "caught by the gemv check: ok" in out and "caught by the lm_head check: ok" in out
+    for dt in ("float32", "bfloat16", "float16"):  # the int64-word chains (Triton 3.6's), each extraction
+        assert f"caught by the gemv_words check ({dt}): ok" in out
 
 
 def _case(name):

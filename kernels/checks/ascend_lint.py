@@ -157,8 +157,9 @@ def ascend_kernels() -> list:
     from ..triton import attention_kernel as attn, elementwise as ew, gated_delta_rule as gdn, matmul, rms_norm
     from ..triton import gdn_layer, softmax, token_logprobs as tlp
     return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel,
-            matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel,
-            tlp._stats_kernel, tlp._sum_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,
+            matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel,
+            softmax._chunk_max_kernel, softmax._split_finish_kernel, softmax._split_out_kernel, tlp._max_kernel,
+            softmax.chunk_stats_kernel, softmax.tile_sums_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,
             gdn._prep_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn_layer._gating_kernel, gdn_layer._conv_kernel]
 
 

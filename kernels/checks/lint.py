@@ -226,6 +226,10 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
         cases.append(KernelCase(f"matmul[{dt}]", matmul._matmul_kernel, mm_sig,
                                 {**mm, "BM": 32 if npu else 64, "BN": 64 if npu else 32, "FMA_DOT": not npu},
                                 divisible=("K", "sa_m", "sb_n"), num_warps=None if npu else matmul._DOT_WARPS))
+        if not npu:  # the smallest FMA-dot tile (matmul._DOT_TILES): 17-256-row linears that would leave SMs idle
+            cases.append(KernelCase(f"matmul[{dt},16x32]", matmul._matmul_kernel, mm_sig,
+                                    {**mm, "BM": 16, "BN": 32, "FMA_DOT": True}, divisible=("K", "sa_m", "sb_n"),
+                                    num_warps=matmul._DOT_WARPS))
         if full and not npu:  # the AMD variant, at the blocks every GPU used before the FMA dots
             cases.append(KernelCase(f"matmul[{dt},hip]", matmul._matmul_kernel, mm_sig,
                                     {**mm, "BM": 64, "BN": 128, "FMA_DOT": False}, divisible=("K", "sa_m", "sb_n")))
@@ -240,8 +244,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                     f"matmul.gemv_vec[{dt},rows={bm}]", matmul._gemv_vec_kernel,
                     {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
                      **_ints("M", "N", "K", "n_kt", "n_tb", "sa_m", "sb_n", "n_work", "n1")},
-                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8, "NPU": npu},
-                    divisible=("K", "sa_m", "sb_n")))
+                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8,
+                     "WORDS": matmul.WORDS_LAYOUT, "NPU": npu}, divisible=("K", "sa_m", "sb_n")))
         if full:
             cases.append(KernelCase(
                 f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,
@@ -261,6 +265,33 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                 {"MODE": mode, "T": 256, "OUT_DTYPE": tdt, "BR": 4, "NTB": 32,
                  "BC": 128 if dt == "fp32" else 256, "VEC": 4 if dt == "fp32" else 8, "REG": False, "NPU": npu},
                 divisible=("n",)))
+    # softmax over a few long rows, split across the row (softmax._run_split: GPU blocks of _split_blocks)
+    for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32),) if full else ())):
+        vec, bc = (4, 512) if dt == "fp32" else (8, 1024)
+        cases.append(KernelCase(
+            f"softmax.split_max[{dt}]", softmax._chunk_max_kernel,
+            {**_ptrs(dt, "x_ptr"), "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
+             **_ints("R", "n", "n_chunks", "n_work", "n1")},
+            {"CH": 2 * bc, "BR": 4 if npu else 1, "BC": 512 if npu else bc, "NPU": npu}, divisible=("n",)))
+        cases.append(KernelCase(
+            f"softmax.split_sum[{dt}]", softmax.tile_sums_kernel,
+            {**_ptrs(dt, "lg_ptr"), **_ptrs("fp32", "shift_ptr", "part_ptr"),
+             **_ints("R", "V", "sl", "sp", "n_tiles", "n_work", "n1")},
+            {"VT": 256, "VTP": 256, "BR": 4 if npu else 1, "NTB": 1 if npu else 32, "VEC": vec, "ROW_PAD": False,
+             "REG": False, "NPU": npu}, divisible=("V", "sl", "sp"), num_warps=None if npu else 1))
+        for mode in ((softmax.SOFTMAX,) + ((softmax.LOG_SOFTMAX,) if full else ())):
+            cases.append(KernelCase(
+                f"softmax.split_out[{dt},mode{mode}]", softmax._split_out_kernel,
+                {**_ptrs(dt, "x_ptr", "out_ptr"), **_ptrs("fp32", "shift_ptr"), "empty_ptr": "*i32",
+                 "s_ptr": "*fp32", **_ints("R", "n", "n_work", "n1")},
+                {"MODE": mode, "OUT_DTYPE": tdt, "CH": 2 * bc, "BR": 4 if npu else 1, "BC": 512 if npu else bc,
+                 "NPU": npu}, divisible=("n",)))
+        cases.append(KernelCase(
+            f"softmax.split_finish[{dt}]", softmax._split_finish_kernel,
+            {**_ptrs("fp32", "part_ptr", "shift_ptr"), "empty_ptr": "*i32", "s_ptr": "*fp32", **_ptrs(dt, "out_ptr"),
+             **_ints("R", "sp", "n_tiles", "n_work")},
+            {"MODE": softmax.LOGSUMEXP, "OUT_DTYPE": tdt, "BR": 4 if npu else 32, "NPU": npu}, divisible=("sp",),
+            num_warps=None if npu else 1))
     dt = "bf16"
     lm = {**_ptrs(dt, "h_ptr", "w_ptr")}
     cases.append(KernelCase(
@@ -284,14 +315,14 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                  "n1": "i32"}, {"HAS_TEMP": True, "KT": 64, "KTP": 64, "BR": 32, "BV": 64, "NPU": npu},
                 divisible=("H", "sh", "sw_v", "sl")))
         cases.append(KernelCase(
-            "token_logprobs.stats", tlp._stats_kernel,
+            "token_logprobs.stats", softmax.chunk_stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
              **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
         cases.append(KernelCase(
-            "token_logprobs.sum", tlp._sum_kernel,
+            "token_logprobs.sum", softmax.tile_sums_kernel,
             {**_ptrs("fp32", "lg_ptr", "shift_ptr", "part_ptr"), **_ints("R", "V", "sl", "sp", "n_tiles", "n_work", "n1")},
-            {"VT": 256, "VTP": 256, "BR": 16 if npu else 4, "NTB": 1 if npu else 32, "VEC": 4, "REG": False,
-             "NPU": npu}, divisible=("sl", "sp")))
+            {"VT": 256, "VTP": 256, "BR": 16 if npu else 4, "NTB": 1 if npu else 32, "VEC": 4, "ROW_PAD": True,
+             "REG": False, "NPU": npu}, divisible=("sl", "sp")))
     from ..triton import elementwise as ew  # elementwise ops and rotary
     for dt, tdt in ((("bf16", tl.bfloat16),) + ((("fp32", tl.float32), ("fp16", tl.float16)) if full else ())):
         for op in ((ew.SOFTPLUS,) + ((ew.SIGMOID, ew.SILU) if full else ())):

@@ -134,6 +134,78 @@ def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC:
 
 
 @triton.jit
+def halves(w, DT: tl.constexpr):
+    """The two 2-byte floats (bfloat16 / float16 DT) of int32 words w, element 0 (the low half: little-endian) first,
+    as float32, exactly: bfloat16 by its bits moved to the top (strict_math.widen's shift), float16 through its
+    exact conversion. Moves inside the thread, no tl.reshape / tl.split."""
+    if DT == tl.bfloat16:
+        x0 = (w << 16).to(tl.float32, bitcast=True)
+        x1 = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        x0 = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        x1 = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return x0, x1
+
+
+@triton.jit
+def floats32(w):
+    """The two float32 of int64 words w, element 0 (the low word: little-endian) first (moves only, exact)."""
+    return w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_steps(part, a, b, ok, DT: tl.constexpr):
+    """The chain steps of one int64 word of a [BM, L] and b [1, L] (element dtype DT: two float32 or four 2-byte floats,
+    the low word first: little-endian), in element order; ok [1, L] (False: the steps keep part)."""
+    if DT == tl.float32:
+        a0, a1 = floats32(a)
+        b0, b1 = floats32(b)
+        part = tl.where(ok, tl.fma(a0, b0, part), part)
+        part = tl.where(ok, tl.fma(a1, b1, part), part)
+    else:
+        a_lo, a_hi = a.to(tl.int32), (a >> 32).to(tl.int32)  # truncation: the low and the high 32 bits
+        b_lo, b_hi = b.to(tl.int32), (b >> 32).to(tl.int32)
+        a0, a1 = halves(a_lo, DT)
+        a2, a3 = halves(a_hi, DT)
+        b0, b1 = halves(b_lo, DT)
+        b2, b3 = halves(b_hi, DT)
+        part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok, ok, ok, ok)
+    return part
+
+
+@triton.jit
+def dot_tile_words(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
+                   BM: tl.constexpr, L: tl.constexpr):
+    """:func:`dot_tile_vec`'s chains (the same steps in the same order, so the same bits) where every 16-byte vector is
+    whole: K and KT multiples of VEC, rows 8-byte aligned (the launcher checks), for Triton 3.6. Each vector is read as
+    two int64 loads and split into its floats with integer shifts (:func:`_word_steps`): no tl.reshape / tl.split.
+    a's words are loaded lanes-first ([L, BM], then tl.trans): Triton 3.6's coalescing then puts the lanes on threads
+    as in the chains' layout, where a [BM, L] load gets threads [8, 4] and every float would be converted through
+    shared memory. sm_90, 8-row GEMV under 3.6: 4 shared-memory instructions / 2 barriers (dot_tile_vec: 392 / 144);
+    under 3.9 the transpose is the conversion (256 / 128; dot_tile_vec: 0 / 0), so launchers take this path on
+    Triton < 3.7 only (matmul.WORDS_LAYOUT)."""
+    DT: tl.constexpr = b_lanes.dtype.element_ty
+    part = tl.zeros([BM, L], dtype=tl.float32)
+    # b 2-D in the chains' layout before the loop: a 1-D [L] load expanded inside it is a conversion
+    k2 = k0[None, :]  # [1, L]
+    bp0 = b_lanes[None, :]
+    apt0 = a_rows[None, :] + k0[:, None]  # [L, BM]: lanes first, so the load's layout puts lanes on threads
+    b_ok0 = lane_ok[None, :]
+    for c in tl.static_range(0, KT, VEC):
+        k = k2 + c
+        ok = k < K  # [1, L]: a vector is inside K or past it (K % VEC == 0)
+        bp = (bp0 + k).to(tl.pointer_type(tl.int64))
+        apt = (apt0 + c).to(tl.pointer_type(tl.int64))
+        a_okt = row_ok[None, :] & ((k0 + c) < K)[:, None]
+        b_ok = b_ok0 & ok
+        a_w0 = tl.trans(tl.load(apt, mask=a_okt, other=0))
+        a_w1 = tl.trans(tl.load(apt + 1, mask=a_okt, other=0))
+        part = _word_steps(part, a_w0, tl.load(bp, mask=b_ok, other=0), ok, DT)
+        part = _word_steps(part, a_w1, tl.load(bp + 1, mask=b_ok, other=0), ok, DT)
+    return part
+
+
+@triton.jit
 def add_columns_in_order(total, part, idx, n):
     """total + part[:, 0] + part[:, 1] + ... + part[:, n-1], each addition rounded, left to right."""
     for j in range(0, n):

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .interpreter_dot import strict_dot
-from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2, triton_version
 from .dtypes import tl_dtype
 from .workspace import workspace
 
@@ -89,7 +89,7 @@ def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_
 @triton.jit(do_not_specialize=["M", "n_work"])  # row counts change per call: no recompiles
 def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_work, n1,
                      KT: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr,
-                     NPU: tl.constexpr):
+                     WORDS: tl.constexpr, NPU: tl.constexpr):
     """Decode GEMV with K contiguous in a and b: [BM, BN x NKT] chains, lane j = (column j // NKT, K tile
     j % NKT); each step loads VEC consecutive k (16 bytes) of every lane's tile (one vector load per
     thread; a's rows are shared by all columns, so their loads broadcast) and runs them through the chains
@@ -107,7 +107,10 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
         tiles = (wb % n_tb) * NKT + lane % NKT
         a_rows = a_ptr + rows.to(tl.int64) * sa_m
         b_cols = b_ptr + cols.to(tl.int64) * sb_n
-        part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+        if WORDS:  # whole 16-byte vectors: read as int64 words, no reshape / split (Triton 3.6: no conversions)
+            part = common.dot_tile_words(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+        else:
+            part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
         offs = tiles.to(tl.int64)[None, :] * M * N + rows[:, None] * N + cols[None, :]
         tl.store(part_ptr + offs, part, mask=row_ok[:, None] & (col_ok & (tiles < n_kt))[None, :])
 
@@ -135,6 +138,29 @@ GEMV_MAX_ROWS = 16
 #: registers, no spill under Triton 3.6 and 3.9, 16-byte cp.async operand tiles; 64 x 64 spills float32 operands
 #: (24 bytes on 4 warps under 3.9, 8 bytes on 8 warps under 3.6)
 _DOT_WARPS = 4
+#: FMA-dot tiles, largest first: 16, 8 and 4 outputs (fma chains) per thread of 4 warps. Every output is its own chain,
+#: so the tile never changes the bits. sm_90 profile (3.6 / 3.9): 64 x 32 128-152 registers, 1024 FFMA per ~150 shared
+#: loads; 32 x 32 76-116 registers, 512 per ~130; 16 x 32 64-96 registers, 256 per ~90; none spills. A 64 x 32 tile
+#: leaves 17-256-row linears on 32-128 programs of a 132-SM H200 (N = 4096: 128 at M <= 64); smaller tiles trade
+#: shared-memory loads per fma for programs
+_DOT_TILES = ((64, 32), (32, 32), (16, 32))
+#: programs (of _DOT_WARPS warps) that keep an H200 busy: 2 per SM, 8 warps an SM
+_BUSY_PROGRAMS = 264
+
+
+#: the vector chains read as int64 words (common.dot_tile_words) on Triton 3.6 (the H200 machine's), where the
+#: reshape / split of dot_tile_vec converts layouts through shared memory in the loop; 3.8 / 3.9 fold those and
+#: convert the words path's transpose instead (sass_profile: 8-row GEMV 392 / 144 vs 4 / 2 shared / barriers on 3.6,
+#: 0 / 0 vs 256 / 128 on 3.9). 3.7 is unprofiled and keeps dot_tile_vec
+WORDS_LAYOUT = triton_version() < (3, 7)
+
+
+def whole_vectors(a: torch.Tensor, b: torch.Tensor, k_tile: int) -> bool:
+    """Whether the chains over rows of a and b (K contiguous) take common.dot_tile_words: WORDS_LAYOUT, K and the K
+    tile multiples of a 16-byte vector, rows 8-byte aligned."""
+    vec = 16 // a.element_size()
+    return (WORDS_LAYOUT and a.shape[-1] % vec == 0 and k_tile % vec == 0 and all(
+        t.data_ptr() % 8 == 0 and (t.stride(0) * t.element_size()) % 8 == 0 for t in (a, b)))
 
 
 def _gemv(a2, b_kn, bias, k_tile, out):
@@ -155,7 +181,7 @@ def _gemv(a2, b_kn, bias, k_tile, out):
         n_tb = cdiv(n_kt, vkt)
         launch(_gemv_vec_kernel, (cdiv(n, vn) * n_tb, cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
                a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
-               persistent=True)
+               WORDS=whole_vectors(a2, b_kn.t(), k_tile), persistent=True)
     else:
         launch(_gemv_partials_kernel, (cdiv(n, bn), cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
@@ -171,8 +197,11 @@ def _blocks(m: int, n: int) -> tuple[int, int]:
         return max(16, next_power_of_2(min(m, 128))), max(16, next_power_of_2(min(n, 256)))
     if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
         return 32, 64
-    if fma_dot():  # a 64 x 32 fp32 dot tile (see _DOT_WARPS)
-        return 64, 32
+    if fma_dot():  # fp32 dot tiles on _DOT_WARPS warps: the largest of _DOT_TILES that keeps the GPU busy
+        for bm, bn in _DOT_TILES:
+            if cdiv(m, bm) * cdiv(n, bn) >= _BUSY_PROGRAMS:
+                return bm, bn
+        return _DOT_TILES[-1]
     bm = 16 if m <= 16 else 64
     return bm, 64 if m <= 16 else 128
 

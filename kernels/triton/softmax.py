@@ -12,6 +12,12 @@ Per program BR rows, three passes over each row:
    operation, read back in order (common.nonneg_sums_in_order), ~7x fewer interpreted operations.
    Tests run the GPU and REG layouts in the interpreter;
 3. outputs in blocks: logsumexp = M + log S; log_softmax = (x - M) - log S; softmax = exp(x - M) / S.
+
+A few long rows (a vocabulary: 8-64 rows of 151,936) would give one program per BR rows, 2-16 on a GPU of 132 SMs.
+They run split across the row instead (``split``), the passes token_logprobs runs over its kept logits:
+(row x column chunk) maxima -> the row's M (:func:`chunk_stats_kernel`) -> (row x tile chunk) tile sums
+(:func:`tile_sums_kernel`, the chains above) -> S = the tile sums added in tile order from +0.0
+(:func:`tiles_in_order`) -> outputs per (row x column chunk). The same operations in the same order: the same bits.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import triton.language as tl
 from . import ascend_launch, common, strict_math as sm
 from .dtypes import tl_dtype
 from .launch import cdiv, interpreter_layout, launch, next_power_of_2
+from .workspace import workspace
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -128,6 +135,167 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
                 tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
 
 
+@triton.jit(do_not_specialize=["R", "n_work", "n1"])
+def _chunk_max_kernel(x_ptr, m_ptr, p_ptr, z_ptr, R, n, n_chunks, n_work, n1, CH: tl.constexpr, BR: tl.constexpr,
+                      BC: tl.constexpr, NPU: tl.constexpr):
+    """Per (row block, column chunk of CH): (max, poisoned, has +0.0) of the chunk (common.row_max) -> [R, n_chunks]
+    (max is exact in any grouping; chunk_stats_kernel combines them)."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: the row blocks of one chunk run together
+        row_ok = rows < R
+        c = item // n1
+        base = rows.to(tl.int64) * n
+        cols = tl.arange(0, BC)
+        # elementwise across the loop, one reduction after it (no cross-warp reduction per block); common.row_max's
+        # rules: NaN ignored by the max, NaN / +inf poison, +0.0 noted
+        m2 = tl.full([BR, BC], float("-inf"), tl.float32)
+        p2 = tl.zeros([BR, BC], dtype=tl.int32)
+        z2 = tl.zeros([BR, BC], dtype=tl.int32)
+        for c0 in tl.range(c * CH, tl.minimum(c * CH + CH, n), BC, num_stages=common.STAGES):
+            ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+            x = sm.widen(tl.load(x_ptr + base[:, None] + (c0 + cols)[None, :], mask=ok, other=0.0))
+            m2 = tl.maximum(m2, tl.where(ok & (x == x), x, float("-inf")))
+            p2 = tl.maximum(p2, (ok & ((x != x) | (x == float("inf")))).to(tl.int32))
+            z2 = tl.maximum(z2, (ok & (x.to(tl.int32, bitcast=True) == 0)).to(tl.int32))
+        m = tl.max(m2, axis=1)
+        poisoned = tl.max(p2, axis=1)
+        pos_zero = tl.max(z2, axis=1)
+        out = rows.to(tl.int64) * n_chunks + c
+        tl.store(m_ptr + out, m, mask=row_ok)
+        tl.store(p_ptr + out, poisoned, mask=row_ok)
+        tl.store(z_ptr + out, pos_zero, mask=row_ok)
+
+
+@triton.jit
+def chunk_stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work, BR: tl.constexpr,
+                       BC: tl.constexpr, NPU: tl.constexpr):
+    """Per row: M from the chunk maxima [R, n_chunks] (exact, common.finish_max), the shift m_safe (0 for an empty
+    row) and the empty flag. Shared with token_logprobs."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        cols = tl.arange(0, BC)
+        # elementwise maxima across the loop, one reduction after it: max is exact in any order, and a
+        # reduction inside the loop trips Triton 3.6's OptimizeThreadLocality pass (assertion) at large V
+        m2 = tl.full([BR, BC], float("-inf"), tl.float32)
+        p2 = tl.zeros([BR, BC], dtype=tl.int32)
+        z2 = tl.zeros([BR, BC], dtype=tl.int32)
+        for c0 in tl.range(0, n_chunks, BC, num_stages=common.STAGES):
+            ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
+            offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
+            m2 = tl.maximum(m2, tl.load(m_ptr + offs, mask=ok, other=float("-inf")))
+            p2 = tl.maximum(p2, tl.load(p_ptr + offs, mask=ok, other=0))
+            z2 = tl.maximum(z2, tl.load(z_ptr + offs, mask=ok, other=0))
+        m = tl.max(m2, axis=1)
+        poisoned = tl.max(p2, axis=1)
+        pos_zero = tl.max(z2, axis=1)
+        m = common.finish_max(m, poisoned, pos_zero)
+        empty = m == float("-inf")
+        tl.store(shift_ptr + rows, tl.where(empty, 0.0, m), mask=row_ok)
+        tl.store(empty_ptr + rows, empty.to(tl.int32), mask=row_ok)
+
+
+@triton.jit
+def _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT: tl.constexpr, VTP: tl.constexpr, BR: tl.constexpr,
+                NTB: tl.constexpr):
+    """[BR, NTB] tile sums read from one [BR, NTB, VTP] block in place (the interpreter's and the Ascend layout);
+    lanes past the tile or the row add +0.0, an exact identity in a sum of non-negative terms (= skipped)."""
+    lane = tl.arange(0, VTP)
+    vidx = tiles[:, None] * VT + lane[None, :]
+    ok = row_ok[:, None, None] & ((vidx < V) & (lane < VT)[None, :])[None, :, :]
+    x = sm.widen(tl.load(lg_ptr + base[:, None, None] + vidx[None, :, :], mask=ok, other=0.0))
+    e = tl.where(ok, sm.exp(x - shift[:, None, None]), 0.0)
+    return common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
+
+
+@triton.jit(do_not_specialize=["R", "n_work", "n1"])
+def tile_sums_kernel(lg_ptr, shift_ptr, part_ptr, R, V, sl, sp, n_tiles, n_work, n1, VT: tl.constexpr,
+                     VTP: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VEC: tl.constexpr, ROW_PAD: tl.constexpr,
+                     REG: tl.constexpr, NPU: tl.constexpr):
+    """Per (row block, chunk of NTB tiles of VT): each tile's sequential sum from +0.0 of exp(x - shift) over rows
+    x = lg_ptr[row * sl : row * sl + V] (float32, bfloat16 or float16) -> part_ptr[row * sp + tile]. ROW_PAD: see
+    _exp_sums_vec. Shared with token_logprobs (its kept logits)."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item % n1) * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        tiles = (item // n1) * NTB + tl.arange(0, NTB)
+        shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
+        base = rows.to(tl.int64) * sl
+        if NPU:  # the Ascend variant (no tl.split): read back in place
+            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
+        elif REG:  # the interpreter: few, large operations
+            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
+        else:  # GPU: each (row, tile) lane's chain in one thread, VEC consecutive elements per 16-byte load, pipelined
+            s = _exp_sums_vec(lg_ptr, base, row_ok, shift, tiles * VT, V, VT, BR, NTB, VEC, ROW_PAD)
+        out = rows.to(tl.int64)[:, None] * sp + tiles[None, :]
+        tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
+
+
+@triton.jit
+def tiles_in_order(part_ptr, rows, row_ok, sp, n_tiles, BR: tl.constexpr, NPU: tl.constexpr):
+    """[BR] S = the tile sums part_ptr[row * sp + t] added in tile order from +0.0. On the GPU 4 consecutive tile sums
+    per 16-byte load, added in order in the row's thread: rows padded to sp (a multiple of 16), so a vector is loaded
+    whole and its entries past n_tiles skipped by the chain. Shared with token_logprobs."""
+    prow = part_ptr + rows.to(tl.int64) * sp
+    if NPU:  # the Ascend variant: one tile sum per step
+        s = tl.zeros([BR], dtype=tl.float32)
+        for t in range(0, n_tiles):
+            s = s + tl.load(prow + t, mask=row_ok, other=0.0)
+    else:
+        s2 = tl.zeros([BR, 1], dtype=tl.float32)
+        for c in tl.range(0, n_tiles, 4, num_stages=common.STAGES):
+            t, ok = common.vec_step(tl.zeros([1], dtype=tl.int32), c, n_tiles, 4, 4)  # [1, 4]
+            v = tl.load(prow[:, None, None] + t[None, :, :], mask=row_ok[:, None, None], other=0.0)
+            v0, v1, v2, v3 = common.four(v, BR, 1)
+            k0, k1, k2, k3 = common.four(ok[None, :, :], 1, 1)
+            s2 = common.add_steps(s2, v0, v1, v2, v3, k0, k1, k2, k3)  # past n_tiles: skipped
+        s = tl.reshape(s2, [BR])
+    return s
+
+
+@triton.jit(do_not_specialize=["R", "n_work"])
+def _split_finish_kernel(part_ptr, shift_ptr, empty_ptr, s_ptr, out_ptr, R, sp, n_tiles, n_work, MODE: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NPU: tl.constexpr):
+    """Per row: S from the tile sums (tiles_in_order) -> s_ptr; logsumexp (MODE 2) = M + log S -> out_ptr."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = item * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        s = tiles_in_order(part_ptr, rows, row_ok, sp, n_tiles, BR, NPU)
+        tl.store(s_ptr + rows, s, mask=row_ok)
+        if MODE == 2:
+            m_safe = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
+            empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
+            out = tl.where(empty, float("-inf"), m_safe + sm.log(s, NPU))
+            tl.store(out_ptr + rows, sm.round_out(out, OUT_DTYPE, NPU), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["R", "n_work", "n1"])
+def _split_out_kernel(x_ptr, out_ptr, shift_ptr, empty_ptr, s_ptr, R, n, n_work, n1, MODE: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                      NPU: tl.constexpr):
+    """Per (row block, column chunk of CH): softmax (MODE 0) or log_softmax (MODE 1) from the row's M and S, the
+    formulas of _softmax_kernel."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        rows = (item % n1) * BR + tl.arange(0, BR)
+        row_ok = rows < R
+        c = item // n1
+        base = rows.to(tl.int64) * n
+        m_safe = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
+        empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
+        s = tl.load(s_ptr + rows, mask=row_ok, other=1.0)
+        log_s = sm.log(s, NPU)
+        cols = tl.arange(0, BC)
+        for c0 in tl.range(c * CH, tl.minimum(c * CH + CH, n), BC, num_stages=common.STAGES):
+            ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+            offs = base[:, None] + (c0 + cols)[None, :]
+            shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]
+            if MODE == 1:
+                out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
+            else:
+                out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None], NPU))
+            tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
+
+
 def _blocks(rows: int, n_tiles: int, reg: bool, vec: int):
     """(BR, NTB, BC): rows per program, tiles per chain block, columns per max / output block."""
     if reg:
@@ -141,8 +309,71 @@ def _blocks(rows: int, n_tiles: int, reg: bool, vec: int):
     return br, ntb, min(32 * vec, 2048 // br)
 
 
-def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Tensor:
-    """reg: the register layout of the tile sums (default: in the interpreter only; same bits)."""
+#: a GPU this size keeps busy: rows whose one-program-per-row-block launch has fewer programs than this (and whose
+#: rows are long, _SPLIT_MIN_COLUMNS) run split across the row; the H200 has 132 SMs
+_BUSY_PROGRAMS = 264
+_SPLIT_MIN_COLUMNS = 8192
+
+
+def _split_by_default(rows: int, n: int, br: int) -> bool:
+    """Whether rows of n run split across the row: few row programs, long rows (a vocabulary); not on Ascend, whose
+    persistent grid is its vector cores anyway."""
+    return not ascend_launch.active() and n >= _SPLIT_MIN_COLUMNS and cdiv(rows, br) < _BUSY_PROGRAMS
+
+
+def _split_blocks(rows: int, n_tiles: int, reg: bool, vec: int):
+    """(BR, BC, CH) of the chunk max / output passes, (SBR, NTB, warps) of the tile-sum pass. GPU: one row per
+    program, chunks of CH columns in BC blocks (16 bytes per thread of 4 warps); the tile sums one (row, tile) lane per
+    thread of one warp, 32 tiles of a row per program (hundreds of programs at 8 rows of a 151,936 vocabulary).
+    Interpreter: few, large programs (small chunks, so short test rows still cross several)."""
+    if reg:
+        br = next_power_of_2(min(rows, 16))
+        return br, 256, 512, br, min(64, next_power_of_2(n_tiles)), 4
+    if ascend_launch.active():
+        return 4, 512, 1024, 4, min(64, next_power_of_2(n_tiles)), 4
+    bc = 128 * vec
+    ntb = min(32, next_power_of_2(n_tiles))
+    return 1, bc, 2 * bc, max(1, 32 // ntb), ntb, 1
+
+
+def _run_split(x2: torch.Tensor, out: torch.Tensor, spec, mode: int, reg: bool) -> None:
+    """The passes over rows split across chunks (module docstring)."""
+    rows, n = x2.shape
+    dev = x2.device
+    t = spec.tile
+    n_tiles = max(1, cdiv(n, t))
+    vec = 16 // x2.element_size()
+    br, bc, ch, sbr, ntb, warps = _split_blocks(rows, n_tiles, reg, vec)
+    n_chunks = cdiv(n, ch)
+    sp = cdiv(n_tiles, 16) * 16  # tile-sum rows padded: tiles_in_order reads them 16 bytes at a time
+    f32, i32 = torch.float32, torch.int32
+    m = workspace("softmax chunk max", (rows, n_chunks), f32, dev)
+    bad = workspace("softmax chunk bad", (rows, n_chunks), i32, dev)
+    pz = workspace("softmax chunk pz", (rows, n_chunks), i32, dev)
+    shift = workspace("softmax shift", (rows,), f32, dev)
+    empty = workspace("softmax empty", (rows,), i32, dev)
+    parts = workspace("softmax tile sums", (rows, sp), f32, dev)
+    s = workspace("softmax sum", (rows,), f32, dev)
+    out_dtype = tl_dtype(x2.dtype)
+    launch(_chunk_max_kernel, (n_chunks, cdiv(rows, br)), x2, m, bad, pz, rows, n, n_chunks, CH=ch, BR=br, BC=bc,
+           persistent=True)
+    sbr_stats = min(16, next_power_of_2(rows))
+    launch(chunk_stats_kernel, (cdiv(rows, sbr_stats),), m, bad, pz, shift, empty, rows, n_chunks, BR=sbr_stats,
+           BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
+    launch(tile_sums_kernel, (cdiv(n_tiles, ntb), cdiv(rows, sbr)), x2, shift, parts, rows, n, n, sp, n_tiles,
+           VT=t, VTP=next_power_of_2(t), BR=sbr, NTB=ntb, VEC=vec, ROW_PAD=False, REG=reg, num_warps=warps,
+           persistent=True)
+    fbr, fwarps = (br, 4) if reg or ascend_launch.active() else (32, 1)
+    launch(_split_finish_kernel, (cdiv(rows, fbr),), parts, shift, empty, s, out, rows, sp, n_tiles, MODE=mode,
+           OUT_DTYPE=out_dtype, BR=fbr, num_warps=fwarps, persistent=True)
+    if mode != LOGSUMEXP:
+        launch(_split_out_kernel, (n_chunks, cdiv(rows, br)), x2, out, shift, empty, s, rows, n, MODE=mode,
+               OUT_DTYPE=out_dtype, CH=ch, BR=br, BC=bc, persistent=True)
+
+
+def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None, split: bool | None = None) -> torch.Tensor:
+    """reg: the register layout of the tile sums (default: in the interpreter only; same bits). split: the rows split
+    across programs (default: _split_by_default; same bits)."""
     n = x.shape[-1]
     x2 = x.reshape(x.shape[:-1].numel(), n).contiguous()
     rows = x2.shape[0]
@@ -153,18 +384,23 @@ def _run(x: torch.Tensor, spec, mode: int, reg: bool | None = None) -> torch.Ten
             reg = interpreter_layout() and spec.tile == next_power_of_2(spec.tile)
         vec = 16 // x.element_size()
         br, ntb, bc = _blocks(rows, n_tiles, reg, vec)
-        launch(_softmax_kernel, (cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
-               OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, VEC=vec, REG=reg, persistent=True)
+        if split is None:
+            split = _split_by_default(rows, n, br)
+        if split:
+            _run_split(x2, out, spec, mode, reg)
+        else:
+            launch(_softmax_kernel, (cdiv(rows, br),), x2, out, rows, n, n_tiles, MODE=mode, T=spec.tile,
+                   OUT_DTYPE=tl_dtype(x.dtype), BR=br, NTB=ntb, BC=bc, VEC=vec, REG=reg, persistent=True)
     return out.reshape(x.shape[:-1]) if mode == LOGSUMEXP else out.reshape(x.shape)
 
 
-def softmax(x, spec, reg=None):
-    return _run(x, spec, SOFTMAX, reg)
+def softmax(x, spec, reg=None, split=None):
+    return _run(x, spec, SOFTMAX, reg, split)
 
 
-def log_softmax(x, spec, reg=None):
-    return _run(x, spec, LOG_SOFTMAX, reg)
+def log_softmax(x, spec, reg=None, split=None):
+    return _run(x, spec, LOG_SOFTMAX, reg, split)
 
 
-def logsumexp(x, spec, reg=None):
-    return _run(x, spec, LOGSUMEXP, reg)
+def logsumexp(x, spec, reg=None, split=None):
+    return _run(x, spec, LOGSUMEXP, reg, split)

@@ -5,11 +5,13 @@ in register tiles [BR rows, NTB vocab tiles, VT]; its float32 logits are kept in
 groups, so the scratch stays under _LOGITS_SCRATCH_BYTES) and read back by the later passes:
 
 1. ``_max_kernel``   (rows x vocab chunks): logits -> the kept logits, and per chunk (max, poisoned, has +0.0);
-2. ``_stats_kernel`` (rows): M from the chunk maxima (exact), the shift m_safe and the empty flag;
-3. ``_sum_kernel``   (rows x tile chunks): the kept logits -> exp(logit - m_safe) -> each vocab tile's
+2. ``softmax.chunk_stats_kernel`` (rows): M from the chunk maxima (exact), the shift m_safe and the empty flag;
+3. ``softmax.tile_sums_kernel`` (rows x tile chunks): the kept logits -> exp(logit - m_safe) -> each vocab tile's
    sequential sum from +0.0 in vocab order -> scratch [N, n_tiles] (the chains of softmax.py, 16 bytes a step);
-4. ``_finish_kernel`` (rows): S = tile sums added in tile order from +0.0 (4 per 16-byte load, in order inside
-   the row's thread); the token's logit read from the kept logits; out = (logit - m_safe) - log(S) in float32.
+4. ``_finish_kernel`` (rows): S = tile sums added in tile order from +0.0 (softmax.tiles_in_order); the token's
+   logit read from the kept logits; out = (logit - m_safe) - log(S) in float32.
+
+Passes 2-4 are softmax.py's split passes (a long row across programs): one home for the spec's tile order.
 
 The kept logits are the values the LM head's chains computed, stored and reloaded exactly: the same values in the
 same order as computing them again (which the sum pass and the finish used to do), so the same bits at half the
@@ -120,86 +122,12 @@ def _max_dot_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v
 
 
 @triton.jit
-def _stats_kernel(m_ptr, p_ptr, z_ptr, shift_ptr, empty_ptr, R, n_chunks, n_work, BR: tl.constexpr,
-                  BC: tl.constexpr, NPU: tl.constexpr):
-    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        rows = item * BR + tl.arange(0, BR)
-        row_ok = rows < R
-        cols = tl.arange(0, BC)
-        # elementwise maxima across the loop, one reduction after it: max is exact in any order, and a
-        # reduction inside the loop trips Triton 3.6's OptimizeThreadLocality pass (assertion) at large V
-        m2 = tl.full([BR, BC], float("-inf"), tl.float32)
-        p2 = tl.zeros([BR, BC], dtype=tl.int32)
-        z2 = tl.zeros([BR, BC], dtype=tl.int32)
-        for c0 in tl.range(0, n_chunks, BC, num_stages=common.STAGES):
-            ok = row_ok[:, None] & ((c0 + cols) < n_chunks)[None, :]
-            offs = rows.to(tl.int64)[:, None] * n_chunks + (c0 + cols)[None, :]
-            m2 = tl.maximum(m2, tl.load(m_ptr + offs, mask=ok, other=float("-inf")))
-            p2 = tl.maximum(p2, tl.load(p_ptr + offs, mask=ok, other=0))
-            z2 = tl.maximum(z2, tl.load(z_ptr + offs, mask=ok, other=0))
-        m = tl.max(m2, axis=1)
-        poisoned = tl.max(p2, axis=1)
-        pos_zero = tl.max(z2, axis=1)
-        m = common.finish_max(m, poisoned, pos_zero)
-        empty = m == float("-inf")
-        tl.store(shift_ptr + rows, tl.where(empty, 0.0, m), mask=row_ok)
-        tl.store(empty_ptr + rows, empty.to(tl.int32), mask=row_ok)
-
-
-@triton.jit
-def _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT: tl.constexpr, VTP: tl.constexpr, BR: tl.constexpr,
-                NTB: tl.constexpr):
-    """[BR, NTB] tile sums read from one [BR, NTB, VTP] block in place (the interpreter's and the Ascend layout);
-    lanes past the tile or the vocab add +0.0, an exact identity in a sum of non-negative terms (= skipped)."""
-    lane = tl.arange(0, VTP)
-    vidx = tiles[:, None] * VT + lane[None, :]
-    ok = row_ok[:, None, None] & ((vidx < V) & (lane < VT)[None, :])[None, :, :]
-    x = tl.load(lg_ptr + base[:, None, None] + vidx[None, :, :], mask=ok, other=0.0)
-    e = tl.where(ok, sm.exp(x - shift[:, None, None]), 0.0)
-    return common.nonneg_sums_in_order(e, V, VTP, BR, NTB)
-
-
-@triton.jit
-def _sum_kernel(lg_ptr, shift_ptr, part_ptr, R, V, sl, sp, n_tiles, n_work, n1, VT: tl.constexpr,
-                VTP: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VEC: tl.constexpr, REG: tl.constexpr,
-                NPU: tl.constexpr):
-    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
-        rows = (item % n1) * BR + tl.arange(0, BR)
-        row_ok = rows < R
-        tiles = (item // n1) * NTB + tl.arange(0, NTB)
-        shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
-        base = rows.to(tl.int64) * sl
-        if NPU:  # the Ascend variant (no tl.split): read back in place
-            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
-        elif REG:  # the interpreter: few, large operations
-            s = _block_sums(lg_ptr, base, row_ok, shift, tiles, V, VT, VTP, BR, NTB)
-        else:  # GPU: each (row, tile) lane's chain in one thread, VEC consecutive logits per 16-byte load, pipelined
-            s = softmax._exp_sums_vec(lg_ptr, base, row_ok, shift, tiles * VT, V, VT, BR, NTB, VEC, True)
-        out = rows.to(tl.int64)[:, None] * sp + tiles[None, :]
-        tl.store(part_ptr + out, s, mask=row_ok[:, None] & (tiles < n_tiles)[None, :])
-
-
-@triton.jit
 def _finish_kernel(lg_ptr, tok_ptr, shift_ptr, empty_ptr, part_ptr, out_ptr, R, sl, sp, n_tiles, n_work,
                    BR: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = item * BR + tl.arange(0, BR)
         row_ok = rows < R
-        prow = part_ptr + rows.to(tl.int64) * sp
-        if NPU:  # the Ascend variant: one tile sum per step
-            s = tl.zeros([BR], dtype=tl.float32)
-            for t in range(0, n_tiles):
-                s = s + tl.load(prow + t, mask=row_ok, other=0.0)
-        else:  # 4 consecutive tile sums per 16-byte load, added in order in the row's thread; the rows are padded
-            # to sp (a multiple of 16), so a vector is loaded whole and its entries past n_tiles skipped by the chain
-            s2 = tl.zeros([BR, 1], dtype=tl.float32)
-            for c in tl.range(0, n_tiles, 4, num_stages=common.STAGES):
-                t, ok = common.vec_step(tl.zeros([1], dtype=tl.int32), c, n_tiles, 4, 4)  # [1, 4]
-                v = tl.load(prow[:, None, None] + t[None, :, :], mask=row_ok[:, None, None], other=0.0)
-                v0, v1, v2, v3 = common.four(v, BR, 1)
-                k0, k1, k2, k3 = common.four(ok[None, :, :], 1, 1)
-                s2 = common.add_steps(s2, v0, v1, v2, v3, k0, k1, k2, k3)  # past n_tiles: skipped
-            s = tl.reshape(s2, [BR])
+        s = softmax.tiles_in_order(part_ptr, rows, row_ok, sp, n_tiles, BR, NPU)  # S: tile sums in tile order
         tok = tl.load(tok_ptr + rows, mask=row_ok, other=0)
         logit = tl.load(lg_ptr + rows.to(tl.int64) * sl + tok, mask=row_ok, other=0.0)  # the kept logit
         shift = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
@@ -307,10 +235,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
             launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
                    w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
                    VEC=16 // w.element_size(), num_warps=warps, persistent=True)
-        launch(_stats_kernel, (cdiv(n, br),), m, bad, pz, shift, empty, n, n_chunks, BR=br,
+        launch(softmax.chunk_stats_kernel, (cdiv(n, br),), m, bad, pz, shift, empty, n, n_chunks, BR=br,
                BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
-        launch(_sum_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp, n_tiles,
-               VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, REG=interpreter_layout(), persistent=True)
+        launch(softmax.tile_sums_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp,
+               n_tiles, VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, ROW_PAD=True, REG=interpreter_layout(), persistent=True)
         launch(_finish_kernel, (cdiv(n, fbr),), logits, tok[r0:r0 + n], shift, empty, parts, out[r0:r0 + n], n, sl,
                sp, n_tiles, BR=fbr, num_warps=fwarps, persistent=True)
     return out.reshape(lead)

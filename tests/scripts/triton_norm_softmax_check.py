@@ -8,6 +8,9 @@ Usage: python tests/scripts/triton_norm_softmax_check.py CHECK...; prints "LABEL
   bits: rms_norm (with and without residual) and softmax / log_softmax / logsumexp, every dtype, lengths that are not multiples of VEC or of the tile, tiles that are not
   multiples of VEC (18, 20, 36), more tiles than one chain block (NTB), short rows (many rows per program),
   NaN / +inf / -inf / -0.0 inputs, fully -inf softmax rows, a residual that makes inf - inf.
+* ``split``: softmax / log_softmax / logsumexp run split across the row (softmax._run_split: chunk maxima, tile sums,
+  tile order, outputs per chunk) give the reference's raw bits on both layouts: every softmax case above plus long
+  rows across several column chunks with NaN / +inf / -inf / -0.0 in later chunks.
 * ``negative``: common.eight / four returning two neighbours swapped (the chain then takes element i+1 before i)
   is caught on the GPU layout, in each kernel through each split (eight: 2-byte dtypes, four: float32); the
   eight swap shows only in the order-sensitive rows (see _order_sensitive_cases).
@@ -92,10 +95,10 @@ def _norm_problem(x, w, r, eps, t, reg):
     return next((str(d) for d in (_diff(name, a, b) for name, a, b in pairs) if d), None)
 
 
-def _softmax_problem(x, t, reg):
+def _softmax_problem(x, t, reg, split=None):
     spec = dataclasses.replace(DEFAULTS["softmax"], tile=t)
     for op in ("softmax", "log_softmax", "logsumexp"):
-        d = _diff(op, getattr(ref_softmax, op)(x, spec), getattr(tri_softmax, op)(x, spec, reg))
+        d = _diff(op, getattr(ref_softmax, op)(x, spec), getattr(tri_softmax, op)(x, spec, reg, split))
         if d:
             return str(d)
     return None
@@ -108,7 +111,7 @@ def _order_sensitive_cases():
     order, five of them (0.55 ulp) then 1 round up to 1 + 2^-23; element 5 before 4 rounds four (0.44 ulp) away."""
     x = torch.full((1, 16), -18.125).to(BF16)  # exp(-18.125) = 0.113 ulp(1)
     x[0, 5] = 0.0  # log_softmax[5] = -log S: -2^-23 in order, 0 with 4 and 5 swapped
-    yield "softmax order-sensitive 1x16 bfloat16", BF16, 256, lambda reg: _softmax_problem(x, 256, reg)
+    yield "softmax order-sensitive 1x16 bfloat16", BF16, 256, lambda reg, split=None: _softmax_problem(x, 256, reg, split)
     h = torch.full((1, 16), 1.1444091796875e-4).to(BF16)  # squares: 0.11 ulp(1)
     h[0, 5] = 1.0
     eps = float.fromhex("0x1.00c18p-12")  # puts y[5] = 1 / sqrt(S / 16 + eps) at the bf16 tie between 3.984375 and 4
@@ -126,15 +129,35 @@ def _cases():
     for i, (rows, n, t, dtype, special) in enumerate(SOFTMAX_CASES):
         label = f"softmax {rows}x{n} tile {t} {str(dtype)[6:]}{' nan/inf/-inf row' if special else ''}"
         x = _softmax_input(rows, n, dtype, special, torch.Generator().manual_seed(i))
-        yield label, dtype, t, lambda reg, x=x, t=t: _softmax_problem(x, t, reg)
+        yield label, dtype, t, lambda reg, split=None, x=x, t=t: _softmax_problem(x, t, reg, split)
     yield from _order_sensitive_cases()
 
 
-def _run_cases(regs, prefix=""):
+def _split_cases():
+    """(label, dtype, tile, problem(reg)) of the softmax cases run split across the row (softmax._run_split), plus
+    long rows that cross several column chunks of both layouts' blocks (the GPU layout's chunk is 2048 bf16 / 1024
+    float32 columns), with -inf, NaN and -0.0 in later chunks and a row whose max is in its last chunk."""
+    for label, dtype, t, problem in _cases():
+        if label.startswith("softmax"):
+            yield label.replace("softmax ", "softmax split ", 1), dtype, t, lambda reg, p=problem: p(reg, True)
+    for i, (rows, n, t, dtype) in enumerate(((3, 5000, 256, BF16), (2, 2600, 36, F32), (5, 4500, 128, F16))):
+        g = torch.Generator().manual_seed(100 + i)
+        x = _randn((rows, n), dtype, g)
+        x[0, n - 3] = 40.0  # the max in the last chunk
+        if rows == 5:
+            x[1, 3000] = float("nan")
+            x[2, 2100] = float("inf")
+            x[3] = float("-inf")
+            x[3, 4400] = -0.0  # the only finite element: M = -0.0, S = 1
+        yield f"softmax split {rows}x{n} tile {t} {str(dtype)[6:]}", dtype, t, \
+            lambda reg, x=x, t=t: _softmax_problem(x, t, reg, True)
+
+
+def _run_cases(regs, prefix="", cases=None):
     """(label, dtype, problem) per case and layout (the register layout: power-of-2 tiles only)."""
     for reg in regs:
         layout = "register layout" if reg else "GPU layout"
-        for label, dtype, t, problem in _cases():
+        for label, dtype, t, problem in (cases or _cases)():
             if not (reg and t & (t - 1)):
                 op, rest = label.split(" ", 1)
                 yield f"{prefix}{op} {layout} {rest}", dtype, problem(reg)
@@ -145,16 +168,24 @@ def check_bits():
         report(label, problem)
 
 
+def check_split():
+    for label, _, problem in _run_cases((False, True), cases=_split_cases):
+        report(label, problem)
+
+
 def check_negative():
     with swapped_neighbours():
         results = list(_run_cases((False,), "swapped: "))
-    for op in ("rms_norm", "softmax"):
+        results += list(_run_cases((False,), "swapped: ", _split_cases))
+    for op in ("rms_norm", "softmax", "softmax split"):
+        name, is_split = op.split(" ")[0], op.endswith("split")
         for split, dtypes in (("eight", (BF16, F16)), ("four", (F32,))):
             caught = [label for label, dtype, problem in results
-                      if problem and dtype in dtypes and label.startswith(f"swapped: {op} ")]
+                      if problem and dtype in dtypes and label.startswith(f"swapped: {name} ")
+                      and ("layout split " in label) == is_split]
             report(f"swapped neighbours in the {op} chain ({split}) are caught", None if caught else "no case caught it")
             print(f"  in {caught}", flush=True)
 
 
 if __name__ == "__main__":
-    main({"bits": check_bits, "negative": check_negative})
+    main({"bits": check_bits, "split": check_split, "negative": check_negative})

@@ -8,6 +8,8 @@ Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL
   kernel (K contiguous in both operands: 8 consecutive k per load) and through the element-per-step kernel
   (a [K, N] operand, a transposed weight view): K tails inside an 8-step and past a tile, K tiles that are not
   multiples of 8, column tails, every dtype, bias, NaN / inf in x and w. Which kernel ran is counted per case.
+* ``gemv_words``: the same with the int64-word chains (common.dot_tile_words: the launchers' choice on Triton < 3.7,
+  forced here), which run wherever K and the K tile are whole vectors (4 of the 5 cases) and give the same bits.
 * ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
   hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
 * ``odd_tiles``: tiles that are not powers of two (softmax / rms_norm tile 20, a vocab tile of 100) give the
@@ -18,6 +20,7 @@ Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -57,6 +60,8 @@ def _counting():
     def counted(kernel, *a, **kw):
         name = getattr(kernel, "fn", kernel).__name__
         counts[name] = counts.get(name, 0) + 1
+        if kw.get("WORDS"):
+            counts["words"] = counts.get("words", 0) + 1
         return real(kernel, *a, **kw)
     km.launch = counted
     return counts, real
@@ -102,11 +107,25 @@ def _gemv_cases_in(label_prefix):
             km.launch = real
         want = hal.linear(x, w, b, spec=spec, backend="reference")
         want_mm = hal.matmul(x, w.t().contiguous(), spec=spec, backend="reference")
+        vec = 16 // x.element_size()
+        words_want = int(km.WORDS_LAYOUT and k % vec == 0 and kt % vec == 0)  # whole vectors: the int64-word chains
         problem = (_diff(got_vec, want) and f"vector kernel: {_diff(got_vec, want)}") or \
             (_diff(got_elem, want) and f"element kernel: {_diff(got_elem, want)}") or \
             (_diff(got_mm, want_mm) and f"matmul: {_diff(got_mm, want_mm)}") or \
-            (None if (vec_ran, elem_ran) == (1, 2) else f"kernels ran: vector {vec_ran}, element {elem_ran} (want 1, 2)")
+            (None if (vec_ran, elem_ran) == (1, 2) else f"kernels ran: vector {vec_ran}, element {elem_ran} (want 1, 2)") \
+            or (None if counts.get("words", 0) == words_want else f"word chains ran {counts.get('words', 0)}, want {words_want}")
         yield name, problem
+
+
+@contextlib.contextmanager
+def _words_layout():
+    """The int64-word chains (common.dot_tile_words, the launchers' choice on Triton < 3.7) whatever Triton runs."""
+    real = km.WORDS_LAYOUT
+    km.WORDS_LAYOUT = True
+    try:
+        yield
+    finally:
+        km.WORDS_LAYOUT = real
 
 
 LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature, special values, row groups
@@ -166,6 +185,26 @@ def check_gemv():
         report(name, problem)
 
 
+def _order_sensitive_bf16():
+    """(label, problem) of a 1 x 8 bf16 GEMV (weights 1) whose bf16 output shows the order of neighbours 0/1, 2/3, ...:
+    in order the float32 chain ends at 1 + 2^-8 + 2^-23 (rounds up to 1.0078125), with each pair swapped at
+    1 + 2^-8 (a tie: 1.0). Random bf16 data hides a one-ulp float32 change under the output's rounding."""
+    x = torch.tensor([[-2.0 ** -17, 2.0 ** -17, 2.0 ** -24, 2.0 ** -8, -2.0 ** -9, 2.0 ** -9, 2.0 ** -24, 1.0]],
+                     dtype=torch.bfloat16)
+    w = torch.ones(1, 8, dtype=torch.bfloat16)
+    spec = hal.spec.MatmulSpec(k_tile=64)
+    return "order-sensitive 1x8 bfloat16", _diff(hal.linear(x, w, spec=spec, backend="triton"),
+                                                 hal.linear(x, w, spec=spec, backend="reference"))
+
+
+def check_gemv_words():
+    with _words_layout():
+        for name, problem in _gemv_cases("words: "):
+            report(name, problem)
+        name, problem = _order_sensitive_bf16()
+        report(f"words: {name}", problem)
+
+
 def check_lm_head():
     for name, problem in _lm_cases():
         report(name, problem)
@@ -175,11 +214,18 @@ def check_negative():
     with swapped_neighbours():
         gemv = [name for name, problem in _gemv_cases("swapped: ") if problem and "vector kernel" in problem]
         lm = [name for name, problem in _lm_cases("swapped: ") if problem]
+        with _words_layout():
+            words = [name for name, problem in _gemv_cases("swapped words: ") if problem and "vector kernel" in problem]
+            name, problem = _order_sensitive_bf16()
+            words += [f"swapped words: {name}"] if problem else []
     report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
+    for dt in ("float32", "bfloat16", "float16"):  # floats32, and halves for both 2-byte dtypes
+        hit = [name for name in words if name.endswith(dt) or f" {dt} " in name]
+        report(f"swapped neighbours caught by the gemv_words check ({dt})", None if hit else "no case caught it")
     report("swapped neighbours caught by the lm_head check", None if lm else "no case caught it")
     print(f"caught in {len(gemv)} of {2 * len(CASES)} gemv and {len(lm)} of {2 * len(LM_CASES)} lm_head cases",
           flush=True)
 
 
 if __name__ == "__main__":
-    main({"gemv": check_gemv, "lm_head": check_lm_head, "odd_tiles": check_odd_tiles, "negative": check_negative})
+    main({"gemv": check_gemv, "gemv_words": check_gemv_words, "lm_head": check_lm_head, "odd_tiles": check_odd_tiles, "negative": check_negative})
