@@ -114,10 +114,11 @@ def test_stock_vllm_scheduler_dependence_negative_control(kind, gdn_models, tmp_
 @pytest.mark.parametrize("kind", tiny_gdn.KINDS)
 def test_preemption_and_sampling(kind, gdn_models, tmp_path):
     """Preemption with prefills cut every 13 tokens (recomputed requests: their GDN states dropped and rebuilt from
-    token 0; a small-state model so that vLLM's hybrid blocks are small enough to run out) and seeded top-k/top-p
-    sampling (processed log-probs == lt.token_logprobs with the same settings): every bit the trainer's. (Seeded
-    sampling is not combined with chunked prefill: vLLM's runner rewinds a seeded request's generator after a partial
-    prefill with ``set_offset``, which CPU generators lack -- it fails with or without the plugin.)"""
+    token 0; a small-state model so that vLLM's hybrid blocks are small enough to run out), eager, and seeded
+    top-k/top-p sampling in compiled mode (processed log-probs == lt.token_logprobs with the same settings): every bit
+    the trainer's. (Seeded sampling is not combined with chunked prefill: vLLM's runner rewinds a seeded request's
+    generator after a partial prefill with ``set_offset``, which CPU generators lack -- it fails with or without the
+    plugin.)"""
     d = "bfloat16"
     path = gdn_models[(kind, d)]
     small = tiny_gdn.save_tiny_gdn(kind, d, tmp_path / "small_state", small_state=True)
@@ -127,12 +128,13 @@ def test_preemption_and_sampling(kind, gdn_models, tmp_path):
     runs = [dict(model=small, dtype=d, batches=[short], record_steps=True,
                  engine=dict(num_gpu_blocks_override=8, max_model_len=128, max_num_batched_tokens=13)),
             dict(model=path, dtype=d, batches=[PROMPTS], sampling=[params],
-                 engine=dict(logprobs_mode="processed_logprobs"))]
+                 engine=dict(logprobs_mode="processed_logprobs", enforce_eager=False))]
     preempted, sampled = gdn_engines(tmp_path, runs)
     steps = preempted.get("steps", preempted.get("error"))
     assert steps["preempted"] >= 1 and steps["max_prefill_steps"] >= 3, steps  # preempted, prefills cut at 13
     assert differing(small, d, short, outputs(preempted)) == (0, 0)
     assert differing(path, d, PROMPTS, outputs(sampled), temperature=0.8, top_k=20, top_p=0.9)[0] == 0
+    assert compiled_graphs(sampled) >= 1, sampled["compiles"]
 
 
 def test_prefix_caching_policy_and_refusals(gdn_models, tmp_path):
