@@ -7,8 +7,9 @@ SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwa
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
 "import_hal": bool, "record_steps": bool, "between": [[batch index, action]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
-log-prob bits and num_cached_tokens, or the error's type and message (refusals are asserted by name). An engine
-that fails to start records the error for the run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+log-prob bits and num_cached_tokens, or the error's type and message (refusals are asserted by name), and how
+often vLLM's compiler ran during the run ("compiles": its nonzero compilation counters; empty for an eager engine). An
+engine that fails to start records the error for the run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 """
 from __future__ import annotations
 
@@ -72,7 +73,10 @@ def _act(llm, action):
 
 def run_one(run) -> dict:
     from vllm import LLM, SamplingParams
+    from vllm.compilation.counter import compilation_counter
     from vllm.inputs import TokensPrompt
+    for counter in vars(compilation_counter):  # this engine's counts (vLLM resets them only when it compiles)
+        setattr(compilation_counter, counter, 0)
     steps: list = []
     stop = _steps_recorder(steps) if run.get("record_steps") else None
     llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
@@ -93,7 +97,7 @@ def run_one(run) -> dict:
                                               bits=[bits(d[t].logprob) for d, t in
                                                     zip(r.outputs[0].logprobs or [], r.outputs[0].token_ids)],
                                               cached=r.num_cached_tokens) for r in res]))
-        out = dict(batches=batches)
+        out = dict(batches=batches, compiles={k: v for k, v in vars(compilation_counter).items() if v})
         if stop is not None:
             out["steps"] = _step_summary(steps)
         return out

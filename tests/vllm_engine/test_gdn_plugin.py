@@ -25,6 +25,7 @@ TEXT_ONLY = dict(LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY="1")
 DTYPES = ("float32", "bfloat16")
 CASES = [(k, d) for k in tiny_gdn.KINDS for d in DTYPES]
 CHUNKED = dict(max_num_batched_tokens=13, max_num_seqs=4)  # cuts every 13 tokens: never a multiple of 64
+COMPILED = dict(max_num_batched_tokens=29, max_num_seqs=4, enforce_eager=False)  # vLLM's default mode, cut every 29
 
 
 def gdn_engines(tmp, runs, **kw):
@@ -39,25 +40,59 @@ def gdn_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lockstep_runs(gdn_models, tmp_path_factory):
-    """Per model and dtype: every prompt prefilled whole (batched), and prefills cut every 13 tokens beside decode
-    rows (one process building the eight engines in a row)."""
+    """Per model and dtype, prefills cut beside decode rows: eager (cut every 13 tokens) and compiled (vLLM's
+    default mode, a fresh compile cache; cut every 29), one process building the eight engines in a row. Whole
+    prefills run in the sampling and prefix-caching tests below."""
     tmp = tmp_path_factory.mktemp("gdn_on")
     runs = []
     for c in CASES:
-        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS]))
         runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS], engine=CHUNKED, record_steps=True))
+        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS], engine=COMPILED, record_steps=True))
     res = gdn_engines(tmp, runs)
-    return {c: dict(whole=res[2 * i], chunked=res[2 * i + 1]) for i, c in enumerate(CASES)}
+    return {c: dict(eager=res[2 * i], compiled=res[2 * i + 1]) for i, c in enumerate(CASES)}
+
+
+def compiled_graphs(run) -> int:
+    """How many graphs vLLM's compiler built for the engine (engine_run.py's counters)."""
+    compiles = run.get("compiles", {})
+    return compiles.get("num_aot_compiles", 0) + compiles.get("num_inductor_compiles", 0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
-def test_greedy_equals_trainer_at_any_cut(case, gdn_models, lockstep_runs):
+def test_greedy_equals_trainer_at_any_cut_eager_and_compiled(case, gdn_models, lockstep_runs):
     (kind, dtype), path, runs = case, gdn_models[case], lockstep_runs[case]
-    steps = runs["chunked"]["steps"]
-    assert steps["max_prefill_steps"] >= 3 and steps["mixed_steps"] >= 1, steps  # the hard steps happened
-    for name in ("whole", "chunked"):
+    for name in ("eager", "compiled"):
+        steps = runs[name].get("steps", runs[name].get("error"))
+        print(f"{kind} {dtype} {name}: {steps}, compiles {runs[name].get('compiles')}")
+        assert steps["max_prefill_steps"] >= 3 and steps["mixed_steps"] >= 1, (name, steps)  # the hard steps happened
         lp, tok = differing(path, dtype, PROMPTS, outputs(runs[name]))
         assert (lp, tok) == (0, 0), f"{kind} {dtype} {name}: {lp}/48 log-prob bits, {tok}/48 tokens differ"
+    assert compiled_graphs(runs["eager"]) == 0 and compiled_graphs(runs["compiled"]) >= 1, \
+        (runs["eager"]["compiles"], runs["compiled"]["compiles"])
+
+
+def test_opaque_norm_keeps_the_bf16_residual_rounding_under_inductor():
+    """Why the (1 + w) norm with its residual is one opaque op: compiled with Inductor, the same Python inline
+    (add, then the float32 upcast the norm needs) feeds the unrounded float32 sum to the norm (the negative control:
+    caught), while the op gives eager's raw bits for both outputs."""
+    import torch
+
+    from hal.integrations.vllm.gdn import _one_plus_norm, _register_ops
+    _register_ops()
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(64, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    w = (0.1 * torch.randn(128, generator=g)).to(torch.bfloat16)
+    eps = 1e-6
+    y, h = _one_plus_norm(x, r, w, eps)
+    torch._dynamo.reset()
+    y_op, h_op = torch.compile(lambda *a: torch.ops.lockstep.vllm_one_plus_rms_norm_residual(*a, eps),
+                               backend="inductor", fullgraph=True)(x, r, w)
+    y_inline, _ = torch.compile(lambda *a: _one_plus_norm(*a, eps), backend="inductor", fullgraph=True)(x, r, w)
+    as_int = (lambda t: t.view(torch.int16))
+    assert torch.equal(as_int(y_op), as_int(y)) and torch.equal(as_int(h_op), as_int(h))
+    moved = (as_int(y_inline) != as_int(y)).any(-1).sum().item()
+    print(f"inline norm under Inductor: {moved}/64 rows differ from eager")
+    assert moved >= 8, moved
 
 
 @pytest.mark.parametrize("kind", tiny_gdn.KINDS)
@@ -78,12 +113,12 @@ def test_stock_vllm_scheduler_dependence_negative_control(kind, gdn_models, tmp_
 
 @pytest.mark.parametrize("kind", tiny_gdn.KINDS)
 def test_preemption_and_sampling(kind, gdn_models, tmp_path):
-    """Preemption (recomputed requests: their GDN states dropped and rebuilt from token 0; a small-state model so
-    that vLLM's hybrid blocks are small enough to run out) and seeded top-k/top-p sampling (processed log-probs ==
-    lt.token_logprobs with the same settings): every bit the trainer's. (Seeded sampling is not combined with
-    chunked prefill: vLLM's runner rewinds a seeded request's generator after a partial prefill with
-    ``set_offset``, which CPU generators lack -- it fails with or without the plugin.) vLLM's compiled mode is
-    refused by name for GDN models (gdn.check_config)."""
+    """Preemption with prefills cut every 13 tokens (recomputed requests: their GDN states dropped and rebuilt from
+    token 0; a small-state model so that vLLM's hybrid blocks are small enough to run out), eager, and seeded
+    top-k/top-p sampling in compiled mode (processed log-probs == lt.token_logprobs with the same settings): every bit
+    the trainer's. (Seeded sampling is not combined with chunked prefill: vLLM's runner rewinds a seeded request's
+    generator after a partial prefill with ``set_offset``, which CPU generators lack -- it fails with or without the
+    plugin.)"""
     d = "bfloat16"
     path = gdn_models[(kind, d)]
     small = tiny_gdn.save_tiny_gdn(kind, d, tmp_path / "small_state", small_state=True)
@@ -91,15 +126,15 @@ def test_preemption_and_sampling(kind, gdn_models, tmp_path):
     params = [dict(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=100 + i, logprobs=0)
               for i in range(len(PROMPTS))]
     runs = [dict(model=small, dtype=d, batches=[short], record_steps=True,
-                 engine=dict(num_gpu_blocks_override=8, max_model_len=128)),
+                 engine=dict(num_gpu_blocks_override=8, max_model_len=128, max_num_batched_tokens=13)),
             dict(model=path, dtype=d, batches=[PROMPTS], sampling=[params],
-                 engine=dict(logprobs_mode="processed_logprobs")),
-            dict(model=path, dtype=d, batches=[], engine=dict(enforce_eager=False))]
-    preempted, sampled, compiled = gdn_engines(tmp_path, runs)
-    assert preempted.get("steps", {}).get("preempted", 0) >= 1, preempted.get("steps", preempted.get("error"))
+                 engine=dict(logprobs_mode="processed_logprobs", enforce_eager=False))]
+    preempted, sampled = gdn_engines(tmp_path, runs)
+    steps = preempted.get("steps", preempted.get("error"))
+    assert steps["preempted"] >= 1 and steps["max_prefill_steps"] >= 3, steps  # preempted, prefills cut at 13
     assert differing(small, d, short, outputs(preempted)) == (0, 0)
     assert differing(path, d, PROMPTS, outputs(sampled), temperature=0.8, top_k=20, top_p=0.9)[0] == 0
-    assert "UnsupportedError" in compiled.get("error", "") and "enforce_eager=True" in compiled["error"], compiled
+    assert compiled_graphs(sampled) >= 1, sampled["compiles"]
 
 
 def test_prefix_caching_policy_and_refusals(gdn_models, tmp_path):

@@ -18,8 +18,9 @@ What the plugin swaps for these models, mirroring ``lt.patch`` on transformers (
 
 The step's requests (ids in the batch's row order, tokens computed before the step, query offsets) are
 recorded by the model runner hook (:func:`record_step`) before each forward; the GDN core runs as one opaque
-torch op (``torch.ops.lockstep.vllm_gdn_core``) so a traced graph keeps the per-request Python outside it.
-vLLM's compiled mode is refused for these models for now (check_config says why): ``enforce_eager=True``.
+torch op (``torch.ops.lockstep.vllm_gdn_core``) so a traced graph keeps the per-request Python outside it. The
+``(1 + w)`` norms (with HF's add-then-round residual) and Qwen3-Next's MoE block are opaque ops too
+(:func:`_register_ops`), so vLLM's compiled mode (its default) computes the eager engine's bits.
 A request continuing at a position lockstep holds no state for (a prefix-cache hit) is refused by name;
 prefix caching is switched off for these models (:func:`prefix_caching_policy`).
 
@@ -28,10 +29,12 @@ Qwen3.5's vLLM model file imports transformers' torchvision image processor thro
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
 import types
+import weakref
 
 import torch
 
@@ -128,7 +131,25 @@ def _gdn_core(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_wei
     return o[0]
 
 
-def _register_core_op() -> None:
+def _one_plus_norm(x: torch.Tensor, residual, weight: torch.Tensor, eps: float):
+    """``(1 + w) * norm(h)`` in float32, rounded to h's dtype, with ``h = x + residual`` rounded to the model dtype
+    first (HF's decoder order; hf_modules.rms_norm_one_plus is the trainer's side)."""
+    import hal
+    h = x if residual is None else x + residual
+    return hal.rms_norm(h.float(), 1.0 + weight.float(), eps).to(h.dtype), h
+
+
+# The MoE blocks of this process's models, by the key each holds (its expert loop runs inside one opaque op that
+# reads the block's weights when the op runs, as the GDN core reads STATES).
+_MOE_BLOCKS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_moe_keys = itertools.count()
+
+
+def _register_ops() -> None:
+    """The plugin's own opaque torch ops. Under vLLM's compiled mode, Dynamo records each as one node and Inductor
+    cannot fuse across it: the bf16 residual sum reaches the norm rounded (Inductor would feed the unrounded float32
+    sum into the norm's upcast), the MoE's data-dependent expert loop stays Python, and the per-request GDN state
+    stays outside the graph. Eager runs the same ops, so both modes compute one code path."""
     if hasattr(torch.ops, "lockstep") and hasattr(torch.ops.lockstep, "vllm_gdn_core"):
         return
 
@@ -140,6 +161,32 @@ def _register_core_op() -> None:
     @vllm_gdn_core.register_fake
     def _(mixed, g, beta, conv_weight, layer, key_dim, head_k_dim, head_v_dim):
         return mixed.new_empty((mixed.shape[0], g.shape[-1], head_v_dim))
+
+    @torch.library.custom_op("lockstep::vllm_one_plus_rms_norm", mutates_args=())
+    def vllm_one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return _one_plus_norm(x, None, weight, eps)[0]
+
+    @vllm_one_plus_rms_norm.register_fake
+    def _(x, weight, eps):
+        return torch.empty_like(x)
+
+    @torch.library.custom_op("lockstep::vllm_one_plus_rms_norm_residual", mutates_args=())
+    def vllm_one_plus_rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return _one_plus_norm(x, residual, weight, eps)
+
+    @vllm_one_plus_rms_norm_residual.register_fake
+    def _(x, residual, weight, eps):
+        h = torch.empty_like(x + residual)
+        return torch.empty_like(h), h
+
+    @torch.library.custom_op("lockstep::vllm_sparse_moe", mutates_args=())
+    def vllm_sparse_moe(h: torch.Tensor, block: int) -> torch.Tensor:
+        return _sparse_moe(_MOE_BLOCKS[block], h)
+
+    @vllm_sparse_moe.register_fake
+    def _(h, block):
+        return torch.empty_like(h)
 
 
 # ---------------------------------------------------------------- the layers
@@ -155,14 +202,13 @@ def _layers():
     from .layers import hf_default_inv_freq
 
     class LockstepGemmaRMSNorm(GemmaRMSNorm):
-        """``(1 + w) * norm(x)`` as HF's Qwen3-Next / Qwen3.5 norm (hf_modules.rms_norm_one_plus)."""
+        """``(1 + w) * norm(x)`` as HF's Qwen3-Next / Qwen3.5 norm (hf_modules.rms_norm_one_plus), with a residual
+        HF's add-then-round first: one opaque op (:func:`_register_ops`)."""
 
         def forward(self, x, residual=None):
-            w = 1.0 + self.weight.float()
             if residual is None:
-                return hal.rms_norm(x.float(), w, self.variance_epsilon).to(x.dtype)
-            h = x + residual  # HF's decoder: residual + hidden, rounded, then the norm
-            return hal.rms_norm(h.float(), w, self.variance_epsilon).to(h.dtype), h
+                return torch.ops.lockstep.vllm_one_plus_rms_norm(x, self.weight, self.variance_epsilon)
+            return torch.ops.lockstep.vllm_one_plus_rms_norm_residual(x, residual, self.weight, self.variance_epsilon)
 
         forward_native = forward_cpu = forward_cuda = forward
 
@@ -215,7 +261,6 @@ def _layers():
             if self.activation != "silu" or self.tp_size != 1 or self.num_spec:
                 raise UnsupportedError(f"GDN layer {prefix}: activation {self.activation!r}, tensor parallel "
                                        f"{self.tp_size}, {self.num_spec} speculative tokens (lockstep: silu, 1, 0)")
-            _register_core_op()
 
         def forward(self, hidden_states):
             n = hidden_states.shape[0]
@@ -255,23 +300,29 @@ def gated_attention_forward(self, positions, hidden_states):
 
 
 def sparse_moe_forward(self, hidden_states, already_sequence_parallel=False):
-    """``Qwen3NextSparseMoeBlock.forward`` in lockstep's defined order (hf_modules.sparse_moe_block, over vLLM's
-    parameters): the router ``hal.linear`` + ``top_k_route``, each expert ``hal.linear`` / ``hal.silu_mul`` on its
-    rows of ``w13_weight[e]`` (gate rows, then up rows) and ``w2_weight[e]``, summed in rank order
-    (``routed_experts``), plus ``hal.sigmoid(shared_expert_gate(h)) * shared_expert(h)``."""
-    import hal
-
-    from ..hf_modules import routed_experts, top_k_route
+    """``Qwen3NextSparseMoeBlock.forward`` in lockstep's defined order (:func:`_sparse_moe`), as one opaque op
+    (``torch.ops.lockstep.vllm_sparse_moe``): which expert a token chose is a value, so a traced graph keeps the
+    expert loop outside it."""
     if self.is_sequence_parallel or self.shared_expert is None or self.n_redundant_experts or self.ep_size != 1:
         raise UnsupportedError("Qwen3-Next MoE with sequence parallelism, a fused or absent shared expert, redundant "
                                "experts or expert parallelism is not supported by lockstep's vLLM plugin")
+    if getattr(self.experts, "routed_scaling_factor", 1.0) not in (None, 1.0):
+        raise UnsupportedError("a routed scaling factor is not supported by lockstep's vLLM plugin")
     shape = hidden_states.shape
-    h = hidden_states.reshape(-1, shape[-1])
+    return torch.ops.lockstep.vllm_sparse_moe(hidden_states.reshape(-1, shape[-1]), self._lockstep_moe).reshape(shape)
+
+
+def _sparse_moe(self, h):
+    """The MoE block over vLLM's parameters (hf_modules.sparse_moe_block's order): the router ``hal.linear`` +
+    ``top_k_route``, each expert ``hal.linear`` / ``hal.silu_mul`` on its rows of ``w13_weight[e]`` (gate rows, then
+    up rows) and ``w2_weight[e]``, summed in rank order (``routed_experts``), plus
+    ``hal.sigmoid(shared_expert_gate(h)) * shared_expert(h)``."""
+    import hal
+
+    from ..hf_modules import routed_experts, top_k_route
     w = self.gate.weight
     logits = hal.linear(h, w if w.dtype == h.dtype else w.to(h.dtype))
     routed_experts_ = self.experts.routed_experts  # the MoE runner's weight holder
-    if getattr(self.experts, "routed_scaling_factor", 1.0) not in (None, 1.0):
-        raise UnsupportedError("a routed scaling factor is not supported by lockstep's vLLM plugin")
     weights, index = top_k_route(logits, routed_experts_.top_k, routed_experts_.renormalize)
     w13, w2 = routed_experts_.w13_weight, routed_experts_.w2_weight  # [E, 2I (gate rows, up rows), H], [E, H, I]
 
@@ -283,7 +334,16 @@ def sparse_moe_forward(self, hidden_states, already_sequence_parallel=False):
     se = self.shared_expert
     shared = se.down_proj(se.act_fn(se.gate_up_proj(h)[0]))[0]
     shared = hal.sigmoid(self.shared_expert_gate(h)[0]) * shared
-    return (routed + shared).reshape(shape)
+    return routed + shared
+
+
+def register_moe_block(init):
+    """Wraps ``Qwen3NextSparseMoeBlock.__init__``: each block gets the key its opaque op finds it by."""
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._lockstep_moe = next(_moe_keys)
+        _MOE_BLOCKS[self._lockstep_moe] = self
+    return __init__
 
 
 def keep_expert_weights(self, layer) -> None:
@@ -336,10 +396,6 @@ def check_config(cfg, hf) -> list:
         problems.append("attention biases")
     if getattr(mc, "multimodal_config", None) is not None and not mc.multimodal_config.language_model_only:
         problems.append("multimodal inputs")
-    if not mc.enforce_eager:
-        problems.append("vLLM's torch.compile mode for GDN models (pass enforce_eager=True): inductor fuses the bf16 "
-                        "residual add into the (1 + w) norm's float32 upcast and the MoE's weighted sums, skipping "
-                        "roundings the eager engine and the trainer make; the MoE's per-expert loop is data-dependent")
     if cfg.cache_config.enable_prefix_caching:
         problems.append("enable_prefix_caching=True (GDN state at block boundaries is not replayed exactly yet: "
                         "leave prefix caching at its default, which lockstep switches off for GDN models)")
@@ -371,6 +427,7 @@ def install(custom_op_cls, pluggable_cls) -> None:
 
     from ...serving import GdnStates
     STATES = GdnStates()
+    _register_ops()
     built = _layers()
     for name, cls in built["custom_ops"].items():
         custom_op_cls.register_oot(cls, name=name)
@@ -378,6 +435,7 @@ def install(custom_op_cls, pluggable_cls) -> None:
         pluggable_cls.register_oot(cls, name=name)
     qwen3_next.Qwen3NextAttention.forward = gated_attention_forward
     qwen3_next.Qwen3NextSparseMoeBlock.forward = sparse_moe_forward
+    qwen3_next.Qwen3NextSparseMoeBlock.__init__ = register_moe_block(qwen3_next.Qwen3NextSparseMoeBlock.__init__)
     UnquantizedFusedMoEMethod.process_weights_after_loading = keep_expert_weights
 
     prepare = CPUModelRunner._prepare_inputs
