@@ -179,28 +179,52 @@ def test_seeded_sampling_logprobs_equal_the_trainers(models, tmp_path):
 
 
 def test_refusals_by_name(models, tmp_path):
+    """Each feature lockstep cannot make exact is refused by name (lockstep's UnsupportedError): engine features
+    in the front end's create_engine_config, before any engine part is built (vLLM-CPU constructs every one of
+    these configurations itself, tensor / pipeline parallel 2 included); sampling parameters at admission, after
+    which the same engine still serves the trainer's bits (a refused request changes nothing)."""
     case = ("llama", "float32")
     path = models[case]
-    mistral = tmp_path / "mistral"
+    mistral = tmp_path / "mistral"  # an architecture outside the tested list
     tiny.save_tiny("llama", "float32", mistral)
     cfg = json.loads((mistral / "config.json").read_text())
     cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
     (mistral / "config.json").write_text(json.dumps(cfg))
-    refused_requests = [dict(min_p=0.1), dict(presence_penalty=0.5), dict(logit_bias={3: 1.0}), dict(logprobs=2),
-                        dict(prompt_logprobs=1), dict(min_tokens=2), dict(allowed_token_ids=[1, 2, 3])]
-    runs = [dict(model=path, dtype=case[1], engine=dict(kv_cache_dtype="fp8"), batches=[]),
-            dict(model=path, dtype=case[1], engine=dict(logprobs_mode="raw_logits"), batches=[]),
-            dict(model=path, dtype=case[1], engine=dict(model_impl="transformers"), batches=[]),
-            dict(model=str(mistral), dtype=case[1], batches=[]),
-            dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * len(refused_requests),
-                 sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests])]
-    fp8, raw_logits, hf_impl, arch, requests = run_engines(tmp_path, runs)
-    for res, name in ((fp8, "kv_cache_dtype='fp8'"), (raw_logits, "logprobs_mode='raw_logits'"),
-                      (hf_impl, "model_impl"), (arch, "MistralForCausalLM")):
-        assert "UnsupportedError" in res.get("error", "") and name in res["error"], res
-    names = ["min_p", "penalties", "logit_bias", "logprobs=2", "prompt_logprobs", "min_tokens", "allowed_token_ids"]
-    for b, name in zip(requests["batches"], names):
-        assert "UnsupportedError" in b.get("error", "") and name in b["error"], (name, b)
+    window = tmp_path / "qwen3_window"  # Qwen3 (a tested architecture) with a sliding-window layer
+    tiny.save_tiny("qwen3", "float32", window)
+    cfg = json.loads((window / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=32, max_window_layers=1,
+               layer_types=["full_attention", "sliding_attention"])
+    (window / "config.json").write_text(json.dumps(cfg))
+    refused_engines = {  # name in the error -> (model, dtype, engine arguments)
+        "kv_cache_dtype='fp8'": (path, "float32", dict(kv_cache_dtype="fp8")),
+        "logprobs_mode='raw_logits'": (path, "float32", dict(logprobs_mode="raw_logits")),
+        "model_impl": (path, "float32", dict(model_impl="transformers")),
+        "MistralForCausalLM": (str(mistral), "float32", {}),
+        "quantization='fp8'": (models[("llama", "bfloat16")], "bfloat16", dict(quantization="fp8")),  # fp8: bf16 only
+        "LoRA": (path, "float32", dict(enable_lora=True)),
+        "speculative decoding": (path, "float32", dict(speculative_config=dict(
+            method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))),
+        "tensor/pipeline/data parallel sizes 2/1/1": (path, "float32", dict(tensor_parallel_size=2)),
+        "tensor/pipeline/data parallel sizes 1/2/1": (path, "float32", dict(pipeline_parallel_size=2)),
+        "sliding-window attention": (str(window), "float32", {}),
+    }
+    refused_requests = {"min_p": dict(min_p=0.1), "penalties": dict(presence_penalty=0.5),
+                        "penalties ": dict(frequency_penalty=0.5), "penalties  ": dict(repetition_penalty=1.2),
+                        "logit_bias": dict(logit_bias={3: 1.0}), "logprobs=2": dict(logprobs=2),
+                        "prompt_logprobs": dict(prompt_logprobs=1), "min_tokens": dict(min_tokens=2),
+                        "allowed_token_ids": dict(allowed_token_ids=[1, 2, 3]), "bad_words": dict(bad_words=["a"]),
+                        "structured outputs": dict(structured_outputs=dict(choice=["a", "b"]))}
+    runs = [dict(model=m, dtype=d, engine=e, batches=[]) for m, d, e in refused_engines.values()]
+    runs.append(dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * (len(refused_requests) + 1),
+                     sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests.values()] + [None]))
+    *engines, requests = run_engines(tmp_path, runs)
+    for res, name in zip(engines, refused_engines):
+        assert "UnsupportedError" in res.get("error", "") and name in res["error"], (name, res)
+        assert "batches" not in res, name  # the engine never started
+    for b, name in zip(requests["batches"], refused_requests):
+        assert "UnsupportedError" in b.get("error", "") and name.strip() in b["error"], (name, b)
+    assert differing(path, case[1], PROMPTS[:1], requests["batches"][-1]["outputs"]) == (0, 0)
 
 
 def test_colocated_engines_after_import_hal(models, tmp_path):
