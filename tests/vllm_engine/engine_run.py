@@ -70,16 +70,16 @@ def _act(llm, action):
         raise ValueError(kind)
 
 
-def _sampling_params(kwargs: dict):
-    """``SamplingParams(**kwargs)``; a ``structured_outputs`` dict becomes vLLM's ``StructuredOutputsParams``."""
-    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+def _from_json(kwargs: dict) -> dict:
+    """SamplingParams kwargs from JSON: a ``structured_outputs`` dict becomes vLLM's ``StructuredOutputsParams``."""
+    from vllm.sampling_params import StructuredOutputsParams
     if isinstance(kwargs.get("structured_outputs"), dict):
         kwargs = dict(kwargs, structured_outputs=StructuredOutputsParams(**kwargs["structured_outputs"]))
-    return SamplingParams(**kwargs)
+    return kwargs
 
 
 def run_one(run) -> dict:
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     steps: list = []
     stop = _steps_recorder(steps) if run.get("record_steps") else None
@@ -93,7 +93,7 @@ def run_one(run) -> dict:
             sampling = (run.get("sampling") or [None] * len(run["batches"]))[b] or [GREEDY] * len(group)
             try:
                 res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group],
-                                   [_sampling_params(s) for s in sampling], use_tqdm=False)
+                                   [SamplingParams(**_from_json(s)) for s in sampling], use_tqdm=False)
             except Exception as e:  # a refusal at admission: the engine lives on
                 batches.append(_error(e))
                 continue
