@@ -71,6 +71,14 @@ def _act(llm, action):
         raise ValueError(kind)
 
 
+def _from_json(kwargs: dict) -> dict:
+    """SamplingParams kwargs from JSON: a ``structured_outputs`` dict becomes vLLM's ``StructuredOutputsParams``."""
+    from vllm.sampling_params import StructuredOutputsParams
+    if isinstance(kwargs.get("structured_outputs"), dict):
+        kwargs = dict(kwargs, structured_outputs=StructuredOutputsParams(**kwargs["structured_outputs"]))
+    return kwargs
+
+
 def run_one(run) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.compilation.counter import compilation_counter
@@ -89,7 +97,7 @@ def run_one(run) -> dict:
             sampling = (run.get("sampling") or [None] * len(run["batches"]))[b] or [GREEDY] * len(group)
             try:
                 res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group],
-                                   [SamplingParams(**s) for s in sampling], use_tqdm=False)
+                                   [SamplingParams(**_from_json(s)) for s in sampling], use_tqdm=False)
             except Exception as e:  # a refusal at admission: the engine lives on
                 batches.append(_error(e))
                 continue

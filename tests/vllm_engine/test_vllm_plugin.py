@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -60,15 +61,27 @@ def trainer_bits(path, dtype, prompt, generated, **sampling):
     return tiny.trainer_logprobs(_trainers[path], prompt, generated, **sampling)
 
 
-def differing(path, dtype, prompts, outs, **sampling):
-    """(log-prob bits that differ from the trainer's, greedy tokens that differ from the trainer's argmax)."""
+def differing(path, dtype, prompts, outs, per_prompt=None, **sampling):
+    """(log-prob bits that differ from the trainer's, greedy tokens that differ from the trainer's argmax);
+    the trainer recomputes with ``sampling`` (temperature, top_k, top_p), or ``per_prompt[i]`` for prompt i."""
     lp = tok = 0
-    for p, o in zip(prompts, outs):
+    for i, (p, o) in enumerate(zip(prompts, outs)):
         assert len(o["tokens"]) == 8 and len(o["bits"]) == 8
-        b, g = trainer_bits(path, dtype, p, o["tokens"], **sampling)
+        b, g = trainer_bits(path, dtype, p, o["tokens"], **(per_prompt[i] if per_prompt else sampling))
         lp += sum(x != y for x, y in zip(b, o["bits"]))
         tok += sum(x != y for x, y in zip(g, o["tokens"]))
     return lp, tok
+
+
+# One sampled batch, a different setting per row (temperature only, top-k, top-p, both), each with its own seed.
+SAMPLED = [dict(temperature=0.8, top_k=20, top_p=0.9), dict(temperature=1.0), dict(temperature=0.6, top_k=5),
+           dict(temperature=1.3, top_p=0.8), dict(temperature=0.9, top_k=50, top_p=0.95), dict(temperature=0.7)]
+SAMPLED_PARAMS = [dict(max_tokens=8, seed=200 + i, logprobs=0, **s) for i, s in enumerate(SAMPLED)]
+
+
+def finite(outs) -> bool:
+    """Every recorded log-prob is finite: under processed_logprobs a token outside the kept set records -inf."""
+    return all(abs(struct.unpack("<f", struct.pack("<i", b))[0]) < float("inf") for o in outs for b in o["bits"])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +90,9 @@ def greedy(models, tmp_path_factory):
     four in-process engines in a row) and stock vLLM's (the plugin off)."""
     tmp = tmp_path_factory.mktemp("greedy")
     runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS]) for c in CASES]
-    return dict(lockstep=dict(zip(CASES, run_engines(tmp, runs, plugin=True, name="on"))),
+    # lockstep's engines also draw SAMPLED (batch 1; stock vLLM-CPU cannot run seeded requests on this machine)
+    sampled = [dict(r, batches=[PROMPTS, PROMPTS], sampling=[None, SAMPLED_PARAMS]) for r in runs]
+    return dict(lockstep=dict(zip(CASES, run_engines(tmp, sampled, plugin=True, name="on"))),
                 stock=dict(zip(CASES, run_engines(tmp, runs, plugin=False, name="off"))))
 
 
@@ -86,6 +101,14 @@ def test_greedy_logprobs_equal_the_trainers(case, models, greedy):
     path, dtype = models[case], case[1]
     lp, tok = differing(path, dtype, PROMPTS, outputs(greedy["lockstep"][case]))
     assert (lp, tok) == (0, 0), f"{case}: {lp}/48 log-prob bits and {tok}/48 greedy tokens differ from the trainer"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_sampled_raw_logprobs_equal_the_trainers(case, models, greedy):
+    """Eager, seeded temperature / top-k / top-p rows in one batch, vLLM's default raw_logprobs: each drawn
+    token's recorded bits are the trainer's temperature-1 full-vocabulary log-prob."""
+    lp, _ = differing(models[case], case[1], PROMPTS, outputs(greedy["lockstep"][case], 1))
+    assert lp == 0, f"{case}: {lp}/48 sampled tokens' log-prob bits differ from the trainer"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
@@ -133,48 +156,75 @@ def test_preemption_changes_no_bit(models, tmp_path):
 
 
 def test_seeded_sampling_logprobs_equal_the_trainers(models, tmp_path):
-    """temperature / top-k / top-p with a seed per request: processed log-probs are lt.token_logprobs with the
-    same settings; raw ones the temperature-1 values; a seeded request draws the same tokens beside others."""
+    """Seeded temperature / top-k / top-p rows under processed_logprobs: lt.token_logprobs with each row's
+    settings; a seeded request draws the same tokens alone as beside others, and the same again when every
+    prompt is prefilled in 16-token chunks beside decode rows (vLLM samples a chunk that does not end its prompt
+    and throws the token away; stock vLLM-CPU then dies rewinding the request's CPU generator with set_offset)."""
     case = ("qwen3", "bfloat16")
     path = models[case]
-    params = [dict(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=100 + i, logprobs=0)
-              for i in range(len(PROMPTS))]
-    runs = [dict(model=path, dtype=case[1], batches=[PROMPTS, PROMPTS[:1]], sampling=[params, params[:1]],
-                 engine=dict(logprobs_mode="processed_logprobs")),
-            dict(model=path, dtype=case[1], batches=[PROMPTS], sampling=[params])]
-    processed, raw = run_engines(tmp_path, runs)
+    runs = [dict(model=path, dtype=case[1], batches=[PROMPTS, PROMPTS[1:2]],
+                 sampling=[SAMPLED_PARAMS, SAMPLED_PARAMS[1:2]], engine=dict(logprobs_mode="processed_logprobs")),
+            dict(model=path, dtype=case[1], batches=[PROMPTS], sampling=[SAMPLED_PARAMS], record_steps=True,
+                 engine=dict(logprobs_mode="processed_logprobs", max_num_batched_tokens=16,
+                             enable_prefix_caching=False))]
+    processed, chunked = run_engines(tmp_path, runs)
     outs = outputs(processed)
-    assert differing(path, case[1], PROMPTS, outs, temperature=0.8, top_k=20, top_p=0.9)[0] == 0
-    assert outputs(processed, 1)[0]["tokens"] == outs[0]["tokens"]  # alone == batched: its own generator
-    raw_outs = outputs(raw)
-    assert [o["tokens"] for o in raw_outs] == [o["tokens"] for o in outs]
-    assert differing(path, case[1], PROMPTS, raw_outs)[0] == 0  # raw: temperature 1, full vocabulary
-    assert sum(o["tokens"] != [] for o in outs) == len(PROMPTS)
+    assert differing(path, case[1], PROMPTS, outs, per_prompt=SAMPLED)[0] == 0 and finite(outs)
+    alone = outputs(processed, 1)[0]  # (a prefix-cache hit of the batched request's blocks)
+    assert (alone["tokens"], alone["bits"]) == (outs[1]["tokens"], outs[1]["bits"])  # its own generator
+    assert chunked["steps"]["max_prefill_steps"] >= 3, chunked  # the 70-token prompt: 5 chunks
+    assert chunked["steps"]["mixed_steps"] >= 1, chunked["steps"]  # chunks beside other requests' decode rows
+    assert [(o["tokens"], o["bits"]) for o in outputs(chunked)] == [(o["tokens"], o["bits"]) for o in outs]
+    assert differing(path, case[1], PROMPTS, outputs(chunked), per_prompt=SAMPLED)[0] == 0
 
 
 def test_refusals_by_name(models, tmp_path):
+    """Each feature lockstep cannot make exact is refused by name (lockstep's UnsupportedError): engine features
+    in the front end's create_engine_config, before any engine part is built (vLLM-CPU constructs every one of
+    these configurations itself, tensor / pipeline parallel 2 included); sampling parameters at admission, after
+    which the same engine still serves the trainer's bits (a refused request changes nothing)."""
     case = ("llama", "float32")
     path = models[case]
-    mistral = tmp_path / "mistral"
+    mistral = tmp_path / "mistral"  # an architecture outside the tested list
     tiny.save_tiny("llama", "float32", mistral)
     cfg = json.loads((mistral / "config.json").read_text())
     cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
     (mistral / "config.json").write_text(json.dumps(cfg))
-    refused_requests = [dict(min_p=0.1), dict(presence_penalty=0.5), dict(logit_bias={3: 1.0}), dict(logprobs=2),
-                        dict(prompt_logprobs=1), dict(min_tokens=2), dict(allowed_token_ids=[1, 2, 3])]
-    runs = [dict(model=path, dtype=case[1], engine=dict(kv_cache_dtype="fp8"), batches=[]),
-            dict(model=path, dtype=case[1], engine=dict(logprobs_mode="raw_logits"), batches=[]),
-            dict(model=path, dtype=case[1], engine=dict(model_impl="transformers"), batches=[]),
-            dict(model=str(mistral), dtype=case[1], batches=[]),
-            dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * len(refused_requests),
-                 sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests])]
-    fp8, raw_logits, hf_impl, arch, requests = run_engines(tmp_path, runs)
-    for res, name in ((fp8, "kv_cache_dtype='fp8'"), (raw_logits, "logprobs_mode='raw_logits'"),
-                      (hf_impl, "model_impl"), (arch, "MistralForCausalLM")):
-        assert "UnsupportedError" in res.get("error", "") and name in res["error"], res
-    names = ["min_p", "penalties", "logit_bias", "logprobs=2", "prompt_logprobs", "min_tokens", "allowed_token_ids"]
-    for b, name in zip(requests["batches"], names):
-        assert "UnsupportedError" in b.get("error", "") and name in b["error"], (name, b)
+    window = tmp_path / "qwen3_window"  # Qwen3 (a tested architecture) with a sliding-window layer
+    tiny.save_tiny("qwen3", "float32", window)
+    cfg = json.loads((window / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=32, max_window_layers=1,
+               layer_types=["full_attention", "sliding_attention"])
+    (window / "config.json").write_text(json.dumps(cfg))
+    refused_engines = {  # name in the error -> (model, dtype, engine arguments)
+        "kv_cache_dtype='fp8'": (path, "float32", dict(kv_cache_dtype="fp8")),
+        "logprobs_mode='raw_logits'": (path, "float32", dict(logprobs_mode="raw_logits")),
+        "model_impl": (path, "float32", dict(model_impl="transformers")),
+        "MistralForCausalLM": (str(mistral), "float32", {}),
+        "quantization='fp8'": (models[("llama", "bfloat16")], "bfloat16", dict(quantization="fp8")),  # fp8: bf16 only
+        "LoRA": (path, "float32", dict(enable_lora=True)),
+        "speculative decoding": (path, "float32", dict(speculative_config=dict(
+            method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1))),
+        "tensor/pipeline/data parallel sizes 2/1/1": (path, "float32", dict(tensor_parallel_size=2)),
+        "tensor/pipeline/data parallel sizes 1/2/1": (path, "float32", dict(pipeline_parallel_size=2)),
+        "sliding-window attention": (str(window), "float32", {}),
+    }
+    refused_requests = {"min_p": dict(min_p=0.1), "penalties": dict(presence_penalty=0.5),
+                        "penalties ": dict(frequency_penalty=0.5), "penalties  ": dict(repetition_penalty=1.2),
+                        "logit_bias": dict(logit_bias={3: 1.0}), "logprobs=2": dict(logprobs=2),
+                        "prompt_logprobs": dict(prompt_logprobs=1), "min_tokens": dict(min_tokens=2),
+                        "allowed_token_ids": dict(allowed_token_ids=[1, 2, 3]), "bad_words": dict(bad_words=["a"]),
+                        "structured outputs": dict(structured_outputs=dict(choice=["a", "b"]))}
+    runs = [dict(model=m, dtype=d, engine=e, batches=[]) for m, d, e in refused_engines.values()]
+    runs.append(dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * (len(refused_requests) + 1),
+                     sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests.values()] + [None]))
+    *engines, requests = run_engines(tmp_path, runs)
+    for res, name in zip(engines, refused_engines):
+        assert "UnsupportedError" in res.get("error", "") and name in res["error"], (name, res)
+        assert "batches" not in res, name  # the engine never started
+    for b, name in zip(requests["batches"], refused_requests):
+        assert "UnsupportedError" in b.get("error", "") and name.strip() in b["error"], (name, b)
+    assert differing(path, case[1], PROMPTS[:1], requests["batches"][-1]["outputs"]) == (0, 0)
 
 
 def test_colocated_engines_after_import_hal(models, tmp_path):
@@ -208,13 +258,27 @@ def test_async_llm_equals_trainer(models, tmp_path):
     assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
 
 
-def test_compiled_engine_equals_trainer(models, tmp_path):
-    """vLLM's default execution mode (torch.compile, enforce_eager=False; a fresh compile cache) gives the bits
-    of the eager engine and the trainer."""
-    case = ("qwen3", "bfloat16")
-    runs = [dict(model=models[case], dtype=case[1], batches=[PROMPTS], engine=dict(enforce_eager=False))]
-    (res,) = run_engines(tmp_path, runs)
-    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+@pytest.fixture(scope="module")
+def compiled(models, tmp_path_factory):
+    """vLLM's default execution mode (torch.compile, enforce_eager=False; a fresh compile cache), one engine per
+    model and dtype in one process: the greedy prompts, then SAMPLED under processed_logprobs."""
+    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS, PROMPTS], sampling=[None, SAMPLED_PARAMS],
+                 engine=dict(enforce_eager=False, logprobs_mode="processed_logprobs")) for c in CASES]
+    return dict(zip(CASES, run_engines(tmp_path_factory.mktemp("compiled"), runs)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_compiled_engine_equals_trainer(case, models, compiled, greedy):
+    """The compiled engine gives the trainer's bits: greedy (a greedy row's processed value is its
+    temperature-1 value), and sampled under processed_logprobs (lt.token_logprobs with each row's temperature,
+    top-k, top-p; all finite: every drawn token is in the kept set); its sampled tokens are the eager engine's
+    (same seeds: the draw does not depend on the execution mode or the log-prob mode)."""
+    path, dtype = models[case], case[1]
+    assert differing(path, dtype, PROMPTS, outputs(compiled[case])) == (0, 0)
+    sampled = outputs(compiled[case], 1)
+    assert differing(path, dtype, PROMPTS, sampled, per_prompt=SAMPLED)[0] == 0
+    assert finite(sampled)
+    assert [o["tokens"] for o in sampled] == [o["tokens"] for o in outputs(greedy["lockstep"][case], 1)]
 
 
 @pytest.mark.parametrize("path_kind", ["reload_weights", "extension", "colocated"])

@@ -4,7 +4,8 @@
 
 * the layers (layers.py) through vLLM's out-of-tree registries; the unquantized linear methods' ``apply`` and
   ``process_weights_after_loading`` (vLLM-CPU has no linear registry); ``CPU_ATTN`` -> attention.py's backend;
-  ``Sampler.forward`` -> sampler.py;
+  ``Sampler.forward`` -> sampler.py, and the seeded rows' generators around the model runner's
+  ``sample_tokens`` (a discarded prefill-chunk draw is never rewound with CUDA's ``set_offset``);
 * the refusals, each naming the feature, before anything computes: the engine's configuration when it is
   built (:func:`check_config`, in the front end's ``EngineArgs.create_engine_config`` and again in the worker
   before the model loads), every module of the loaded model (:func:`audit_model`: a module lockstep does not
@@ -251,6 +252,15 @@ def install() -> None:
         weights.watch_weights(self.model)
 
     CPUModelRunner.load_model = load_model
+
+    sample_tokens = CPUModelRunner.sample_tokens
+
+    @functools.wraps(sample_tokens)
+    def sample_tokens_sparing_generators(self, *args, **kwargs):
+        with sampler.discarded_rows_spare_their_generators(self):
+            return sample_tokens(self, *args, **kwargs)
+
+    CPUModelRunner.sample_tokens = sample_tokens_sparing_generators
     CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
 
     def checking_weights(fn, when):

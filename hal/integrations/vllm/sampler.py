@@ -10,6 +10,9 @@ Per row (request) of the step:
   draws from its own generator (vLLM keeps one per seeded request), so its tokens do not depend on its
   neighbours; unseeded requests draw from the process's generator in row order: the right distribution,
   but which token a given request gets depends on the other rows of the step (no reproducibility promise).
+  vLLM samples every row, also a prefill chunk that does not end its prompt (its token is thrown away); such a
+  row's own generator is held aside while the step samples (:func:`discarded_rows_spare_their_generators`), so a
+  seeded request's generator advances once per token it keeps, however its prompt was cut.
 
 Recorded (``SamplingParams(logprobs=0)``): ``logprobs_mode="raw_logprobs"`` (vLLM's default) the
 temperature-1 full-vocabulary log-prob; ``"processed_logprobs"`` the log-prob under the distribution the row
@@ -20,6 +23,9 @@ request admission (plugin.py); what reaches this sampler unrefused raises here r
 """
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import torch
 
 from ...errors import UnsupportedError
@@ -50,6 +56,24 @@ def _refuse_unsupported(md) -> None:
         problems.append(f"logprobs={md.max_num_logprobs} (alternatives)")
     if problems:
         raise UnsupportedError("lockstep's vLLM sampler does not support " + ", ".join(problems))
+
+
+@contextlib.contextmanager
+def discarded_rows_spare_their_generators(runner):
+    """Around the model runner's ``sample_tokens``: the rows whose token vLLM will throw away (a prefill chunk
+    that does not end its prompt) have their own generators held aside. vLLM draws for those rows and then
+    rewinds the generator with ``set_offset`` (a CUDA Philox generator's counter), which a CPU generator does not
+    have: stock vLLM-CPU dies on a seeded request prefilled over several steps ("CPU Generator does not use
+    offset"). Held aside, the throwaway draw comes from the process's generator and vLLM's rewind finds no
+    generator to rewind; a seeded request's own generator advances only for the tokens it keeps. (Rows keep
+    their indices for the whole call: the batch is reordered only when the next step's states are updated.)"""
+    batch = runner.input_batch
+    discarded = np.nonzero(runner.discard_request_mask.np[:batch.num_reqs])[0].tolist()
+    held = {i: batch.generators.pop(i) for i in discarded if i in batch.generators}
+    try:
+        yield
+    finally:
+        batch.generators.update(held)
 
 
 def row_sampling(md, i: int, vocab: int) -> Sampling | None:
