@@ -159,7 +159,8 @@ def ascend_kernels() -> list:
     return [ew._unary_kernel, ew._cos_sin_kernel, ew._rotary_kernel, matmul._matmul_kernel, matmul._gemv_partials_kernel,
             matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel, tlp._max_kernel,
             tlp._stats_kernel, tlp._sum_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,
-            gdn._prep_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn_layer._gating_kernel, gdn_layer._conv_kernel]
+            gdn._prep_kernel, gdn._state_copy_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn_layer._gating_kernel,
+            gdn_layer._conv_kernel]
 
 
 def lint_all() -> dict[str, list[Problem]]:
