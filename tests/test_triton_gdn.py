@@ -21,6 +21,11 @@ def test_chunked_bits_equal_reference():
     run_checks("gdn-chunked")
 
 
+def test_chunked_decode_row_tiles_bits_equal_reference():
+    out = run_checks("gdn-chunked-decode")
+    assert "wrong variant caught" in out  # a recurrent step is not the chunked spec's decode
+
+
 def test_negative_control_restarted_chunk_grid_is_caught():
     out = run_checks("gdn-negative")
     assert "wrong variant caught" in out

@@ -160,7 +160,7 @@ def ascend_kernels() -> list:
             matmul._gemv_combine_kernel, rms_norm._rms_norm_kernel, softmax._softmax_kernel,
             softmax._chunk_max_kernel, softmax._split_finish_kernel, softmax._split_out_kernel, tlp._max_kernel,
             softmax.chunk_stats_kernel, softmax.tile_sums_kernel, tlp._finish_kernel, attn._attn_kernel, attn._merge_kernel,
-            gdn._prep_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn_layer._gating_kernel, gdn_layer._conv_kernel]
+            gdn._prep_kernel, gdn._state_copy_kernel, gdn._serial_kernel, gdn._chunked_kernel, gdn_layer._gating_kernel, gdn_layer._conv_kernel]
 
 
 def lint_all() -> dict[str, list[Problem]]:

@@ -54,7 +54,11 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
         ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
-         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True)),
+         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=64, STAGES=1)),
+        # a decode step into the open chunk: rows on a 16-row tile (gated_delta_rule._row_tile)
+        ("gdn.chunked.decode", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
+         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=16, STAGES=3)),
+        ("gdn.state_copy", G._state_copy_kernel, {"n": i32}, dict(BLOCK=1024)),
         ("gdn.prep", G._prep_kernel, {"X": "*bf16", "n_rows": i32, "scale": "fp32"},
          dict(L2=True, SCALE=True, DK=128, BT=16, BDK=128, DT=64)),
         ("gdn.gating", GL._gating_kernel, {"A": "*bf16", "B": "*bf16", "n": i32}, dict(HV=32, BLOCK=256)),

@@ -90,6 +90,30 @@ def _prepare(x, scale, l2: bool, dt: int):
     return out.reshape(x.shape)
 
 
+# ------------------------------------------------------------------ the state's working copy
+
+
+@triton.jit(do_not_specialize=["n", "n_work"])  # counts that change per call: no recompiles
+def _state_copy_kernel(X, Y, n, n_work, BLOCK: tl.constexpr, NPU: tl.constexpr):
+    """Y = X (float32) with the canonical NaN: the op's own copy of a given state, in one pass."""
+    for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
+        i = tl.full([BLOCK], item, tl.int64) * BLOCK + tl.arange(0, BLOCK)  # states past 2**31 elements
+        ok = i < n
+        tl.store(Y + i, sm.canonical_nan(tl.load(X + i, mask=ok, other=0.0)), mask=ok)
+
+
+def _state_copy(S, dev):
+    """A float32 copy of the state the kernels update in place (ops never modify a state they are given), with
+    the canonical NaN: the kernels store every state they compute canonicalised too, so the returned state
+    needs no NaN pass afterwards (a NaN's payload changes no later value that is not NaN)."""
+    x = S.to(device=dev, dtype=F32).contiguous()
+    out = torch.empty_like(x)
+    if x.numel():
+        block = 1024
+        launch(_state_copy_kernel, (cdiv(x.numel(), block),), x, out, x.numel(), BLOCK=block, persistent=True)
+    return out
+
+
 # ------------------------------------------------------------------ serial
 
 
@@ -131,7 +155,7 @@ def _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, n, hv, dv_tile, H: tl.constex
             for d in tl.range(t0, tl.minimum(t0 + DT, DK), num_stages=common.STAGES):
                 sp = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0) * alpha
                 s_new = tl.fma(tl.load(KN + qk_base + d), u, sp)
-                tl.store(S + s_base + d * DV + dv, s_new, mask=dm)
+                tl.store(S + s_base + d * DV + dv, sm.canonical_nan(s_new), mask=dm)
                 part = tl.fma(s_new, tl.load(QS + qk_base + d), part)
             o = o + part
         tl.store(O + (tok * HV + hv) * DV + dv, o, mask=dm)
@@ -145,37 +169,46 @@ def _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, n, hv, dv_tile, H: tl.constex
 def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n_work, n1, n2,
                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                     BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
-                    NPU: tl.constexpr):
+                    RT: tl.constexpr, STAGES: tl.constexpr, NPU: tl.constexpr):
     """QR, KR [N, R, H, DK]; VR [N, R, HV, DV]; GR, BR [N, R, HV] (rows from the last chunk boundary);
-    S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV]."""
+    S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV].
+    RT: rows per register tile, C unless the host knows every sequence ends inside its first RT rows
+    (decode steps: ``_row_tile``). STAGES: software-pipeline depth of the d_k loop (1: none; ``_stages``)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
-                      item // (n1 * n2), (item // n2) % n1, item % n2, H, HV, DK, DV, C, BDK, BDV, DT, WANT_FINAL)
+                      item // (n1 * n2), (item // n2) % n1, item % n2, H, HV, DK, DV, C, BDK, BDV, DT, WANT_FINAL,
+                      RT, STAGES)
 
 
 @triton.jit
 def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n, hv, dv_tile,
                   H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
-                  BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr):
-    """The chunked form for sequence n, value head hv, d_v tile dv_tile (one work item)."""
+                  BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
+                  RT: tl.constexpr, STAGES: tl.constexpr):
+    """The chunked form for sequence n, value head hv, d_v tile dv_tile (one work item).
+
+    Row i reads rows <= i only, so the serial loops over rows stop at the chunk's last present row
+    (``present``): the rows after it are never read by an earlier row (the spec's partial chunk), and a
+    decode step into an open chunk of r rows costs r steps, not C."""
     dv = dv_tile * BDV + tl.arange(0, BDV)
     dm = dv < DV
     h = hv // (HV // H)
     opened = tl.load(OPENED + n)
     total = tl.load(TOTAL + n)
-    ri = tl.arange(0, C)
+    ri = tl.arange(0, RT)
     dk = tl.arange(0, BDK)
     s_base = (n.to(tl.int64) * HV + hv) * DK * DV
     s_tile = s_base + dk[:, None] * DV + dv[None, :]
     s_mask = (dk[:, None] < DK) & dm[None, :]
     for a in range(0, total, C):
-        row = n.to(tl.int64) * n_rows + a + ri              # [C] global row ids of this chunk
+        present = tl.minimum(total - a, C)                  # rows of this chunk present (<= RT)
+        row = n.to(tl.int64) * n_rows + a + ri              # [RT] global row ids of this chunk
         qk = (row * H + h) * DK
         gv = row * HV + hv
         # log-decay chains from row i downward: A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
-        A = tl.zeros([C, C], tl.float32)
-        Gm = tl.zeros([C], tl.float32)
-        for d in range(0, C):
+        A = tl.zeros([RT, RT], tl.float32)
+        Gm = tl.zeros([RT], tl.float32)
+        for d in range(0, present):
             ok = ri - d >= 0
             gd = tl.load(GR + (n.to(tl.int64) * n_rows + a + ri - d) * HV + hv, mask=ok, other=0.0)
             A = tl.where(ri[:, None] - d >= ri[None, :] + 1, A + gd[:, None], A)
@@ -183,16 +216,16 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
         F = sm.exp(A)
         gamma = sm.exp(Gm)
         # KK, QK [C, C] and W = S0^T k, Y = S0^T qs [C, BDV]: tiled chains over d_k
-        KK = tl.zeros([C, C], tl.float32)
-        QK = tl.zeros([C, C], tl.float32)
-        W = tl.zeros([C, BDV], tl.float32)
-        Y = tl.zeros([C, BDV], tl.float32)
+        KK = tl.zeros([RT, RT], tl.float32)
+        QK = tl.zeros([RT, RT], tl.float32)
+        W = tl.zeros([RT, BDV], tl.float32)
+        Y = tl.zeros([RT, BDV], tl.float32)
         for t0 in range(0, DK, DT):
-            pkk = tl.zeros([C, C], tl.float32)
-            pqk = tl.zeros([C, C], tl.float32)
-            pw = tl.zeros([C, BDV], tl.float32)
-            py = tl.zeros([C, BDV], tl.float32)
-            for d in range(t0, tl.minimum(t0 + DT, DK)):
+            pkk = tl.zeros([RT, RT], tl.float32)
+            pqk = tl.zeros([RT, RT], tl.float32)
+            pw = tl.zeros([RT, BDV], tl.float32)
+            py = tl.zeros([RT, BDV], tl.float32)
+            for d in tl.range(t0, tl.minimum(t0 + DT, DK), num_stages=STAGES):
                 kd = tl.load(KR + qk + d)
                 qd = tl.load(QR + qk + d)
                 s0d = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0)
@@ -209,8 +242,8 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
         vt = tl.load(VR + gv[:, None] * DV + dv[None, :], mask=dm[None, :], other=0.0)
         X = tl.fma(-gamma[:, None], W, vt)
         Ot = gamma[:, None] * Y
-        U = tl.zeros([C, BDV], tl.float32)
-        for j in range(0, C):  # forward substitution, o accumulated in the same order
+        U = tl.zeros([RT, BDV], tl.float32)
+        for j in range(0, present):  # forward substitution, o accumulated in the same order
             beta_j = tl.load(BR + (n.to(tl.int64) * n_rows + a + j) * HV + hv)
             u_j = beta_j * _row(X, ri, j, 0)
             U = tl.where(ri[:, None] == j, u_j[None, :], U)
@@ -232,6 +265,7 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
                 kd = tl.where(j == L, kj, _scalar(fL, ri, j) * kj)
                 St = tl.fma(kd[:, None], _row(U, ri, j, 0)[None, :], St)
             tl.debug_barrier()  # every read of S0 above happens before it is overwritten
+            St = sm.canonical_nan(St)  # the returned states need no NaN pass (_state_copy)
             if WANT_FINAL & last_here:
                 tl.store(FIN + s_tile, St, mask=s_mask)
             if complete:
@@ -276,6 +310,22 @@ def _block_dv(spec, dk: int, dv: int) -> int:
     return bdv
 
 
+def _row_tile(C: int, most_rows) -> int:
+    """Rows per register tile of the chunked kernel: C, or the power of two (>= 16) that holds every
+    sequence's rows when all of them end inside their first chunk (``most_rows`` < C; None: unknown). Rows
+    are independent in every tile operation and the serial loops stop at the last present row, so the
+    tile's height never changes bits; a decode step then works on [16, *] tiles, not [C, *]."""
+    if most_rows is None or most_rows >= C:
+        return C
+    return min(C, max(16, next_power_of_2(most_rows)))
+
+
+def _stages(rt: int, C: int) -> int:
+    """Pipeline depth of the chunked kernel's d_k loop: only the row tiles below C pipeline it; at C = 64 the
+    pipelined loop spills more under Triton 3.6 (stack 1160 -> 3880 B per thread; docs/gated_delta_rule.md)."""
+    return common.STAGES.value if rt < C else 1
+
+
 def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l2: bool, spec, want_final: bool):
     """The reference's entry point and contract (kernels/reference/gated_delta_rule.py), on Triton."""
     dev = v.device
@@ -284,8 +334,10 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     h, dk = k.shape[2], k.shape[3]
     if cu_seqlens is None:
         lengths = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64)
+        lengths_dev = torch.full((q.shape[0],), q.shape[1], dtype=torch.int32, device=dev)  # no host copy
     else:
         lengths = torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)])
+        lengths_dev = _i32(lengths, dev)
     qs = _prepare(to_padded(q, cu_seqlens), float32_value(scale), l2, t)
     kn = _prepare(to_padded(k, cu_seqlens), None, l2, t)
     v32 = to_padded(v, cu_seqlens).to(F32).contiguous()
@@ -294,36 +346,47 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     n, lmax = v32.shape[:2]
     bdv = _block_dv(spec, dk, dv)
     grid = (n, hv, cdiv(dv, bdv))
-    S = parts.S.to(device=dev, dtype=F32).contiguous().clone()
+    S = _state_copy(parts.S, dev)
     o = torch.zeros((n, lmax, hv, dv), dtype=F32, device=dev)
     position = parts.position.to(torch.int64)
     if spec.variant == "serial":
         if n and lmax:
-            launch(_serial_kernel, grid, qs, kn, v32, g32, b32, S, o, _i32(lengths, dev), lmax,
+            launch(_serial_kernel, grid, qs, kn, v32, g32, b32, S, o, lengths_dev, lmax,
                    H=h, HV=hv, DK=dk, DV=dv, BDV=bdv, DT=t, persistent=True)
         new = Parts(position + lengths.to(position.device), S, None, None, None, None, S)
     else:
         C = spec.chunk
         fresh = parts.open_k is None
         start = torch.zeros_like(position) if fresh else position
-        opened = (start % C).to(dev)
-        total = opened + lengths.to(dev)
-        # chunk rows per sequence from the shapes (no host read of the positions): total < C + lmax, and the kernel
-        # stops at each sequence's own total, so spare all-zero rows change no bits
+        if fresh:  # a fresh grid: nothing open, no host-to-device copy
+            opened = torch.zeros((n,), dtype=torch.int32, device=dev)
+            most_rows = lmax
+        else:
+            opened = (start % C).to(device=dev, dtype=torch.int32)
+            # the open rows' count is read on the host only where the positions live there (no device sync)
+            most_rows = int((start % C).max()) + lmax if start.device.type == "cpu" and n else None
+        total = opened + lengths_dev
+        # chunk rows per sequence from the shapes (no host read of device positions): total < C + lmax, and the
+        # kernel stops at each sequence's own total, so spare all-zero rows change no bits
         n_chunks = cdiv(lmax + (0 if fresh else C - 1), C) if n else 0
-        R = max(1, n_chunks) * C
+        rt = _row_tile(C, most_rows)
+        R = rt if rt < C else max(1, n_chunks) * C
         kr = _rows(None if fresh else parts.open_k, kn, opened, total, C, R)
         vr = _rows(None if fresh else parts.open_v, v32, opened, total, C, R)
         gr = _rows(None if fresh else parts.open_g, g32, opened, total, C, R)
         br = _rows(None if fresh else parts.open_beta, b32, opened, total, C, R)
         qr = _rows(None, qs, opened, total, C, R)
-        fin = S.clone() if want_final else S
+        # every work item stores its final state (each sequence has a last chunk): no copy of S needed
+        fin = torch.empty_like(S) if want_final else S
         if n and n_chunks:
-            launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, _i32(opened, dev), _i32(total, dev), R, lmax,
+            launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, opened, total, R, lmax,
                    H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk), BDV=bdv, DT=t,
-                   WANT_FINAL=bool(want_final), persistent=True)
+                   WANT_FINAL=bool(want_final), RT=rt, STAGES=_stages(rt, C),
+                   persistent=True)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
-    # the strict policy's last step: one NaN pattern per dtype in the output and every state part
-    new = Parts(*(x if x is None or not x.is_floating_point() else canonical_nan(x) for x in new))
+    # the strict policy's last step: one NaN pattern per dtype in the output and every state part (S and the
+    # final state are canonical already: _state_copy and the kernels' stores)
+    new = new._replace(**{f: canonical_nan(getattr(new, f)) for f in ("open_k", "open_v", "open_g", "open_beta")
+                          if getattr(new, f) is not None})
     return canonical_nan(from_padded(o, cu_seqlens).to(v.dtype)), new

@@ -24,6 +24,7 @@ from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
 from hal.kernels.reference import gdn_layer as ref_layer  # noqa: E402
+from hal.kernels.reference.strict_math import canonical_nan  # noqa: E402
 from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import attention_kernel as tri_kernel  # noqa: E402
@@ -312,6 +313,38 @@ def gdn_chunked():
     _gdn_two_calls("chunked", 16, "(C=16)")
 
 
+def gdn_chunked_decode():
+    """C = 64: prefills and one-token decode steps that end inside a chunk run the kernel on row tiles
+    smaller than C (16, 32; ``_row_tile``), one call crosses a boundary (tile C). Each call continues the
+    last and every part of the state is compared. Control: a recurrent (serial-spec) step for the decode
+    call differs from the chunked spec's bits, so the chunked decode must recompute the open chunk. Sequence 0's
+    initial state holds a NaN that is not the canonical one (the state copy and the stored states canonicalise)."""
+    dt, h, hv, dk, dv, l2 = GDN_CASES[0]
+    spec = GatedDeltaRuleSpec(variant="chunked", chunk=64, dk_tile=8)
+    rnd = _gen(50)
+    S0 = rnd(3, hv, dk, dv, scale=0.1)
+    S0[0, 1, 2, 3] = torch.tensor(-0x3FFEDD, dtype=torch.int32).view(torch.float32)  # NaN 0xFFC00123, not canonical
+    parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), S0, None, None, None, None, None)
+    tiles = []
+    for step, lens in enumerate([(5, 1, 3), (1, 1, 1), (1, 20, 60), (1, 1, 1)]):
+        x, cu = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, lens)
+        start = parts.position if parts.open_k is not None else torch.zeros_like(parts.position)
+        tiles.append(tri_gdn._row_tile(64, int((start % 64).max()) + max(lens)))
+        o1, p1 = ref_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
+        o2, p2 = tri_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
+        # the reference keeps NaN payloads; the triton entry point returns the canonical NaN everywhere (the
+        # strict policy's last step, done at dispatch for the reference), which sequence 0's NaN checks
+        _same(f"gdn-chunked-decode-call{step + 1}[lens={lens},row tile={tiles[-1]}]",
+              [(n, canonical_nan(e), g) for n, e, g in [("o", o1, o2), *_parts_pairs(p1, p2)]])
+        if step == 1:
+            serial = GatedDeltaRuleSpec(variant="serial", dk_tile=8)
+            recurrent = ref_gdn.Parts(parts.position, parts.final, None, None, None, None, None)
+            o3, _ = tri_gdn.gated_delta_rule(*x, 0.3, recurrent, cu, l2, serial, True)
+            _differs("gdn-chunked-decode-control[a recurrent step is not the chunked spec's decode]", [("o", o1, o3)])
+        parts = p1
+    assert tiles == [16, 16, 64, 32], tiles  # the row-tile sizes this check means to cross
+
+
 def gdn_negative():
     """A chunk grid restarting at the call start (open rows dropped): the continuation check catches it."""
     dt, h, hv, dk, dv, l2 = GDN_CASES[1]
@@ -365,7 +398,7 @@ def persistent_negative():
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
                                                      attn_gqa_negative, attn_vector, attn_vector_negative, gdn_serial,
-                                                     gdn_chunked, gdn_negative, gdn_layer, persistent_negative)}
+                                                     gdn_chunked, gdn_chunked_decode, gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem
