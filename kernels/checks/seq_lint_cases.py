@@ -53,8 +53,10 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
                               divisible=("stride_qt", "stride_qh")))
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
+        # full chunks: 16 columns on 8 warps (gated_delta_rule._full_chunk_tiles)
         ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
-         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=64, STAGES=1)),
+         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64 if npu else 16, DT=64, WANT_FINAL=True, RT=64,
+              STAGES=1)),
         # a decode step into the open chunk: rows on a 16-row tile (gated_delta_rule._row_tile)
         ("gdn.chunked.decode", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
          dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=16, STAGES=3)),
@@ -72,7 +74,7 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             continue
         consts = dict(consts, NPU=npu)
         sig = {k: v for k, v in _sig(fn, dict(types, **grid), "*fp32").items() if k not in consts}
-        out.append(KernelCase(name, fn, sig, consts))
+        out.append(KernelCase(name, fn, sig, consts, num_warps=8 if name == "gdn.chunked" and not npu else None))
     return out
 
 

@@ -320,6 +320,15 @@ def _row_tile(C: int, most_rows) -> int:
     return min(C, max(16, next_power_of_2(most_rows)))
 
 
+def _full_chunk_tiles(bdv: int):
+    """(d_v columns, launch options) of the chunked kernel on full C-row tiles, NVIDIA: 16 columns on 8 warps.
+    Columns are independent (no bits change); at C = 64, d = 128 the [C, C] and [C, 64] tiles spilled ~1.2 KB
+    per thread on 4 warps (2.9 KB before the row-bounded loops) under Triton 3.6 and 3.9; 16 columns on 8 warps
+    spill nothing under either and give 4x the programs (256 for one sequence of 32 value heads), at the cost
+    of recomputing the [C, C] products per column block (docs/gated_delta_rule.md)."""
+    return min(bdv, 16), dict(num_warps=8)
+
+
 def _stages(rt: int, C: int) -> int:
     """Pipeline depth of the chunked kernel's d_k loop: only the row tiles below C pipeline it; at C = 64 the
     pipelined loop spills more under Triton 3.6 (stack 1160 -> 3880 B per thread; docs/gated_delta_rule.md)."""
@@ -378,11 +387,11 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         qr = _rows(None, qs, opened, total, C, R)
         # every work item stores its final state (each sequence has a last chunk): no copy of S needed
         fin = torch.empty_like(S) if want_final else S
+        bdv_c, warps = _full_chunk_tiles(bdv) if rt == C and not ascend_launch.active() else (bdv, {})
         if n and n_chunks:
-            launch(_chunked_kernel, grid, qr, kr, vr, gr, br, S, fin, o, opened, total, R, lmax,
-                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk), BDV=bdv, DT=t,
-                   WANT_FINAL=bool(want_final), RT=rt, STAGES=_stages(rt, C),
-                   persistent=True)
+            launch(_chunked_kernel, (n, hv, cdiv(dv, bdv_c)), qr, kr, vr, gr, br, S, fin, o, opened, total, R, lmax,
+                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk), BDV=bdv_c, DT=t,
+                   WANT_FINAL=bool(want_final), RT=rt, STAGES=_stages(rt, C), persistent=True, **warps)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
     # the strict policy's last step: one NaN pattern per dtype in the output and every state part (S and the

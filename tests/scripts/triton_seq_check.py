@@ -319,7 +319,8 @@ def gdn_chunked_decode():
     last and every part of the state is compared. Control: a recurrent (serial-spec) step for the decode
     call differs from the chunked spec's bits, so the chunked decode must recompute the open chunk. Sequence 0's
     initial state holds a NaN that is not the canonical one (the state copy and the stored states canonicalise)."""
-    dt, h, hv, dk, dv, l2 = GDN_CASES[0]
+    dt, h, hv, dk, _, l2 = GDN_CASES[0]
+    dv = 40  # full chunks: three 16-column blocks, the last partial (_full_chunk_tiles)
     spec = GatedDeltaRuleSpec(variant="chunked", chunk=64, dk_tile=8)
     rnd = _gen(50)
     S0 = rnd(3, hv, dk, dv, scale=0.1)
