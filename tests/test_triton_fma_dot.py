@@ -40,8 +40,7 @@ def _case(name):
 
 
 @needs_compiler
-@pytest.mark.parametrize("name", ["matmul[bf16]", "matmul[fp32]", "matmul[fp16]", "matmul[bf16,16x32]",
-                                  "matmul[fp32,16x32]"])
+@pytest.mark.parametrize("name", ["matmul[bf16]", "matmul[fp32]", "matmul[fp16]"])
 def test_dot_tile_is_64_step_fma_chains_without_spill(name):
     from hal.kernels.checks import lint
     from hal.kernels.checks.sass_profile import profile
@@ -52,21 +51,6 @@ def test_dot_tile_is_64_step_fma_chains_without_spill(name):
     threads = 32 * _case(name).num_warps
     assert not p.stack and p.ffma == c["BM"] * c["BN"] * 64 // threads and p.async_copies, p  # chains of 64, unrolled
     assert {op for op in p.global_loads if op.startswith("LDGSTS")} == {"LDGSTS.E.BYPASS.128"}, p
-
-
-def test_dot_tiles_keep_an_h200_busy(monkeypatch):
-    """17-512-row linears (batched decode): the FMA-dot tile is the largest of matmul._DOT_TILES that gives >= 264
-    programs (2 per SM of an H200), else the smallest; prefill keeps the 64 x 32 tile."""
-    from hal.kernels.triton import matmul as km
-    monkeypatch.setattr(km, "interpreter_layout", lambda: False)
-    monkeypatch.setattr(km, "fma_dot", lambda: True)
-    programs = {}
-    for m, n in ((17, 4096), (64, 4096), (128, 4096), (256, 4096), (512, 4096), (2048, 4096), (64, 1024)):
-        bm, bn = km._blocks(m, n)
-        programs[m, n] = (bm, bn, -(-m // bm) * -(-n // bn))
-    assert programs[17, 4096] == (16, 32, 256) and programs[64, 4096] == (16, 32, 512)  # 64 x 32: 128 programs
-    assert programs[128, 4096] == (32, 32, 512) and programs[256, 4096] == (64, 32, 512)
-    assert programs[2048, 4096][:2] == (64, 32) and programs[64, 1024] == (16, 32, 128)
 
 
 @needs_compiler

@@ -18,6 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from hal.kernels.checks import lint  # noqa: E402
+from hal.kernels.triton import strict_math as sm  # noqa: E402
 
 
 @pytest.mark.parametrize("case", lint.strict_kernels(full=False), ids=lambda c: c.name)
@@ -103,6 +104,24 @@ def _fp32_dot(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr, PREC: tl.constexpr, FM
     tl.store(out_ptr + offs, tl.dot(a, b, tl.zeros([BLOCK, BLOCK], dtype=tl.float32), input_precision=PREC))
 
 
+@triton.jit
+def _neg_zero_other(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < 100, other=-0.0))  # Triton 3.6 fills +0.0
+
+
+@triton.jit
+def _neg_zero_literal(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.where(i < 100, tl.load(x_ptr + i), -0.0))  # Triton 3.6 selects +0.0
+
+
+@triton.jit
+def _neg_zero_from_bits(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, sm.neg_zero_where(i < 100, tl.load(x_ptr + i, mask=i < 100, other=0.0)))
+
+
 def _case(fn, dtype="fp32", block=128, **constexprs):
     return lint.KernelCase(fn.__name__, fn, {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "out_ptr": "*fp32"},
                            {"BLOCK": block, **constexprs})
@@ -119,8 +138,10 @@ def _case(fn, dtype="fp32", block=128, **constexprs):
     (_bf16_dot, "bf16", 16, {}, "sm90", "float32 operands"),
     (_fp32_dot, "fp32", 16, {"PREC": "tf32", "FMA_DOT": True}, "sm90", "not ieee"),
     (_fp32_dot, "fp32", 16, {"PREC": "ieee", "FMA_DOT": False}, "sm90", "variant without FMA dots"),
+    (_neg_zero_other, "fp32", 128, {}, "sm90", "-0.0 constant"),
+    (_neg_zero_literal, "fp32", 128, {}, "sm90", "-0.0 constant"),
 ], ids=["slash-div", "tl.exp", "tl.sqrt", "tl.floor", "atomic-add", "bf16-dot", "dot-accumulator", "bf16-dot-operands",
-        "tf32-dot", "dot-in-amd-variant"])
+        "tf32-dot", "dot-in-amd-variant", "neg-zero-other", "neg-zero-literal"])
 def test_lint_catches_bad_kernel(fn, dtype, block, constexprs, target, expect):
     problems = lint.lint(_case(fn, dtype, block, **constexprs), target)
     assert any(expect in p for p in problems), problems
@@ -151,3 +172,10 @@ def test_ptx_rule_rejects_float_arithmetic_without_rn():
     # add.f32 without a rounding modifier lets ptxas contract it with a multiply into an fma
     assert any(".rn" in p for p in lint.ptx_problems("\tadd.f32 \t%r1, %r2, %r3;\n"))
     assert lint.ptx_problems("\tadd.rn.f32 \t%r1, %r2, %r3;\n\tadd.s32 \t%r4, %r5, 1;\n") == []
+
+
+def test_neg_zero_from_its_bits_passes_and_is_neg_zero():
+    # the positive control of the -0.0 rule: strict_math.neg_zero_where keeps -0.0 (its PTX selects 0x80000000)
+    assert lint.lint(_case(_neg_zero_from_bits), "sm90") == []
+    ptx = lint.compile_case(_case(_neg_zero_from_bits), "sm90").asm["ptx"]
+    assert "-2147483648" in ptx, ptx

@@ -125,6 +125,9 @@ def ttir_problems(ttir: str, fp_fusion: bool, dots_allowed: bool = True) -> list
     out = []
     if fp_fusion:
         out.append("compiled with fp fusion ON (a*b + c becomes one fma): launch with enable_fp_fusion=False")
+    if re.search(r"-0\.0+e\+00\b", ttir):
+        out.append("a float -0.0 constant: Triton 3.6 compiles it as +0.0 (tl.where's -0.0 and a load's other=-0.0 "
+                   "alike); build it with strict_math.neg_zero_where")
     for m in _DOT.finditer(ttir):
         if not dots_allowed:
             out.append("tt.dot in a variant without FMA dots (AMD / Ascend: matrix units, not fma chains)")
@@ -226,10 +229,6 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
         cases.append(KernelCase(f"matmul[{dt}]", matmul._matmul_kernel, mm_sig,
                                 {**mm, "BM": 32 if npu else 64, "BN": 64 if npu else 32, "FMA_DOT": not npu},
                                 divisible=("K", "sa_m", "sb_n"), num_warps=None if npu else matmul._DOT_WARPS))
-        if not npu:  # the smallest FMA-dot tile (matmul._DOT_TILES): 17-256-row linears that would leave SMs idle
-            cases.append(KernelCase(f"matmul[{dt},16x32]", matmul._matmul_kernel, mm_sig,
-                                    {**mm, "BM": 16, "BN": 32, "FMA_DOT": True}, divisible=("K", "sa_m", "sb_n"),
-                                    num_warps=matmul._DOT_WARPS))
         if full and not npu:  # the AMD variant, at the blocks every GPU used before the FMA dots
             cases.append(KernelCase(f"matmul[{dt},hip]", matmul._matmul_kernel, mm_sig,
                                     {**mm, "BM": 64, "BN": 128, "FMA_DOT": False}, divisible=("K", "sa_m", "sb_n")))

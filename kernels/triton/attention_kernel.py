@@ -140,7 +140,7 @@ def _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLO
     """:func:`_scores`' bits with one float32 ``ieee`` tl.dot per head-dim tile (NVIDIA: an fma chain per score over
     the tile's head dims in order, from the zero accumulator: the spec's in-tile chain), on [rows, DTP] x [DTP, keys]
     operand tiles instead of one scalar load per step. A lane past the tile or past D is a padded step and adds a
-    product equal to -0.0 (q loaded as -0.0, k as +0.0): fma(-0, +0, c) = c for every c, where a +0.0 product would
+    product equal to -0.0 (q -0.0 by sm.neg_zero_where, k +0.0): fma(-0, +0, c) = c for every c, where a +0.0 product would
     turn a chain at -0.0 into +0.0. Tile partials are added in order from +0.0 by tl.fma(part, 1.0, s): s + part
     rounded once, and not an addf that Triton could fold into the next dot's accumulator."""
     dd = tl.arange(0, DTP)
@@ -148,7 +148,8 @@ def _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLO
     for t0 in tl.static_range(0, D, DT):
         d = t0 + dd
         d_ok = (dd < DT) & (d < D)
-        q = sm.widen(tl.load(Q + q_off[:, None] + d[None, :], mask=valid[:, None] & d_ok[None, :], other=-0.0))
+        q_ok = valid[:, None] & d_ok[None, :]
+        q = sm.neg_zero_where(q_ok, sm.widen(tl.load(Q + q_off[:, None] + d[None, :], mask=q_ok, other=0.0)))
         k = sm.widen(tl.load(K + koff[None, :] + d[:, None], mask=d_ok[:, None] & kmask[None, :], other=0.0))
         part = tl.dot(q, k, tl.zeros([BLOCK_M, KB], tl.float32), input_precision="ieee")
         s = tl.fma(part, 1.0, s)
@@ -161,14 +162,14 @@ def _block_fma_dot(V, p, vis, key_on, koff, OUT: tl.constexpr, P_IN: tl.constexp
     """(l_blk, acc_blk) of a block whose keys each are seen by every valid row or by none, as float32 ``ieee``
     tl.dots from zero accumulators: acc_blk = P.V and l_blk = P.1 are fma chains over the keys in order (fma(p, 1, l)
     is l + p rounded once: the spec's sum). A key no row sees must leave the chains as they are: its p is exactly
-    +0.0 and its V row is not read (loaded as -0.0), so it adds +0 * -0 = -0.0 (and +0 * 1 = +0 to l, which is
+    +0.0 and its V row is not read (-0.0 by sm.neg_zero_where), so it adds +0 * -0 = -0.0 (and +0 * 1 = +0 to l, which is
     never -0.0: a sum of p >= 0 from +0.0). Its V row's values never reach the product, so a NaN / inf there
     cannot leak (0 * inf); a seen key's product is the spec's, whatever its values."""
     dcol = tl.arange(0, BLOCK_D)
     pz = tl.where(vis, p, 0.0)
     pv = _round_trip(pz, OUT, NPU) if P_IN else pz
-    v = sm.widen(tl.load(V + koff[:, None] + dcol[None, :], mask=key_on[:, None] & (dcol[None, :] < D),
-                         other=-0.0))
+    v_ok = key_on[:, None] & (dcol[None, :] < D)
+    v = sm.neg_zero_where(v_ok, sm.widen(tl.load(V + koff[:, None] + dcol[None, :], mask=v_ok, other=0.0)))
     acc_blk = tl.dot(pv, v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), input_precision="ieee")
     ones = tl.full([KB, 16], 1.0, tl.float32)
     l16 = tl.dot(pz, ones, tl.zeros([BLOCK_M, 16], tl.float32), input_precision="ieee")

@@ -266,7 +266,7 @@ def dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, co
                     KTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """:func:`dot_k_tiled`'s bits with one float32 ``ieee`` tl.dot per K tile (NVIDIA: an fma chain per output over k
     in order from the zero accumulator). A K tile is KTP >= KT lanes (a power of two, >= 16 for tl.dot); a lane past
-    the tile or past K is a padded step, which must add a product equal to -0.0 (a loaded as -0.0, b as +0.0):
+    the tile or past K is a padded step, which must add a product equal to -0.0 (a -0.0 by sm.neg_zero_where, b +0.0):
     fma(-0, +0, c) = c for every c, where a +0.0 product would turn a chain at -0.0 into +0.0. Tile partials are
     added in tile order from +0.0 by tl.fma(part, 1.0, total): total + part rounded once, not an addf that Triton
     could fold into the next dot's accumulator."""
@@ -277,8 +277,8 @@ def dot_k_tiled_fma(a_ptr, sa_m, sa_k, b_ptr, sb_k, sb_n, rows, cols, row_ok, co
     for k0 in range(0, K, KT):
         k = k0 + kk
         k_ok = (kk < KT) & (k < K)
-        a = sm.widen(tl.load(a_rows + k.to(tl.int64)[None, :] * sa_k, mask=row_ok[:, None] & k_ok[None, :],
-                             other=-0.0))
+        a_ok = row_ok[:, None] & k_ok[None, :]
+        a = sm.neg_zero_where(a_ok, sm.widen(tl.load(a_rows + k.to(tl.int64)[None, :] * sa_k, mask=a_ok, other=0.0)))
         b = sm.widen(tl.load(b_cols + k.to(tl.int64)[:, None] * sb_k, mask=k_ok[:, None] & col_ok[None, :],
                              other=0.0))
         part = tl.dot(a, b, tl.zeros([BM, BN], dtype=tl.float32), input_precision="ieee")

@@ -39,7 +39,7 @@ def sigmoid_f32(x, NPU: tl.constexpr = False):
 def silu_f32(x, NPU: tl.constexpr = False):
     """x / (1 + exp(-x)) (one division); silu(-inf) = -0.0, the limit (the formula gives NaN there)."""
     y = sm.div(x, 1.0 + sm.exp(-x), NPU)
-    return tl.where(x == float("-inf"), -0.0, y)
+    return sm.neg_zero_where(x != float("-inf"), y)
 
 
 @triton.jit

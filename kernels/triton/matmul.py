@@ -138,14 +138,11 @@ GEMV_MAX_ROWS = 16
 #: registers, no spill under Triton 3.6 and 3.9, 16-byte cp.async operand tiles; 64 x 64 spills float32 operands
 #: (24 bytes on 4 warps under 3.9, 8 bytes on 8 warps under 3.6)
 _DOT_WARPS = 4
-#: FMA-dot tiles, largest first: 16, 8 and 4 outputs (fma chains) per thread of 4 warps. Every output is its own chain,
-#: so the tile never changes the bits. sm_90 profile (3.6 / 3.9): 64 x 32 128-152 registers, 1024 FFMA per ~150 shared
-#: loads; 32 x 32 76-116 registers, 512 per ~130; 16 x 32 64-96 registers, 256 per ~90; none spills. A 64 x 32 tile
-#: leaves 17-256-row linears on 32-128 programs of a 132-SM H200 (N = 4096: 128 at M <= 64); smaller tiles trade
-#: shared-memory loads per fma for programs
-_DOT_TILES = ((64, 32), (32, 32), (16, 32))
-#: programs (of _DOT_WARPS warps) that keep an H200 busy: 2 per SM, 8 warps an SM
-_BUSY_PROGRAMS = 264
+#: The FMA-dot tile: 64 x 32 outputs (16 fma chains a thread of 4 warps; sm_90: 128-152 registers, 1024 FFMA per ~150
+#: shared loads, no spill) at every row count. Smaller tiles for more programs at 17-512 rows (32 x 32, 16 x 32 to
+#: reach 264 programs) measured slower on the H200 (2026-12-04, Triton 3.6, N = K = 4096): M = 64 took 610 us on
+#: 512 programs of 16 x 32 against 334 us on 128 programs of 64 x 32 (the loop is bound by shared loads per fma)
+_DOT_TILE = (64, 32)
 
 
 #: the vector chains read as int64 words (common.dot_tile_words) on Triton 3.6 (the H200 machine's), where the
@@ -177,11 +174,13 @@ def _gemv(a2, b_kn, bias, k_tile, out):
         if interpreter_layout():
             vm, vn, vkt = next_power_of_2(m), next_power_of_2(min(n, 64)), next_power_of_2(min(n_kt, 16))
         else:  # 128 chains per row; up to 8 rows share each weight load (8 x 8 a values stay in registers)
+            # one row keeps dot_tile_vec: on the H200 (Triton 3.6) the words path took 39 us at M = 1 against 31
+            # (and 119 against 135 us at M = 8)
             vm, vn, vkt = min(8, next_power_of_2(m)), 16, 8
         n_tb = cdiv(n_kt, vkt)
         launch(_gemv_vec_kernel, (cdiv(n, vn) * n_tb, cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
                a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
-               WORDS=whole_vectors(a2, b_kn.t(), k_tile), persistent=True)
+               WORDS=m > 1 and whole_vectors(a2, b_kn.t(), k_tile), persistent=True)
     else:
         launch(_gemv_partials_kernel, (cdiv(n, bn), cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
@@ -197,11 +196,8 @@ def _blocks(m: int, n: int) -> tuple[int, int]:
         return max(16, next_power_of_2(min(m, 128))), max(16, next_power_of_2(min(n, 256)))
     if ascend_launch.active():  # acc + K-tile partial: 2 x 8 KB of the unified buffer
         return 32, 64
-    if fma_dot():  # fp32 dot tiles on _DOT_WARPS warps: the largest of _DOT_TILES that keeps the GPU busy
-        for bm, bn in _DOT_TILES:
-            if cdiv(m, bm) * cdiv(n, bn) >= _BUSY_PROGRAMS:
-                return bm, bn
-        return _DOT_TILES[-1]
+    if fma_dot():  # fp32 dot tiles on _DOT_WARPS warps
+        return _DOT_TILE
     bm = 16 if m <= 16 else 64
     return bm, 64 if m <= 16 else 128
 

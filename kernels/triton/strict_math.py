@@ -298,6 +298,16 @@ def absf(x):
 
 
 @triton.jit
+def neg_zero_where(keep, x):
+    """float32 x where keep, else -0.0 (a strict FMA dot's padded step needs a product equal to -0.0). The -0.0 is
+    made from its bits: Triton 3.6 compiles a float -0.0 constant as +0.0 (``tl.where(m, x, -0.0)`` and a masked
+    load's ``other=-0.0`` alike: its TTIR holds one +0.0 constant and its PTX selects 0; 3.9 keeps -0.0), while an
+    int32 0x80000000 bitcast survives both. The lint rejects a float -0.0 constant in a strict kernel."""
+    bits = tl.zeros_like(x).to(tl.int32, bitcast=True) | -2147483648
+    return tl.where(keep, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def widen(x):
     """float32, bfloat16 or float16 x as float32, exactly. bfloat16 by its bits: the interpreter's
     bfloat16 -> float32 cast mangles subnormals (0x0016 became 0x00300000 in Triton 3.9); the shift is

@@ -113,7 +113,7 @@ def check_bits():
 
 
 def check_negative():
-    with kernel_variant(tri_kernel, "_block_fma_dot", "other=-0.0))", "other=0.0))"):
+    with kernel_variant(tri_kernel, "_block_fma_dot", "neg_zero_where(v_ok, sm.widen", "neg_zero_where(v_ok | True, sm.widen"):
         caught = [name for name, problem in _cases() if problem]
     report("V rows of unseen keys loaded as +0.0 are caught (the signed-zero case)",
            None if caught == [CASES[0][0]] else f"caught in {caught}")
@@ -147,7 +147,7 @@ def check_golden():
     """The golden case gives its bits; with V rows of unseen keys loaded as +0.0 it does not (the golden catches
     the wrong padding: the negative control of the golden case itself)."""
     report("golden signed_zero_h2kv1_d40_noncausal.fp32: triton == golden", _golden_case_differs())
-    with kernel_variant(tri_kernel, "_block_fma_dot", "other=-0.0))", "other=0.0))"):
+    with kernel_variant(tri_kernel, "_block_fma_dot", "neg_zero_where(v_ok, sm.widen", "neg_zero_where(v_ok | True, sm.widen"):
         problem = _golden_case_differs()
     report("golden signed_zero_h2kv1_d40_noncausal.fp32 catches V padded with +0.0",
            None if problem else "the +0.0-padded variant gave the golden bits")

@@ -46,7 +46,7 @@ def _inputs(m, k, n, dtype, bias, special, seed=0):
 def _cases():
     real_layout = km.interpreter_layout
     for layout, patch in (("interpreter blocks", real_layout), ("GPU blocks", lambda: False)):
-        km.interpreter_layout = patch  # GPU blocks: the dot tiles of a CUDA launch (16 x 32 at these few programs)
+        km.interpreter_layout = patch  # GPU blocks: the dot tiles of a CUDA launch (64 x 32)
         try:
             for name, problem in _layout_cases():
                 yield f"{layout}: {name}", problem
