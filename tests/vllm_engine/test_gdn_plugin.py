@@ -116,9 +116,8 @@ def test_preemption_and_sampling(kind, gdn_models, tmp_path):
     """Preemption with prefills cut every 13 tokens (recomputed requests: their GDN states dropped and rebuilt from
     token 0; a small-state model so that vLLM's hybrid blocks are small enough to run out), eager, and seeded
     top-k/top-p sampling in compiled mode (processed log-probs == lt.token_logprobs with the same settings): every bit
-    the trainer's. (Seeded sampling is not combined with chunked prefill: vLLM's runner rewinds a seeded request's
-    generator after a partial prefill with ``set_offset``, which CPU generators lack -- it fails with or without the
-    plugin.)"""
+    the trainer's. (Seeded sampling with chunked prefill, which kills stock vLLM-CPU -- its runner rewinds a seeded
+    generator with ``set_offset`` -- is tested on the dense models: test_vllm_plugin's seeded test.)"""
     d = "bfloat16"
     path = gdn_models[(kind, d)]
     small = tiny_gdn.save_tiny_gdn(kind, d, tmp_path / "small_state", small_state=True)
