@@ -44,6 +44,8 @@ class StockBackend(Backend):
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
         logits = F.linear(hidden.float(), weight.float()) / temperature
+        if tokens.ndim == hidden.ndim:  # [N, K]: K tokens of each row
+            return torch.log_softmax(logits, -1).gather(-1, tokens.long())
         return torch.log_softmax(logits, -1).gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
     # torch's scaled_dot_product_attention, one call per sequence, the way an eager engine would

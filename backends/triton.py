@@ -17,6 +17,7 @@ import torch
 
 from hal import fp_env
 from hal.backend import LEVELS, Backend
+from hal.ops import tokens_per_row
 from hal.spec import FAST, STRICT
 
 from hal.kernels.triton.versions import (MIN_TRITON, installed_triton, interpreter_too_old, interpreting,  # noqa: F401
@@ -98,8 +99,9 @@ class FoundationOps:
             return _kernel("softmax").logsumexp(x, spec)
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
+        # the kernel takes one token per row; K tokens per row: one launch per column (same bits, K LM-head rows)
         with self.launch_on(hidden):
-            return _kernel("token_logprobs").token_logprobs(hidden, weight, tokens, temperature, spec)
+            return tokens_per_row(_kernel("token_logprobs").token_logprobs, hidden, weight, tokens, temperature, spec)
 
 
 class ElementwiseOps:

@@ -1,8 +1,9 @@
 """The RL loop end to end in one environment: vLLM samples, a trainer takes GRPO steps, the new weights go back
 into the running engine, and the sampler and trainer log-probs are compared bit for bit at every step.
 
-    python -m examples.vllm_rl            # Qwen3 bf16 and fp32, 6 steps each (~3 minutes on 2 cores)
-    python -m examples.vllm_rl --short    # CI: 3 steps, bf16 only
+    python -m examples.vllm_rl                   # Qwen3 bf16 and fp32, 6 steps each (~3 minutes on 2 cores)
+    python -m examples.vllm_rl --model qwen3_5   # Qwen3.5 (Gated DeltaNet hybrid): the same loop
+    python -m examples.vllm_rl --short           # CI: 3 steps, bf16 only
 
 Two loops, each in its own process (lockstep's vLLM plugin is process-wide):
 
@@ -17,7 +18,9 @@ engine's recorded log-probs, and a k3 KL penalty to the initial policy; one opti
 into the running engine through vLLM's ``reload_weights`` RPC (the plugin evicts the prefix cache itself; the
 stock loop calls ``reset_prefix_cache()``). Per step: tokens whose log-prob bits differ between sampler and trainer, k3,
 the IS ratio range and the ESS (hal.rl.mismatch_metrics). Writes ``vllm_rl.json`` and ``vllm_rl.png``.
-Tiny models are built locally (nothing downloaded). Adding Qwen3.5 once the plugin serves it: one entry in KINDS.
+Tiny models are built locally (nothing downloaded). Qwen3.5 (``--model qwen3_5``): stock vLLM-CPU runs its GDN
+layers in bf16 only ("CPU GDN attention requires BF16"), so its fp32 run is lockstep's loop alone; lockstep's plugin
+keeps prefix caching off for the hybrids (vLLM's default for them is on), stock keeps vLLM's default.
 """
 from __future__ import annotations
 
@@ -35,17 +38,28 @@ VOCAB = 160
 _COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=32, max_position_embeddings=256, initializer_range=0.1,
                tie_word_embeddings=False)
-KINDS = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}  # Qwen3.5 (GDN) joins here once vLLM serves it under lockstep
+# Qwen3.5: one Gated DeltaNet layer then one full-attention layer, twice; 2 key / 4 value GDN heads of 64 (the
+# sizes stock's C++ GDN kernels accept)
+_GDN = dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
+KINDS = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+         "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _GDN)}
+HYBRID = {"qwen3_5"}  # GDN hybrids: prefix caching left at the plugin's policy, stock's kernels bf16 only
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 GROUP, PROMPTS, NEW_TOKENS, LR, BETA = 4, 2, 12, 2e-3, 0.04
 
 
 def save_tiny(kind: str, dtype: str, path: str) -> str:
     import transformers as tf
-    config_cls, model_cls = (getattr(tf, n) for n in KINDS[kind])
+    config_name, model_name, extra = KINDS[kind]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = model_cls(config_cls(**_COMMON))
+        model = getattr(tf, model_name)(getattr(tf, config_name)(**{**_COMMON, **extra}))
+        if kind in HYBRID:
+            with torch.no_grad():  # HF initialises the (1 + w) norms' w at 0 and the gated norm at 1: move them
+                for name, p in model.named_parameters():
+                    if name.endswith("norm.weight"):
+                        p.add_(0.1 * torch.randn_like(p))
     model.to(DTYPES[dtype]).save_pretrained(path)
     return path
 
@@ -90,7 +104,7 @@ def run_loop(kind: str, dtype: str, steps: int, lockstep: bool, workdir: str, sy
     import hal.rl
     path = save_tiny(kind, dtype, os.path.join(workdir, f"{kind}-{dtype}"))
     llm = LLM(model=path, dtype=dtype, skip_tokenizer_init=True, gpu_memory_utilization=0.05, max_model_len=256,
-              block_size=32, seed=0, enforce_eager=True, enable_prefix_caching=True)
+              block_size=32, seed=0, enforce_eager=True, enable_prefix_caching=None if kind in HYBRID else True)
     if lockstep:
         from hal.integrations import transformers as lt
         lt.register()
@@ -178,6 +192,8 @@ def plot(results: dict, png: str) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--short", action="store_true", help="CI: 3 steps, bf16 only")
+    ap.add_argument("--model", choices=sorted(KINDS), default="qwen3")
+    ap.add_argument("--dtypes", default=None, help="comma-separated (default: bfloat16,float32; --short: bfloat16)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--out", default=".", help="where vllm_rl.json and vllm_rl.png go")
     ap.add_argument("--loops", default="lockstep,stock", help="which loops to run (comma-separated)")
@@ -186,7 +202,13 @@ def main(argv=None):
     ap.add_argument("--worker", choices=["lockstep", "stock"], help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     steps = a.steps or (3 if a.short else 6)
-    configs = [("qwen3", "bfloat16")] + ([] if a.short else [("qwen3", "float32")])
+    dtypes = a.dtypes.split(",") if a.dtypes else ["bfloat16"] + ([] if a.short else ["float32"])
+    configs = [(a.model, d) for d in dtypes]
+    if a.worker == "stock" and a.model in HYBRID:  # stock vLLM-CPU's GDN kernels refuse float32
+        skipped = [c for c in configs if c[1] != "bfloat16"]
+        configs = [c for c in configs if c[1] == "bfloat16"]
+        for k, d in skipped:
+            print(f"[stock {k} {d}] not run: stock vLLM-CPU refuses it ('CPU GDN attention requires BF16')")
     if a.worker:  # one loop's process
         with tempfile.TemporaryDirectory() as work:
             res = {f"{k}-{d}": run_loop(k, d, steps, a.worker == "lockstep", work, not a.no_weight_sync)
@@ -197,7 +219,10 @@ def main(argv=None):
     results = {}
     for name in a.loops.split(","):
         env = dict(os.environ, LOCKSTEP_VLLM="1" if name == "lockstep" else "0", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        cmd = [sys.executable, "-m", "examples.vllm_rl", "--worker", name, "--steps", str(steps), "--out", a.out]
+        if a.model in HYBRID:  # vLLM's qwen3_5.py imports a torchvision helper; vLLM-CPU has no torchvision
+            env["LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY"] = "1"
+        cmd = [sys.executable, "-m", "examples.vllm_rl", "--worker", name, "--steps", str(steps), "--out", a.out,
+               "--model", a.model, "--dtypes", ",".join(dtypes)]
         cmd += (["--short"] if a.short else []) + (["--no-weight-sync"] if a.no_weight_sync else [])
         subprocess.run(cmd, env=env, check=True)
         results[name] = json.load(open(os.path.join(a.out, f"vllm_rl_{name}.json")))

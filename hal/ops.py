@@ -286,7 +286,7 @@ class _TokenLogprobsFn(torch.autograd.Function):
     def forward(ctx, hidden, weight, tokens, temperature, s, impl, w_arg):
         ctx.save_for_backward(hidden, weight, tokens)
         ctx.temperature = temperature
-        return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
+        return _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s)
 
     @staticmethod
     def backward(ctx, g):
@@ -295,8 +295,13 @@ class _TokenLogprobsFn(torch.autograd.Function):
         h32, w32 = h.to(acc).reshape(-1, h.shape[-1]), w.to(acc)
         t = ctx.temperature
         p = torch.softmax(h32 @ w32.transpose(0, 1) / t, -1)
-        onehot = torch.zeros_like(p).scatter_(-1, tok.reshape(-1, 1).long(), 1.0)
-        glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
+        if tok.ndim == h.ndim:  # K tokens per row: d/dlogits of sum_k g_k log p_k = sum_k g_k onehot_k - (sum_k g_k) p
+            gk = g.reshape(p.shape[0], -1).to(acc)
+            picked = torch.zeros_like(p).scatter_add_(-1, tok.reshape(p.shape[0], -1).long(), gk)
+            glogits = (picked - gk.sum(-1, keepdim=True) * p) / t
+        else:
+            onehot = torch.zeros_like(p).scatter_(-1, tok.reshape(-1, 1).long(), 1.0)
+            glogits = g.reshape(-1, 1).to(acc) * (onehot - p) / t
         gh = (glogits @ w32).reshape(h.shape).to(h.dtype) if ctx.needs_input_grad[0] else None
         gw = (glogits.transpose(0, 1) @ h32).to(w.dtype) if ctx.needs_input_grad[1] else None
         return gh, gw, None, None, None, None, None
@@ -305,6 +310,10 @@ class _TokenLogprobsFn(torch.autograd.Function):
 def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
                    temperature: float = 1.0, *, spec=None, backend=None) -> torch.Tensor:
     """float32 ``log p(tokens | hidden)`` for hidden ``[..., H]``, LM head ``[V, H]``, tokens ``[...]``.
+
+    ``tokens [..., K]`` (one dim more than ``hidden``'s lead shape): K tokens of each row, out ``[..., K]``,
+    each value the bits of the same token asked alone -- one LM-head row and one log-softmax per hidden row,
+    whatever K (how ``hal.sampling`` reads a row's whole top-p / top-k kept set).
 
     The LM head is accumulated in float32 and the log-softmax is vocab-tiled; the result is never
     rounded below float32. This is the number a sampler records and a trainer recomputes. Under an
@@ -316,7 +325,8 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     if how is DTENSOR:
         return _tp.rowwise("token_logprobs", lambda hidden, tokens, lm_head_weight: token_logprobs(
             hidden, lm_head_weight, tokens, temperature, spec=spec, backend=backend), {"hidden": hidden, "tokens": tokens},
-            {"lm_head_weight": lm_head_weight}, {"hidden": {hidden.ndim - 1}, "tokens": set()}, hidden.ndim - 1)
+            {"lm_head_weight": lm_head_weight}, {"hidden": {hidden.ndim - 1}, "tokens": {hidden.ndim - 1} if tokens.ndim == hidden.ndim else set()},
+            hidden.ndim - 1)
     prepared, lm_head_weight = _unprepared("lm_head_weight", lm_head_weight, "linear")
     v.tensor("hidden", hidden, ndim_min=1), v.tensor("lm_head_weight", lm_head_weight, ndim=2)
     dtype = v.same_dtype(hidden=v.floating("hidden", hidden), lm_head_weight=v.floating("lm_head_weight", lm_head_weight))
@@ -324,8 +334,10 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     v.integer("tokens", tokens)
     v.dim_eq("token_logprobs: lm_head_weight.shape[1] vs hidden.shape[-1] (hidden size)",
              lm_head_weight.shape[1], hidden.shape[-1], "lm_head_weight must be [vocab, hidden]")
-    if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
-        raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}")
+    lead = tuple(tokens.shape[:-1]) if tokens.ndim == hidden.ndim else tuple(tokens.shape)
+    if lead != tuple(hidden.shape[:-1]):
+        raise v.InputError(f"tokens shape {tuple(tokens.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}"
+                           " (one token per row), or that plus a trailing K (K tokens per row)")
     vocab = lm_head_weight.shape[0]
     v.nonempty_axis("lm_head_weight", lm_head_weight, 0, "a log-softmax over the vocabulary")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
@@ -339,7 +351,27 @@ def token_logprobs(hidden: torch.Tensor, lm_head_weight, tokens: torch.Tensor,
     w_arg = _weight_arg(impl, prepared, lm_head_weight)
     if needs_grad(hidden, lm_head_weight):
         return _TokenLogprobsFn.apply(hidden, lm_head_weight, tokens, temperature, s, impl, w_arg)
-    return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
+    return _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s)
+
+
+def _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s):
+    """The backend's token_logprobs; K tokens per row (tokens [..., K]) reach it flattened to hidden [N, H],
+    tokens [N, K] (the contract's second form), out reshaped to tokens' shape."""
+    if tokens.ndim != hidden.ndim:
+        return impl.token_logprobs(hidden, w_arg, tokens, temperature, s)
+    k = tokens.shape[-1]
+    out = impl.token_logprobs(hidden.reshape(-1, hidden.shape[-1]), w_arg, tokens.reshape(-1, k), temperature, s)
+    return out.reshape(tokens.shape)
+
+
+def tokens_per_row(one_token, hidden, weight, tokens, temperature, spec):
+    """A backend's token_logprobs for both forms of the contract, from a kernel that takes one token per row:
+    tokens [N, K] (hidden [N, H]) runs it once per column -- the same bits as K single calls, each a full
+    LM-head row (for backends whose kernel cannot read K tokens from one row)."""
+    if tokens.ndim != hidden.ndim:
+        return one_token(hidden, weight, tokens, temperature, spec)
+    cols = [one_token(hidden, weight, tokens[:, j].contiguous(), temperature, spec) for j in range(tokens.shape[1])]
+    return torch.stack(cols, 1) if cols else hidden.new_empty(tokens.shape, dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
@@ -391,7 +423,9 @@ class _Contract:
         """Logsumexp over the last dim, float32 (float64 for float64 input), the dim removed."""
 
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
-        """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [T, H]."""
+        """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [..., H], tokens
+        [...]; or, tokens [N, K] with hidden [N, H] (``tokens.ndim == hidden.ndim``), K tokens of each row,
+        out [N, K], each the bits of that token alone (``hal.ops.tokens_per_row`` runs a one-token kernel so)."""
 
 
 _MATMUL_SUITES = (("matmul", (specs.STRICT,)), ("matmul_exact", (specs.EXACT,)), ("matmul_fast", (specs.FAST,)))

@@ -137,22 +137,28 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: S
     """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to :func:`kept_set`.
     ``hidden [..., H]``, ``tokens [...]``; ``scores`` (the engine's): :func:`sampling_scores` of these rows,
     else computed here with the model's (patched) LM head, the logits the engine sampled from.
-    Cost: one full-vocabulary ``logprobs_fn`` row per kept token (fine for top-k's tens of tokens; a top-p
-    set over a flat distribution of a large vocabulary is correspondingly slow)."""
+    ``logprobs_fn(h [n, H], candidates [n, K], temperature)``: ``hal.token_logprobs``' K-tokens-per-row form
+    (each value the bits it has alone), called once: one full-vocabulary row per token, whatever the size
+    of the kept set (a top-p set over a flat distribution of a large vocabulary included)."""
     shape = tokens.shape
     h = hidden.reshape(-1, hidden.shape[-1])
-    t = tokens.reshape(-1)
+    t = tokens.reshape(-1).to(torch.int64)
     if scores is None:
         with torch.no_grad():
             scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)
     kept = kept_set(scores, sampling.top_k, sampling.top_p)
-    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1).to(torch.int64)).all()):
+    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1)).all()):
         raise InputError(f"a token is outside the kept set of its row (top_k={sampling.top_k}, top_p={sampling.top_p}):"
                          " it cannot have been sampled with these settings")
+    counts = kept.sum(-1)
     rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
-    lp_all = logprobs_fn(h[rows], ids, sampling.temperature)
-    lp_tok = logprobs_fn(h, t, sampling.temperature)
-    return renormalise_kept(lp_tok, lp_all, kept.sum(-1).tolist()).reshape(shape)
+    # candidates [n, 1 + K]: the token, then its row's kept ids (ascending), padded with the token
+    width = 1 + (int(counts.max()) if t.numel() else 0)
+    cand = t.reshape(-1, 1).repeat(1, width)
+    cols = 1 + torch.arange(ids.numel(), device=t.device) - (counts.cumsum(0) - counts)[rows]
+    cand[rows, cols] = ids
+    lp = logprobs_fn(h, cand, sampling.temperature)
+    return renormalise_kept(lp[:, 0], lp[rows, cols], counts.tolist()).reshape(shape)
 
 
 def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, *,

@@ -28,6 +28,25 @@ def hostile_neighbours(name, n, x):
     return extreme_rows(n, x.shape[1:], x.dtype, x.device)
 
 
+def _k_tokens_per_row(backend, case, inputs, base):
+    """tokens [N, K] (hal.token_logprobs' second form): each row's K log-probs, read from its one log-softmax (or
+    computed per token by a backend whose kernel takes one), must be the bits of each token asked alone. Column 0
+    is the case's own tokens (against the base call); the others: the vocabulary's ends, a repeat, random ids."""
+    n, v = inputs["tokens"].shape[0], case.p["v"]
+    tok = inputs["tokens"].long()
+    extra = gen.randint(case.key("k-tokens"), (n, 3), v).long().to(tok.device)
+    cols = [tok, torch.zeros_like(tok), torch.full_like(tok, v - 1), tok, *extra.unbind(1)]
+    many = torch.stack(cols, 1).to(inputs["tokens"].dtype)
+    got = run_token_logprobs(backend, case, dict(inputs, tokens=many))["logprobs"]
+    yield "k-tokens-per-row:column-0-vs-base:logprobs", base["logprobs"], got[:, 0].contiguous()
+    for j in range(1, many.shape[1]):
+        alone = run_token_logprobs(backend, case, dict(inputs, tokens=many[:, j].contiguous()))["logprobs"]
+        yield f"k-tokens-per-row:column-{j}-vs-alone:logprobs", alone, got[:, j].contiguous()
+
+
+K_TOKENS = [("k-tokens-per-row", _k_tokens_per_row)]
+
+
 class TokenLogprobsSuite(Suite):
     def cases(self):
         return [Case("token_logprobs", f"n{n}_h{h}_v{v}_t{t}", dt, DEFAULTS["token_logprobs"],
@@ -63,6 +82,6 @@ SUITE = TokenLogprobsSuite(
     # quick: H = 70 / 96 cross the hidden tile, V = 300 / 515 the vocab tile; NaN/inf rows; T = 0.7 (output float32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16"),
     name="token_logprobs", ops=("token_logprobs",), levels=("L0", "L1", "L3", "L4", "A"),
-    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours),
+    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours) + K_TOKENS,
             "L3": autograd_check(run_token_logprobs, ("hidden", "weight"))},
 )

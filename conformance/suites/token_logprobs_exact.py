@@ -15,7 +15,7 @@ from hal.spec import ExactMatmulSpec, TokenLogprobsSpec, get
 
 from .. import inputs as gen
 from ..suite import DTYPES, Case, autograd_check, rowwise_checks
-from .token_logprobs import EPS32, SHAPES, TokenLogprobsSuite, run_token_logprobs, hostile_neighbours
+from .token_logprobs import EPS32, K_TOKENS, SHAPES, TokenLogprobsSuite, run_token_logprobs, hostile_neighbours
 
 SPEC = get(TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4)).id)  # the registered one
 OUTLIERS = (6, 256, 700, 1.0)  # six hidden channels 1000x larger (LLM residual streams)
@@ -73,7 +73,7 @@ SUITE = TokenLogprobsExactSuite(
     # quick: H = 70 with NaN/inf rows (bf16), T = 0.7 (fp16), massive activations (fp32)
     quick=("n4_h70_v300_t1.0.bf16", "n5_h96_v515_t0.7.fp16", "n6_h256_v700_t1.0_outliers.fp32"),
     name="token_logprobs_exact", ops=("token_logprobs",), levels=("L0", "L1", "L2", "L3", "L4", "A"),
-    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours),
+    checks={"L1": rowwise_checks(run_token_logprobs, ("hidden", "tokens"), hostile=hostile_neighbours) + K_TOKENS,
             "L2": [("hidden-permutation", _h_permuted), ("hidden-zero-padding", _h_zero_padded)],
             "L3": autograd_check(run_token_logprobs, ("hidden", "weight"))},
 )

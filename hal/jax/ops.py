@@ -225,7 +225,14 @@ def logsumexp(x, *, spec=None):
 def _stock_tlp(hidden, weight, tokens, temperature=1.0, spec=None):
     logits = jnp.matmul(hidden.astype(F32), weight.astype(F32).T) / temperature
     lp = jax.nn.log_softmax(logits, -1)
-    return jnp.take_along_axis(lp, tokens[:, None].astype(jnp.int32), -1)[:, 0]
+    return _pick(lp, tokens)
+
+
+def _pick(rows, tokens):
+    """rows [N, V] at tokens [N] (one per row) or [N, K] (K per row)."""
+    if tokens.ndim == 2:
+        return jnp.take_along_axis(rows, tokens.astype(jnp.int32), -1)
+    return jnp.take_along_axis(rows, tokens[:, None].astype(jnp.int32), -1)[:, 0]
 
 
 @strict_op(stock=_stock_tlp, static=("temperature", "spec"))
@@ -237,13 +244,16 @@ def _token_logprobs(hidden, weight, tokens, temperature=1.0, spec=None):
     if temperature != 1.0:
         logits = sm.div(logits, sm.const(temperature))
     _, s, shifted, empty = _row_stats(logits, spec.vocab_tile)
-    picked = jnp.take_along_axis(shifted, tokens[:, None].astype(jnp.int32), -1)[:, 0]
+    picked = _pick(shifted, tokens)
+    if tokens.ndim == 2:  # K tokens of each row: the row's one log(S) and empty flag, broadcast
+        s, empty = s[:, None], empty[:, None]
     out = sm.sub(picked, sm.log(s))
     return sm.narrow(jnp.where(empty, -jnp.inf, out), "float32")
 
 
 def token_logprobs(hidden, weight, tokens, temperature: float = 1.0, *, spec=None):
-    """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N] int."""
+    """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N] int; tokens [N, K]:
+    K tokens of each row from its one log-softmax, out [N, K] (each the bits of that token alone)."""
     checked_format(hidden), checked_format(weight)
     s = _spec("token_logprobs", spec)
     if s.matmul is not None:

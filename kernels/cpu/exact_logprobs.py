@@ -18,24 +18,24 @@ from hal.kernels.exact.prepared import unpack
 
 from .exact_slice import slice_rows
 from .host import F32, array
-from .softmax import _ROW_CHUNK, logprob_rows
+from .softmax import _ROW_CHUNK, candidate_rows, logprob_rows
 
 VOCAB_TILE = 8192  # weight rows per slicing / product step: 64 x 8192 x s^2 int64 products at most
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
     """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H] (or a prepared ExactWeight),
-    tokens [...] (hidden's lead shape)."""
+    tokens [...] (hidden's lead shape) or [N, K] for hidden [N, H] (K tokens of each row)."""
     mm = spec.matmul
     core.check_k("hidden", hidden.shape[-1])
     w_all, prepared = unpack(weight, mm)
-    n, v = tokens.numel(), w_all.shape[0]
+    (n, k), v = candidate_rows(hidden, tokens), w_all.shape[0]
     h2 = hidden.reshape(n, hidden.shape[-1])
     tiles = [(v0, w_all[v0:v0 + VOCAB_TILE]) for v0 in range(0, v, VOCAB_TILE)]
     sliced = [prepared.rows(v0, v0 + w.shape[0]) if prepared is not None else slice_rows(w, mm.slices)
               for v0, w in tiles]
-    tok = array(tokens.reshape(-1).to(torch.int64).contiguous())
-    out = torch.empty(n, dtype=F32)
+    tok = array(tokens.reshape(n, k).to(torch.int64).contiguous())
+    out = torch.empty((n, k), dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         rows = h2[c0:c0 + _ROW_CHUNK]

@@ -136,19 +136,22 @@ def logsumexp(x, spec):
 
 @njit(cache=True)  # not inlined, as _softmax_row
 def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
-    """out[row0 + r] from row r of logits [C, V] (one token's logits per row, our scratch: divided by
-    the temperature in place when scale, then overwritten by exp(logit - shift) once the token's
-    logit is read: no V-wide buffer per row)."""
+    """out[row0 + r, :] = log p of tokens[row0 + r, :] (K tokens of one row) from row r of logits [C, V]
+    (our scratch: divided by the temperature in place when scale, then overwritten by exp(logit - shift)
+    once the tokens' logits are read into out: no V-wide buffer per row)."""
     v = logits.shape[1]
     row = logits[r]
     if scale:
         for i in range(v):
             row[i] = row[i] / temp
-    x_tok = row[tokens[row0 + r]]
+    for j in range(tokens.shape[1]):
+        out[row0 + r, j] = row[tokens[row0 + r, j]]
     m, empty = _row_shift(row)
     for i in range(v):  # in place, through one name: two names for one array fail the vectoriser's overlap check
         row[i] = exp(row[i] - m)
-    out[row0 + r] = NEG_INF if empty else canon((x_tok - m) - log(tiled_sum(row, t)))
+    lse = log(tiled_sum(row, t))
+    for j in range(tokens.shape[1]):
+        out[row0 + r, j] = NEG_INF if empty else canon((out[row0 + r, j] - m) - lse)
 
 
 @njit(nogil=True, cache=True)
@@ -158,23 +161,32 @@ def _logprob_tasks(logits, row0, tokens, temp, scale, t, out, lo, hi):
 
 
 def logprob_rows(logits, row0, tokens, temp, scale, t, out):
-    """out[row0 + r] = log p(tokens[row0 + r]) from logits [C, V] (float32, one token per row)."""
+    """out[row0 + r, :] = log p(tokens[row0 + r, :]) from logits [C, V] (float32; tokens, out [N, K])."""
     pool.run(_logprob_tasks, logits.shape[0], logits, row0, tokens, temp, scale, t, out,
              parallel=parallel_worth(logits.size * 8))
 
 
-_ROW_CHUNK = 64  # tokens per chunk: at most 64 x V float32 logits exist at a time
+_ROW_CHUNK = 64  # rows per chunk: at most 64 x V float32 logits exist at a time
+
+
+def candidate_rows(hidden, tokens) -> tuple[int, int]:
+    """(rows, tokens per row): tokens [...] is one per row of hidden [..., H]; tokens [N, K] with
+    hidden [N, H] is K per row (hal.ops passes candidates flattened so)."""
+    if tokens.ndim == hidden.ndim:
+        return tokens.shape[0], tokens.shape[1]
+    return tokens.numel(), 1
 
 
 def token_logprobs(hidden, weight, tokens, temperature, spec):
-    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)."""
-    n = tokens.numel()
+    """float32 log p(tokens | hidden) for hidden [..., H], weight [V, H], tokens [...] (hidden's lead shape)
+    or [N, K] for hidden [N, H] (K tokens of each row)."""
+    n, k = candidate_rows(hidden, tokens)
     w = raw(weight)
     # logits [chunk, V] = hidden_chunk [chunk, H] . W [V, H]^T: each logit is the spec's tiled dot of
     # hidden[n] and W[v]; the LM head is read as stored (packed per tile panel inside the kernel).
     h2 = raw(hidden.reshape(n, hidden.shape[-1]))
-    tok = array(tokens.reshape(-1).to(torch.int64).contiguous())
-    out = torch.empty(n, dtype=F32)
+    tok = array(tokens.reshape(n, k).to(torch.int64).contiguous())
+    out = torch.empty((n, k), dtype=F32)
     temp = np.float32(temperature)
     for c0 in range(0, n, _ROW_CHUNK):
         c1 = min(n, c0 + _ROW_CHUNK)

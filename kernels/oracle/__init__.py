@@ -59,4 +59,6 @@ def softmax(x):
 
 def token_logprobs(hidden, weight, tokens, temperature=1.0):
     logits = hidden.to(F64) @ weight.to(F64).transpose(0, 1) / temperature
+    if tokens.ndim == hidden.ndim:  # [N, K]: K tokens of each row
+        return log_softmax(logits).gather(-1, tokens.long())
     return log_softmax(logits).gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)

@@ -65,6 +65,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     """float32 log p(tokens[n] | hidden[n]) for hidden [N, H], weight [V, H], tokens [N] int."""
     logits = lm_logits(hidden, weight, temperature, spec)
     _, s, shifted, empty = _row_stats(logits, spec.vocab_tile)
+    if tokens.ndim == hidden.ndim:  # [N, K]: K tokens of each row's one log-softmax
+        out = shifted.gather(-1, tokens.long()) - log(s).unsqueeze(-1)
+        return torch.where(empty.unsqueeze(-1), float("-inf"), out)
     picked = shifted.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     out = picked - log(s)
     return torch.where(empty, float("-inf"), out)
