@@ -17,7 +17,7 @@ import torch
 
 from hal import fp_env
 from hal.backend import LEVELS, Backend
-from hal.ops import tokens_per_row
+from hal.backend import tokens_per_row
 from hal.spec import FAST, STRICT
 
 from hal.kernels.triton.versions import (MIN_TRITON, installed_triton, interpreter_too_old, interpreting,  # noqa: F401

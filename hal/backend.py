@@ -141,3 +141,13 @@ class Backend:
 
     def __repr__(self):
         return f"<backend {self.name}>"
+
+
+def tokens_per_row(one_token, hidden, weight, tokens, temperature, spec):
+    """A backend's token_logprobs for both forms of the contract, from a kernel that takes one token per row:
+    tokens [N, K] (hidden [N, H]) runs it once per column -- the same bits as K single calls, each a full
+    LM-head row (for backends whose kernel cannot read K tokens from one row)."""
+    if tokens.ndim != hidden.ndim:
+        return one_token(hidden, weight, tokens, temperature, spec)
+    cols = [one_token(hidden, weight, tokens[:, j].contiguous(), temperature, spec) for j in range(tokens.shape[1])]
+    return torch.stack(cols, 1) if cols else hidden.new_empty(tokens.shape, dtype=torch.float32)

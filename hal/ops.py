@@ -364,16 +364,6 @@ def _run_token_logprobs(impl, hidden, w_arg, tokens, temperature, s):
     return out.reshape(tokens.shape)
 
 
-def tokens_per_row(one_token, hidden, weight, tokens, temperature, spec):
-    """A backend's token_logprobs for both forms of the contract, from a kernel that takes one token per row:
-    tokens [N, K] (hidden [N, H]) runs it once per column -- the same bits as K single calls, each a full
-    LM-head row (for backends whose kernel cannot read K tokens from one row)."""
-    if tokens.ndim != hidden.ndim:
-        return one_token(hidden, weight, tokens, temperature, spec)
-    cols = [one_token(hidden, weight, tokens[:, j].contiguous(), temperature, spec) for j in range(tokens.shape[1])]
-    return torch.stack(cols, 1) if cols else hidden.new_empty(tokens.shape, dtype=torch.float32)
-
-
 # ---------------------------------------------------------------- the records (hal/torch_ops.py derives every table)
 
 
@@ -425,7 +415,7 @@ class _Contract:
     def token_logprobs(self, hidden, weight, tokens, temperature, spec):
         """float32 ``log_softmax(hidden @ weight^T / temperature)[token]`` per row of hidden [..., H], tokens
         [...]; or, tokens [N, K] with hidden [N, H] (``tokens.ndim == hidden.ndim``), K tokens of each row,
-        out [N, K], each the bits of that token alone (``hal.ops.tokens_per_row`` runs a one-token kernel so)."""
+        out [N, K], each the bits of that token alone (``hal.backend.tokens_per_row`` runs a one-token kernel so)."""
 
 
 _MATMUL_SUITES = (("matmul", (specs.STRICT,)), ("matmul_exact", (specs.EXACT,)), ("matmul_fast", (specs.FAST,)))

@@ -1,7 +1,7 @@
 """hal.sampling.kept_logprobs reads a row's kept set from one LM-head row per token (hal.token_logprobs'
 K-tokens-per-row form): the same bits as the previous definition, which computed one full-vocabulary row
 per kept token. Every backend with token_logprobs takes the form (reference, cpu and jax read K tokens from one
-row; triton / ascend run their one-token kernel per column, hal.ops.tokens_per_row); the conformance suites'
+row; triton / ascend run their one-token kernel per column, hal.backend.tokens_per_row); the conformance suites'
 L1 check ``k-tokens-per-row`` certifies it per backend, and is shown here to catch a shortcut. The timing ratio
 is in benchmarks/kept_logprobs_rows.py (never asserted here)."""
 from __future__ import annotations
@@ -155,8 +155,8 @@ def test_conformance_k_tokens_check_passes_and_catches_a_shortcut():
 
 
 def test_a_one_token_kernel_looped_per_column_is_each_tokens_bits():
-    """hal.ops.tokens_per_row (triton / ascend wrappers): the K form from a one-token kernel, column by column."""
-    from hal.ops import tokens_per_row
+    """hal.backend.tokens_per_row (triton / ascend wrappers): the K form from a one-token kernel, column by column."""
+    from hal.backend import tokens_per_row
     ref = hal.get_backend("reference")
     spec = hal.spec.resolve("token_logprobs", None)
     h, w = case(4, 300, 24, torch.bfloat16, 0.5, seed=6)
