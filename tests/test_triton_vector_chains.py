@@ -26,7 +26,8 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 @needs_interpreter
-@pytest.mark.parametrize("check,cases", [("gemv", 10), ("gemv_words", 11), ("lm_head", 10), ("odd_tiles", 3)])
+@pytest.mark.parametrize("check,cases", [("gemv", 10), ("gemv_words", 11), ("gemv_variants", 18), ("lm_head", 10),
+                                         ("odd_tiles", 3)])
 def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
     assert run_checks(check, script=SCRIPT).count(": ok") == cases
 
