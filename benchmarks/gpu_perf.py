@@ -362,7 +362,8 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine
     # step on 32 programs) against "strict" (the defaults); "strict-gemv" takes 17-64 rows through the GEMV instead of
     # the 64 x 32 FMA-dot tiles "strict" runs there
-    variants = {"strict-old": ([m for m in s.decode_rows if m <= 16], {"GEMV_LANES": "tiles", "COMBINE_UNROLL": 1}),
+    variants = {"strict-old": ([m for m in s.decode_rows if m <= 16], {"GEMV_LANES": "tiles", "COMBINE_UNROLL": 1,
+                                                                           "GEMV_EVEN_K": False}),
                 "strict-gemv": ([m for m in s.decode_rows + s.prefill_rows if 16 < m <= 64], {"GEMV_MAX_ROWS": 64})}
     for name, (rows, selectors) in variants.items():
         for m in rows:

@@ -245,7 +245,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                      **_ints("M", "N", "K", "n_kt", "n_tb", "sa_m", "sb_n", "n_work", "n1")},
                     {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm,
                      **({"BN": 32, "NKT": 4} if matmul.GEMV_LANES == "cols" else {"BN": 16, "NKT": 8}),
-                     "WORDS": matmul.WORDS_LAYOUT and bm > 1, "COLS_FAST": matmul.GEMV_LANES == "cols", "NPU": npu},
+                     "WORDS": matmul.WORDS_LAYOUT and bm > 1, "COLS_FAST": matmul.GEMV_LANES == "cols",
+                     "EVEN": matmul.GEMV_EVEN_K, "NPU": npu},
                     divisible=("K", "sa_m", "sb_n")))
         if full:
             cases.append(KernelCase(

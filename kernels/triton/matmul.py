@@ -90,7 +90,7 @@ def _gemv_partials_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, sa_m, sa_k, sb_
 @triton.jit(do_not_specialize=["M", "n_work"])  # row counts change per call: no recompiles
 def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_work, n1,
                      KT: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NKT: tl.constexpr,
-                     WORDS: tl.constexpr, COLS_FAST: tl.constexpr, NPU: tl.constexpr):
+                     WORDS: tl.constexpr, COLS_FAST: tl.constexpr, EVEN: tl.constexpr, NPU: tl.constexpr):
     """Decode GEMV with K contiguous in a and b: [BM, BN x NKT] chains, lane j = (column j // NKT, K tile
     j % NKT); each step loads VEC consecutive k (16 bytes) of every lane's tile (one vector load per
     thread; a's rows are shared by all columns, so their loads broadcast) and runs them through the chains
@@ -100,7 +100,8 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
 
     COLS_FAST: lane j = (K tile j // BN, column j % BN), so a warp's 32 lanes are 32 columns of one K tile: its load
     of a row of a is one address (a broadcast: one L1 wavefront instead of one per tile), and its partials store
-    is 32 consecutive floats. Otherwise lane j = (column j // NKT, K tile j % NKT): 8 tiles a warp (GEMV_LANES)."""
+    is 32 consecutive floats. Otherwise lane j = (column j // NKT, K tile j % NKT): 8 tiles a warp (GEMV_LANES).
+    EVEN (K % KT == 0, KT % VEC == 0; GEMV_EVEN_K): no select on the chains (common.dot_tile_vec)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         wb = item // n1
         rows = (item % n1) * BM + tl.arange(0, BM)
@@ -117,9 +118,9 @@ def _gemv_vec_kernel(a_ptr, b_ptr, part_ptr, M, N, K, n_kt, n_tb, sa_m, sb_n, n_
         a_rows = a_ptr + rows.to(tl.int64) * sa_m
         b_cols = b_ptr + cols.to(tl.int64) * sb_n
         if WORDS:  # whole 16-byte vectors: read as int64 words, no reshape / split (Triton 3.6: no conversions)
-            part = common.dot_tile_words(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+            part = common.dot_tile_words(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L, EVEN)
         else:
-            part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L)
+            part = common.dot_tile_vec(a_rows, b_cols, row_ok, col_ok, tiles * KT, K, KT, VEC, BM, L, EVEN)
         offs = tiles.to(tl.int64)[None, :] * M * N + rows[:, None] * N + cols[None, :]
         tl.store(part_ptr + offs, part, mask=row_ok[:, None] & (col_ok & (tiles < n_kt))[None, :])
 
@@ -173,6 +174,9 @@ GEMV_MAX_ROWS = int(_env_choice("LOCKSTEP_GEMV_MAX_ROWS", "16", ("16", "32", "64
 #: lanes of the vector GEMV (LOCKSTEP_GEMV_LANES): "cols" (32 columns of one K tile a warp: a's loads broadcast,
 #: the partials store coalesced) or "tiles" (the layout measured on 2026-12-04: 4 columns x 8 K tiles a warp)
 GEMV_LANES = _env_choice("LOCKSTEP_GEMV_LANES", "cols", ("cols", "tiles"))
+#: chains without a select per step where K is whole K tiles of whole vectors (LOCKSTEP_GEMV_EVEN, "1" or "0": the
+#: select after each FFMA, as measured on 2026-12-04; sm_90 gemv_vec: 64 FFMA + 57 FSEL a row, in the chain)
+GEMV_EVEN_K = _env_choice("LOCKSTEP_GEMV_EVEN", "1", ("1", "0")) == "1"
 #: tiles' partials the combine loads per step (LOCKSTEP_GEMV_COMBINE): "8" (8 loads in flight, 32-column programs:
 #: 128 programs at N = 4096) or "1" (one a step, 128-column programs: 32 at N = 4096, as measured on 2026-12-04)
 COMBINE_UNROLL = int(_env_choice("LOCKSTEP_GEMV_COMBINE", "8", ("1", "8")))
@@ -227,7 +231,8 @@ def _gemv(a2, b_kn, bias, k_tile, out):
         n_tb = cdiv(n_kt, vkt)
         launch(_gemv_vec_kernel, (cdiv(n, vn) * n_tb, cdiv(m, vm)), a2, b_kn, part, m, n, k, n_kt, n_tb,
                a2.stride(0), b_kn.stride(1), KT=k_tile, VEC=16 // a2.element_size(), BM=vm, BN=vn, NKT=vkt,
-               WORDS=m > 1 and whole_vectors(a2, b_kn.t(), k_tile), COLS_FAST=GEMV_LANES == "cols", persistent=True)
+               WORDS=m > 1 and whole_vectors(a2, b_kn.t(), k_tile), COLS_FAST=GEMV_LANES == "cols",
+               EVEN=GEMV_EVEN_K and k % k_tile == 0 and k_tile % (16 // a2.element_size()) == 0, persistent=True)
     else:
         launch(_gemv_partials_kernel, (cdiv(n, bn), cdiv(n_kt, nkt)), a2, b_kn, part, m, n, k, n_kt,
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), KT=k_tile, BM=bm, BN=bn, NKT=nkt,
