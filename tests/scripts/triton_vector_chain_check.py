@@ -12,7 +12,8 @@ Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL
   forced here), which run wherever K and the K tile are whole vectors (4 of the 5 cases) and give the same bits.
 * ``gemv_variants``: the GEMV selectors kept for the H200 to decide (matmul.GEMV_LANES, COMBINE_UNROLL,
   GEMV_MAX_ROWS): the cases above under the other lanes / combine, and 33 / 40 rows through the GEMV (GEMV_MAX_ROWS
-  64; with 16 they take the FMA-dot tiles), each the reference's bits, the GEMV kernels counted.
+  64; with 16 they take the FMA-dot tiles), 36 with whole K tiles, each the reference's bits, the GEMV kernels
+  counted.
 * ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
   hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
 * ``odd_tiles``: tiles that are not powers of two (softmax / rms_norm tile 20, a vocab tile of 100) give the
@@ -225,7 +226,26 @@ def _selected(**values):
 ROWS_CASES = [  # m, k, n, k_tile, dtype, bias, special: past 16 rows (GEMV_MAX_ROWS 64)
     (33, 136, 40, 64, torch.bfloat16, True, True),   # 5 row blocks of 8 (GPU), K off the tile, NaN / inf
     (40, 70, 9, 20, torch.float32, False, False),    # k_tile 20, column tail
+    (36, 128, 24, 64, torch.float16, True, False),   # whole K tiles: the chains without selects (GEMV_EVEN_K)
 ]
+
+
+def _rows_cases(lanes, label_prefix=""):
+    """(label, problem) of ROWS_CASES through the GEMV (GEMV_MAX_ROWS 64) with the given lanes, both layouts."""
+    with _selected(GEMV_MAX_ROWS=64, GEMV_LANES=lanes):
+        for layout in _layouts():
+            for m, k, n, kt, dtype, bias, special in ROWS_CASES:
+                spec = hal.spec.MatmulSpec(k_tile=kt)
+                x, w, b = _inputs(m, k, n, dtype, bias, special)
+                counts, real = _counting()
+                try:
+                    got = hal.linear(x, w, b, spec=spec, backend="triton")
+                finally:
+                    km.launch = real
+                ran = (counts.get("_gemv_vec_kernel", 0), counts.get("_gemv_combine_kernel", 0))
+                yield (f"{label_prefix}max rows 64, lanes {lanes}, {layout}: m{m} k{k} n{n} kt{kt} {str(dtype)[6:]}",
+                       _diff(got, hal.linear(x, w, b, spec=spec, backend="reference"))
+                       or (None if ran == (1, 1) else f"GEMV kernels ran {ran}, want (1, 1)"))
 
 
 def check_gemv_variants():
@@ -235,20 +255,8 @@ def check_gemv_variants():
         for name, problem in _gemv_cases(f"lanes {other_lanes}, combine {other_unroll}: "):
             report(name, problem)
     for lanes in ("cols", "tiles"):
-        with _selected(GEMV_MAX_ROWS=64, GEMV_LANES=lanes):
-            for layout in _layouts():
-                for m, k, n, kt, dtype, bias, special in ROWS_CASES:
-                    spec = hal.spec.MatmulSpec(k_tile=kt)
-                    x, w, b = _inputs(m, k, n, dtype, bias, special)
-                    counts, real = _counting()
-                    try:
-                        got = hal.linear(x, w, b, spec=spec, backend="triton")
-                    finally:
-                        km.launch = real
-                    ran = (counts.get("_gemv_vec_kernel", 0), counts.get("_gemv_combine_kernel", 0))
-                    report(f"max rows 64, lanes {lanes}, {layout}: m{m} k{k} n{n} kt{kt} {str(dtype)[6:]}",
-                           _diff(got, hal.linear(x, w, b, spec=spec, backend="reference"))
-                           or (None if ran == (1, 1) else f"GEMV kernels ran {ran}, want (1, 1)"))
+        for name, problem in _rows_cases(lanes):
+            report(name, problem)
 
 
 def check_lm_head():
@@ -264,7 +272,9 @@ def check_negative():
             words = [name for name, problem in _gemv_cases("swapped words: ") if problem and "vector kernel" in problem]
             name, problem = _order_sensitive_bf16()
             words += [f"swapped words: {name}"] if problem else []
+        rows = [name for name, problem in _rows_cases(km.GEMV_LANES, "swapped: ") if problem]
     report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
+    report("swapped neighbours caught by the gemv_variants rows check", None if rows else "no case caught it")
     for dt in ("float32", "bfloat16", "float16"):  # floats32, and halves for both 2-byte dtypes
         hit = [name for name in words if name.endswith(dt) or f" {dt} " in name]
         report(f"swapped neighbours caught by the gemv_words check ({dt})", None if hit else "no case caught it")
