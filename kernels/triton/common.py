@@ -109,7 +109,7 @@ def vec_step(start, c, n, T: tl.constexpr, VEC: tl.constexpr):
 
 @triton.jit
 def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
-                 BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr):
+                 BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr = False):
     """[BM, L] float32: for each (row, lane) the fma chain from +0.0 over k = k0[lane] ... k0[lane] + KT - 1
     (k < K) of a_rows[row][k] * b_lanes[lane][k], in k order: one K tile of the spec's dot, with k the
     contiguous axis of both operands.
@@ -198,7 +198,7 @@ def _word_steps(part, a, b, ok, DT: tl.constexpr, EVEN: tl.constexpr):
 
 @triton.jit
 def dot_tile_words(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
-                   BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr):
+                   BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr = False):
     """:func:`dot_tile_vec`'s chains (the same steps in the same order, so the same bits) where every 16-byte vector is
     whole: K and KT multiples of VEC, rows 8-byte aligned (the launcher checks), for Triton 3.6. Each vector is read as
     two int64 loads and split into its floats with integer shifts (:func:`_word_steps`): no tl.reshape / tl.split.

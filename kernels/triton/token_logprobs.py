@@ -60,7 +60,7 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
         flat = tl.zeros([BR, L], dtype=tl.float32)
         for k0 in range(0, H, KT):  # not pipelined: a stage of the unrolled tile's loads would not fit in shared memory
             start = tl.zeros([L], dtype=tl.int32) + k0
-            flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L, False)
+            flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
         total = tl.reshape(flat, [BR, NTB, VTP])
     if HAS_TEMP:
         total = sm.div(total, temp, NPU)
