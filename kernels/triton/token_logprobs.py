@@ -159,8 +159,9 @@ def _blocks(rows: int, n_tiles: int):
 #: the logits' vector chains read as int64 words (common.dot_tile_words) where matmul.whole_vectors allows it (Triton
 #: < 3.7, hidden size and tile whole 16-byte vectors, 8-byte aligned rows) and a block has more than one row, as the
 #: 2-8-row GEMV: under 3.6 dot_tile_vec's reshape / split convert layouts through shared memory in the hidden loop
-#: (sm_90: 612 shared-memory instructions / 155 barriers at 8 rows; words: docs/triton.md). False keeps dot_tile_vec
-#: everywhere (the old path; benchmarks/gpu_perf.py measures both on the GPU)
+#: (sm_90: 612 shared-memory instructions / 155 barriers at 8 rows; words: 0 in the loop). H200, Triton 3.6, 8 rows of
+#: a 151,936 x 4096 head: 2511 -> 1405 us, same bits (docs/triton.md). False keeps dot_tile_vec everywhere (the old
+#: path; benchmarks/gpu_perf.py measures both)
 WORDS_LOGITS = True
 
 #: rows from which the logits run as FMA-dot tiles (tl.dot needs 16 rows; fewer rows keep the vector chains)
