@@ -398,8 +398,27 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             stock = lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, tok[:, None])  # noqa: E731
             return (lambda: hal.token_logprobs(x, w, tok, **tri)), stock, [x, w, tok]
         out.append(Case(f"token_logprobs/strict/N{n}", "token_logprobs", "strict", f"N{n} H{h} V{s.vocab} bf16",
-                        build, flops=2.0 * 2 * n * h * s.vocab,  # the spec computes the logits twice
+                        build, flops=2.0 * n * h * s.vocab,  # the LM head once: its float32 logits are kept
                         stock_name="F.linear + float32 log_softmax + gather"))
+
+    # the bet of the logits' int64-word chains (token_logprobs.WORDS_LOGITS, taken on Triton < 3.7 at 2-15 rows):
+    # the same call with the old dot_tile_vec chains, against the row above (same inputs: the seed is the row's)
+    n = s.logprob_rows[0]
+
+    def build_vec(seed, n=n):
+        from hal.kernels.triton import token_logprobs as ktl
+        ours, stock, tensors = next(c for c in out if c.id == f"token_logprobs/strict/N{n}").build(seed)
+
+        def old_chains():
+            saved, ktl.WORDS_LOGITS = ktl.WORDS_LOGITS, False
+            try:
+                return ours()
+            finally:
+                ktl.WORDS_LOGITS = saved
+        return old_chains, stock, tensors
+    out.append(Case(f"token_logprobs/strict/N{n}/vec_chains", "token_logprobs", "strict",
+                    f"N{n} H{h} V{s.vocab} bf16 (WORDS_LOGITS=False)", build_vec, flops=2.0 * n * h * s.vocab,
+                    stock_name="F.linear + float32 log_softmax + gather"))
 
     for b in s.decode_batches:
         for policy in ("strict", "fast"):

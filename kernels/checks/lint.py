@@ -304,7 +304,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
          "out_ptr": "*fp32", **_ints("R", "sl", "sp", "n_tiles", "n_work")},
         {"BR": 16 if npu else 32, "NPU": npu}, divisible=("sl", "sp"), num_warps=None if npu else 1))
     if full:
-        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VTP": 256, "VEC": 8, "NPU": npu}
+        blk = {"HAS_TEMP": True, "KT": 64, "BR": 16 if npu else 8, "NTB": 1, "VT": 256, "VTP": 256, "VEC": 8,
+               "WORDS": matmul.WORDS_LAYOUT and not npu, "NPU": npu}
         cases.append(KernelCase(
             "token_logprobs.max", tlp._max_kernel,
             {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
@@ -321,7 +322,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
         cases.append(KernelCase(
             "token_logprobs.stats", softmax.chunk_stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",
-             **_ints("R", "n_chunks", "n_work")}, {"BR": 16, "BC": 64, "NPU": npu}))
+             **_ints("R", "n_chunks", "n_work")},  # softmax.run_chunk_stats' GPU block for 151,936 / 64 chunks
+            {"BR": 16 if npu else 1, "BC": 64 if npu else 1024, "NPU": npu}))
         cases.append(KernelCase(
             "token_logprobs.sum", softmax.tile_sums_kernel,
             {**_ptrs("fp32", "lg_ptr", "shift_ptr", "part_ptr"), **_ints("R", "V", "sl", "sp", "n_tiles", "n_work", "n1")},

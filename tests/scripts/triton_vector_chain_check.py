@@ -16,6 +16,8 @@ Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL
   counted.
 * ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
   hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
+* ``lm_head_words``: ``hal.token_logprobs`` with the logits' int64-word chains (token_logprobs.WORDS_LOGITS: the
+  launcher's choice on Triton < 3.7 for 2-15 rows of whole vectors, forced here) gives the reference's raw bits.
 * ``odd_tiles``: tiles that are not powers of two (softmax / rms_norm tile 20, a vocab tile of 100) give the
   reference's bits with the default layouts (the interpreter's register layout needs power-of-two tiles and
   steps aside; token_logprobs pads a vocab tile's lanes to a power of two).
@@ -141,9 +143,17 @@ LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature
 ]
 
 
-def _lm_cases(label_prefix=""):
+LM_WORDS_CASES = [  # 2-15 rows, hidden size and tile whole 16-byte vectors: the int64-word chains where forced
+    (8, 64, 300, 32, 128, torch.bfloat16, 1.0, False, False),    # 8 rows: one row block with the GPU's 8
+    (3, 48, 260, 16, 128, torch.float32, 0.7, True, False),      # float32 words, NaN / inf, temperature
+    (5, 80, 257, 40, 256, torch.float16, 1.0, False, False),     # hidden tile 40: 5 vectors a tile
+]
+
+
+def _lm_cases(label_prefix="", cases=LM_CASES, words=False):
+    """words: the int64-word chains are wanted in the logits pass (matmul.whole_vectors forced on: _words_layout)."""
     for layout in _layouts():
-        for rows, h, v, ht, vt, dtype, temp, special, groups in LM_CASES:
+        for rows, h, v, ht, vt, dtype, temp, special, groups in cases:
             g = torch.Generator().manual_seed(rows)
             hid = torch.randn(rows, h, generator=g).to(dtype)
             w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)
@@ -155,7 +165,7 @@ def _lm_cases(label_prefix=""):
             ktl._LOGITS_SCRATCH_BYTES = 1 if groups else cap  # the smallest group: 16 rows
 
             def recorded(kernel, *a, **kw):
-                ran.add(getattr(kernel, "fn", kernel).__name__)
+                ran.add(getattr(kernel, "fn", kernel).__name__ + (" words" if kw.get("WORDS") else ""))
                 return real_launch(kernel, *a, **kw)
             ktl.launch = recorded
             try:
@@ -163,6 +173,7 @@ def _lm_cases(label_prefix=""):
             finally:
                 ktl._LOGITS_SCRATCH_BYTES, ktl.launch = cap, real_launch
             want_max = "_max_dot_kernel" if rows >= ktl._DOT_MIN_ROWS else "_max_kernel"  # FMA-dot logits from 16 rows
+            want_max += " words" if words else ""
             want = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="reference")
             yield (f"{label_prefix}{layout}: rows {rows} H{h} V{v} h{ht} v{vt} {str(dtype)[6:]} T{temp}"
                    f"{' nan/inf' if special else ''}{' row groups' if groups else ''}",
@@ -264,6 +275,12 @@ def check_lm_head():
         report(name, problem)
 
 
+def check_lm_head_words():
+    with _words_layout():
+        for name, problem in _lm_cases("words: ", LM_WORDS_CASES, words=True):
+            report(name, problem)
+
+
 def check_negative():
     with swapped_neighbours():
         gemv = [name for name, problem in _gemv_cases("swapped: ") if problem and "vector kernel" in problem]
@@ -272,6 +289,7 @@ def check_negative():
             words = [name for name, problem in _gemv_cases("swapped words: ") if problem and "vector kernel" in problem]
             name, problem = _order_sensitive_bf16()
             words += [f"swapped words: {name}"] if problem else []
+            lm_words = [name for name, problem in _lm_cases("swapped words: ", LM_WORDS_CASES, words=True) if problem]
         rows = [name for name, problem in _rows_cases(km.GEMV_LANES, "swapped: ") if problem]
     report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
     report("swapped neighbours caught by the gemv_variants rows check", None if rows else "no case caught it")
@@ -279,9 +297,11 @@ def check_negative():
         hit = [name for name in words if name.endswith(dt) or f" {dt} " in name]
         report(f"swapped neighbours caught by the gemv_words check ({dt})", None if hit else "no case caught it")
     report("swapped neighbours caught by the lm_head check", None if lm else "no case caught it")
+    report("swapped neighbours caught by the lm_head_words check", None if lm_words else "no case caught it")
     print(f"caught in {len(gemv)} of {2 * len(CASES)} gemv and {len(lm)} of {2 * len(LM_CASES)} lm_head cases",
           flush=True)
 
 
 if __name__ == "__main__":
-    main({"gemv": check_gemv, "gemv_words": check_gemv_words, "gemv_variants": check_gemv_variants, "lm_head": check_lm_head, "odd_tiles": check_odd_tiles, "negative": check_negative})
+    main({"gemv": check_gemv, "gemv_words": check_gemv_words, "gemv_variants": check_gemv_variants, "lm_head": check_lm_head,
+          "lm_head_words": check_lm_head_words, "odd_tiles": check_odd_tiles, "negative": check_negative})
