@@ -316,6 +316,22 @@ def sdpa(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
+def _selected(fn: Callable, selectors: dict) -> Callable:
+    """fn run with matmul's GEMV selectors (module constants) set, restored after: each call, capture included."""
+    from hal.kernels.triton import matmul as km
+
+    def run():
+        saved = {k: getattr(km, k) for k in selectors}
+        for k, v in selectors.items():
+            setattr(km, k, v)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                setattr(km, k, v)
+    return run
+
+
 def cases(s: Shapes, dev: str) -> list[Case]:
     import hal
     from hal.spec import ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec
@@ -341,6 +357,22 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"linear/{policy}/M{m}", "linear", policy, f"M{m} K{h} N{h} bf16", build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
                             via_launch_path=policy != "exact"))
+
+    # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
+    # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine
+    # step on 32 programs) against "strict" (the defaults); "strict-gemv" takes 17-64 rows through the GEMV instead of
+    # the 64 x 32 FMA-dot tiles "strict" runs there
+    variants = {"strict-old": ([m for m in s.decode_rows if m <= 16], {"GEMV_LANES": "tiles", "COMBINE_UNROLL": 1,
+                                                                           "GEMV_EVEN_K": False}),
+                "strict-gemv": ([m for m in s.decode_rows + s.prefill_rows if 16 < m <= 64], {"GEMV_MAX_ROWS": 64})}
+    for name, (rows, selectors) in variants.items():
+        for m in rows:
+            def build(seed, m=m, selectors=selectors):
+                x = _randn((m, h), bf, dev, 1000 * seed + 1)
+                w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+                return _selected(lambda: hal.linear(x, w, **tri), selectors), (lambda: F.linear(x, w)), [x, w]
+            out.append(Case(f"linear/{name}/M{m}", "linear", "strict", f"M{m} K{h} N{h} bf16 {selectors}", build,
+                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
 
     for rows in s.norm_rows:
         def build(seed, rows=rows):

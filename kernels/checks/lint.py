@@ -243,13 +243,18 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                     f"matmul.gemv_vec[{dt},rows={bm}]", matmul._gemv_vec_kernel,
                     {**_ptrs(dt, "a_ptr", "b_ptr"), "part_ptr": "*fp32",
                      **_ints("M", "N", "K", "n_kt", "n_tb", "sa_m", "sb_n", "n_work", "n1")},
-                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm, "BN": 16, "NKT": 8,
-                     "WORDS": matmul.WORDS_LAYOUT, "NPU": npu}, divisible=("K", "sa_m", "sb_n")))
+                    {"KT": 64, "VEC": 4 if dt == "fp32" else 8, "BM": bm,
+                     **({"BN": 32, "NKT": 4} if matmul.GEMV_LANES == "cols" else {"BN": 16, "NKT": 8}),
+                     "WORDS": matmul.WORDS_LAYOUT and bm > 1, "COLS_FAST": matmul.GEMV_LANES == "cols",
+                     "EVEN": matmul.GEMV_EVEN_K, "NPU": npu},
+                    divisible=("K", "sa_m", "sb_n")))
         if full:
             cases.append(KernelCase(
                 f"matmul.gemv_combine[{dt}]", matmul._gemv_combine_kernel,
-                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"), **_ints("M", "N", "n_kt", "so_m", "so_n", "n_work")},
-                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128, "NPU": npu}))
+                {"part_ptr": "*fp32", **_ptrs(dt, "bias_ptr", "out_ptr"),
+                 **_ints("M", "N", "n_kt", "so_m", "so_n", "n_work", "n1")},
+                {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": 16, "BN": 128 if matmul.COMBINE_UNROLL == 1 else 32,
+                 "UNROLL": matmul.COMBINE_UNROLL, "NPU": npu}))
         cases.append(KernelCase(
             f"rms_norm[{dt},residual]", rms_norm._rms_norm_kernel,
             {**_ptrs(dt, "x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), **_ints("R", "H"), "h_float": "fp32",
