@@ -424,7 +424,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)
                 return _attention_knobs(ours, **knobs), stock, tensors
-            out.append(Case(f"attention_decode/strict_{name}/B{b}", "attention_decode", "strict", new.shape,
+            out.append(Case(f"attention_decode/strict/B{b}/{name}", "attention_decode", "strict", new.shape,
                             build_old, stock_name=new.stock_name))
 
     H, HV, d, t_gdn, nb = s.gdn  # names no later loop rebinds (the builders read them when called)
@@ -484,7 +484,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)
                 return _attention_knobs(ours, **knobs), stock, tensors
-            out.append(Case(f"attention_prefill/strict_{name}/T{T}", "attention_prefill", "strict", new.shape,
+            out.append(Case(f"attention_prefill/strict/T{T}/{name}", "attention_prefill", "strict", new.shape,
                             build_old, flops=new.flops, stock_name=new.stock_name))
 
     for rows in (s.decode_rows[0], s.prefill_rows[0]):
