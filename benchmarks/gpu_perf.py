@@ -316,20 +316,41 @@ def sdpa(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
-def _selected(fn: Callable, selectors: dict) -> Callable:
-    """fn run with matmul's GEMV selectors (module constants) set, restored after: each call, capture included."""
-    from hal.kernels.triton import matmul as km
-
+def _with_constants(module, fn: Callable, constants: dict) -> Callable:
+    """fn run with module constants of a kernel module set, restored after: an earlier kernel path kept selectable,
+    for an old-vs-new row pair. The launchers read them at each call, so a graph capture of the thunk records the
+    chosen path's launches."""
     def run():
-        saved = {k: getattr(km, k) for k in selectors}
-        for k, v in selectors.items():
-            setattr(km, k, v)
+        saved = {k: getattr(module, k) for k in constants}
+        for k, v in constants.items():
+            setattr(module, k, v)
         try:
             return fn()
         finally:
             for k, v in saved.items():
-                setattr(km, k, v)
+                setattr(module, k, v)
     return run
+
+
+def _selected(fn: Callable, selectors: dict) -> Callable:
+    """fn run with matmul's GEMV selectors set."""
+    from hal.kernels.triton import matmul as km
+    return _with_constants(km, fn, selectors)
+
+
+def _attention_knobs(fn: Callable, **knobs) -> Callable:
+    """fn run with kernels/triton/attention.py's path constants set."""
+    from hal.kernels.triton import attention as tri_attn
+    return _with_constants(tri_attn, fn, knobs)
+
+
+def _old_attention_paths() -> dict:
+    """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
+    q loaded rows-first in the decode chains (Triton < 3.7 loads it keys-first, attention.Q_KEYS_FIRST) and one FMA
+    dot per head-dim tile / key block (attention.DOT_K = 0)."""
+    from hal.kernels.triton import attention as tri_attn
+    return {"rows_first_q": dict(Q_KEYS_FIRST=False)} if tri_attn.Q_KEYS_FIRST else {}, \
+        {"one_dot": dict(DOT_K=0)} if tri_attn.DOT_K else {}
 
 
 def cases(s: Shapes, dev: str) -> list[Case]:
@@ -339,6 +360,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     tri = dict(backend="triton")
     out: list[Case] = []
     h = s.hidden
+    old_decode, old_prefill = _old_attention_paths()
 
     # matmul / linear: decode rows and prefill, strict / fast / exact
     for m in s.decode_rows + s.prefill_rows:
@@ -442,6 +464,13 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_decode/{policy}/B{b}", "attention_decode", policy,
                             f"B{b} ctx{s.ctx} page{s.page} Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             stock_name="SDPA on a contiguous cache (enable_gqa)"))
+        new = out[-2]  # this batch's strict row
+        for name, knobs in old_decode.items():  # the earlier strict path, beside it (one run decides)
+            def build_old(seed, knobs=knobs, build=new.build):
+                ours, stock, tensors = build(seed)
+                return _attention_knobs(ours, **knobs), stock, tensors
+            out.append(Case(f"attention_decode/strict/B{b}/{name}", "attention_decode", "strict", new.shape,
+                            build_old, stock_name=new.stock_name))
 
     H, HV, d, t_gdn, nb = s.gdn  # names no later loop rebinds (the builders read them when called)
     try:
@@ -495,6 +524,13 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
                             f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
+        new = out[-2]  # this length's strict row
+        for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
+            def build_old(seed, knobs=knobs, build=new.build):
+                ours, stock, tensors = build(seed)
+                return _attention_knobs(ours, **knobs), stock, tensors
+            out.append(Case(f"attention_prefill/strict/T{T}/{name}", "attention_prefill", "strict", new.shape,
+                            build_old, flops=new.flops, stock_name=new.stock_name))
 
     for rows in (s.decode_rows[0], s.prefill_rows[0]):
         def build(seed, rows=rows):
