@@ -17,9 +17,13 @@ Per row (request) of the step:
 Recorded (``SamplingParams(logprobs=0)``): ``logprobs_mode="raw_logprobs"`` (vLLM's default) the
 temperature-1 full-vocabulary log-prob; ``"processed_logprobs"`` the log-prob under the distribution the row
 was sampled from (temperature, then renormalised over the kept set); a greedy row's processed value is its
-temperature-1 value. The rank vLLM returns beside it is ``1 + #tokens whose lockstep logit is >= the token's``
-(ties counted, as vLLM counts). Everything a row's recorded bits cannot follow is refused by name at
-request admission (plugin.py); what reaches this sampler unrefused raises here rather than be ignored.
+temperature-1 value. The rank vLLM returns beside it is the number of tokens whose lockstep logit is >= the
+token's (itself and its ties counted, as vLLM counts). ``logprobs=N``: the row's N alternatives and their values
+under the same distribution, :func:`hal.sampling.top_logprobs` (ordered by lockstep's score -- the logits, or
+under processed_logprobs the scores the row was drawn from, -inf outside its kept set --, then the recorded value,
+then the token id; a token outside the kept set: -inf). ``prompt_logprobs=N``: :class:`PromptScorer`, the same
+function at temperature 1 for each prompt position. Everything a row's recorded bits cannot follow is refused by
+name at request admission (plugin.py); what reaches this sampler unrefused raises here rather than be ignored.
 """
 from __future__ import annotations
 
