@@ -109,8 +109,9 @@ def kept_scores(scores: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
 
-    ``lp_token [n]`` (or ``[n, K]``: K tokens of each row, each renormalised alone) and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
-    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
+    ``lp_token [n]`` (or ``[n, K]``: K tokens of each row, each renormalised alone) and ``lp_kept
+    [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs, ascending token id, ``counts[i]`` of them)
+    are lockstep's float32 bits. The value: the sum runs in
     float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
     position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
     ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).

@@ -9,7 +9,8 @@ SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwa
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
 log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
 type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
-nonzero compilation counters; empty for an eager engine). An engine that fails to start records the error for the run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+nonzero compilation counters; empty for an eager engine). An engine that fails to start records the error for the
+run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 """
 from __future__ import annotations
 
