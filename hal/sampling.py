@@ -146,8 +146,8 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: S
     row, whatever the size of the kept set (a top-p set over a flat distribution of a large vocabulary included)."""
     shape = tokens.shape
     h = hidden.reshape(-1, hidden.shape[-1])
-    t = tokens.reshape(h.shape[0], -1).to(torch.int64)  # [n, K]; K = 1: one token per row
-    per_row = t.shape[1]
+    per_row = tokens.shape[-1] if tokens.ndim == hidden.ndim else 1  # K tokens per row, or one
+    t = tokens.reshape(-1, per_row).to(torch.int64)
     if scores is None:
         with torch.no_grad():
             scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)

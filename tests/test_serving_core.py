@@ -285,6 +285,9 @@ def test_recorded_logprobs_k_tokens_per_row():
         many = torch.stack([r.nonzero()[:, 0][torch.arange(3) % int(r.sum())] for r in kept])  # 3 kept ids per row
         alone = torch.stack([recorded_logprobs(w, h, many[:, j], s) for j in range(3)], 1)
         assert same_bits(recorded_logprobs(w, h, many, s), alone), s
+        none = torch.zeros(0, 3, dtype=torch.int64)  # no rows (an engine step without such rows)
+        assert recorded_logprobs(w, h[:0], none, s).shape == (0, 3)
+        assert [x.shape for x in top_logprobs(w, h[:0], none[:, 0], 3, s)] == [(0,), (0, 3), (0, 3)]
 
 
 def _top_by_brute_force(w, h, s, count):
