@@ -316,6 +316,43 @@ def sdpa(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
+def _with_constants(module, fn: Callable, constants: dict) -> Callable:
+    """fn run with module constants of a kernel module set, restored after: an earlier kernel path kept selectable,
+    for an old-vs-new row pair. The launchers read them at each call, so a graph capture of the thunk records the
+    chosen path's launches."""
+    def run():
+        saved = {k: getattr(module, k) for k in constants}
+        for k, v in constants.items():
+            setattr(module, k, v)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                setattr(module, k, v)
+    return run
+
+
+def _selected(fn: Callable, selectors: dict) -> Callable:
+    """fn run with matmul's GEMV selectors set."""
+    from hal.kernels.triton import matmul as km
+    return _with_constants(km, fn, selectors)
+
+
+def _attention_knobs(fn: Callable, **knobs) -> Callable:
+    """fn run with kernels/triton/attention.py's path constants set."""
+    from hal.kernels.triton import attention as tri_attn
+    return _with_constants(tri_attn, fn, knobs)
+
+
+def _old_attention_paths() -> dict:
+    """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
+    q loaded rows-first in the decode chains (Triton < 3.7 loads it keys-first, attention.Q_KEYS_FIRST) and one FMA
+    dot per head-dim tile / key block (attention.DOT_K = 0)."""
+    from hal.kernels.triton import attention as tri_attn
+    return {"rows_first_q": dict(Q_KEYS_FIRST=False)} if tri_attn.Q_KEYS_FIRST else {}, \
+        {"one_dot": dict(DOT_K=0)} if tri_attn.DOT_K else {}
+
+
 def cases(s: Shapes, dev: str) -> list[Case]:
     import hal
     from hal.spec import ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec
@@ -323,6 +360,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     tri = dict(backend="triton")
     out: list[Case] = []
     h = s.hidden
+    old_decode, old_prefill = _old_attention_paths()
 
     # matmul / linear: decode rows and prefill, strict / fast / exact
     for m in s.decode_rows + s.prefill_rows:
@@ -341,6 +379,22 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"linear/{policy}/M{m}", "linear", policy, f"M{m} K{h} N{h} bf16", build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
                             via_launch_path=policy != "exact"))
+
+    # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
+    # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine
+    # step on 32 programs) against "strict" (the defaults); "strict-gemv" takes 17-64 rows through the GEMV instead of
+    # the 64 x 32 FMA-dot tiles "strict" runs there
+    variants = {"strict-old": ([m for m in s.decode_rows if m <= 16], {"GEMV_LANES": "tiles", "COMBINE_UNROLL": 1,
+                                                                           "GEMV_EVEN_K": False}),
+                "strict-gemv": ([m for m in s.decode_rows + s.prefill_rows if 16 < m <= 64], {"GEMV_MAX_ROWS": 64})}
+    for name, (rows, selectors) in variants.items():
+        for m in rows:
+            def build(seed, m=m, selectors=selectors):
+                x = _randn((m, h), bf, dev, 1000 * seed + 1)
+                w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+                return _selected(lambda: hal.linear(x, w, **tri), selectors), (lambda: F.linear(x, w)), [x, w]
+            out.append(Case(f"linear/{name}/M{m}", "linear", "strict", f"M{m} K{h} N{h} bf16 {selectors}", build,
+                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
 
     for rows in s.norm_rows:
         def build(seed, rows=rows):
@@ -366,8 +420,27 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             stock = lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, tok[:, None])  # noqa: E731
             return (lambda: hal.token_logprobs(x, w, tok, **tri)), stock, [x, w, tok]
         out.append(Case(f"token_logprobs/strict/N{n}", "token_logprobs", "strict", f"N{n} H{h} V{s.vocab} bf16",
-                        build, flops=2.0 * 2 * n * h * s.vocab,  # the spec computes the logits twice
+                        build, flops=2.0 * n * h * s.vocab,  # the LM head once: its float32 logits are kept
                         stock_name="F.linear + float32 log_softmax + gather"))
+
+    # the bet of the logits' int64-word chains (token_logprobs.WORDS_LOGITS, taken on Triton < 3.7 at 2-15 rows):
+    # the same call with the old dot_tile_vec chains, against the row above (same inputs: the seed is the row's)
+    n = s.logprob_rows[0]
+
+    def build_vec(seed, n=n):
+        from hal.kernels.triton import token_logprobs as ktl
+        ours, stock, tensors = next(c for c in out if c.id == f"token_logprobs/strict/N{n}").build(seed)
+
+        def old_chains():
+            saved, ktl.WORDS_LOGITS = ktl.WORDS_LOGITS, False
+            try:
+                return ours()
+            finally:
+                ktl.WORDS_LOGITS = saved
+        return old_chains, stock, tensors
+    out.append(Case(f"token_logprobs/strict/N{n}/vec_chains", "token_logprobs", "strict",
+                    f"N{n} H{h} V{s.vocab} bf16 (WORDS_LOGITS=False)", build_vec, flops=2.0 * n * h * s.vocab,
+                    stock_name="F.linear + float32 log_softmax + gather"))
 
     for b in s.decode_batches:
         for policy in ("strict", "fast"):
@@ -391,6 +464,13 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_decode/{policy}/B{b}", "attention_decode", policy,
                             f"B{b} ctx{s.ctx} page{s.page} Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             stock_name="SDPA on a contiguous cache (enable_gqa)"))
+        new = out[-2]  # this batch's strict row
+        for name, knobs in old_decode.items():  # the earlier strict path, beside it (one run decides)
+            def build_old(seed, knobs=knobs, build=new.build):
+                ours, stock, tensors = build(seed)
+                return _attention_knobs(ours, **knobs), stock, tensors
+            out.append(Case(f"attention_decode/strict/B{b}/{name}", "attention_decode", "strict", new.shape,
+                            build_old, stock_name=new.stock_name))
 
     H, HV, d, t_gdn, nb = s.gdn  # names no later loop rebinds (the builders read them when called)
     try:
@@ -461,6 +541,13 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
                             f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
+        new = out[-2]  # this length's strict row
+        for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
+            def build_old(seed, knobs=knobs, build=new.build):
+                ours, stock, tensors = build(seed)
+                return _attention_knobs(ours, **knobs), stock, tensors
+            out.append(Case(f"attention_prefill/strict/T{T}/{name}", "attention_prefill", "strict", new.shape,
+                            build_old, flops=new.flops, stock_name=new.stock_name))
 
     for rows in (s.decode_rows[0], s.prefill_rows[0]):
         def build(seed, rows=rows):

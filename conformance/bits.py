@@ -91,6 +91,10 @@ def assert_same_bits(expected: torch.Tensor, got: torch.Tensor, label: str = "te
         raise AssertionError(str(d))
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when dtype, shape and every raw bit pattern match (-0.0 != +0.0; NaN payloads count)."""
+def same_bits(a, b) -> bool:
+    """True when dtype, shape and every raw bit pattern match (-0.0 != +0.0; NaN payloads count). Tuples and
+    lists of tensors (an op's several outputs) match when they have the same length and match item by item."""
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)
+                and all(same_bits(x, y) for x, y in zip(a, b)))
     return first_divergence("", a, b) is None

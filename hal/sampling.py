@@ -6,7 +6,9 @@
 * :func:`recorded_logprobs`: THE recorded log-prob of a token from its hidden row -- ``log p`` under
   softmax(logits / temperature), renormalised over the row's kept set when top-k / top-p filter -- over
   plain tensors (LM-head weight, hidden rows, tokens), so an engine without a transformers model records
-  what ``lt.token_logprobs`` recomputes; :func:`kept_logprobs` and :func:`renormalise_kept` are its parts.
+  what ``lt.token_logprobs`` recomputes; :func:`kept_logprobs` and :func:`renormalise_kept` are its parts;
+* :func:`top_logprobs`: a row's N most probable tokens (an engine's ``logprobs=N`` alternatives) in one
+  total order, with their recorded log-probs (the same function's bits).
 
 Engine-neutral: imports neither transformers nor vLLM.
 """
@@ -21,7 +23,7 @@ from .errors import InputError
 from .ops import linear, softmax, token_logprobs
 
 __all__ = ["Sampling", "sampling_scores", "kept_set", "kept_scores", "renormalise_kept", "kept_logprobs",
-           "recorded_logprobs"]
+           "recorded_logprobs", "top_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,9 @@ def kept_scores(scores: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """``log p(token)`` renormalised over each row's kept set: ``lp - log(sum_j exp(lp_j))``.
 
-    ``lp_token [n]`` and ``lp_kept [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs,
-    ascending token id, ``counts[i]`` of them) are lockstep's float32 bits. The value: the sum runs in
+    ``lp_token [n]`` (or ``[n, K]``: K tokens of each row, each renormalised alone) and ``lp_kept
+    [sum(counts)]`` (row i's kept tokens' full-vocabulary log-probs, ascending token id, ``counts[i]`` of them)
+    are lockstep's float32 bits. The value: the sum runs in
     float64 in that fixed order with Python's math (no vectorised exp whose bits depend on a row's
     position), ``lp - log(sum)`` in float64, rounded once to float32. Gradients flow as those of
     ``lp - logsumexp(lp_kept)`` (a zero-valued term carries them; it changes no bit).
@@ -129,50 +132,61 @@ def renormalise_kept(lp_token: torch.Tensor, lp_kept: torch.Tensor, counts: list
                                                                                           lp_kept.double())
         lse = torch.logsumexp(padded, -1)
         log_sum = log_sum + (lse - lse.detach())  # + 0.0 exactly: the value stays the float64 sum above
-    return (lp_token.double() - log_sum).float()
+    return (lp_token.double() - log_sum.reshape(-1, *([1] * (lp_token.ndim - 1)))).float()
 
 
 def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, logprobs_fn,
-                  scores: torch.Tensor | None = None) -> torch.Tensor:
+                  scores: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> torch.Tensor:
     """float32 log p of ``tokens`` under softmax(logits / temperature) restricted to :func:`kept_set`.
-    ``hidden [..., H]``, ``tokens [...]``; ``scores`` (the engine's): :func:`sampling_scores` of these rows,
-    else computed here with the model's (patched) LM head, the logits the engine sampled from.
-    ``logprobs_fn(h [n, H], candidates [n, K], temperature)``: ``hal.token_logprobs``' K-tokens-per-row form
-    (each value the bits it has alone), called once: one full-vocabulary row per token, whatever the size
-    of the kept set (a top-p set over a flat distribution of a large vocabulary included)."""
+    ``hidden [..., H]``, ``tokens [...]`` (or ``[..., K]``: K tokens of each row, each value the bits it has
+    alone); ``scores`` (the engine's): :func:`sampling_scores` of these rows, else computed here with the
+    model's (patched) LM head, the logits the engine sampled from; ``kept``: their :func:`kept_set`, if the
+    caller has it. ``logprobs_fn(h [n, H], candidates [n, K], temperature)``: ``hal.token_logprobs``'
+    K-tokens-per-row form (each value the bits it has alone), called once: one full-vocabulary row per hidden
+    row, whatever the size of the kept set (a top-p set over a flat distribution of a large vocabulary included)."""
     shape = tokens.shape
     h = hidden.reshape(-1, hidden.shape[-1])
-    t = tokens.reshape(-1).to(torch.int64)
+    per_row = tokens.shape[-1] if tokens.ndim == hidden.ndim else 1  # K tokens per row, or one
+    t = tokens.reshape(-1, per_row).to(torch.int64)
     if scores is None:
         with torch.no_grad():
             scores = sampling_scores(model.get_output_embeddings()(h), sampling.temperature)
-    kept = kept_set(scores, sampling.top_k, sampling.top_p)
-    if t.numel() and not bool(kept.gather(1, t.reshape(-1, 1)).all()):
+    if kept is None:
+        kept = kept_set(scores, sampling.top_k, sampling.top_p)
+    if t.numel() and not bool(kept.gather(1, t).all()):
         raise InputError(f"a token is outside the kept set of its row (top_k={sampling.top_k}, top_p={sampling.top_p}):"
                          " it cannot have been sampled with these settings")
     counts = kept.sum(-1)
     rows, ids = kept.nonzero(as_tuple=True)  # row-major: ascending token id within a row
-    # candidates [n, 1 + K]: the token, then its row's kept ids (ascending), padded with the token
-    width = 1 + (int(counts.max()) if t.numel() else 0)
-    cand = t.reshape(-1, 1).repeat(1, width)
-    cols = 1 + torch.arange(ids.numel(), device=t.device) - (counts.cumsum(0) - counts)[rows]
+    # candidates [n, K + C]: the K tokens, then their row's kept ids (ascending), padded with the row's first token
+    width = per_row + (int(counts.max()) if h.shape[0] else 0)
+    cand = torch.cat([t, t[:, :1].expand(-1, width - per_row)], 1).contiguous()
+    cols = per_row + torch.arange(ids.numel(), device=t.device) - (counts.cumsum(0) - counts)[rows]
     # one flat index into [n, width], not the pair (rows, cols): torch's two-index gather / scatter took 40-60 ms
     # for 14k entries here (its parallel path) where index_select / index_copy_ take microseconds; same values
     flat = rows * width + cols
     cand.view(-1).index_copy_(0, flat, ids)
     lp = logprobs_fn(h, cand, sampling.temperature)
-    return renormalise_kept(lp[:, 0], lp.reshape(-1).index_select(0, flat), counts.tolist()).reshape(shape)
+    return renormalise_kept(lp[:, :per_row], lp.reshape(-1).index_select(0, flat), counts.tolist()).reshape(shape)
+
+
+def _head_scores(lm_head_weight, hidden, sampling, matmul_spec, backend) -> torch.Tensor:
+    """:func:`sampling_scores` of the logits a lockstep LM head computes for ``hidden``'s rows."""
+    with torch.no_grad():
+        h = hidden.reshape(-1, hidden.shape[-1])
+        return sampling_scores(linear(h, lm_head_weight, spec=matmul_spec, backend=backend), sampling.temperature)
 
 
 def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, *,
                       spec=None, matmul_spec=None, scores: torch.Tensor | None = None,
-                      backend=None) -> torch.Tensor:
+                      backend=None, kept: torch.Tensor | None = None) -> torch.Tensor:
     """THE recorded log-prob: float32 ``log p(tokens | hidden)`` under ``sampling``, from plain tensors.
 
     ``lm_head_weight [V, H]`` (or its ``hal.exact_weight``), ``hidden [..., H]`` (the rows the LM head
-    saw), ``tokens [...]``. No top-k / top-p: ``hal.token_logprobs(hidden, lm_head_weight, tokens,
-    temperature, spec=spec)``. With them: that value renormalised over each row's :func:`kept_set`,
-    decided on ``scores`` -- the engine's :func:`sampling_scores` of the logits it sampled from, else
+    saw), ``tokens [...]`` (or ``[..., K]``: K tokens of each row, each value the bits it has asked alone). No
+    top-k / top-p: ``hal.token_logprobs(hidden, lm_head_weight, tokens, temperature, spec=spec)``. With them:
+    that value renormalised over each row's :func:`kept_set` (``kept``, if the caller has it), decided on
+    ``scores`` -- the engine's :func:`sampling_scores` of the logits it sampled from, else
     ``hal.linear(hidden, lm_head_weight, spec=matmul_spec)``'s (the logits a lockstep LM head computes).
     ``spec``: the token_logprobs spec whose dot is ``matmul_spec``'s (hal.integrations.hf_matmul.logprobs_spec).
     """
@@ -182,8 +196,57 @@ def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor
     if not sampling.filters:
         return lp(hidden, tokens, sampling.temperature)
     if scores is None:
-        with torch.no_grad():
-            h = hidden.reshape(-1, hidden.shape[-1])
-            scores = sampling_scores(linear(h, lm_head_weight, spec=matmul_spec, backend=backend),
-                                     sampling.temperature)
-    return kept_logprobs(None, hidden, tokens, sampling, lp, scores=scores)
+        scores = _head_scores(lm_head_weight, hidden, sampling, matmul_spec, backend)
+    return kept_logprobs(None, hidden, tokens, sampling, lp, scores=scores, kept=kept)
+
+
+def top_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, count: int, sampling: Sampling, *,
+                 spec=None, matmul_spec=None, scores: torch.Tensor | None = None, backend=None):
+    """``(recorded [n], top_ids [n, count], top_logprobs [n, count])`` for hidden rows ``[n, H]`` and ``tokens [n]``:
+    :func:`recorded_logprobs` of each row's token, and the row's ``count`` most probable tokens with theirs
+    (one call of it: the same bits each token has asked alone, so a trainer recomputes them for those ids).
+
+    The order is total and decided on lockstep's numbers only: ``scores`` (as in :func:`recorded_logprobs`: the
+    :func:`sampling_scores` the row samples from, with the tokens outside its :func:`kept_set` at -inf), then
+    the recorded log-prob, both descending, then the token id ascending. Scores first, so that the alternatives
+    are the tokens sampling ranks highest whatever the rounding of the logits (bf16 logits tie often); the
+    recorded log-prob orders tokens tied on the score, so the returned values descend. A token outside the kept
+    set has probability 0 under ``sampling``: log-prob -inf (top-k / top-p keep fewer than ``count``).
+    """
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = tokens.reshape(-1).to(torch.int64)
+    n, vocab = h.shape[0], lm_head_weight.shape[0]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= vocab:
+        raise InputError(f"top_logprobs: count must be an int in [0, {vocab}] (the vocabulary), got {count!r}")
+    if t.shape[0] != n:
+        raise InputError(f"top_logprobs takes one token per hidden row: {tuple(tokens.shape)} for {n} rows")
+    if scores is None:
+        scores = _head_scores(lm_head_weight, h, sampling, matmul_spec, backend)
+    kept = kept_set(scores, sampling.top_k, sampling.top_p) if sampling.filters else None
+    ranked = scores if kept is None else scores.masked_fill(~kept, float("-inf"))
+    if count == 0 or n == 0:
+        lp = recorded_logprobs(lm_head_weight, h, t, sampling, spec=spec, scores=scores, backend=backend, kept=kept)
+        return lp, t.new_empty((n, count)), lp.new_empty((n, count))
+    # candidates: every token ranked at or above the count-th score (its ties included), ascending id per row
+    cand = ranked >= ranked.topk(count, dim=-1).values[:, -1:]
+    per_row = cand.sum(-1)
+    width = int(per_row.max())
+    rows, ids = cand.nonzero(as_tuple=True)
+    cols = torch.arange(ids.numel(), device=t.device) - (per_row.cumsum(0) - per_row)[rows]
+    flat = rows * width + cols
+    cand_ids = t.reshape(-1, 1).repeat(1, width)  # padding: the row's token (scored, then cut below)
+    cand_ids.view(-1).index_copy_(0, flat, ids)
+    real = torch.zeros(n * width, dtype=torch.bool, device=t.device).index_fill_(0, flat, True).reshape(n, width)
+    scored = real if kept is None else real & kept.gather(1, cand_ids)  # outside the kept set: -inf, not asked
+    asked = torch.where(scored, cand_ids, t.reshape(-1, 1))
+    lp = recorded_logprobs(lm_head_weight, h, torch.cat([t.reshape(-1, 1), asked], 1), sampling, spec=spec,
+                           scores=scores, backend=backend, kept=kept)
+    cand_lp = lp[:, 1:].masked_fill(~scored, float("-inf"))
+    cand_score = ranked.gather(1, cand_ids).masked_fill(~real, float("-inf"))
+    # the total order by stable sorts, least significant key first: the id (ascending already; padding last),
+    # the recorded log-prob, the score (padding: -inf, -inf, last among its ties: never before a real candidate)
+    order = torch.arange(width, device=t.device).expand(n, width)
+    for key in (cand_lp, cand_score):
+        order = order.gather(1, key.gather(1, order).sort(dim=1, descending=True, stable=True).indices)
+    order = order[:, :count]
+    return lp[:, 0], cand_ids.gather(1, order), cand_lp.gather(1, order)

@@ -114,6 +114,17 @@ def _tiles(parts: list[str], **prefixes: str) -> dict:
     return fields
 
 
+def _check_dot_tiles(spec, *names: str):
+    """A fast spec's tile sizes feed ``tl.dot`` (powers of two >= 16) and its warp count a launch (a power of two)."""
+    kind = type(spec).__name__
+    for name in names:
+        v = getattr(spec, name)
+        if v < 16 or v & (v - 1):
+            raise SpecError(f"{kind}.{name} must be a power of two >= 16 (tl.dot's smallest tile), got {v}")
+    if spec.num_warps & (spec.num_warps - 1):
+        raise SpecError(f"{kind}.num_warps must be a power of two, got {spec.num_warps}")
+
+
 def _math(parts: list[str]) -> list[str]:
     """The parts before the trailing math version, which must be this library's (other math: other bits)."""
     if not parts or parts[-1] != MATH_VERSION:
@@ -184,13 +195,7 @@ class FastMatmulSpec(OpSpec):
     num_stages: int = tile(3)
 
     def _validate(self):
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise SpecError(f"FastMatmulSpec.{name} must be a power of two >= 16 (tl.dot's smallest tile), "
-                                f"got {v}")
-        if self.num_warps & (self.num_warps - 1):
-            raise SpecError(f"FastMatmulSpec.num_warps must be a power of two, got {self.num_warps}")
+        _check_dot_tiles(self, "block_m", "block_n", "block_k")
 
     def _id_parts(self):
         return [f"m{self.block_m}", f"n{self.block_n}", f"k{self.block_k}", f"w{self.num_warps}",
@@ -475,16 +480,10 @@ class FastAttentionSpec(OpSpec):
     num_stages: int = tile(2)
 
     def _validate(self):
-        for name in ("block_m", "kv_block"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise SpecError(f"FastAttentionSpec.{name} must be a power of two >= 16 (tl.dot's smallest tile), "
-                                f"got {v}")
+        _check_dot_tiles(self, "block_m", "kv_block")
         if self.kv_split % self.kv_block:
             raise SpecError(f"FastAttentionSpec: kv_split ({self.kv_split}) must be a multiple of kv_block "
                             f"({self.kv_block})")
-        if self.num_warps & (self.num_warps - 1):
-            raise SpecError(f"FastAttentionSpec.num_warps must be a power of two, got {self.num_warps}")
 
     def _id_parts(self):
         return [f"m{self.block_m}", f"b{self.kv_block}", f"s{self.kv_split}", f"w{self.num_warps}",

@@ -14,16 +14,7 @@ import hal
 from hal.ops_registry import TORCH_OPS
 
 from _torch_op_cases import F32, op_args, public
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a, b) -> bool:
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+from hal.conformance.bits import same_bits
 
 
 class GraphCount:

@@ -17,16 +17,7 @@ import hal
 from hal import spec as S
 
 from _torch_op_cases import op_args
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a, b) -> bool:
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+from hal.conformance.bits import same_bits
 
 
 def _x(*shape, seed=0):
@@ -175,7 +166,6 @@ def test_a_model_patched_with_an_unregistered_matmul_spec_compiles_to_its_eager_
             compiled = torch.compile(model, fullgraph=True)(**kw).logits
     assert not same_bits(eager, default)  # the spec is honoured (the tiny model's hidden size is 64)
     assert same_bits(compiled, eager)
-
 
 
 def test_a_model_patched_with_an_exact_matmul_spec_compiles_to_its_eager_bits():

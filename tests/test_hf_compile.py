@@ -19,6 +19,7 @@ from torch._inductor.compile_fx import compile_fx  # noqa: E402
 from hal import torch_ops  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.conformance.bits import same_bits
 
 lt.register()
 
@@ -32,14 +33,6 @@ MODELS = {"llama-fp32": ("llama", torch.float32), "qwen3-bf16": ("qwen3", torch.
 # default config gives other logits here; the control for the option is test_compile.py's glue test)
 EMULATE_CASTS = {"qwen3_next-bf16", "qwen3_5-bf16"}
 GDN_KINDS = {"qwen3_next", "qwen3_5"}  # one GatedDeltaNet layer, one attention layer
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
-
-
-def same_bits(a, b) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def lockstep_nodes(graph: torch.fx.Graph) -> int:

@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.conformance.bits import same_bits
 
 lt.register()
 
@@ -32,14 +33,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = {"llama-fp32": ("llama", torch.float32), "qwen3-bf16": ("qwen3", torch.bfloat16)}
 BACKEND = "aot_eager"
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
-
-
-def same_bits(a, b) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def batches():

@@ -23,14 +23,11 @@ from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
 from examples.engine_parity import (EASY, GDN_EASY, GDN_HARD, HARD, HARD_ORDER, NEW, PROMPTS,  # noqa: E402
                                      differing_tokens, run_engine, teacher_forced)
 from examples.engine_parity import gen_config as _gen_config  # noqa: E402
+from hal.conformance.bits import same_bits
 
 FULL = os.environ.get("LOCKSTEP_ENGINE_FULL") == "1"
 CASES = [("llama", torch.float32), ("llama", torch.bfloat16)] + ([("qwen3", torch.float32),
                                                                   ("qwen3", torch.bfloat16)] if FULL else [])
-
-
-def same_bits(a, b) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def teacher_hidden(model, prompt, tokens):

@@ -17,7 +17,7 @@ import torch
 
 import hal
 from hal.errors import InputError, UnsupportedError
-from hal.sampling import Sampling, kept_logprobs, kept_set, recorded_logprobs, sampling_scores
+from hal.sampling import Sampling, kept_logprobs, kept_set, recorded_logprobs, sampling_scores, top_logprobs
 from hal.serving import GdnStates, PagedKV, ServingBatch, paged_attention, varlen_attention, write_kv
 
 HQ, HKV, D, BS, BLOCKS = 4, 2, 8, 4, 12
@@ -274,6 +274,64 @@ def test_recorded_logprobs_is_the_trainers_value():
             want = lt.token_logprobs(model, h, tokens, temperature=0.8, **settings)
             got = recorded_logprobs(model.lm_head.weight, h, tokens, Sampling(0.8, **settings))
             assert same_bits(got, want), settings
+
+
+def test_recorded_logprobs_k_tokens_per_row():
+    """tokens [n, K]: each value the bits of that token asked alone, with and without a kept set."""
+    g = torch.Generator().manual_seed(5)
+    w, h = torch.randn(40, 16, generator=g).to(torch.bfloat16), torch.randn(4, 16, generator=g).to(torch.bfloat16)
+    for s in (Sampling(0.9), Sampling(0.9, top_k=6, top_p=0.8)):
+        kept = kept_set(sampling_scores(hal.linear(h, w), 0.9), s.top_k, s.top_p)
+        many = torch.stack([r.nonzero()[:, 0][torch.arange(3) % int(r.sum())] for r in kept])  # 3 kept ids per row
+        alone = torch.stack([recorded_logprobs(w, h, many[:, j], s) for j in range(3)], 1)
+        assert same_bits(recorded_logprobs(w, h, many, s), alone), s
+        none = torch.zeros(0, 3, dtype=torch.int64)  # no rows (an engine step without such rows)
+        assert recorded_logprobs(w, h[:0], none, s).shape == (0, 3)
+        assert [x.shape for x in top_logprobs(w, h[:0], none[:, 0], 3, s)] == [(0,), (0, 3), (0, 3)]
+
+
+def _top_by_brute_force(w, h, s, count):
+    """Row by row over the whole vocabulary: every token's recorded_logprobs alone (-inf outside the kept set),
+    ordered by (score desc, recorded log-prob desc, id asc) -- top_logprobs' documented order."""
+    scores = sampling_scores(hal.linear(h, w), s.temperature)
+    kept = kept_set(scores, s.top_k, s.top_p) if s.filters else torch.ones_like(scores, dtype=torch.bool)
+    ranked = scores.masked_fill(~kept, float("-inf"))
+    ids, lps = [], []
+    for i in range(h.shape[0]):
+        every = torch.tensor([recorded_logprobs(w, h[i:i + 1], torch.tensor([v]), s)[0].item() if kept[i, v]
+                              else float("-inf") for v in range(w.shape[0])])
+        order = sorted(range(w.shape[0]), key=lambda v: (-ranked[i, v].item(), -every[v].item(), v))[:count]
+        ids.append(order)
+        lps.append(every[order])
+    return torch.tensor(ids), torch.stack(lps), scores
+
+
+def test_top_logprobs_is_the_documented_order_with_the_recorded_bits():
+    """hal.sampling.top_logprobs (vLLM's logprobs=N alternatives) against a brute force over the vocabulary, fp32
+    and bf16 (bf16 logits tie: the recorded log-prob breaks those ties, and the tests see such ties), temperature,
+    top-k (fewer kept tokens than asked: -inf), top-p. Negative control: stock's choice, the top-N of log_softmax of
+    the bf16 logits, returns other bits."""
+    g = torch.Generator().manual_seed(6)
+    ties = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (0.3 * torch.randn(160, 32, generator=g)).to(dtype)
+        h = torch.randn(6, 32, generator=g).to(dtype)
+        for s in (Sampling(), Sampling(0.7), Sampling(0.8, top_k=3), Sampling(1.3, top_p=0.5)):
+            want_ids, want_lp, scores = _top_by_brute_force(w, h, s, 6)
+            tokens = want_ids[:, 0]
+            rec, ids, lp = top_logprobs(w, h, tokens, 6, s)
+            assert torch.equal(ids, want_ids), (dtype, s)
+            assert same_bits(lp, want_lp) and same_bits(rec, recorded_logprobs(w, h, tokens, s)), (dtype, s)
+            assert bool((lp[:, :-1] >= lp[:, 1:]).all())  # the values descend
+            if s.top_k == 3:
+                assert bool(torch.isinf(lp[:, 3:]).all()) and bool(torch.isfinite(lp[:, :3]).all())
+            ties += int((scores.gather(1, ids)[:, :-1] == scores.gather(1, ids)[:, 1:]).sum())
+        stock = hal.linear(h, w).log_softmax(-1, dtype=torch.float32).topk(6, -1).values
+        if dtype == torch.bfloat16:
+            assert not same_bits(top_logprobs(w, h, tokens, 6, Sampling())[2], stock)
+    assert ties >= 2, ties  # bf16 score ties inside the top 6: the log-prob tie-break was exercised
+    with pytest.raises(InputError, match="count"):
+        top_logprobs(w, h, tokens, 161, Sampling())
 
 
 def test_vllm_cpu_views_read_what_vllms_own_writer_stored():

@@ -26,7 +26,8 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 
 
 @needs_interpreter
-@pytest.mark.parametrize("check,cases", [("gemv", 10), ("gemv_words", 11), ("lm_head", 10), ("odd_tiles", 3)])
+@pytest.mark.parametrize("check,cases", [("gemv", 10), ("gemv_words", 11), ("gemv_variants", 22), ("lm_head", 10),
+                                         ("lm_head_words", 6), ("odd_tiles", 3)])
 def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
     assert run_checks(check, script=SCRIPT).count(": ok") == cases
 
@@ -35,6 +36,8 @@ def test_reference_bits_with_interpreter_and_gpu_blocks(check, cases):
 def test_swapped_chain_order_is_caught():
     out = run_checks("negative", script=SCRIPT)
     assert "caught by the gemv check: ok" in out and "caught by the lm_head check: ok" in out
+    assert "caught by the lm_head_words check: ok" in out
+    assert "caught by the gemv_variants rows check: ok" in out  # 33-40 rows through the GEMV
     for dt in ("float32", "bfloat16", "float16"):  # the int64-word chains (Triton 3.6's), each extraction
         assert f"caught by the gemv_words check ({dt}): ok" in out
 

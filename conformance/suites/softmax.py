@@ -12,6 +12,7 @@ from ..suite import DTYPES, Case, Suite, autograd_check, half_ulp, rowwise_check
 # (rows, n): n = 1, not a multiple of the tile, 4097; "special" adds masked / NaN / inf / huge rows.
 SHAPES = [(1, 1), (3, 7), (5, 129), (2, 4097), (4, 256)]
 EPS32 = 2.0 ** -24
+SPLIT_SHAPE = (2, 8300)
 
 
 def _call(backend, case, x):
@@ -26,6 +27,12 @@ class SoftmaxSuite(Suite):
                for r, n in SHAPES for dt in DTYPES]
         out += [Case("softmax", "special_r6_n300", dt, DEFAULTS["softmax"], (("r", 6), ("n", 300), ("special", True)))
                 for dt in DTYPES]
+        # rows long enough that the triton backend splits each across programs (kernels/triton/softmax.py: few rows
+        # of >= 8192 columns; chunk maxima, tile sums per tile chunk, the sums in tile order, outputs per chunk);
+        # n off the tile, float32 (a wrong order of the 33 tile sums shows there)
+        r, n = SPLIT_SHAPE
+        out.append(Case("softmax", f"split_r{r}_n{n}", torch.float32, DEFAULTS["softmax"],
+                        (("r", r), ("n", n), ("special", False))))
         return out
 
     def make_inputs(self, case):
@@ -65,8 +72,9 @@ class SoftmaxSuite(Suite):
 
 SUITE = SoftmaxSuite(
     # quick: n = 300 crosses the 256 tile and holds the masked / NaN / inf / huge rows; in float32, where a
-    # wrong summation order shows (bf16/fp16 outputs round most of it away: see the negative control)
-    quick=("r3_n7.fp16", "r5_n129.bf16", "special_r6_n300.fp32"),
+    # wrong summation order shows (bf16/fp16 outputs round most of it away: see the negative control); split_r2_n8300:
+    # the triton backend's split passes (a row across programs)
+    quick=("r3_n7.fp16", "r5_n129.bf16", "special_r6_n300.fp32", "split_r2_n8300.fp32"),
     name="softmax", ops=("softmax", "log_softmax", "logsumexp"), levels=("L0", "L1", "L3", "L4", "A"),
     checks={"L1": rowwise_checks(_call, ("x",)), "L3": autograd_check(_call, ("x",))},
 )

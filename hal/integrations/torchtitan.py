@@ -28,6 +28,7 @@ import os
 import torch
 
 import hal
+from ..conformance.bits import same_bits
 from ..errors import InputError, UnsupportedError
 
 __all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "qwen3_5_config_from_hf", "forward",
@@ -549,16 +550,8 @@ def first_divergence(model, hf_model, tokens: torch.Tensor, positions: torch.Ten
     differing = []
     for name in order:
         (xa, ya), (xb, yb) = seen["tt"][name], seen["hf"].get(name, (None, None))
-        if yb is None or not _same_bits(ya, yb):
+        if yb is None or not same_bits(ya, yb):
             differing.append(name)
-            if xa is not None and xb is not None and _same_bits(xa, xb):
+            if xa is not None and xb is not None and same_bits(xa, xb):
                 return name, _hf_name(name, linear)
     return (differing[0], _hf_name(differing[0], linear)) if differing else None
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-            torch.float64: torch.int64}
-    return torch.equal(a.contiguous().view(ints[a.dtype]), b.contiguous().view(ints[b.dtype]))

@@ -438,9 +438,10 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     row's kept set is refused (InputError).
 
     ``hidden [..., H]`` are final-normed hidden states (``model.model(...).last_hidden_state`` or
-    ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens. On a model patched
-    with ``matmul_spec``, the token_logprobs spec whose logits use that dot (exact s ->
-    ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
+    ``output_hidden_states=True``'s last entry); ``tokens [...]`` the next tokens (or ``[..., K]``: K tokens of
+    each row, each value the bits it has asked alone: how a trainer recomputes vLLM's ``logprobs=N``
+    alternatives). On a model patched with ``matmul_spec``, the token_logprobs spec whose logits use that dot
+    (exact s -> ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``, with the patch's prepared LM head); else the default.
     """
     sampling = Sampling(temperature, top_k, top_p)
     head = model.get_output_embeddings()

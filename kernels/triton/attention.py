@@ -23,7 +23,7 @@ from . import ascend_launch
 from . import attention_kernel  # its kernels are read at launch: a swapped one (tests/scripts/_variants.py) runs
 from .dtypes import tl_dtype
 from .interpreter_dot import strict_dot
-from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2
+from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2, triton_version
 from .workspace import workspace
 
 F32 = torch.float32
@@ -63,6 +63,13 @@ def _fast_tiles(max_q: int, group: int, block_m: int) -> tuple[int, int]:
 VECTOR_MAX_ROWS = 8
 
 
+#: decode tiles' vector chains load q keys-first and permute it (attention_kernel._dot_tile_vectors, QT) on Triton
+#: < 3.7, whose coalescing put a [rows, keys, VEC] load's rows on threads and converted q through shared memory at
+#: every chain step (sm_90, split-KV decode under 3.6: 434 / 306 shared-memory instructions, 340 / 276 barriers for
+#: bf16 / fp32; docs/triton.md); 3.9 coalesces the plain load into the chains' layout already and keeps it
+Q_KEYS_FIRST = triton_version() < (3, 7)
+
+
 def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
     """(VEC, launch options) of the score chains (speed only: the chains are the same either way). Decode-sized
     tiles load VEC = 16 bytes of head dims per key and thread, one key per thread (KB / 32 warps), so k fills the
@@ -73,10 +80,26 @@ def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
     return 16 // element_size, dict(num_warps=max(1, min(4, kb // 32)))
 
 
-#: rows and warps of the FMA-dot prefill tile. hal.kernels.checks.sass_profile, sm_90, bf16, D 128, kv_block 64: 16 rows
-#: on 8 warps spill least (stack 424 B under Triton 3.6, 376 under 3.9), 16 on 4 warps 1112 / 2304, 32 on 8 warps
-#: 816 / 688 (docs/triton.md: the dots' operand registers; not spill-free yet)
+#: rows and warps of the FMA-dot prefill tile. hal.kernels.checks.sass_profile, sm_90, bf16, D 128, kv_block 64, one dot
+#: per 64-lane tile: 16 rows on 8 warps spill least (stack 424 B under Triton 3.6, 376 under 3.9), 16 on 4 warps
+#: 1112 / 2304, 32 on 8 warps 816 / 688; with DOT_K 16 lanes per dot 16 x 8 spills 24-48 B, 16 x 4 328, 16 x 16 warps
+#: 24-40 (128 registers a thread): docs/triton.md
 DOT_ROWS, DOT_WARPS = 16, 8
+
+
+#: K lanes of one strict FMA dot (attention_kernel._scores_fma_dot / _block_fma_dot): a head-dim tile's score chains
+#: and a key block's P.V and l chains run through one dot per DOT_K lanes, each continuing the last one's accumulator
+#: (the same fma steps in the same order). Triton's FMA lowering holds a dot's operands of all its K lanes in registers
+#: (rows + columns per thread, times K): one dot over 64 keys and a 128-wide head dim spilled 312-496 bytes per
+#: thread (sm_90, Triton 3.6 and 3.9), dots of 16 lanes none (docs/triton.md). 0: one dot per tile / block, the
+#: earlier kernel (kept selectable for benchmarks/gpu_perf.py's old-vs-new rows)
+DOT_K = 16
+
+
+def dot_k(dtp: int, kb: int) -> int:
+    """The DK constexpr of the strict kernel: DOT_K lanes per dot, or (DOT_K 0) one dot per head-dim tile (DTP lanes)
+    and per key block (kb)."""
+    return DOT_K if DOT_K else max(dtp, kb)
 
 
 def _fma_dot_tiles(block_m: int, kb: int, vec: int) -> bool:
@@ -113,9 +136,10 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         if dot:  # the FMA-dot tile's rows and warps (see DOT_ROWS)
             bm, rows, pack = _tiles(max_q, group, bd, spec.kv_block, cap=DOT_ROWS)
             options = dict(num_warps=DOT_WARPS)
+        dtp = max(16, next_power_of_2(min(spec.dot_tile, d)))
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
-                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot,
-                         DTP=max(16, next_power_of_2(min(spec.dot_tile, d))))
+                         P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot, DTP=dtp,
+                         DK=dot_k(dtp, spec.kv_block), QT=vec > 1 and Q_KEYS_FIRST)
         dots = strict_dot() if dot else contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs

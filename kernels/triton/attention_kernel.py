@@ -94,15 +94,24 @@ def _fma_vector(part, q, k, n: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.const
 
 @triton.jit
 def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr):
+                      BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr, QT: tl.constexpr):
     """The same chain as :func:`_dot_tile_elementwise`, fed VEC consecutive head dims (16 bytes) per vector
     load: k as [1, keys, VEC], q as [rows, keys, VEC] (the same address along keys: a broadcast), so that q, k
     and the chains share one layout (keys across threads) and each chain stays in the thread that loads k.
     A vector that runs past t1 only feeds the tile's steps (its last elements belong to the next tile); only
-    a vector past D masks elements, so full vectors keep a mask that is constant along them."""
+    a vector past D masks elements, so full vectors keep a mask that is constant along them.
+
+    QT (Triton < 3.7, attention.Q_KEYS_FIRST): q is loaded as [keys, rows, VEC] and permuted (a relabelling in
+    registers). Triton 3.6's coalescing gives a load's threads to its first dimension of equal contiguity, so a
+    [rows, keys, VEC] load put rows on threads and every step converted q to the chains' layout through shared
+    memory; 3.9 gives them to the last such dimension, where [rows, keys, VEC] is the chains' layout already."""
     e = tl.arange(0, VEC)[None, None, :]
-    q_row = Q + q_off[:, None, None] + tl.zeros([1, KB, 1], tl.int64)
-    q_lane = valid[:, None, None] & kmask[None, :, None]  # a masked key's chain is never read
+    if QT:
+        q_row = Q + q_off[None, :, None] + tl.zeros([KB, 1, 1], tl.int64)
+        q_lane = kmask[:, None, None] & valid[None, :, None]  # a masked key's chain is never read
+    else:
+        q_row = Q + q_off[:, None, None] + tl.zeros([1, KB, 1], tl.int64)
+        q_lane = valid[:, None, None] & kmask[None, :, None]
     k_row = K + koff[None, :, None]
     part = tl.zeros([BLOCK_M, KB], tl.float32)
     for c in tl.static_range(t0, t1, VEC):
@@ -111,6 +120,8 @@ def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.
             q_ok = q_ok & (c + e < D)
             k_ok = k_ok & (c + e < D)
         q = sm.widen(tl.load(q_row + c + e, mask=q_ok, other=0.0))
+        if QT:
+            q = tl.permute(q, (1, 0, 2))
         k = sm.widen(tl.load(k_row + c + e, mask=k_ok, other=0.0))
         part = _fma_vector(part, q, k, t1 - c, BLOCK_M, KB, VEC)
     return part
@@ -118,7 +129,7 @@ def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.
 
 @triton.jit
 def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr,
-            DT: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
+            DT: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr, QT: tl.constexpr):
     """[rows, keys] scores: the tiled dot over the head dim (tile partials added in order from +0.0; the last
     tile is short when DT does not divide D), then one multiply by scale."""
     s = tl.zeros([BLOCK_M, KB], tl.float32)
@@ -129,50 +140,80 @@ def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl
             part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
         else:
             part = _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), D, BLOCK_M,
-                                     KB, VEC)
+                                     KB, VEC, QT)
         s = s + part
     return s * scale
 
 
 @triton.jit
 def _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    KB: tl.constexpr, DT: tl.constexpr, DTP: tl.constexpr):
-    """:func:`_scores`' bits with one float32 ``ieee`` tl.dot per head-dim tile (NVIDIA: an fma chain per score over
-    the tile's head dims in order, from the zero accumulator: the spec's in-tile chain), on [rows, DTP] x [DTP, keys]
-    operand tiles instead of one scalar load per step. A lane past the tile or past D is a padded step and adds a
-    product equal to -0.0 (q -0.0 by sm.neg_zero_where, k +0.0): fma(-0, +0, c) = c for every c, where a +0.0 product would
-    turn a chain at -0.0 into +0.0. Tile partials are added in order from +0.0 by tl.fma(part, 1.0, s): s + part
-    rounded once, and not an addf that Triton could fold into the next dot's accumulator."""
-    dd = tl.arange(0, DTP)
+                    KB: tl.constexpr, DT: tl.constexpr, DTP: tl.constexpr, DK: tl.constexpr):
+    """:func:`_scores`' bits with float32 ``ieee`` tl.dots per head-dim tile (NVIDIA: an fma chain per score over the
+    tile's head dims in order, from the zero accumulator: the spec's in-tile chain), on [rows, DK] x [DK, keys] operand
+    tiles instead of one scalar load per step. A tile's chain runs through one dot per DK head dims, each continuing
+    the last one's accumulator (the same fma steps in the same order as one dot over the tile; DK = DTP is one dot per
+    tile): the FMA lowering holds a dot's operands of all its K lanes in registers, so narrower dots keep the tile
+    free of spills. A lane past the tile or past D is a padded step and adds a product equal to -0.0 (q -0.0 by
+    sm.neg_zero_where, k +0.0): fma(-0, +0, c) = c for every c, where a +0.0 product would turn a chain at -0.0
+    into +0.0. Tile partials are added in order from +0.0 by tl.fma(part, 1.0, s): s + part rounded once, and not
+    an addf that Triton could fold into the next dot's accumulator."""
+    dd = tl.arange(0, DK)
     s = tl.zeros([BLOCK_M, KB], tl.float32)
     for t0 in tl.static_range(0, D, DT):
-        d = t0 + dd
-        d_ok = (dd < DT) & (d < D)
-        q_ok = valid[:, None] & d_ok[None, :]
-        q = sm.neg_zero_where(q_ok, sm.widen(tl.load(Q + q_off[:, None] + d[None, :], mask=q_ok, other=0.0)))
-        k = sm.widen(tl.load(K + koff[None, :] + d[:, None], mask=d_ok[:, None] & kmask[None, :], other=0.0))
-        part = tl.dot(q, k, tl.zeros([BLOCK_M, KB], tl.float32), input_precision="ieee")
+        part = tl.zeros([BLOCK_M, KB], tl.float32)
+        for c in tl.static_range(0, min(DT, D - t0), DK):  # the tile's lanes, DK per dot
+            d = t0 + c + dd
+            d_ok = (c + dd < DT) & (d < D)
+            q_ok = valid[:, None] & d_ok[None, :]
+            q = sm.neg_zero_where(q_ok, sm.widen(tl.load(Q + q_off[:, None] + d[None, :], mask=q_ok, other=0.0)))
+            k = sm.widen(tl.load(K + koff[None, :] + d[:, None], mask=d_ok[:, None] & kmask[None, :], other=0.0))
+            part = tl.dot(q, k, part, input_precision="ieee")
         s = tl.fma(part, 1.0, s)
     return s * scale
 
 
 @triton.jit
-def _block_fma_dot(V, p, vis, key_on, koff, OUT: tl.constexpr, P_IN: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, NPU: tl.constexpr):
+def _key_chunk(x, c: tl.constexpr, BLOCK_M: tl.constexpr, NC: tl.constexpr, KC: tl.constexpr):
+    """Keys [c KC, (c + 1) KC) of a float32 [rows, NC KC] tile, exactly: an integer sum of bit patterns with one
+    non-zero term per element (order-free), as :func:`_col`."""
+    if NC == 1:
+        return x
+    else:
+        bits = tl.reshape(x.to(tl.int32, bitcast=True), [BLOCK_M, NC, KC])
+        pick = tl.arange(0, NC)[None, :, None] == c
+        return tl.sum(tl.where(pick, bits, 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_fma_dot(V, p, valid, pos0, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, causal, left,
+                   right, kb0, k_lo, k_hi, OUT: tl.constexpr, P_IN: tl.constexpr, D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, DK: tl.constexpr,
+                   PAGED: tl.constexpr, NPU: tl.constexpr):
     """(l_blk, acc_blk) of a block whose keys each are seen by every valid row or by none, as float32 ``ieee``
     tl.dots from zero accumulators: acc_blk = P.V and l_blk = P.1 are fma chains over the keys in order (fma(p, 1, l)
-    is l + p rounded once: the spec's sum). A key no row sees must leave the chains as they are: its p is exactly
-    +0.0 and its V row is not read (-0.0 by sm.neg_zero_where), so it adds +0 * -0 = -0.0 (and +0 * 1 = +0 to l, which is
-    never -0.0: a sum of p >= 0 from +0.0). Its V row's values never reach the product, so a NaN / inf there
-    cannot leak (0 * inf); a seen key's product is the spec's, whatever its values."""
+    is l + p rounded once: the spec's sum). The chains run through one dot per DK keys, each continuing the last
+    one's accumulator (as in :func:`_scores_fma_dot`; DK = KB is one dot per block): p's keys are taken out of the
+    tile exactly (:func:`_key_chunk`), each chunk's V rows loaded by their own offsets. So a key is seen by the valid
+    rows iff row 0 (valid in every running tile) sees it. A key no row sees must leave the chains as they are: its p
+    is exactly +0.0 and its V row is not read (-0.0 by sm.neg_zero_where), so it adds +0 * -0 = -0.0 (and +0 * 1 =
+    +0 to l, which is never -0.0: a sum of p >= 0 from +0.0). Its V row's values never reach the product, so a NaN /
+    inf there cannot leak (0 * inf); a seen key's product is the spec's, whatever its values."""
+    NC: tl.constexpr = KB // DK
     dcol = tl.arange(0, BLOCK_D)
-    pz = tl.where(vis, p, 0.0)
-    pv = _round_trip(pz, OUT, NPU) if P_IN else pz
-    v_ok = key_on[:, None] & (dcol[None, :] < D)
-    v = sm.neg_zero_where(v_ok, sm.widen(tl.load(V + koff[:, None] + dcol[None, :], mask=v_ok, other=0.0)))
-    acc_blk = tl.dot(pv, v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), input_precision="ieee")
-    ones = tl.full([KB, 16], 1.0, tl.float32)
-    l16 = tl.dot(pz, ones, tl.zeros([BLOCK_M, 16], tl.float32), input_precision="ieee")
+    jj = tl.arange(0, DK)
+    acc_blk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    l16 = tl.zeros([BLOCK_M, 16], tl.float32)
+    ones = tl.full([DK, 16], 1.0, tl.float32)
+    for c in tl.static_range(NC):  # keys in order, DK per dot
+        kj = kb0 + c * DK + jj
+        on = _visible(kj, pos0, True, klen, causal, left, right) & (kj >= k_lo) & (kj < k_hi)  # => kj < klen
+        koff = _key_offsets(kj, on, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
+        pz = tl.where(valid[:, None] & on[None, :], _key_chunk(p, c, BLOCK_M, NC, DK), 0.0)
+        pv = _round_trip(pz, OUT, NPU) if P_IN else pz
+        v_ok = on[:, None] & (dcol[None, :] < D)
+        v = sm.neg_zero_where(v_ok, sm.widen(tl.load(V + koff[:, None] + dcol[None, :], mask=v_ok, other=0.0)))
+        acc_blk = tl.dot(pv, v, acc_blk, input_precision="ieee")
+        l16 = tl.dot(pz, ones, l16, input_precision="ieee")
     l_blk = _col(l16.to(tl.int32, bitcast=True), tl.arange(0, 16), 0)
     return l_blk, acc_blk
 
@@ -204,11 +245,11 @@ def _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_
 
 
 @triton.jit
-def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
+def _split(Q, K, V, q_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
            DT: tl.constexpr, VEC: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
-           NPU: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr):
+           NPU: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr, DK: tl.constexpr, QT: tl.constexpr):
     """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0.
 
     FMA_DOT (prefill tiles on NVIDIA, launch.fma_dot): scores by :func:`_scores_fma_dot`, and a block whose keys
@@ -222,11 +263,11 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
         if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit; ascend_lint follows 'if NPU:')
-            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QT)
         elif FMA_DOT:
-            s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP)
+            s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP, min(DK, DTP))
         else:
-            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU)
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QT)
         vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
         m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
         blk_ne = tl.max(vis.to(tl.int32), axis=1)
@@ -243,8 +284,10 @@ def _split(Q, K, V, q_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, p
             seen_any = tl.max(vis_s.to(tl.int32), axis=0)
             seen_all = tl.min((vis_s | ~valid[:, None]).to(tl.int32), axis=0)
             if tl.min((seen_any == seen_all).to(tl.int32), axis=0) > 0:  # every key: seen by all valid rows or none
-                l_blk, acc_blk = _block_fma_dot(V, sm.exp(s - m_new[:, None]), vis_s, seen_any > 0, koff, OUT, P_IN,
-                                                D, BLOCK_M, BLOCK_D, KB, NPU)
+                l_blk, acc_blk = _block_fma_dot(V, sm.exp(s - m_new[:, None]), valid, pos0, klen, b, hk_off, K_ROW0,
+                                                BT, bt_stride, page, stride_kp, stride_kt, causal, left, right, kb0,
+                                                k_lo, k_hi, OUT, P_IN, D, BLOCK_M, BLOCK_D, KB, min(DK, KB), PAGED,
+                                                NPU)
             else:
                 l_blk, acc_blk = _block_chains(V, x_bits, m_new, pos, valid, klen, b, hk_off, K_ROW0, BT, bt_stride,
                                                page, stride_kp, stride_kt, causal, left, right, kb0, k_lo, k_hi, D,
@@ -271,31 +314,34 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  ROWS: tl.constexpr, PACK: tl.constexpr,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr, VEC: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                 NPU: tl.constexpr, FMA_DOT: tl.constexpr = False, DTP: tl.constexpr = 16):
+                 NPU: tl.constexpr, FMA_DOT: tl.constexpr = False, DTP: tl.constexpr = 16, DK: tl.constexpr = 16,
+                 QT: tl.constexpr = False):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)  # grid (row tile, sequence x head group, split)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
         if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             qr_off = q_off  # where rows read q (out and lse go to q_off)
+            pos0 = klen - qlen + pid_m * ROWS  # row 0's position (row 0 is valid in every running tile)
             hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)
             lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, ROWS)
             if ONE_SPLIT:
                 sp = item % n2
                 s_lo = tl.maximum(lo, sp * KS)
                 s_hi = tl.minimum(hi, (sp + 1) * KS)
-                m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
-                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP)
+                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP, DK, QT)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
                 M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
                 for s0 in range((lo // KS) * KS, hi, KS):
-                    m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                           stride_kp, stride_kt, scale, causal, left, right,
+                    m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_stride,
+                                           page, stride_kp, stride_kt, scale, causal, left, right,
                                            tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
-                                           D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP)
+                                           D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP, DK,
+                                           QT)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)

@@ -78,6 +78,13 @@ def fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok0, ok1, ok2, ok3):
 
 
 @triton.jit
+def fma_steps_all(part, a0, a1, a2, a3, b0, b1, b2, b3):
+    """:func:`fma_steps` where every step is taken (the caller knows each is inside K and the tile): no select on
+    the chain, whose every step was an FFMA and an FSEL depending on it (sm_90)."""
+    return tl.fma(a3, b3, tl.fma(a2, b2, tl.fma(a1, b1, tl.fma(a0, b0, part))))
+
+
+@triton.jit
 def add_steps(part, v0, v1, v2, v3, ok0, ok1, ok2, ok3):
     """Four steps of a sequential sum, part = part + v_i in order i = 0..3 (each addition rounded); a step
     whose ok_i is False keeps part (skipped by select, exact). The plain-sum sibling of :func:`fma_steps`."""
@@ -102,7 +109,7 @@ def vec_step(start, c, n, T: tl.constexpr, VEC: tl.constexpr):
 
 @triton.jit
 def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
-                 BM: tl.constexpr, L: tl.constexpr):
+                 BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr = False):
     """[BM, L] float32: for each (row, lane) the fma chain from +0.0 over k = k0[lane] ... k0[lane] + KT - 1
     (k < K) of a_rows[row][k] * b_lanes[lane][k], in k order: one K tile of the spec's dot, with k the
     contiguous axis of both operands.
@@ -111,7 +118,9 @@ def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC:
     the same for every lane, so those loads broadcast. The step's VEC values go through the chain in order
     (eight / four, fma_steps); a k past K or past the tile is skipped by select. a_rows [BM] and b_lanes [L]
     are pointers to element 0 of each row / lane; the caller keeps KT a multiple of VEC where it can (a tail
-    mask inside the tile is then not needed, and the masks stay vectorizable)."""
+    mask inside the tile is then not needed, and the masks stay vectorizable). EVEN: the caller guarantees K % KT == 0
+    and KT % VEC == 0, so every step of a tile inside K is inside K; a lane whose tile lies past K then runs its
+    steps on masked-off loads (values of no use), and the caller does not store it: no select on the chain."""
     part = tl.zeros([BM, L], dtype=tl.float32)
     for c in tl.static_range(0, KT, VEC):
         k, ok = vec_step(k0, c, K, KT, VEC)
@@ -122,14 +131,21 @@ def dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC:
         if VEC == 8:
             a0, a1, a2, a3, a4, a5, a6, a7 = eight(a, BM, L)
             b0, b1, b2, b3, b4, b5, b6, b7 = eight(b, 1, L)
-            v0, v1, v2, v3, v4, v5, v6, v7 = eight(ok, 1, L)
-            part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
-            part = fma_steps(part, a4, a5, a6, a7, b4, b5, b6, b7, v4, v5, v6, v7)
+            if EVEN:
+                part = fma_steps_all(part, a0, a1, a2, a3, b0, b1, b2, b3)
+                part = fma_steps_all(part, a4, a5, a6, a7, b4, b5, b6, b7)
+            else:
+                v0, v1, v2, v3, v4, v5, v6, v7 = eight(ok, 1, L)
+                part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+                part = fma_steps(part, a4, a5, a6, a7, b4, b5, b6, b7, v4, v5, v6, v7)
         else:
             a0, a1, a2, a3 = four(a, BM, L)
             b0, b1, b2, b3 = four(b, 1, L)
-            v0, v1, v2, v3 = four(ok, 1, L)
-            part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
+            if EVEN:
+                part = fma_steps_all(part, a0, a1, a2, a3, b0, b1, b2, b3)
+            else:
+                v0, v1, v2, v3 = four(ok, 1, L)
+                part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, v0, v1, v2, v3)
     return part
 
 
@@ -154,14 +170,18 @@ def floats32(w):
 
 
 @triton.jit
-def _word_steps(part, a, b, ok, DT: tl.constexpr):
+def _word_steps(part, a, b, ok, DT: tl.constexpr, EVEN: tl.constexpr):
     """The chain steps of one int64 word of a [BM, L] and b [1, L] (element dtype DT: two float32 or four 2-byte floats,
-    the low word first: little-endian), in element order; ok [1, L] (False: the steps keep part)."""
+    the low word first: little-endian), in element order; ok [1, L] (False: the steps keep part; EVEN: every step
+    is taken, as in :func:`dot_tile_vec`)."""
     if DT == tl.float32:
         a0, a1 = floats32(a)
         b0, b1 = floats32(b)
-        part = tl.where(ok, tl.fma(a0, b0, part), part)
-        part = tl.where(ok, tl.fma(a1, b1, part), part)
+        if EVEN:
+            part = tl.fma(a1, b1, tl.fma(a0, b0, part))
+        else:
+            part = tl.where(ok, tl.fma(a0, b0, part), part)
+            part = tl.where(ok, tl.fma(a1, b1, part), part)
     else:
         a_lo, a_hi = a.to(tl.int32), (a >> 32).to(tl.int32)  # truncation: the low and the high 32 bits
         b_lo, b_hi = b.to(tl.int32), (b >> 32).to(tl.int32)
@@ -169,13 +189,16 @@ def _word_steps(part, a, b, ok, DT: tl.constexpr):
         a2, a3 = halves(a_hi, DT)
         b0, b1 = halves(b_lo, DT)
         b2, b3 = halves(b_hi, DT)
-        part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok, ok, ok, ok)
+        if EVEN:
+            part = fma_steps_all(part, a0, a1, a2, a3, b0, b1, b2, b3)
+        else:
+            part = fma_steps(part, a0, a1, a2, a3, b0, b1, b2, b3, ok, ok, ok, ok)
     return part
 
 
 @triton.jit
 def dot_tile_words(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VEC: tl.constexpr,
-                   BM: tl.constexpr, L: tl.constexpr):
+                   BM: tl.constexpr, L: tl.constexpr, EVEN: tl.constexpr = False):
     """:func:`dot_tile_vec`'s chains (the same steps in the same order, so the same bits) where every 16-byte vector is
     whole: K and KT multiples of VEC, rows 8-byte aligned (the launcher checks), for Triton 3.6. Each vector is read as
     two int64 loads and split into its floats with integer shifts (:func:`_word_steps`): no tl.reshape / tl.split.
@@ -200,8 +223,8 @@ def dot_tile_words(a_rows, b_lanes, row_ok, lane_ok, k0, K, KT: tl.constexpr, VE
         b_ok = b_ok0 & ok
         a_w0 = tl.trans(tl.load(apt, mask=a_okt, other=0))
         a_w1 = tl.trans(tl.load(apt + 1, mask=a_okt, other=0))
-        part = _word_steps(part, a_w0, tl.load(bp, mask=b_ok, other=0), ok, DT)
-        part = _word_steps(part, a_w1, tl.load(bp + 1, mask=b_ok, other=0), ok, DT)
+        part = _word_steps(part, a_w0, tl.load(bp, mask=b_ok, other=0), ok, DT, EVEN)
+        part = _word_steps(part, a_w1, tl.load(bp + 1, mask=b_ok, other=0), ok, DT, EVEN)
     return part
 
 

@@ -21,6 +21,8 @@ They run split across the row instead (``split``), the passes token_logprobs run
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -109,6 +111,25 @@ def row_stats(x_ptr, base, row_ok, n, n_tiles, T: tl.constexpr, BR: tl.constexpr
     return m_safe, s, empty
 
 
+@triton.jit
+def write_outputs(x_ptr, out_ptr, base, row_ok, n, start, stop, m_safe, s, empty, MODE: tl.constexpr,
+                  OUT_DTYPE: tl.constexpr, BC: tl.constexpr, NPU: tl.constexpr):
+    """Columns [start, stop) of rows x[base : base + n], BC a step: softmax (MODE 0) = exp(x - M) / S or log_softmax
+    (MODE 1) = (x - M) - log S from the row's shift m_safe, S and empty flag (an empty row: 0 / -inf), rounded once
+    to OUT_DTYPE. The one output loop of the row-per-program kernel and of the split passes."""
+    log_s = sm.log(s, NPU)
+    cols = tl.arange(0, BC)
+    for c0 in tl.range(start, stop, BC, num_stages=common.STAGES):
+        ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
+        offs = base[:, None] + (c0 + cols)[None, :]
+        shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]
+        if MODE == 1:
+            out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
+        else:
+            out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None], NPU))
+        tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
+
+
 @triton.jit(do_not_specialize=["R", "n_work"])  # counts that change per call: no recompiles
 def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T: tl.constexpr,
                     OUT_DTYPE: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, BC: tl.constexpr,
@@ -122,17 +143,7 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
             out = tl.where(empty, float("-inf"), m_safe + sm.log(s, NPU))
             tl.store(out_ptr + rows, sm.round_out(out, OUT_DTYPE, NPU), mask=row_ok)
         else:
-            log_s = sm.log(s, NPU)
-            cols = tl.arange(0, BC)
-            for c0 in tl.range(0, n, BC, num_stages=common.STAGES):
-                ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
-                offs = base[:, None] + (c0 + cols)[None, :]
-                shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]
-                if MODE == 1:
-                    out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
-                else:
-                    out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None], NPU))
-                tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
+            write_outputs(x_ptr, out_ptr, base, row_ok, n, 0, n, m_safe, s, empty, MODE, OUT_DTYPE, BC, NPU)
 
 
 @triton.jit(do_not_specialize=["R", "n_work", "n1"])
@@ -274,7 +285,7 @@ def _split_out_kernel(x_ptr, out_ptr, shift_ptr, empty_ptr, s_ptr, R, n, n_work,
                       OUT_DTYPE: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                       NPU: tl.constexpr):
     """Per (row block, column chunk of CH): softmax (MODE 0) or log_softmax (MODE 1) from the row's M and S, the
-    formulas of _softmax_kernel."""
+    formulas of _softmax_kernel (write_outputs)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item % n1) * BR + tl.arange(0, BR)
         row_ok = rows < R
@@ -283,17 +294,8 @@ def _split_out_kernel(x_ptr, out_ptr, shift_ptr, empty_ptr, s_ptr, R, n, n_work,
         m_safe = tl.load(shift_ptr + rows, mask=row_ok, other=0.0)
         empty = tl.load(empty_ptr + rows, mask=row_ok, other=0) > 0
         s = tl.load(s_ptr + rows, mask=row_ok, other=1.0)
-        log_s = sm.log(s, NPU)
-        cols = tl.arange(0, BC)
-        for c0 in tl.range(c * CH, tl.minimum(c * CH + CH, n), BC, num_stages=common.STAGES):
-            ok = row_ok[:, None] & ((c0 + cols) < n)[None, :]
-            offs = base[:, None] + (c0 + cols)[None, :]
-            shifted = sm.widen(tl.load(x_ptr + offs, mask=ok, other=0.0)) - m_safe[:, None]
-            if MODE == 1:
-                out = tl.where(empty[:, None], float("-inf"), shifted - log_s[:, None])
-            else:
-                out = tl.where(empty[:, None], 0.0, sm.div(sm.exp(shifted), s[:, None], NPU))
-            tl.store(out_ptr + offs, sm.round_out(out, OUT_DTYPE, NPU), mask=ok)
+        write_outputs(x_ptr, out_ptr, base, row_ok, n, c * CH, tl.minimum(c * CH + CH, n), m_safe, s, empty, MODE,
+                      OUT_DTYPE, BC, NPU)
 
 
 def _blocks(rows: int, n_tiles: int, reg: bool, vec: int):
@@ -336,6 +338,46 @@ def _split_blocks(rows: int, n_tiles: int, reg: bool, vec: int):
     return 1, bc, 2 * bc, max(1, 32 // ntb), ntb, 1
 
 
+class SplitScratch(NamedTuple):
+    """The scratch of the split passes (a row across programs): per (row, chunk) max, poisoned and has-+0.0 flags, per
+    row the shift m_safe and the empty flag, per (row, tile) sums (rows padded to sp)."""
+    m: torch.Tensor
+    bad: torch.Tensor
+    pz: torch.Tensor
+    shift: torch.Tensor
+    empty: torch.Tensor
+    parts: torch.Tensor
+
+
+def split_scratch(owner: str, rows: int, n_chunks: int, sp: int, device) -> SplitScratch:
+    """The split passes' workspaces (workspace.py: reused across calls, CUDA-graph safe), named after their owner
+    ("softmax", "token_logprobs"): one home for the split statistics of softmax.py and token_logprobs.py."""
+    f32, i32 = torch.float32, torch.int32
+    return SplitScratch(workspace(f"{owner} chunk max", (rows, n_chunks), f32, device),
+                        workspace(f"{owner} chunk bad", (rows, n_chunks), i32, device),
+                        workspace(f"{owner} chunk pz", (rows, n_chunks), i32, device),
+                        workspace(f"{owner} shift", (rows,), f32, device),
+                        workspace(f"{owner} empty", (rows,), i32, device),
+                        workspace(f"{owner} tile sums", (rows, sp), f32, device))
+
+
+#: chunk_stats_kernel's [rows, chunks] block on the GPU: at most this many elements (8 a thread of 4 warps for each of
+#: the three running maxima). A [8, 1024] block (token_logprobs at 256 rows of a 151,936 vocabulary: 2,374 chunks)
+#: spilled 224 bytes on the H200 (Triton 3.6, 2026-12-04b)
+_STATS_BLOCK = 1024
+
+
+def run_chunk_stats(scratch: SplitScratch, rows: int, n_chunks: int) -> None:
+    """The row max (shift, empty) from the chunk maxima in scratch: chunk_stats_kernel with its blocks (the
+    interpreter: few, large programs; the GPU: at most _STATS_BLOCK elements, more programs for long rows)."""
+    bc = min(1024, next_power_of_2(n_chunks))
+    br = min(16, next_power_of_2(rows))
+    if not interpreter_layout() and not ascend_launch.active():
+        br = max(1, min(br, _STATS_BLOCK // bc))
+    launch(chunk_stats_kernel, (cdiv(rows, br),), scratch.m, scratch.bad, scratch.pz, scratch.shift, scratch.empty,
+           rows, n_chunks, BR=br, BC=bc, persistent=True)
+
+
 def _run_split(x2: torch.Tensor, out: torch.Tensor, spec, mode: int, reg: bool) -> None:
     """The passes over rows split across chunks (module docstring)."""
     rows, n = x2.shape
@@ -346,20 +388,13 @@ def _run_split(x2: torch.Tensor, out: torch.Tensor, spec, mode: int, reg: bool) 
     br, bc, ch, sbr, ntb, warps = _split_blocks(rows, n_tiles, reg, vec)
     n_chunks = cdiv(n, ch)
     sp = cdiv(n_tiles, 16) * 16  # tile-sum rows padded: tiles_in_order reads them 16 bytes at a time
-    f32, i32 = torch.float32, torch.int32
-    m = workspace("softmax chunk max", (rows, n_chunks), f32, dev)
-    bad = workspace("softmax chunk bad", (rows, n_chunks), i32, dev)
-    pz = workspace("softmax chunk pz", (rows, n_chunks), i32, dev)
-    shift = workspace("softmax shift", (rows,), f32, dev)
-    empty = workspace("softmax empty", (rows,), i32, dev)
-    parts = workspace("softmax tile sums", (rows, sp), f32, dev)
-    s = workspace("softmax sum", (rows,), f32, dev)
+    ws = split_scratch("softmax", rows, n_chunks, sp, dev)
+    m, bad, pz, shift, empty, parts = ws
+    s = workspace("softmax sum", (rows,), torch.float32, dev)
     out_dtype = tl_dtype(x2.dtype)
     launch(_chunk_max_kernel, (n_chunks, cdiv(rows, br)), x2, m, bad, pz, rows, n, n_chunks, CH=ch, BR=br, BC=bc,
            persistent=True)
-    sbr_stats = min(16, next_power_of_2(rows))
-    launch(chunk_stats_kernel, (cdiv(rows, sbr_stats),), m, bad, pz, shift, empty, rows, n_chunks, BR=sbr_stats,
-           BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
+    run_chunk_stats(ws, rows, n_chunks)
     launch(tile_sums_kernel, (cdiv(n_tiles, ntb), cdiv(rows, sbr)), x2, shift, parts, rows, n, n, sp, n_tiles,
            VT=t, VTP=next_power_of_2(t), BR=sbr, NTB=ntb, VEC=vec, ROW_PAD=False, REG=reg, num_warps=warps,
            persistent=True)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ascend_launch, common, softmax, strict_math as sm
+from . import ascend_launch, common, matmul, softmax, strict_math as sm
 from .interpreter_dot import strict_dot
 from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
 from .workspace import workspace
@@ -33,12 +33,13 @@ from .workspace import workspace
 @triton.jit
 def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP: tl.constexpr,
             KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VTP: tl.constexpr, VEC: tl.constexpr,
-            NPU: tl.constexpr):
+            WORDS: tl.constexpr, NPU: tl.constexpr):
     """[BR, NTB, VTP] float32 logits hidden[row] . W[v] (v = vidx [NTB, VTP], VTP lanes per vocab tile) in the
     canonical order.
 
-    Each vocab entry's chain takes VEC consecutive hidden elements per 16-byte load (common.dot_tile_vec);
-    the Ascend variant takes one element per step. Same chains, same bits."""
+    Each vocab entry's chain takes VEC consecutive hidden elements per 16-byte load (common.dot_tile_vec; WORDS:
+    the same vectors as int64 words, common.dot_tile_words, Triton 3.6's layout-conversion-free form); the Ascend
+    variant takes one element per step. Same chains, same bits."""
     a_rows = h_ptr + rows.to(tl.int64) * sh
     if NPU:  # the Ascend variant: one element per step (tl.split is outside its documented API subset)
         total = tl.zeros([BR, NTB, VTP], dtype=tl.float32)
@@ -60,7 +61,10 @@ def _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP:
         flat = tl.zeros([BR, L], dtype=tl.float32)
         for k0 in range(0, H, KT):  # not pipelined: a stage of the unrolled tile's loads would not fit in shared memory
             start = tl.zeros([L], dtype=tl.int32) + k0
-            flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
+            if WORDS:
+                flat = flat + common.dot_tile_words(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
+            else:
+                flat = flat + common.dot_tile_vec(a_rows, b_lanes, row_ok, lane_ok, start, H, KT, VEC, BR, L)
         total = tl.reshape(flat, [BR, NTB, VTP])
     if HAS_TEMP:
         total = sm.div(total, temp, NPU)
@@ -80,13 +84,14 @@ def _vocab_block(c, V, NTB: tl.constexpr, VT: tl.constexpr, VTP: tl.constexpr):
 @triton.jit
 def _max_kernel(h_ptr, w_ptr, lg_ptr, m_ptr, p_ptr, z_ptr, R, V, H, sh, sw_v, sl, temp, n_chunks, n_work, n1,
                 HAS_TEMP: tl.constexpr, KT: tl.constexpr, BR: tl.constexpr, NTB: tl.constexpr, VT: tl.constexpr,
-                VTP: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr):
+                VTP: tl.constexpr, VEC: tl.constexpr, WORDS: tl.constexpr, NPU: tl.constexpr):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: row blocks of one vocab chunk run together
         row_ok = rows < R
         c = item // n1
         tiles, vidx, v_ok = _vocab_block(c, V, NTB, VT, VTP)
-        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, NPU)
+        x = _logits(h_ptr, w_ptr, rows, row_ok, vidx, v_ok, H, sh, sw_v, temp, HAS_TEMP, KT, BR, NTB, VTP, VEC, WORDS,
+                    NPU)
         ok = row_ok[:, None, None] & v_ok[None, :, :]
         tl.store(lg_ptr + rows.to(tl.int64)[:, None, None] * sl + vidx[None, :, :], x, mask=ok)  # kept for passes 3, 4
         m, bad, pz = common.row_max(tl.reshape(x, [BR, NTB * VTP]), tl.reshape(ok, [BR, NTB * VTP]))
@@ -151,6 +156,14 @@ def _blocks(rows: int, n_tiles: int):
     return min(8, next_power_of_2(rows)), 1, 8
 
 
+#: the logits' vector chains read as int64 words (common.dot_tile_words) where matmul.whole_vectors allows it (Triton
+#: < 3.7, hidden size and tile whole 16-byte vectors, 8-byte aligned rows) and a block has more than one row, as the
+#: 2-8-row GEMV: under 3.6 dot_tile_vec's reshape / split convert layouts through shared memory in the hidden loop
+#: (sm_90: 612 shared-memory instructions / 155 barriers at 8 rows; words: 0 in the loop). H200, Triton 3.6, 8 rows of
+#: a 151,936 x 4096 head: 2511 -> 1405 us, same bits (docs/triton.md). False keeps dot_tile_vec everywhere (the old
+#: path; benchmarks/gpu_perf.py measures both)
+WORDS_LOGITS = True
+
 #: rows from which the logits run as FMA-dot tiles (tl.dot needs 16 rows; fewer rows keep the vector chains)
 _DOT_MIN_ROWS = 16
 
@@ -212,16 +225,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
         n_chunks = cdiv(vocab, dbv)
     else:
         n_chunks = cdiv(n_tiles, ntb)
+    words = WORDS_LOGITS and not dot and br > 1 and matmul.whole_vectors(h2, w, kt)  # the NPU variant ignores WORDS
     temp = float(temperature)
     has_temp = temp != 1.0
-    f32, i32 = torch.float32, torch.int32
-    logits = workspace("token_logprobs logits", (group, sl), f32, dev)
-    m = workspace("token_logprobs chunk max", (group, n_chunks), f32, dev)
-    bad = workspace("token_logprobs chunk bad", (group, n_chunks), i32, dev)
-    pz = workspace("token_logprobs chunk pz", (group, n_chunks), i32, dev)
-    shift = workspace("token_logprobs shift", (group,), f32, dev)
-    empty = workspace("token_logprobs empty", (group,), i32, dev)
-    parts = workspace("token_logprobs tile sums", (group, sp), f32, dev)
+    logits = workspace("token_logprobs logits", (group, sl), torch.float32, dev)
+    ws = softmax.split_scratch("token_logprobs", group, n_chunks, sp, dev)
+    m, bad, pz, shift, empty, parts = ws
     vtp = next_power_of_2(vt)
     for r0 in range(0, rows, group):  # row groups: each pass sees only its group's rows (the bits are per row)
         n = min(group, rows - r0)
@@ -234,9 +243,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
         else:
             launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
                    w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
-                   VEC=16 // w.element_size(), num_warps=warps, persistent=True)
-        launch(softmax.chunk_stats_kernel, (cdiv(n, br),), m, bad, pz, shift, empty, n, n_chunks, BR=br,
-               BC=min(1024, next_power_of_2(n_chunks)), persistent=True)
+                   VEC=16 // w.element_size(), WORDS=words, num_warps=warps, persistent=True)
+        softmax.run_chunk_stats(ws, n, n_chunks)
         launch(softmax.tile_sums_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp,
                n_tiles, VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, ROW_PAD=True, REG=interpreter_layout(), persistent=True)
         launch(_finish_kernel, (cdiv(n, fbr),), logits, tok[r0:r0 + n], shift, empty, parts, out[r0:r0 + n], n, sl,

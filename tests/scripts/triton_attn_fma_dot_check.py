@@ -1,7 +1,8 @@
 """Strict prefill attention tiles as float32 ``ieee`` tl.dot (issue 41 item 1), in the Triton interpreter.
 
-Prefill-sized tiles (>= 16 rows, kv_block >= 16) take their scores as one dot per head-dim tile and, in blocks whose
-keys are each seen by every valid row or by none, P.V and l as dots (attention_kernel._scores_fma_dot /
+Prefill-sized tiles (>= 16 rows, kv_block >= 16) take their scores as dots per head-dim tile and, in blocks whose
+keys are each seen by every valid row or by none, P.V and l as dots (each chain split over dots of attention.DOT_K
+lanes, each continuing the last one's accumulator) (attention_kernel._scores_fma_dot /
 _block_fma_dot); the interpreter runs them through ``interpreter_dot.strict_dot`` (one fma_fp32 per step from the
 accumulator given, NVIDIA's FMA dot lowering).
 
@@ -11,9 +12,9 @@ accumulator given, NVIDIA's FMA dot lowering).
   FMA-dot variant is what ran;
 * ``golden``: the attention suite's signed-zero golden case (fp32) gives its golden bits, and the +0.0-padded
   variant below does not (the golden case catches it);
-* ``negative``: two wrong variants, each caught by the same comparison: V rows of unseen keys loaded as +0.0
-  (a +0 * +0 step turns a chain at -0.0 into +0.0), and the fast kernels' stand-in (two roundings per step) in
-  place of the strict one.
+* ``negative``: three wrong variants, each caught by the same comparison: V rows of unseen keys loaded as +0.0
+  (a +0 * +0 step turns a chain at -0.0 into +0.0), the fast kernels' stand-in (two roundings per step) in
+  place of the strict one, and a block's key chunks chained last chunk first.
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ CASES = [  # name, spec, dtype, causal, window, Hq, Hkv, D, lens_q, lens_k, spec
      torch.bfloat16, True, (21, -1), 4, 2, 16, (33, 20), (50, 20), None),
     ("non-causal fp16 window nan/inf", AttentionSpec(kv_block=32, kv_split=64, dot_tile=8), torch.float16, False,
      (9, 5), 2, 1, 12, (30, 18), (45, 40), "nonfinite"),
+    # kv_block 64: P.V and l in 4 dots of attention.DOT_K (16) keys each, keys past the sequence in the last chunks
+    ("causal bf16 kv_block 64 D40 dot_tile 20", AttentionSpec(kv_block=64, kv_split=128, dot_tile=20),
+     torch.bfloat16, True, (-1, -1), 2, 1, 40, (70, 17), (150, 81), None),
 ]
 
 
@@ -125,6 +129,12 @@ def check_negative():
         interpreter_dot._fma_chain_dot = strict
     report("the fast stand-in (product rounded, then added) is caught in the random float32 case",
            None if CASES[1][0] in caught else f"caught only in {caught}")
+    # the key chunks of a block chained out of key order (last chunk first): a different fma order per output
+    with kernel_variant(tri_kernel, "_block_fma_dot", "for c in tl.static_range(NC):",
+                        "for c in tl.static_range(NC - 1, -1, -1):"):
+        caught = [name for name, problem in _cases() if problem]
+    report("P.V / l dots chained out of key order are caught in the kv_block 64 case",
+           None if CASES[4][0] in caught else f"caught only in {caught}")
 
 
 def _golden_case_differs():

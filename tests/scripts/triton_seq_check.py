@@ -190,6 +190,33 @@ def attn_vector():
         _same(f"attn-vector[{spec.id},{dt},D={d},VEC={want}]", pairs)
 
 
+def attn_vector_keys_first():
+    """The vector score chains with q loaded keys-first and permuted (attention.Q_KEYS_FIRST: Triton < 3.7's layout;
+    the installed Triton loads [rows, keys, VEC] directly): the same bits."""
+    real = tri_attn.Q_KEYS_FIRST
+    tri_attn.Q_KEYS_FIRST = True
+    try:
+        for i, (spec, dt, hq, hkv, d) in enumerate(VECTOR_CASES):
+            qts, launch = [], tri_attn.launch
+
+            def recorded(kernel, *a, **kw):
+                if "QT" in kw:
+                    qts.append(kw["QT"])
+                return launch(kernel, *a, **kw)
+            tri_attn.launch = recorded
+            try:
+                with _vector_scores():
+                    pairs = _vector_pairs(spec, dt, hq, hkv, d, 70 + i)
+            finally:
+                tri_attn.launch = launch
+            if not qts or not all(qts):
+                FAILED.append("attn-vector-keys-first")
+                print(f"attn-vector-keys-first: FAIL launched QT {qts}", flush=True)
+            _same(f"attn-vector-keys-first[{spec.id},{dt},D={d}]", pairs)
+    finally:
+        tri_attn.Q_KEYS_FIRST = real
+
+
 def attn_vector_negative():
     """common.eight / four giving two neighbours swapped (the score chain adds head dim d+1 before d): the
     vector checks must catch it, for VEC 4 (fp32) and VEC 8 (fp16, whose dot tile of 16 runs all 8 steps)."""
@@ -440,9 +467,9 @@ def persistent_negative():
 
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
-                                                     attn_gqa_negative, attn_vector, attn_vector_negative, gdn_serial,
-                                                     gdn_chunked, gdn_chunked_decode, gdn_fma_dot, gdn_negative, gdn_layer,
-                                                     persistent_negative)}
+                                                     attn_gqa_negative, attn_vector, attn_vector_keys_first,
+                                                     attn_vector_negative, gdn_serial, gdn_chunked, gdn_chunked_decode,
+                                                     gdn_fma_dot, gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

@@ -10,8 +10,14 @@ Usage: python tests/scripts/triton_vector_chain_check.py CHECK...; prints "LABEL
   multiples of 8, column tails, every dtype, bias, NaN / inf in x and w. Which kernel ran is counted per case.
 * ``gemv_words``: the same with the int64-word chains (common.dot_tile_words: the launchers' choice on Triton < 3.7,
   forced here), which run wherever K and the K tile are whole vectors (4 of the 5 cases) and give the same bits.
+* ``gemv_variants``: the GEMV selectors kept for the H200 to decide (matmul.GEMV_LANES, COMBINE_UNROLL,
+  GEMV_MAX_ROWS): the cases above under the other lanes / combine, and 33 / 40 rows through the GEMV (GEMV_MAX_ROWS
+  64; with 16 they take the FMA-dot tiles), 36 with whole K tiles, each the reference's bits, the GEMV kernels
+  counted.
 * ``lm_head``: ``hal.token_logprobs`` (the LM head's logits chains) gives the reference's raw bits: vocab and
   hidden sizes off every tile, 1-16 rows (two row blocks with the GPU's 8), temperature, NaN / inf.
+* ``lm_head_words``: ``hal.token_logprobs`` with the logits' int64-word chains (token_logprobs.WORDS_LOGITS: the
+  launcher's choice on Triton < 3.7 for 2-15 rows of whole vectors, forced here) gives the reference's raw bits.
 * ``odd_tiles``: tiles that are not powers of two (softmax / rms_norm tile 20, a vocab tile of 100) give the
   reference's bits with the default layouts (the interpreter's register layout needs power-of-two tiles and
   steps aside; token_logprobs pads a vocab tile's lanes to a power of two).
@@ -137,9 +143,17 @@ LM_CASES = [  # rows, hidden, vocab, hidden_tile, vocab_tile, dtype, temperature
 ]
 
 
-def _lm_cases(label_prefix=""):
+LM_WORDS_CASES = [  # 2-15 rows, hidden size and tile whole 16-byte vectors: the int64-word chains where forced
+    (8, 64, 300, 32, 128, torch.bfloat16, 1.0, False, False),    # 8 rows: one row block with the GPU's 8
+    (3, 48, 260, 16, 128, torch.float32, 0.7, True, False),      # float32 words, NaN / inf, temperature
+    (5, 80, 257, 40, 256, torch.float16, 1.0, False, False),     # hidden tile 40: 5 vectors a tile
+]
+
+
+def _lm_cases(label_prefix="", cases=LM_CASES, words=False):
+    """words: the int64-word chains are wanted in the logits pass (matmul.whole_vectors forced on: _words_layout)."""
     for layout in _layouts():
-        for rows, h, v, ht, vt, dtype, temp, special, groups in LM_CASES:
+        for rows, h, v, ht, vt, dtype, temp, special, groups in cases:
             g = torch.Generator().manual_seed(rows)
             hid = torch.randn(rows, h, generator=g).to(dtype)
             w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)
@@ -151,7 +165,7 @@ def _lm_cases(label_prefix=""):
             ktl._LOGITS_SCRATCH_BYTES = 1 if groups else cap  # the smallest group: 16 rows
 
             def recorded(kernel, *a, **kw):
-                ran.add(getattr(kernel, "fn", kernel).__name__)
+                ran.add(getattr(kernel, "fn", kernel).__name__ + (" words" if kw.get("WORDS") else ""))
                 return real_launch(kernel, *a, **kw)
             ktl.launch = recorded
             try:
@@ -159,6 +173,7 @@ def _lm_cases(label_prefix=""):
             finally:
                 ktl._LOGITS_SCRATCH_BYTES, ktl.launch = cap, real_launch
             want_max = "_max_dot_kernel" if rows >= ktl._DOT_MIN_ROWS else "_max_kernel"  # FMA-dot logits from 16 rows
+            want_max += " words" if words else ""
             want = hal.token_logprobs(hid, w, tok, temperature=temp, spec=spec, backend="reference")
             yield (f"{label_prefix}{layout}: rows {rows} H{h} V{v} h{ht} v{vt} {str(dtype)[6:]} T{temp}"
                    f"{' nan/inf' if special else ''}{' row groups' if groups else ''}",
@@ -206,9 +221,64 @@ def check_gemv_words():
         report(f"words: {name}", problem)
 
 
+@contextlib.contextmanager
+def _selected(**values):
+    """matmul's GEMV selectors (module constants) set for the block."""
+    real = {name: getattr(km, name) for name in values}
+    for name, value in values.items():
+        setattr(km, name, value)
+    try:
+        yield
+    finally:
+        for name, value in real.items():
+            setattr(km, name, value)
+
+
+ROWS_CASES = [  # m, k, n, k_tile, dtype, bias, special: past 16 rows (GEMV_MAX_ROWS 64)
+    (33, 136, 40, 64, torch.bfloat16, True, True),   # 5 row blocks of 8 (GPU), K off the tile, NaN / inf
+    (40, 70, 9, 20, torch.float32, False, False),    # k_tile 20, column tail
+    (36, 128, 24, 64, torch.float16, True, False),   # whole K tiles: the chains without selects (GEMV_EVEN_K)
+]
+
+
+def _rows_cases(lanes, label_prefix=""):
+    """(label, problem) of ROWS_CASES through the GEMV (GEMV_MAX_ROWS 64) with the given lanes, both layouts."""
+    with _selected(GEMV_MAX_ROWS=64, GEMV_LANES=lanes):
+        for layout in _layouts():
+            for m, k, n, kt, dtype, bias, special in ROWS_CASES:
+                spec = hal.spec.MatmulSpec(k_tile=kt)
+                x, w, b = _inputs(m, k, n, dtype, bias, special)
+                counts, real = _counting()
+                try:
+                    got = hal.linear(x, w, b, spec=spec, backend="triton")
+                finally:
+                    km.launch = real
+                ran = (counts.get("_gemv_vec_kernel", 0), counts.get("_gemv_combine_kernel", 0))
+                yield (f"{label_prefix}max rows 64, lanes {lanes}, {layout}: m{m} k{k} n{n} kt{kt} {str(dtype)[6:]}",
+                       _diff(got, hal.linear(x, w, b, spec=spec, backend="reference"))
+                       or (None if ran == (1, 1) else f"GEMV kernels ran {ran}, want (1, 1)"))
+
+
+def check_gemv_variants():
+    other_lanes = "tiles" if km.GEMV_LANES == "cols" else "cols"
+    other_unroll = 1 if km.COMBINE_UNROLL != 1 else 8
+    with _selected(GEMV_LANES=other_lanes, COMBINE_UNROLL=other_unroll):
+        for name, problem in _gemv_cases(f"lanes {other_lanes}, combine {other_unroll}: "):
+            report(name, problem)
+    for lanes in ("cols", "tiles"):
+        for name, problem in _rows_cases(lanes):
+            report(name, problem)
+
+
 def check_lm_head():
     for name, problem in _lm_cases():
         report(name, problem)
+
+
+def check_lm_head_words():
+    with _words_layout():
+        for name, problem in _lm_cases("words: ", LM_WORDS_CASES, words=True):
+            report(name, problem)
 
 
 def check_negative():
@@ -219,14 +289,19 @@ def check_negative():
             words = [name for name, problem in _gemv_cases("swapped words: ") if problem and "vector kernel" in problem]
             name, problem = _order_sensitive_bf16()
             words += [f"swapped words: {name}"] if problem else []
+            lm_words = [name for name, problem in _lm_cases("swapped words: ", LM_WORDS_CASES, words=True) if problem]
+        rows = [name for name, problem in _rows_cases(km.GEMV_LANES, "swapped: ") if problem]
     report("swapped neighbours caught by the gemv check", None if gemv else "no case caught it")
+    report("swapped neighbours caught by the gemv_variants rows check", None if rows else "no case caught it")
     for dt in ("float32", "bfloat16", "float16"):  # floats32, and halves for both 2-byte dtypes
         hit = [name for name in words if name.endswith(dt) or f" {dt} " in name]
         report(f"swapped neighbours caught by the gemv_words check ({dt})", None if hit else "no case caught it")
     report("swapped neighbours caught by the lm_head check", None if lm else "no case caught it")
+    report("swapped neighbours caught by the lm_head_words check", None if lm_words else "no case caught it")
     print(f"caught in {len(gemv)} of {2 * len(CASES)} gemv and {len(lm)} of {2 * len(LM_CASES)} lm_head cases",
           flush=True)
 
 
 if __name__ == "__main__":
-    main({"gemv": check_gemv, "gemv_words": check_gemv_words, "lm_head": check_lm_head, "odd_tiles": check_odd_tiles, "negative": check_negative})
+    main({"gemv": check_gemv, "gemv_words": check_gemv_words, "gemv_variants": check_gemv_variants, "lm_head": check_lm_head,
+          "lm_head_words": check_lm_head_words, "odd_tiles": check_odd_tiles, "negative": check_negative})

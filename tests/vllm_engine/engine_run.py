@@ -7,9 +7,10 @@ SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwa
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
 "import_hal": bool, "record_steps": bool, "between": [[batch index, action]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
-log-prob bits and num_cached_tokens, or the error's type and message (refusals are asserted by name), and how
-often vLLM's compiler ran during the run ("compiles": its nonzero compilation counters; empty for an eager engine). An
-engine that fails to start records the error for the run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
+type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
+nonzero compilation counters; empty for an eager engine). An engine that fails to start records the error for the
+run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 """
 from __future__ import annotations
 
@@ -79,6 +80,21 @@ def _from_json(kwargs: dict) -> dict:
     return kwargs
 
 
+def _entries(r) -> dict:
+    """Every (token id, log-prob bits, rank) vLLM returned per position, in its dict's order (the sampled or prompt
+    token first, then the top-N not already listed): "top" for generated positions, "prompt" for prompt positions
+    1.. when prompt_logprobs was asked (position 0 has none)."""
+    def rows(dicts):
+        return [[[t, bits(lp.logprob), lp.rank] for t, lp in d.items()] for d in dicts]
+    out = {}
+    if r.outputs[0].logprobs:
+        out["top"] = rows(r.outputs[0].logprobs)
+    if r.prompt_logprobs is not None:
+        assert r.prompt_logprobs[0] is None
+        out["prompt"] = rows(r.prompt_logprobs[1:])
+    return out
+
+
 def run_one(run) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.compilation.counter import compilation_counter
@@ -104,7 +120,7 @@ def run_one(run) -> dict:
             batches.append(dict(outputs=[dict(tokens=list(r.outputs[0].token_ids),
                                               bits=[bits(d[t].logprob) for d, t in
                                                     zip(r.outputs[0].logprobs or [], r.outputs[0].token_ids)],
-                                              cached=r.num_cached_tokens) for r in res]))
+                                              cached=r.num_cached_tokens, **_entries(r)) for r in res]))
         out = dict(batches=batches, compiles={k: v for k, v in vars(compilation_counter).items() if v})
         if stop is not None:
             out["steps"] = _step_summary(steps)

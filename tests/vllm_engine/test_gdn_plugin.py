@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import tiny  # noqa: E402
 import tiny_gdn  # noqa: E402
-from test_vllm_plugin import PROMPTS, differing, outputs, run_engines  # noqa: E402
+from test_vllm_plugin import ALTERNATIVES, PROMPTS, differing, entries_differing, outputs, run_engines  # noqa: E402
 
 TEXT_ONLY = dict(LOCKSTEP_VLLM_QWEN3_5_TEXT_ONLY="1")
 DTYPES = ("float32", "bfloat16")
@@ -40,13 +40,14 @@ def gdn_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lockstep_runs(gdn_models, tmp_path_factory):
-    """Per model and dtype, prefills cut beside decode rows: eager (cut every 13 tokens) and compiled (vLLM's
-    default mode, a fresh compile cache; cut every 29), one process building the eight engines in a row. Whole
-    prefills run in the sampling and prefix-caching tests below."""
+    """Per model and dtype, prefills cut beside decode rows: eager (cut every 13 tokens; then the logprobs=N /
+    prompt_logprobs batch) and compiled (vLLM's default mode, a fresh compile cache; cut every 29), one process
+    building the eight engines in a row. Whole prefills run in the sampling and prefix-caching tests below."""
     tmp = tmp_path_factory.mktemp("gdn_on")
     runs = []
     for c in CASES:
-        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS], engine=CHUNKED, record_steps=True))
+        runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS, PROMPTS], sampling=[None, ALTERNATIVES],
+                         engine=CHUNKED, record_steps=True))
         runs.append(dict(model=gdn_models[c], dtype=c[1], batches=[PROMPTS], engine=COMPILED, record_steps=True))
     res = gdn_engines(tmp, runs)
     return {c: dict(eager=res[2 * i], compiled=res[2 * i + 1]) for i, c in enumerate(CASES)}
@@ -69,6 +70,16 @@ def test_greedy_equals_trainer_at_any_cut_eager_and_compiled(case, gdn_models, l
         assert (lp, tok) == (0, 0), f"{kind} {dtype} {name}: {lp}/48 log-prob bits, {tok}/48 tokens differ"
     assert compiled_graphs(runs["eager"]) == 0 and compiled_graphs(runs["compiled"]) >= 1, \
         (runs["eager"]["compiles"], runs["compiled"]["compiles"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_alternatives_and_prompt_logprobs_equal_the_trainers(case, gdn_models, lockstep_runs):
+    """logprobs=N and prompt_logprobs (test_vllm_plugin's ALTERNATIVES: greedy and seeded rows) with prompts cut every
+    13 tokens: every prompt position's hidden row comes out of a GDN prefill chunk; ids, order, bits and ranks are
+    the trainer's."""
+    outs = outputs(lockstep_runs[case]["eager"], 1)
+    wrong, values, compared = entries_differing(gdn_models[case], case[1], PROMPTS, outs, ALTERNATIVES)
+    assert (wrong, values) == (0, 0) and compared > 500, (wrong, values, compared)
 
 
 def test_opaque_norm_keeps_the_bf16_residual_rounding_under_inductor():

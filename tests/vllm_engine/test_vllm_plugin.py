@@ -79,6 +79,43 @@ SAMPLED = [dict(temperature=0.8, top_k=20, top_p=0.9), dict(temperature=1.0), di
 SAMPLED_PARAMS = [dict(max_tokens=8, seed=200 + i, logprobs=0, **s) for i, s in enumerate(SAMPLED)]
 
 
+# logprobs=N alternatives and prompt_logprobs, greedy and seeded sampled rows in one batch (N differs per row: vLLM
+# computes the batch's largest and keeps each request's own; top_k=3 keeps fewer tokens than 5 alternatives)
+ALTERNATIVES = [dict(max_tokens=8, temperature=0.0, logprobs=1, prompt_logprobs=0),
+                dict(max_tokens=8, temperature=0.8, top_k=3, seed=301, logprobs=5, prompt_logprobs=2),
+                dict(max_tokens=8, temperature=0.0, logprobs=5),
+                dict(max_tokens=8, temperature=1.0, top_p=0.8, seed=303, logprobs=2, prompt_logprobs=5),
+                dict(max_tokens=8, temperature=0.0, logprobs=3, prompt_logprobs=1),
+                dict(max_tokens=8, temperature=0.7, seed=305, logprobs=4)]
+GREEDY_ALTERNATIVES = [{k: v for k, v in a.items() if k not in ("temperature", "top_k", "top_p", "seed")}
+                       | dict(temperature=0.0) for a in ALTERNATIVES]  # stock vLLM-CPU: no seeded requests
+
+
+def entries_differing(path, dtype, prompts, outs, params, processed=False):
+    """(positions whose entries differ in any way -- ids, their order, bits or ranks --, returned values whose bits
+    differ from the trainer's value for the same id, values compared) against tiny.trainer_entries: logprobs=N
+    under the engine's logprobs_mode (processed: each sampled row's settings), prompt_logprobs at temperature 1."""
+    if path not in _trainers:
+        _trainers[path] = tiny.trainer(path, dtype)[0]
+    wrong = values = compared = 0
+    for prompt, o, prm in zip(prompts, outs, params):
+        sampled = processed and prm.get("temperature", 1.0) > 0
+        setting = {k: prm[k] for k in ("temperature", "top_k", "top_p") if k in prm} if sampled else {}
+        want = tiny.trainer_entries(_trainers[path], prompt, o["tokens"], prm["logprobs"], prm.get("prompt_logprobs"),
+                                    **setting)
+        for key in want:
+            if key == "top" and not prm["logprobs"]:
+                continue  # logprobs=0: the token's own value, which differing() compares
+            got = o.get(key)
+            assert got is not None and len(got) == len(want[key]), (key, prm)
+            for w, g in zip(want[key], got):
+                wrong += w != g
+                wb = {t: b for t, b, _ in w}
+                values += sum(t in wb and b != wb[t] for t, b, _ in g)
+                compared += sum(t in wb for t, _, _ in g)
+    return wrong, values, compared
+
+
 def finite(outs) -> bool:
     """Every recorded log-prob is finite: under processed_logprobs a token outside the kept set records -inf."""
     return all(abs(struct.unpack("<f", struct.pack("<i", b))[0]) < float("inf") for o in outs for b in o["bits"])
@@ -89,9 +126,11 @@ def greedy(models, tmp_path_factory):
     """Greedy rollouts of the 6 prompts (48 tokens) per model and dtype: lockstep's engines (one process building
     four in-process engines in a row) and stock vLLM's (the plugin off)."""
     tmp = tmp_path_factory.mktemp("greedy")
-    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS]) for c in CASES]
-    # lockstep's engines also draw SAMPLED (batch 1; stock vLLM-CPU cannot run seeded requests on this machine)
-    sampled = [dict(r, batches=[PROMPTS, PROMPTS], sampling=[None, SAMPLED_PARAMS]) for r in runs]
+    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS, PROMPTS], sampling=[None, GREEDY_ALTERNATIVES])
+            for c in CASES]
+    # lockstep's engines draw SAMPLED (batch 1; stock vLLM-CPU cannot run seeded requests on this machine), then the
+    # logprobs=N / prompt_logprobs batch with seeded rows (batch 2)
+    sampled = [dict(r, batches=[PROMPTS] * 3, sampling=[None, SAMPLED_PARAMS, ALTERNATIVES]) for r in runs]
     return dict(lockstep=dict(zip(CASES, run_engines(tmp, sampled, plugin=True, name="on"))),
                 stock=dict(zip(CASES, run_engines(tmp, runs, plugin=False, name="off"))))
 
@@ -112,11 +151,28 @@ def test_sampled_raw_logprobs_equal_the_trainers(case, models, greedy):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_alternatives_and_prompt_logprobs_equal_the_trainers(case, models, greedy):
+    """logprobs=N (1 to 5 per row) and prompt_logprobs (0 to 5), greedy and seeded temperature / top-k / top-p rows in
+    one batch, vLLM's default raw_logprobs: at every generated and prompt position the ids vLLM returns, their order
+    (lockstep's score, then the recorded value, then the id), each value's float32 bits (the trainer's lt.token_logprobs
+    of that id from one teacher-forced forward) and the ranks are the trainer's."""
+    outs = outputs(greedy["lockstep"][case], 2)
+    wrong, values, compared = entries_differing(models[case], case[1], PROMPTS, outs, ALTERNATIVES)
+    print(f"{case}: {compared} values compared")
+    assert (wrong, values) == (0, 0) and compared > 500, (wrong, values, compared)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
 def test_stock_vllm_differs_negative_control(case, models, greedy):
-    """The comparison above catches stock vLLM: with the plugin off most recorded log-probs differ."""
+    """The comparisons above catch stock vLLM: with the plugin off most recorded log-probs differ, and so do the
+    logprobs=N / prompt_logprobs values (stock: log_softmax of its own logits)."""
     lp, _ = differing(models[case], case[1], PROMPTS, outputs(greedy["stock"][case]))
-    print(f"stock vLLM {case}: {lp}/48 log-prob bits differ from the lockstep trainer")
+    wrong, values, compared = entries_differing(models[case], case[1], PROMPTS, outputs(greedy["stock"][case], 1),
+                                                GREEDY_ALTERNATIVES)
+    print(f"stock vLLM {case}: {lp}/48 log-prob bits differ from the lockstep trainer; logprobs=N / prompt_logprobs: "
+          f"{values}/{compared} values, {wrong} positions")
     assert lp >= 40, f"{case}: only {lp}/48 differ with the plugin off"
+    assert values >= compared // 2, (values, compared)
 
 
 def test_scheduler_invariance_with_hook_proof(models, tmp_path):
@@ -211,8 +267,10 @@ def test_refusals_by_name(models, tmp_path):
     }
     refused_requests = {"min_p": dict(min_p=0.1), "penalties": dict(presence_penalty=0.5),
                         "penalties ": dict(frequency_penalty=0.5), "penalties  ": dict(repetition_penalty=1.2),
-                        "logit_bias": dict(logit_bias={3: 1.0}), "logprobs=2": dict(logprobs=2),
-                        "prompt_logprobs": dict(prompt_logprobs=1), "min_tokens": dict(min_tokens=2),
+                        "logit_bias": dict(logit_bias={3: 1.0}), "logprobs=-1": dict(logprobs=-1),
+                        "prompt_logprobs=-1": dict(prompt_logprobs=-1),
+                        "skip_reading_prefix_cache=False": dict(prompt_logprobs=1, skip_reading_prefix_cache=False),
+                        "min_tokens": dict(min_tokens=2),
                         "allowed_token_ids": dict(allowed_token_ids=[1, 2, 3]), "bad_words": dict(bad_words=["a"]),
                         "structured outputs": dict(structured_outputs=dict(choice=["a", "b"]))}
     runs = [dict(model=m, dtype=d, engine=e, batches=[]) for m, d, e in refused_engines.values()]
@@ -261,8 +319,8 @@ def test_async_llm_equals_trainer(models, tmp_path):
 @pytest.fixture(scope="module")
 def compiled(models, tmp_path_factory):
     """vLLM's default execution mode (torch.compile, enforce_eager=False; a fresh compile cache), one engine per
-    model and dtype in one process: the greedy prompts, then SAMPLED under processed_logprobs."""
-    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS, PROMPTS], sampling=[None, SAMPLED_PARAMS],
+    model and dtype in one process: the greedy prompts, then SAMPLED, then ALTERNATIVES, under processed_logprobs."""
+    runs = [dict(model=models[c], dtype=c[1], batches=[PROMPTS] * 3, sampling=[None, SAMPLED_PARAMS, ALTERNATIVES],
                  engine=dict(enforce_eager=False, logprobs_mode="processed_logprobs")) for c in CASES]
     return dict(zip(CASES, run_engines(tmp_path_factory.mktemp("compiled"), runs)))
 
@@ -279,6 +337,44 @@ def test_compiled_engine_equals_trainer(case, models, compiled, greedy):
     assert differing(path, dtype, PROMPTS, sampled, per_prompt=SAMPLED)[0] == 0
     assert finite(sampled)
     assert [o["tokens"] for o in sampled] == [o["tokens"] for o in outputs(greedy["lockstep"][case], 1)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_compiled_processed_alternatives_equal_the_trainers(case, models, compiled, greedy):
+    """ALTERNATIVES in the compiled engine under processed_logprobs: each sampled row's alternatives and values
+    under its own temperature / top-k / top-p (top_k=3 with 5 alternatives: the last two -inf, as the trainer
+    says); prompt positions at temperature 1 (vLLM's prompt tokens skip the sampling settings); the eager engine's
+    tokens."""
+    outs = outputs(compiled[case], 2)
+    wrong, values, compared = entries_differing(models[case], case[1], PROMPTS, outs, ALTERNATIVES, processed=True)
+    assert (wrong, values) == (0, 0) and compared > 500, (wrong, values, compared)
+    assert sum(b == tiny.bits(float("-inf")) for e in outs[1]["top"] for _, b, _ in e) >= 8  # 5 asked, top_k=3 kept
+    assert [o["tokens"] for o in outs] == [o["tokens"] for o in outputs(greedy["lockstep"][case], 2)]
+
+
+def test_prompt_logprobs_chunked_and_with_prefix_caching(models, tmp_path):
+    """prompt_logprobs with the prompt prefilled in 16-token chunks beside another request's decode rows, prefix
+    caching on: vLLM does not read cached blocks for such a request (its skip_reading_prefix_cache, so every prompt
+    position is computed; 0 cached tokens), while the same prompt without prompt_logprobs does hit (>= 64 cached:
+    the cache was there to read); and prefix caching off, whole prefills. Every entry is the trainer's."""
+    case = ("llama", "bfloat16")
+    path = models[case]
+    shared = PROMPTS[1][:64]
+    hit = [shared + [7, 8, 9], shared + [11, 12, 13, 14, 15]]
+    asks = [dict(max_tokens=8, temperature=0.0, logprobs=0), dict(max_tokens=8, temperature=0.0, logprobs=2,
+                                                                 prompt_logprobs=3)]
+    batch = [PROMPTS[0], hit[1]]  # the 5-token prompt decodes while the 69-token one is prefilled in chunks
+    runs = [dict(model=path, dtype=case[1], batches=[hit[:1], batch, hit[1:]], sampling=[None, asks, None],
+                 record_steps=True, engine=dict(enable_prefix_caching=True, max_num_batched_tokens=16)),
+            dict(model=path, dtype=case[1], batches=[batch], sampling=[asks], engine=dict(enable_prefix_caching=False))]
+    cached, uncached = run_engines(tmp_path, runs)
+    steps = cached["steps"]
+    assert steps["max_prefill_steps"] >= 3 and steps["mixed_steps"] >= 1, steps  # chunks beside decode rows
+    for name, res in (("prefix caching on, chunked", outputs(cached, 1)), ("prefix caching off", outputs(uncached))):
+        assert res[1]["cached"] == 0, (name, res[1]["cached"])
+        assert entries_differing(path, case[1], batch, res, asks)[:2] == (0, 0), name
+        assert differing(path, case[1], batch, res) == (0, 0), name
+    assert outputs(cached, 2)[0]["cached"] >= 64  # the same prompt, no prompt_logprobs: a hit
 
 
 @pytest.mark.parametrize("path_kind", ["reload_weights", "extension", "colocated"])

@@ -62,3 +62,44 @@ def trainer_logprobs(model, prompt: list[int], generated: list[int], temperature
         lp = lt.token_logprobs(model, hidden, torch.tensor(generated), temperature, top_k, top_p)
         greedy = model.lm_head(hidden).float().argmax(-1)
     return lp.view(torch.int32).tolist(), greedy.tolist()
+
+
+def trainer_entries(model, prompt: list[int], generated: list[int], top: int, top_prompt: int | None = None,
+                    temperature: float = 1.0, top_k=None, top_p=None) -> dict:
+    """What a lockstep trainer recomputes for vLLM's ``logprobs=top`` / ``prompt_logprobs=top_prompt`` entries, from
+    one teacher-forced forward of prompt + generated: per position, ``[token id, float32 bits, rank]`` in vLLM's dict
+    order (the position's own token first, then the top-N not already listed). Every value is ``lt.token_logprobs``
+    of that id (the generated positions under ``temperature`` / ``top_k`` / ``top_p``, -inf outside the kept set;
+    prompt positions at temperature 1). The top-N order, written out here over the whole vocabulary: the
+    patched LM head's score (``logits / temperature``, -inf outside the kept set) descending, then the
+    recorded log-prob descending, then the id; the rank of a position's own token counts the logits >= its own
+    (its position in the top-N if listed there, as vLLM's dict keeps the later rank)."""
+    from hal.integrations import transformers as lt
+    from hal.sampling import kept_set, sampling_scores
+    ids = torch.tensor([prompt + generated[:-1]])
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        logits = model.lm_head(hidden).float()
+
+    def entries(rows, targets, count, t, k, p):
+        h, lg, tg = hidden[rows], logits[rows], torch.tensor(targets)
+        scores = sampling_scores(lg, t)
+        kept = kept_set(scores, k, p) if (k or p) else torch.ones_like(scores, dtype=torch.bool)
+        every = torch.arange(VOCAB).expand(len(targets), VOCAB)
+        with torch.no_grad():
+            lp = lt.token_logprobs(model, h, torch.where(kept, every, tg.reshape(-1, 1)), t, k, p)
+        lp = lp.masked_fill(~kept, float("-inf"))
+        ranked = scores.masked_fill(~kept, float("-inf"))
+        out = []
+        for j, tok in enumerate(targets):
+            order = sorted(range(VOCAB), key=lambda v: (-ranked[j, v].item(), -lp[j, v].item(), v))[:count]
+            rank = {v: i + 1 for i, v in enumerate(order)}.get(tok, int((lg[j] >= lg[j, tok]).sum()))
+            b = lp[j].view(torch.int32).tolist()
+            out.append([[tok, b[tok], rank]] + [[v, b[v], i + 1] for i, v in enumerate(order) if v != tok])
+        return out
+
+    n = len(prompt)
+    res = dict(top=entries(list(range(n - 1, n - 1 + len(generated))), generated, top, temperature, top_k, top_p))
+    if top_prompt is not None:
+        res["prompt"] = entries(list(range(n - 1)), prompt[1:], top_prompt, 1.0, None, None)
+    return res

@@ -5,7 +5,9 @@
 * the layers (layers.py) through vLLM's out-of-tree registries; the unquantized linear methods' ``apply`` and
   ``process_weights_after_loading`` (vLLM-CPU has no linear registry); ``CPU_ATTN`` -> attention.py's backend;
   ``Sampler.forward`` -> sampler.py, and the seeded rows' generators around the model runner's
-  ``sample_tokens`` (a discarded prefill-chunk draw is never rewound with CUDA's ``set_offset``);
+  ``sample_tokens`` (a discarded prefill-chunk draw is never rewound with CUDA's ``set_offset``); the prompt
+  positions' log-probs (``prompt_logprobs``) through sampler.py's ``PromptScorer`` around the runner's
+  ``_get_prompt_logprobs_dict``;
 * the refusals, each naming the feature, before anything computes: the engine's configuration when it is
   built (:func:`check_config`, in the front end's ``EngineArgs.create_engine_config`` and again in the worker
   before the model loads), every module of the loaded model (:func:`audit_model`: a module lockstep does not
@@ -173,11 +175,15 @@ def check_request(params) -> None:
         problems.append(f"min_tokens={p.min_tokens}")
     if p.structured_outputs is not None:
         problems.append("structured outputs")
-    if p.logprobs not in (None, 0):
-        problems.append(f"logprobs={p.logprobs} (alternatives: lockstep records the sampled token's log-prob, "
-                        "logprobs=0)")
-    if p.prompt_logprobs is not None or p.prompt_logprob_token_ids is not None:
-        problems.append("prompt_logprobs (not served yet: compute reference log-probs with lt.token_logprobs)")
+    if p.logprobs is not None and p.logprobs < 0:
+        problems.append(f"logprobs={p.logprobs} (the full vocabulary; logprobs=N >= 0 is served)")
+    if p.prompt_logprobs is not None and p.prompt_logprobs < 0:
+        problems.append(f"prompt_logprobs={p.prompt_logprobs} (the full vocabulary; prompt_logprobs=N >= 0 is served)")
+    if p.prompt_logprobs is not None and p.skip_reading_prefix_cache is False:
+        problems.append("prompt_logprobs with skip_reading_prefix_cache=False (prompt positions read from the prefix "
+                        "cache are never computed, so vLLM would return undefined values for them)")
+    if p.prompt_logprob_token_ids is not None:
+        problems.append("prompt_logprob_token_ids")
     if p.logprob_token_ids:
         problems.append("logprob_token_ids")
     if p.thinking_token_budget is not None:
@@ -261,6 +267,15 @@ def install() -> None:
             return sample_tokens(self, *args, **kwargs)
 
     CPUModelRunner.sample_tokens = sample_tokens_sparing_generators
+
+    prompt_logprobs = CPUModelRunner._get_prompt_logprobs_dict
+
+    @functools.wraps(prompt_logprobs)
+    def lockstep_prompt_logprobs(self, *args, **kwargs):
+        with sampler.scoring_prompts(self):
+            return prompt_logprobs(self, *args, **kwargs)
+
+    CPUModelRunner._get_prompt_logprobs_dict = lockstep_prompt_logprobs
     CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
 
     def checking_weights(fn, when):

@@ -17,9 +17,13 @@ Per row (request) of the step:
 Recorded (``SamplingParams(logprobs=0)``): ``logprobs_mode="raw_logprobs"`` (vLLM's default) the
 temperature-1 full-vocabulary log-prob; ``"processed_logprobs"`` the log-prob under the distribution the row
 was sampled from (temperature, then renormalised over the kept set); a greedy row's processed value is its
-temperature-1 value. The rank vLLM returns beside it is ``1 + #tokens whose lockstep logit is >= the token's``
-(ties counted, as vLLM counts). Everything a row's recorded bits cannot follow is refused by name at
-request admission (plugin.py); what reaches this sampler unrefused raises here rather than be ignored.
+temperature-1 value. The rank vLLM returns beside it is the number of tokens whose lockstep logit is >= the
+token's (itself and its ties counted, as vLLM counts). ``logprobs=N``: the row's N alternatives and their values
+under the same distribution, :func:`hal.sampling.top_logprobs` (ordered by lockstep's score -- the logits, or
+under processed_logprobs the scores the row was drawn from, -inf outside its kept set --, then the recorded value,
+then the token id; a token outside the kept set: -inf). ``prompt_logprobs=N``: :class:`PromptScorer`, the same
+function at temperature 1 for each prompt position. Everything a row's recorded bits cannot follow is refused by
+name at request admission (plugin.py); what reaches this sampler unrefused raises here rather than be ignored.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import numpy as np
 import torch
 
 from ...errors import UnsupportedError
-from ...sampling import Sampling, kept_set, recorded_logprobs, sampling_scores
+from ...sampling import Sampling, kept_set, sampling_scores, top_logprobs
 from .layers import HIDDEN
 
 from vllm.v1.outputs import LogprobsTensors, SamplerOutput
@@ -52,8 +56,8 @@ def _refuse_unsupported(md) -> None:
     holder = md.thinking_budget_state_holder
     if holder is not None and holder.has_tracked_requests():
         problems.append("thinking_token_budget")
-    if md.max_num_logprobs is not None and md.max_num_logprobs != 0:
-        problems.append(f"logprobs={md.max_num_logprobs} (alternatives)")
+    if md.max_num_logprobs is not None and md.max_num_logprobs < 0:
+        problems.append(f"logprobs={md.max_num_logprobs} (the full vocabulary)")
     if problems:
         raise UnsupportedError("lockstep's vLLM sampler does not support " + ", ".join(problems))
 
@@ -119,12 +123,53 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
         plans.append((s, scores))
     logprobs_tensors = None
     if md.max_num_logprobs is not None:
-        recorded = torch.empty(n, dtype=torch.float32)
+        top = md.max_num_logprobs  # the batch's largest N; vLLM keeps each request's first 1 + N columns
+        ids = torch.empty(n, 1 + top, dtype=torch.int64)
+        recorded = torch.empty(n, 1 + top, dtype=torch.float32)
+        ids[:, 0] = tokens
         for i, (s, scores) in enumerate(plans):
             if mode == "raw_logprobs" or scores is None:
-                s, scores = Sampling(), None  # temperature 1, full vocabulary
-            recorded[i] = recorded_logprobs(head, hidden[i:i + 1], tokens[i:i + 1], s, scores=scores)[0]
-        raw = logits.float()
-        ranks = (raw >= raw.gather(1, tokens.reshape(-1, 1))).sum(-1)
-        logprobs_tensors = LogprobsTensors(tokens.reshape(-1, 1).to(torch.int32), recorded.reshape(-1, 1), ranks)
+                s, scores = Sampling(), logits[i:i + 1].float()  # temperature 1, full vocabulary
+            recorded[i, 0], ids[i, 1:], recorded[i, 1:] = (
+                x[0] for x in top_logprobs(head, hidden[i:i + 1], tokens[i:i + 1], top, s, scores=scores))
+        logprobs_tensors = LogprobsTensors(ids.to(torch.int32), recorded, rank_of(logits, tokens))
     return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=logprobs_tensors)
+
+
+def rank_of(logits, tokens):
+    """vLLM's rank of each row's token: the number of tokens whose lockstep logit is >= its own (itself and
+    its ties included, as vLLM counts)."""
+    raw = logits.float()
+    return (raw >= raw.gather(1, tokens.reshape(-1, 1).to(torch.int64))).sum(-1)
+
+
+class PromptScorer:
+    """Stands in for the sampler while vLLM's model runner scores prompt positions (``prompt_logprobs``;
+    :func:`scoring_prompts`). The runner asks ``compute_logprobs(logits)`` for a full-vocabulary log-softmax,
+    then ``gather_logprobs(that, N, next prompt tokens)``; here the logits pass through untouched, and
+    ``gather_logprobs`` scores each position from the hidden row its logits came from: the temperature-1
+    full-vocabulary value (prompt positions skip the sampling settings, as in vLLM) and its N alternatives,
+    :func:`hal.sampling.top_logprobs` as for sampled tokens."""
+
+    @staticmethod
+    def compute_logprobs(logits):
+        return logits
+
+    @staticmethod
+    def gather_logprobs(logits, num_logprobs, token_ids):
+        hidden, head = HIDDEN.find(logits)
+        lp, top_ids, top_lp = top_logprobs(head, hidden, token_ids, num_logprobs, Sampling(), scores=logits.float())
+        return LogprobsTensors(torch.cat([token_ids.reshape(-1, 1), top_ids], 1).to(torch.int32),
+                               torch.cat([lp.reshape(-1, 1), top_lp], 1), rank_of(logits, token_ids))
+
+
+@contextlib.contextmanager
+def scoring_prompts(runner):
+    """Around the model runner's ``_get_prompt_logprobs_dict``: its sampler is :class:`PromptScorer` for the
+    call (vLLM's own bookkeeping of chunks, preempted requests and which positions remain is kept)."""
+    sampler = runner.sampler
+    runner.sampler = PromptScorer()
+    try:
+        yield
+    finally:
+        runner.sampler = sampler
