@@ -511,6 +511,23 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                     build_chunk, flops=2.0 * 5 * t_gdn * HV * d * d,
                     stock_name="transformers torch_chunk_gated_delta_rule"))
 
+    def build_chunk_chains(seed):  # the row above with the products as explicit fma chains (the path before)
+        from hal.kernels.triton import gated_delta_rule as tri_gdn
+        ours, stock, tensors = build_chunk(seed)
+
+        def chains():  # read at each call; not via launch_path: its replay would call the backend with it back on
+            saved, tri_gdn.FMA_DOT_PRODUCTS = tri_gdn.FMA_DOT_PRODUCTS, False
+            try:
+                return ours()
+            finally:
+                tri_gdn.FMA_DOT_PRODUCTS = saved
+        return chains, stock, tensors
+    # old vs new (issue 41 item 1): gated_delta_rule.FMA_DOT_PRODUCTS off; the row above runs the FMA-dot products
+    out.append(Case(f"gdn_chunked/strict/T{t_gdn}/fma_chains", "gdn_chunked", "strict",
+                    f"B1 T{t_gdn} H{H}/{HV} d{d} bf16, products as fma chains", build_chunk_chains,
+                    flops=2.0 * 5 * t_gdn * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule",
+                    via_launch_path=False))
+
     for T in s.attn_T:
         for policy in ("strict", "fast"):
             def build(seed, T=T, policy=policy):

@@ -72,3 +72,27 @@ def test_lm_head_dot_tile_is_64_step_fma_chains_without_spill():
     assert lint.lint(case, "sm90") == [] and lint.dot_chain_problems(compiled.asm["ptx"], 64) == []
     p = profile(compiled)
     assert not p.stack and p.async_copies and p.shared_bytes <= 227 * 1024, p
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", ["gdn.chunked", "gdn.chunked.decode"])
+def test_gdn_chunked_products_are_dtp_step_fma_chains(name):
+    # the GDN chunked products (gated_delta_rule._products_fma_dot): 4 fp32 ieee dots from zero accumulators, linted in
+    # full (the state update chains from S0 * gamma, explicit fma, not from +0.0); its AMD variant holds no dot
+    import re
+    from hal.kernels.checks import lint
+    case = _case(name)
+    assert case.constexprs["FMA_DOT"] and lint.lint(case, "sm90") == []
+    compiled = lint.compile_case(case, "sm90")
+    ttir, ptx = compiled.asm["ttir"], compiled.asm["ptx"]
+    assert ttir.count("tt.dot") == 4 and lint.dot_chain_problems(ptx, case.constexprs["DTP"]) == []
+    assert lint.dot_chain_problems(ptx, 32) != []  # chains of another length are flagged
+    hip = _case(f"{name}[hip]")
+    assert not hip.constexprs["FMA_DOT"] and lint.lint(hip, "sm90") == []
+    assert "tt.dot" not in lint.compile_case(hip, "sm90").asm["ttir"]
+    # negative controls on this kernel's own TTIR: its dots where none may be (AMD / Ascend), and a dot whose
+    # accumulator is not the zero constant (one chain across tiles)
+    assert any("variant without FMA dots" in p for p in lint.ttir_problems(ttir, False, dots_allowed=False))
+    chained = re.sub(r"(tt\.dot\s+%[\w#]+,\s*%[\w#]+,\s*)%[\w#]+", r"\1%running_total", ttir, count=1)
+    assert lint.ttir_problems(ttir, False) == []
+    assert any("non-zero accumulator %running_total" in p for p in lint.ttir_problems(chained, False))

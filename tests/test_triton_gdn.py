@@ -33,3 +33,11 @@ def test_negative_control_restarted_chunk_grid_is_caught():
 
 def test_gating_and_conv1d_bits_equal_reference():
     run_checks("gdn-layer")
+
+
+def test_chunked_products_as_fma_dots_bits_equal_reference():
+    # issue 41 item 1: the d_k products as strict dot tiles and as explicit chains (the switch off), same bits;
+    # the two-rounding stand-in in place of the strict dot is caught (the dots ran) and changes nothing with the
+    # switch off (the chains ran)
+    out = run_checks("gdn-fma-dot")
+    assert out.count("wrong variant caught") == 2 and out.count("outputs identical") == 6, out

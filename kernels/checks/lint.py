@@ -95,10 +95,14 @@ def fma_chains(ptx: str) -> list[int]:
 def _dot_steps(case) -> set[int] | None:
     """The K lanes of an FMA-dot kernel's chains: matmul's K tile (KTP); attention's head-dim tile (DTP) for the scores
     and its key block (KB) for P.V and l (attention_kernel._scores_fma_dot / _block_fma_dot; each chain split over
-    dots of DK lanes, each from the last one's accumulator, is still one chain of DTP / KB steps from +0.0)."""
+    dots of DK lanes, each from the last one's accumulator, is still one chain of DTP / KB steps from +0.0); the GDN
+    chunked kernel's d_k tile (DTP, no KB: gated_delta_rule._products_fma_dot; its state update chains from
+    S0 * gamma, not from +0.0, and stays explicit fma)."""
     c = case.constexprs
     if "KTP" in c:
         return {c["KTP"]}
+    if "DTP" in c and c.get("FMA_DOT") and "KB" not in c:
+        return {c["DTP"]}
     if "DTP" in c and c.get("FMA_DOT"):
         # KB + 1: the spec's block update fma(acc, alpha, acc_blk) takes the P.V chain as its addend (one step, where
         # the layouts of acc and acc_blk agree); a dot chained across key blocks would be 2 KB long

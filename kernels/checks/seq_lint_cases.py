@@ -55,12 +55,14 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
         # full chunks: 16 columns on 8 warps (gated_delta_rule._full_chunk_tiles)
+        # the d_k products as fp32 ieee dots on NVIDIA (gated_delta_rule._fma_dot_products); AMD / Ascend: the chains
         ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
          dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64 if npu else 16, DT=64, WANT_FINAL=True, RT=64,
-              STAGES=1)),
+              STAGES=1, FMA_DOT=not npu, DTP=64)),
         # a decode step into the open chunk: rows on a 16-row tile (gated_delta_rule._row_tile)
         ("gdn.chunked.decode", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
-         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=16, STAGES=3)),
+         dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=16, STAGES=3,
+              FMA_DOT=not npu, DTP=64)),
         ("gdn.state_copy", G._state_copy_kernel, {"n": i32}, dict(BLOCK=1024)),
         ("gdn.prep", G._prep_kernel, {"X": "*bf16", "n_rows": i32, "scale": "fp32"},
          dict(L2=True, SCALE=True, DK=128, BT=16, BDK=128, DT=64)),
@@ -75,7 +77,10 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             continue
         consts = dict(consts, NPU=npu)
         sig = {k: v for k, v in _sig(fn, dict(types, **grid), "*fp32").items() if k not in consts}
-        out.append(KernelCase(name, fn, sig, consts, num_warps=8 if name == "gdn.chunked" and not npu else None))
+        warps = 8 if name == "gdn.chunked" and not npu else None
+        out.append(KernelCase(name, fn, sig, consts, num_warps=warps))
+        if full and consts.get("FMA_DOT"):  # the AMD variant (explicit chains): no tt.dot may remain
+            out.append(KernelCase(f"{name}[hip]", fn, sig, dict(consts, FMA_DOT=False), num_warps=warps))
     return out
 
 

@@ -20,6 +20,9 @@ form, d_v tiles sized for the unified buffer: ``_block_dv``).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -27,10 +30,26 @@ import triton.language as tl
 from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import ascend_launch, common, strict_math as sm
-from .launch import cdiv, float32_value, launch, next_power_of_2
+from .interpreter_dot import strict_dot
+from .launch import cdiv, float32_value, fma_dot, launch, next_power_of_2
 
 F32 = torch.float32
 EPS_L2 = 1e-6
+
+
+def _env_switch(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1 (the gated delta rule's chunked products), got {value!r}")
+    return value == "1"
+
+
+#: The chunked kernel's d_k products (KK, QK, S0^T k, S0^T qs) as float32 ``ieee`` tl.dot tiles where launch.fma_dot
+#: allows (NVIDIA, and the interpreter's strict stand-in) and the row tile has >= 16 rows; off: the explicit fma
+#: chains (the same bits; the path before issue 41 item 1). ``LOCKSTEP_GDN_FMA_DOT=0`` at import turns it off; the
+#: attribute is read at each call (benchmarks/gpu_perf.py measures one path against the other in one run).
+FMA_DOT_PRODUCTS = _env_switch("LOCKSTEP_GDN_FMA_DOT", "1")
+
 EPS = tl.constexpr(9.999999974752427e-07)  # float32(1e-6), exact
 
 
@@ -165,26 +184,107 @@ def _serial_item(QS, KN, V, G, B, S, O, LEN, lmax, n, hv, dv_tile, H: tl.constex
 # ------------------------------------------------------------------ chunked
 
 
+@triton.jit
+def _products_fma(QR, KR, S, qk, s_base, dv, dm, DK: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+                  DT: tl.constexpr, RT: tl.constexpr, STAGES: tl.constexpr):
+    """KK = K K^T, QK = Qs K^T [RT, RT], W = S0^T k, Y = S0^T qs [RT, BDV] of a chunk's rows (qk: their row offsets)
+    as the spec's tiled chains over d_k, one explicit fma per step (AMD, Ascend, row tiles under 16, and
+    ``FMA_DOT_PRODUCTS`` off): in a tile a chain from +0.0 over exactly its valid d, tile partials added in order
+    from +0.0."""
+    KK = tl.zeros([RT, RT], tl.float32)
+    QK = tl.zeros([RT, RT], tl.float32)
+    W = tl.zeros([RT, BDV], tl.float32)
+    Y = tl.zeros([RT, BDV], tl.float32)
+    for t0 in range(0, DK, DT):
+        pkk = tl.zeros([RT, RT], tl.float32)
+        pqk = tl.zeros([RT, RT], tl.float32)
+        pw = tl.zeros([RT, BDV], tl.float32)
+        py = tl.zeros([RT, BDV], tl.float32)
+        for d in tl.range(t0, tl.minimum(t0 + DT, DK), num_stages=STAGES):
+            kd = tl.load(KR + qk + d)
+            qd = tl.load(QR + qk + d)
+            s0d = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0)
+            pkk = tl.fma(kd[:, None], kd[None, :], pkk)
+            pqk = tl.fma(qd[:, None], kd[None, :], pqk)
+            pw = tl.fma(kd[:, None], s0d[None, :], pw)
+            py = tl.fma(qd[:, None], s0d[None, :], py)
+        KK = KK + pkk
+        QK = QK + pqk
+        W = W + pw
+        Y = Y + py
+    return KK, QK, W, Y
+
+
+@triton.jit
+def _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+                      DT: tl.constexpr, DTP: tl.constexpr, RT: tl.constexpr, STAGES: tl.constexpr):
+    """:func:`_products_fma`'s bits with one float32 ``ieee`` tl.dot per d_k tile and product (NVIDIA: an fma chain
+    per output over d in order from the zero accumulator; launch.fma_dot). A tile is DTP >= DT lanes (a power of
+    two, >= 16 for tl.dot); a lane past the tile or past DK is a padded step, which adds a product equal to -0.0:
+    the row operand (k or qs rows, [RT, DTP]) is -0.0 there (sm.neg_zero_where), the column operand (k^T, S0 rows,
+    [DTP, *]) +0.0, and fma(-0, +0, c) = c for every c. Tile partials are added in tile order from +0.0 by
+    tl.fma(part, 1.0, total): total + part rounded once, not an addf Triton could fold into the next dot's
+    accumulator. (Rows of the tile past the chunk's present rows read the zeros the host lays out there and feed
+    nothing: rows are independent in every product.) One loop per product: with all four dots in one loop the
+    operands live at once spilled 0.9 KB per thread at C = 64 (Triton 3.6 and 3.9; docs/gated_delta_rule.md)."""
+    KK = tl.zeros([RT, RT], tl.float32)
+    QK = tl.zeros([RT, RT], tl.float32)
+    W = tl.zeros([RT, BDV], tl.float32)
+    Y = tl.zeros([RT, BDV], tl.float32)
+    lane = tl.arange(0, DTP)
+    for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # KK
+        d = t0 + lane
+        d_ok = (lane < DT) & (d < DK)
+        k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)   # [RT, DTP], +0.0 padded
+        k_row = sm.neg_zero_where(d_ok[None, :], k_col)                                  # -0.0 padded
+        KK = tl.fma(tl.dot(k_row, tl.trans(k_col), tl.zeros([RT, RT], tl.float32), input_precision="ieee"), 1.0, KK)
+    for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # QK
+        d = t0 + lane
+        d_ok = (lane < DT) & (d < DK)
+        k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
+        q_row = sm.neg_zero_where(d_ok[None, :], tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+        QK = tl.fma(tl.dot(q_row, tl.trans(k_col), tl.zeros([RT, RT], tl.float32), input_precision="ieee"), 1.0, QK)
+    for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # W
+        d = t0 + lane
+        d_ok = (lane < DT) & (d < DK)
+        k_row = sm.neg_zero_where(d_ok[None, :], tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+        s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
+                     other=0.0)                                                          # [DTP, BDV], +0.0 padded
+        W = tl.fma(tl.dot(k_row, s0, tl.zeros([RT, BDV], tl.float32), input_precision="ieee"), 1.0, W)
+    for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # Y
+        d = t0 + lane
+        d_ok = (lane < DT) & (d < DK)
+        q_row = sm.neg_zero_where(d_ok[None, :], tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+        s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
+                     other=0.0)
+        Y = tl.fma(tl.dot(q_row, s0, tl.zeros([RT, BDV], tl.float32), input_precision="ieee"), 1.0, Y)
+    return KK, QK, W, Y
+
+
 @triton.jit(do_not_specialize=["n_rows", "lmax", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
 def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n_work, n1, n2,
                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                     BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
-                    RT: tl.constexpr, STAGES: tl.constexpr, NPU: tl.constexpr):
+                    RT: tl.constexpr, STAGES: tl.constexpr, NPU: tl.constexpr, FMA_DOT: tl.constexpr = False,
+                    DTP: tl.constexpr = 16):
     """QR, KR [N, R, H, DK]; VR [N, R, HV, DV]; GR, BR [N, R, HV] (rows from the last chunk boundary);
     S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV].
     RT: rows per register tile, C unless the host knows every sequence ends inside its first RT rows
-    (decode steps: ``_row_tile``). STAGES: software-pipeline depth of the d_k loop (1: none; ``_stages``)."""
+    (decode steps: ``_row_tile``). STAGES: software-pipeline depth of the d_k loop (1: none; ``_stages``).
+    FMA_DOT: the d_k products as float32 ieee dots over DTP-lane tiles (``_products_fma_dot``; ``_fma_dot_products``),
+    else explicit fma chains (AMD, Ascend)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
                       item // (n1 * n2), (item // n2) % n1, item % n2, H, HV, DK, DV, C, BDK, BDV, DT, WANT_FINAL,
-                      RT, STAGES)
+                      RT, STAGES, FMA_DOT, DTP, NPU)
 
 
 @triton.jit
 def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n, hv, dv_tile,
                   H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                   BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
-                  RT: tl.constexpr, STAGES: tl.constexpr):
+                  RT: tl.constexpr, STAGES: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr,
+                  NPU: tl.constexpr):
     """The chunked form for sequence n, value head hv, d_v tile dv_tile (one work item).
 
     Row i reads rows <= i only, so the serial loops over rows stop at the chunk's last present row
@@ -205,6 +305,13 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
         row = n.to(tl.int64) * n_rows + a + ri              # [RT] global row ids of this chunk
         qk = (row * H + h) * DK
         gv = row * HV + hv
+        # KK, QK [C, C] and W = S0^T k, Y = S0^T qs [C, BDV]: tiled chains over d_k
+        if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit)
+            KK, QK, W, Y = _products_fma(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, RT, STAGES)
+        elif FMA_DOT:  # NVIDIA (and the interpreter's strict stand-in): fp32 ieee dots, an fma chain each
+            KK, QK, W, Y = _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, DTP, RT, STAGES)
+        else:  # AMD, row tiles under 16, the switch off: the explicit chains
+            KK, QK, W, Y = _products_fma(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, RT, STAGES)
         # log-decay chains from row i downward: A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
         A = tl.zeros([RT, RT], tl.float32)
         Gm = tl.zeros([RT], tl.float32)
@@ -215,28 +322,6 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
             Gm = tl.where(ok, Gm + gd, Gm)
         F = sm.exp(A)
         gamma = sm.exp(Gm)
-        # KK, QK [C, C] and W = S0^T k, Y = S0^T qs [C, BDV]: tiled chains over d_k
-        KK = tl.zeros([RT, RT], tl.float32)
-        QK = tl.zeros([RT, RT], tl.float32)
-        W = tl.zeros([RT, BDV], tl.float32)
-        Y = tl.zeros([RT, BDV], tl.float32)
-        for t0 in range(0, DK, DT):
-            pkk = tl.zeros([RT, RT], tl.float32)
-            pqk = tl.zeros([RT, RT], tl.float32)
-            pw = tl.zeros([RT, BDV], tl.float32)
-            py = tl.zeros([RT, BDV], tl.float32)
-            for d in tl.range(t0, tl.minimum(t0 + DT, DK), num_stages=STAGES):
-                kd = tl.load(KR + qk + d)
-                qd = tl.load(QR + qk + d)
-                s0d = tl.load(S + s_base + d * DV + dv, mask=dm, other=0.0)
-                pkk = tl.fma(kd[:, None], kd[None, :], pkk)
-                pqk = tl.fma(qd[:, None], kd[None, :], pqk)
-                pw = tl.fma(kd[:, None], s0d[None, :], pw)
-                py = tl.fma(qd[:, None], s0d[None, :], py)
-            KK = KK + pkk
-            QK = QK + pqk
-            W = W + pw
-            Y = Y + py
         coef = F * KK
         P = tl.where(ri[:, None] == ri[None, :], QK, F * QK)
         vt = tl.load(VR + gv[:, None] * DV + dv[None, :], mask=dm[None, :], other=0.0)
@@ -329,6 +414,12 @@ def _full_chunk_tiles(bdv: int):
     return min(bdv, 16), dict(num_warps=8)
 
 
+def _fma_dot_products(rt: int) -> bool:
+    """The chunked kernel's products as FMA-dot tiles (``FMA_DOT_PRODUCTS``): tl.dot takes >= 16 rows (RT >= 16; a
+    chunk under 16 rows keeps the chains) and >= 16 columns (the host pads BDV to 16: columns are independent)."""
+    return FMA_DOT_PRODUCTS and rt >= 16 and fma_dot()
+
+
 def _stages(rt: int, C: int) -> int:
     """Pipeline depth of the chunked kernel's d_k loop: only the row tiles below C pipeline it; at C = 64 the
     pipelined loop spills more under Triton 3.6 (stack 1160 -> 3880 B per thread; docs/gated_delta_rule.md)."""
@@ -388,10 +479,15 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         # every work item stores its final state (each sequence has a last chunk): no copy of S needed
         fin = torch.empty_like(S) if want_final else S
         bdv_c, warps = _full_chunk_tiles(bdv) if rt == C and not ascend_launch.active() else (bdv, {})
+        dot = _fma_dot_products(rt)
+        bdv_c = max(16, bdv_c) if dot else bdv_c  # a dot's tile has >= 16 columns (past d_v: masked)
         if n and n_chunks:
-            launch(_chunked_kernel, (n, hv, cdiv(dv, bdv_c)), qr, kr, vr, gr, br, S, fin, o, opened, total, R, lmax,
-                   H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk), BDV=bdv_c, DT=t,
-                   WANT_FINAL=bool(want_final), RT=rt, STAGES=_stages(rt, C), persistent=True, **warps)
+            with strict_dot() if dot else contextlib.nullcontext():
+                launch(_chunked_kernel, (n, hv, cdiv(dv, bdv_c)), qr, kr, vr, gr, br, S, fin, o, opened, total, R,
+                       lmax, H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk),
+                       BDV=bdv_c, DT=t, WANT_FINAL=bool(want_final), RT=rt,
+                       STAGES=_stages(rt, C), FMA_DOT=dot, DTP=max(16, next_power_of_2(min(t, dk))), persistent=True,
+                       **warps)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)
     # the strict policy's last step: one NaN pattern per dtype in the output and every state part (S and the

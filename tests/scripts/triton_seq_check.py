@@ -29,6 +29,7 @@ from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import attention_kernel as tri_kernel  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn, gdn_layer as tri_layer  # noqa: E402
+from hal.kernels.triton import interpreter_dot  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
 from _variants import dropped_last_work_item, kernel_variant  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
@@ -373,6 +374,47 @@ def gdn_chunked_decode():
     assert tiles == [16, 16, 64, 32], tiles  # the row-tile sizes this check means to cross
 
 
+@contextlib.contextmanager
+def _gdn_products(fma_dot: bool, two_roundings: bool = False):
+    """The chunked kernel's products as FMA dots or explicit chains (gated_delta_rule.FMA_DOT_PRODUCTS); with
+    two_roundings, the interpreter's strict dot replaced by the fast kernels' stand-in (product rounded, then added)."""
+    saved, strict = tri_gdn.FMA_DOT_PRODUCTS, interpreter_dot._fma_chain_dot
+    tri_gdn.FMA_DOT_PRODUCTS = fma_dot
+    if two_roundings:
+        interpreter_dot._fma_chain_dot = interpreter_dot._chain_dot
+    try:
+        yield
+    finally:
+        tri_gdn.FMA_DOT_PRODUCTS, interpreter_dot._fma_chain_dot = saved, strict
+
+
+def gdn_fma_dot():
+    """The chunked products as float32 ieee dot tiles (issue 41 item 1): d_k = 12 on dk_tile 8 (16 dot lanes: the
+    first tile 8 padded lanes, the second 12), d_v = 10 (the dot's 16 columns, 6 masked), row tiles 16 (C = 16)
+    and 64 (C = 64, full chunks), from a random initial state (S0 products). Both the dot tiles and the explicit
+    chains (the switch off) give the reference's bits; controls: the fast kernels' two-rounding stand-in in place
+    of the strict dot is caught (the dots did run), and with the switch off it changes nothing (the chains ran)."""
+    dt, h, hv, dk, dv, l2 = GDN_CASES[0]
+    if not tri_gdn._fma_dot_products(16):
+        FAILED.append("gdn-fma-dot")
+        print("gdn-fma-dot: FAIL the chunked products do not run as FMA dots here", flush=True)
+        return
+    for i, (chunk, lens) in enumerate(((16, (21, 3, 9)), (64, (70, 1, 64)))):
+        spec = GatedDeltaRuleSpec(variant="chunked", chunk=chunk, dk_tile=8)
+        rnd = _gen(70 + i)
+        x, cu = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, lens)
+        parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), rnd(3, hv, dk, dv, scale=0.1), None, None, None, None,
+                              None)
+        o1, p1 = ref_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
+        want = [("o", o1), ("S", p1.S), ("final", p1.final)]
+        for label, dot, two in (("dots", True, False), ("chains", False, False), ("chains-two-rounding-dot", False, True),
+                                ("dots-two-rounding-control", True, True)):
+            with _gdn_products(dot, two):
+                o2, p2 = tri_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
+            pairs = [(n, e, g) for (n, e), g in zip(want, (o2, p2.S, p2.final))]
+            (_differs if label.endswith("control") else _same)(f"gdn-fma-dot-{label}[C={chunk},{dt}]", pairs)
+
+
 def gdn_negative():
     """A chunk grid restarting at the call start (open rows dropped): the continuation check catches it."""
     dt, h, hv, dk, dv, l2 = GDN_CASES[1]
@@ -426,8 +468,8 @@ def persistent_negative():
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
                                                      attn_gqa_negative, attn_vector, attn_vector_keys_first,
-                                                     attn_vector_negative, gdn_serial,
-                                                     gdn_chunked, gdn_chunked_decode, gdn_negative, gdn_layer, persistent_negative)}
+                                                     attn_vector_negative, gdn_serial, gdn_chunked, gdn_chunked_decode,
+                                                     gdn_fma_dot, gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem
