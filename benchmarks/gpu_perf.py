@@ -318,8 +318,8 @@ def sdpa(q, k, v, causal):
 
 def _with_constants(module, fn: Callable, constants: dict) -> Callable:
     """fn run with module constants of a kernel module set, restored after: an earlier kernel path kept selectable,
-    for an old-vs-new row pair. The launchers read them at each call, so a graph capture of the thunk records the
-    chosen path's launches."""
+    for an old-vs-new row pair. The launchers read them at each call; ``launch_path_of`` wraps a row's replay the
+    same way, so the replay (and a graph capture of it) runs the chosen path, not the default."""
     def run():
         saved = {k: getattr(module, k) for k in constants}
         for k, v in constants.items():
@@ -329,7 +329,22 @@ def _with_constants(module, fn: Callable, constants: dict) -> Callable:
         finally:
             for k, v in saved.items():
                 setattr(module, k, v)
+    run.constants = (module, constants)
     return run
+
+
+def launch_path_of(case: "Case", ours: Callable) -> tuple[Callable, object]:
+    """(the thunk to time, the eager call's result) of one input set: the backend calls ``ours`` made, replayed
+    (``launch_path``), with the module constants ``ours`` was run under set again around the replay; or ``ours``
+    itself when the row is not timed through its launch path."""
+    from hal.backends.triton import launch_path
+    if not case.via_launch_path:
+        return ours, ours()
+    path, result = launch_path(ours)
+    if hasattr(ours, "constants"):
+        module, constants = ours.constants
+        path = _with_constants(module, path, constants)
+    return path, result
 
 
 def _selected(fn: Callable, selectors: dict) -> Callable:
@@ -514,19 +529,11 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     def build_chunk_chains(seed):  # the row above with the products as explicit fma chains (the path before)
         from hal.kernels.triton import gated_delta_rule as tri_gdn
         ours, stock, tensors = build_chunk(seed)
-
-        def chains():  # read at each call; not via launch_path: its replay would call the backend with it back on
-            saved, tri_gdn.FMA_DOT_PRODUCTS = tri_gdn.FMA_DOT_PRODUCTS, False
-            try:
-                return ours()
-            finally:
-                tri_gdn.FMA_DOT_PRODUCTS = saved
-        return chains, stock, tensors
+        return _with_constants(tri_gdn, ours, dict(FMA_DOT_PRODUCTS=False)), stock, tensors
     # old vs new (issue 41 item 1): gated_delta_rule.FMA_DOT_PRODUCTS off; the row above runs the FMA-dot products
     out.append(Case(f"gdn_chunked/strict/T{t_gdn}/fma_chains", "gdn_chunked", "strict",
                     f"B1 T{t_gdn} H{H}/{HV} d{d} bf16, products as fma chains", build_chunk_chains,
-                    flops=2.0 * 5 * t_gdn * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule",
-                    via_launch_path=False))
+                    flops=2.0 * 5 * t_gdn * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule"))
 
     for T in s.attn_T:
         for policy in ("strict", "fast"):
@@ -684,17 +691,12 @@ def _n_sets(bytes_per_call: int, cuda: bool, flops: float, ceil: dict) -> int:
 
 
 def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
-    from hal.backends.triton import launch_path
     cuda = args.cuda
     row = {"id": case.id, "op": case.op, "policy": case.policy, "shape": case.shape, "stock": case.stock_name}
     t0 = time.perf_counter()
     ours0, stock0, tensors0 = case.build(0)
     with Launches(sass=cuda) as log:  # the kernels this call launches: the ones its launch path repeats
-        if case.via_launch_path:
-            path0, eager0 = launch_path(ours0)  # the eager call: validation and the kernels' compiles
-        else:
-            eager0 = ours0()
-            path0 = ours0
+        path0, eager0 = launch_path_of(case, ours0)  # the eager call: validation and the kernels' compiles
         clock.sync()
     row["first_call_s"] = time.perf_counter() - t0
     nbytes = _nbytes(tensors0) + _nbytes(_tensors(eager0))
@@ -703,10 +705,7 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
     sets = [(ours0, stock0, path0, eager0)]
     for i in range(1, n):
         o, st, _ = case.build(i)
-        if case.via_launch_path:
-            p, e = launch_path(o)
-        else:
-            p, e = o, o()
+        p, e = launch_path_of(case, o)
         sets.append((o, st, p, e))
     row["sets"], row["touched_MB"] = n, n * nbytes / 1e6
     kernels = log.items
@@ -803,7 +802,6 @@ def _device_us(evt) -> float:
 
 def stage_profile(args, out: Out, deadline: float) -> None:
     from torch.profiler import ProfilerActivity, profile
-    from hal.backends.triton import launch_path
     by_id = {c.id: c for c in cases(args.shapes, args.device)}
     worst = _worst(out, args.profile_rows)
     if not worst:
@@ -817,7 +815,7 @@ def stage_profile(args, out: Out, deadline: float) -> None:
         case = by_id.get(r["id"])
         try:
             ours, _, _ = case.build(0)
-            path, _ = launch_path(ours) if case.via_launch_path else (ours, ours())
+            path, _ = launch_path_of(case, ours)
             if args.cuda:  # warm (the eager call compiled)
                 path()
                 torch.cuda.synchronize()
@@ -1044,12 +1042,11 @@ def stage_summary(args, out: Out, deadline: float) -> None:
 def run_case(args) -> int:
     """The ncu target: each named case's lockstep call, eagerly through its launch path, then one replay of it
     (no timing)."""
-    from hal.backends.triton import launch_path
     by_id = {c.id: c for c in cases(args.shapes, args.device)}
     for case_id in args.run_case:
         case = by_id[case_id]
         ours, _, _ = case.build(0)
-        path, _ = launch_path(ours) if case.via_launch_path else (ours, ours())
+        path, _ = launch_path_of(case, ours)
         if args.cuda:
             path()
             torch.cuda.synchronize()

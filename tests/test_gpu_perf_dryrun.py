@@ -141,3 +141,28 @@ def test_launch_record_reads_sass_of_a_compiled_kernel():
     no_cubin = type("Compiled", (), {"asm": {}})()
     rec = Launches(sass=True).describe(type("Fn", (), {"__name__": "x"})(), "g", no_cubin, 0.0)
     assert rec["sass"].startswith("unavailable: KeyError") and rec["grid"] == "callable" and rec["n_regs"] is None
+
+
+def test_an_old_path_row_replays_with_its_constants_set(monkeypatch):
+    """An old-vs-new row's timed thunk is a replay of the backend calls (launch_path), run after the row's thunk
+    has restored the kernel module's constants: the replay must set them again, or both rows time the default
+    path (negative control: the bare replay sees the default)."""
+    import types
+
+    from benchmarks import gpu_perf
+    from hal.backends import triton as tri_backend
+    module = types.SimpleNamespace(PATH="new")
+    seen = []
+
+    def fake_launch_path(call):
+        result = call()
+        return (lambda: seen.append(module.PATH)), result
+    monkeypatch.setattr(tri_backend, "launch_path", fake_launch_path)
+    ours = gpu_perf._with_constants(module, lambda: module.PATH, dict(PATH="old"))
+    case = gpu_perf.Case("x/old", "x", "strict", "", build=None)
+    path, eager = gpu_perf.launch_path_of(case, ours)
+    path()
+    assert eager == "old" and seen == ["old"] and module.PATH == "new"
+    bare, _ = fake_launch_path(ours)
+    bare()
+    assert seen == ["old", "new"]  # the replay alone runs the default path
