@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The current GPU check (issue 40): one prepared device call of at most 8 minutes that measures and diagnoses
-# every op, then runs the GPU conformance quick sets. Supersedes gpu_check_6min.sh; gpu_check.sh keeps the
+# every op, then runs the GPU conformance quick sets. gpu_check.sh keeps the
 # longer steps for a longer lease. Nothing is installed; no network.
 #
 #   bash benchmarks/gpu_check_8min.sh OUT_DIR          (the device call's timeout_s = 480)
@@ -71,7 +71,9 @@ else
 fi
 log "done"
 # every file in one archive named to sort first: the device tool brings back only the first few files of $OUT
-tar -czf "$OUT/00-all.tgz" -C "$OUT" --exclude 00-all.tgz . 2>/dev/null || log "tar failed"
+# (the members are named, not ".": archiving "." while 00-all.tgz grows in it made tar exit 1, "file changed")
+( cd "$OUT" && find . -maxdepth 1 -type f ! -name 00-all.tgz -printf '%P\n' | sort \
+    | tar -czf 00-all.tgz -T - ) || log "tar failed"
 cat "$OUT/log.txt"
 tail -n 6 "$OUT"/conformance*.txt 2>/dev/null
 cat "$OUT/summary.txt" 2>/dev/null || echo "no summary.txt (the summary stage did not finish)"

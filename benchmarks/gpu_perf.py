@@ -348,7 +348,7 @@ def launch_path_of(case: "Case", ours: Callable) -> tuple[Callable, object]:
 
 
 def _selected(fn: Callable, selectors: dict) -> Callable:
-    """fn run with matmul's GEMV selectors set."""
+    """fn run with matmul's path constants set (the GEMV selectors, the FMA-dot tile's launch shape)."""
     from hal.kernels.triton import matmul as km
     return _with_constants(km, fn, selectors)
 
@@ -361,11 +361,46 @@ def _attention_knobs(fn: Callable, **knobs) -> Callable:
 
 def _old_attention_paths() -> dict:
     """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
-    q loaded rows-first in the decode chains (Triton < 3.7 loads it keys-first, attention.Q_KEYS_FIRST) and one FMA
-    dot per head-dim tile / key block (attention.DOT_K = 0)."""
+    q loaded keys-first in the decode chains on Triton < 3.7 (attention.Q_KEYS_FIRST: no shared-memory conversion
+    there, yet measured slower) and one FMA dot per head-dim tile / key block (attention.DOT_K = 0)."""
     from hal.kernels.triton import attention as tri_attn
-    return {"rows_first_q": dict(Q_KEYS_FIRST=False)} if tri_attn.Q_KEYS_FIRST else {}, \
+    from hal.kernels.triton.launch import triton_version as triton_version_tuple
+    keys_first = not tri_attn.Q_KEYS_FIRST and triton_version_tuple() < (3, 7)
+    return {"keys_first_q": dict(Q_KEYS_FIRST=True)} if keys_first else {}, \
         {"one_dot": dict(DOT_K=0)} if tri_attn.DOT_K else {}
+
+
+#: (tile rows, tile columns, warps, pipeline stages or None) of the strict linear's FMA-dot tile timed by the
+#: "sweep/" rows (benchmarks/gpu_sweep.sh): the default first. Speed only (the chains do not depend on them); the
+#: H200 ran the default at 13 % of the fp32 FMA peak (2026-12-04), and nothing wider was ever timed there
+DOT_TILE_SWEEP = ((64, 32, 4, None), (64, 32, 4, 2), (64, 32, 4, 4), (64, 64, 4, None), (64, 64, 8, None),
+                  (128, 32, 8, None), (32, 64, 4, None), (128, 64, 8, None), (128, 128, 8, None), (32, 32, 2, None))
+
+
+def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
+    """Rows "sweep/strict-linear-M{m}/t{BM}x{BN}-w{warps}[-s{stages}]": hal.linear (strict, Triton) at a prefill
+    and a batched-decode row count under each DOT_TILE_SWEEP choice (two choices at --tiny, where the interpreter
+    ignores them and runs its own tile); the ids hold no "linear/", so gpu_check_8min.sh's stages leave them out."""
+    import hal
+    from hal.conformance.bits import same_bits
+    bf, h = torch.bfloat16, s.hidden
+    out = []
+    for m in [m for m in (s.prefill_rows[0], s.decode_rows[-1]) if m > 16]:  # 1-16 rows: always the GEMV
+        for bm, bn, warps, stages in DOT_TILE_SWEEP[:2 if s is TINY else None]:
+            # GEMV_MAX_ROWS 16: a row count of 17-64 (--tiny's 24) takes the tile too
+            knobs = {"_DOT_TILE": (bm, bn), "_DOT_WARPS": warps, "_DOT_STAGES": stages, "GEMV_MAX_ROWS": 16}
+            def build(seed, m=m, knobs=knobs):
+                x = _randn((m, h), bf, dev, 1000 * seed + 1)
+                w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+                ours = _selected(lambda: hal.linear(x, w, backend="triton"), knobs)
+                default = _selected(lambda: hal.linear(x, w, backend="triton"), {"GEMV_MAX_ROWS": 16})()
+                if not same_bits(ours(), default):  # speed only, or it is a bug: the row fails, named
+                    raise AssertionError(f"{knobs}: bits differ from the default FMA-dot tile's")
+                return ours, (lambda: F.linear(x, w)), [x, w]
+            label = f"t{bm}x{bn}-w{warps}" + (f"-s{stages}" if stages else "")
+            out.append(Case(f"sweep/strict-linear-M{m}/{label}", "linear", "strict", f"M{m} K{h} N{h} bf16 {knobs}",
+                            build, flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    return out
 
 
 def cases(s: Shapes, dev: str) -> list[Case]:
@@ -397,11 +432,11 @@ def cases(s: Shapes, dev: str) -> list[Case]:
 
     # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
     # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine
-    # step on 32 programs) against "strict" (the defaults); "strict-gemv" takes 17-64 rows through the GEMV instead of
-    # the 64 x 32 FMA-dot tiles "strict" runs there
+    # step on 32 programs) against "strict" (the defaults); "strict-dot" takes 17-64 rows through the 64 x 32 FMA-dot
+    # tiles instead of the GEMV "strict" runs there (GEMV_MAX_ROWS 64: measured faster at 64 rows on 2026-12-04)
     variants = {"strict-old": ([m for m in s.decode_rows if m <= 16], {"GEMV_LANES": "tiles", "COMBINE_UNROLL": 1,
                                                                            "GEMV_EVEN_K": False}),
-                "strict-gemv": ([m for m in s.decode_rows + s.prefill_rows if 16 < m <= 64], {"GEMV_MAX_ROWS": 64})}
+                "strict-dot": ([m for m in s.decode_rows + s.prefill_rows if 16 < m <= 64], {"GEMV_MAX_ROWS": 16})}
     for name, (rows, selectors) in variants.items():
         for m in rows:
             def build(seed, m=m, selectors=selectors):
@@ -410,6 +445,8 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                 return _selected(lambda: hal.linear(x, w, **tri), selectors), (lambda: F.linear(x, w)), [x, w]
             out.append(Case(f"linear/{name}/M{m}", "linear", "strict", f"M{m} K{h} N{h} bf16 {selectors}", build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+
+    out += _dot_tile_sweep(s, dev)
 
     for rows in s.norm_rows:
         def build(seed, rows=rows):
@@ -873,12 +910,19 @@ def _glob(pattern):
     return glob.glob(pattern)
 
 
-def worst_kernels(out: Out, k: int = 3) -> list[tuple[str, str]]:
-    """(case id, kernel name) of the three worst kernels: each worst row's kernel with the most device time
-    (profile), else its first launched kernel; one per kernel name."""
+#: rows slower than this are not profiled by Nsight Compute: it replays each profiled launch once per counter pass
+#: (tens of passes for its sections), so a 118 ms prefill launch alone took the 40 s stage (H200, 2026-12-04)
+NCU_MAX_ROW_US = 5000.0
+
+
+def worst_kernels(out: Out, k: int = 3, max_row_us: float | None = None) -> list[tuple[str, str]]:
+    """(case id, kernel name) of the three worst kernels among rows under max_row_us (None: every row): each worst
+    row's kernel with the most device time (profile), else its first launched kernel; one per kernel name."""
     prof = {p["id"]: p for p in out.rows("profile.jsonl") if p.get("kernels")}
     picked, seen = [], set()
     for r in _worst(out, 50):
+        if max_row_us is not None and (r.get("ours_s") or 0.0) * 1e6 > max_row_us:
+            continue
         p = prof.get(r["id"])
         names = [kk["name"] for kk in p["kernels"] if not kk["name"].startswith("torch:")] if p else r["kernels"]
         for name in names[:1]:
@@ -896,7 +940,7 @@ def ncu_command(ncu: str, picked: list[tuple[str, str]], args) -> list[str]:
               "--run-case", *dict.fromkeys(case for case, _ in picked)]
     names = "|".join(dict.fromkeys(kernel for _, kernel in picked))
     return [ncu, "--target-processes", "all", "--kernel-name-base", "function", "--kernel-name", f"regex:^({names})$",
-            "--launch-count", str(4 * len(picked)), "--section", "SpeedOfLight", "--section", "LaunchStats",
+            "--launch-count", str(2 * len(picked)), "--section", "SpeedOfLight", "--section", "LaunchStats",
             "--section", "Occupancy", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
             "--csv", "--page", "details", *target]
 
@@ -922,7 +966,7 @@ def parse_ncu(text: str) -> dict:
 
 
 def stage_ncu(args, out: Out, deadline: float) -> None:
-    picked = worst_kernels(out)
+    picked = worst_kernels(out, max_row_us=NCU_MAX_ROW_US if args.cuda else None)  # CPU: interpreter times
     ncu = find_ncu()
     if not picked:
         out.row("ncu.jsonl", {"skipped": "no measured kernel in ops.jsonl"})

@@ -18,7 +18,7 @@ def _rows(folder, name):
 
 
 def test_shell_script_parses():
-    for script in ("gpu_check_8min.sh", "check_steps.sh"):
+    for script in ("gpu_check_8min.sh", "gpu_sweep.sh", "check_steps.sh"):
         r = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
@@ -166,3 +166,14 @@ def test_an_old_path_row_replays_with_its_constants_set(monkeypatch):
     bare, _ = fake_launch_path(ours)
     bare()
     assert seen == ["old", "new"]  # the replay alone runs the default path
+
+
+def test_ncu_leaves_out_rows_too_slow_to_replay(tmp_path):
+    """A row over NCU_MAX_ROW_US is not profiled on a GPU (ncu replays each launch per counter pass: one 118 ms
+    launch used the whole stage on the H200); the CPU dry run, with interpreter times, takes every row."""
+    from benchmarks.gpu_perf import NCU_MAX_ROW_US, Out, worst_kernels
+    out = Out(str(tmp_path))
+    out.row("ops.jsonl", {"id": "slow", "ratio": 0.01, "ours_s": 2 * NCU_MAX_ROW_US * 1e-6, "kernels": ["big"]})
+    out.row("ops.jsonl", {"id": "quick", "ratio": 0.5, "ours_s": 20e-6, "kernels": ["small"]})
+    assert worst_kernels(out, max_row_us=NCU_MAX_ROW_US) == [("quick", "small")]
+    assert worst_kernels(out) == [("slow", "big"), ("quick", "small")]

@@ -23,7 +23,7 @@ from . import ascend_launch
 from . import attention_kernel  # its kernels are read at launch: a swapped one (tests/scripts/_variants.py) runs
 from .dtypes import tl_dtype
 from .interpreter_dot import strict_dot
-from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2, triton_version
+from .launch import fma_dot, int32_starts, int32_tensor, launch, next_power_of_2
 from .workspace import workspace
 
 F32 = torch.float32
@@ -66,8 +66,10 @@ VECTOR_MAX_ROWS = 8
 #: decode tiles' vector chains load q keys-first and permute it (attention_kernel._dot_tile_vectors, QT) on Triton
 #: < 3.7, whose coalescing put a [rows, keys, VEC] load's rows on threads and converted q through shared memory at
 #: every chain step (sm_90, split-KV decode under 3.6: 434 / 306 shared-memory instructions, 340 / 276 barriers for
-#: bf16 / fp32; docs/triton.md); 3.9 coalesces the plain load into the chains' layout already and keeps it
-Q_KEYS_FIRST = triton_version() < (3, 7)
+#: bf16 / fp32; docs/triton.md); 3.9 coalesces the plain load into the chains' layout already and keeps it.
+#: Off: measured slower on the H200 under 3.6 despite the conversions gone (2026-12-04, attention_decode/strict
+#: B8 / B64: keys-first 417.7 / 2171.9 us, rows-first 314.3 / 2122.4 us); kept selectable for the next Triton
+Q_KEYS_FIRST = False
 
 
 def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:

@@ -168,9 +168,10 @@ def _env_choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
 # these module constants per row; the env vars set them for a process). Every variant runs the same chains in the
 # same order: the bits never depend on them (tests/scripts/triton_vector_chain_check.py gemv_variants).
 #: rows up to which linear / matmul take the split-K GEMV (partials + in-order combine) instead of the 64 x 32
-#: FMA-dot tiles (LOCKSTEP_GEMV_MAX_ROWS, 16 or 64). At 17-64 rows the dot tiles run 128 programs of 4 warps at N =
-#: 4096 (one warp a scheduler: latency-bound, 0.038x at 64 rows on the H200); the GEMV runs 2048 a row block of 8
-GEMV_MAX_ROWS = int(_env_choice("LOCKSTEP_GEMV_MAX_ROWS", "16", ("16", "32", "64")))
+#: FMA-dot tiles (LOCKSTEP_GEMV_MAX_ROWS, 16, 32 or 64). At 17-64 rows the dot tiles run 128 programs of 4 warps at
+#: N = 4096 (one warp a scheduler: latency-bound); the GEMV runs 2048 a row block of 8. Measured (H200, Triton 3.6,
+#: 2026-12-04, linear/strict/M64 vs linear/strict-gemv/M64): dot tiles 338.8 us, GEMV 239.5 us, so 64
+GEMV_MAX_ROWS = int(_env_choice("LOCKSTEP_GEMV_MAX_ROWS", "64", ("16", "32", "64")))
 #: lanes of the vector GEMV (LOCKSTEP_GEMV_LANES): "cols" (32 columns of one K tile a warp: a's loads broadcast,
 #: the partials store coalesced) or "tiles" (the layout measured on 2026-12-04: 4 columns x 8 K tiles a warp)
 GEMV_LANES = _env_choice("LOCKSTEP_GEMV_LANES", "cols", ("cols", "tiles"))
@@ -189,6 +190,9 @@ _DOT_WARPS = 4
 #: reach 264 programs) measured slower on the H200 (2026-12-04, Triton 3.6, N = K = 4096): M = 64 took 610 us on
 #: 512 programs of 16 x 32 against 334 us on 128 programs of 64 x 32 (the loop is bound by shared loads per fma)
 _DOT_TILE = (64, 32)
+#: software-pipeline stages of the FMA-dot tile's K loop (None: Triton's default, 3 on sm_90). Like the tile and the
+#: warps, speed only: each output's chains and their order are the same (benchmarks/gpu_sweep.sh times the choices)
+_DOT_STAGES = None
 
 
 #: the vector chains read as int64 words (common.dot_tile_words) on Triton 3.6 (the H200 machine's), where the
@@ -274,8 +278,13 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
                HAS_BIAS=bias is not None, KT=k_tile, KTP=max(16, next_power_of_2(k_tile)),
                OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, FMA_DOT=dot,
-               **({"num_warps": _DOT_WARPS} if dot and not interpreter_layout() else {}), persistent=True)
+               **(_dot_launch_options() if dot and not interpreter_layout() else {}), persistent=True)
     return out
+
+
+def _dot_launch_options() -> dict:
+    """num_warps (and num_stages, where set) of the FMA-dot tile's launch."""
+    return {"num_warps": _DOT_WARPS, **({"num_stages": _DOT_STAGES} if _DOT_STAGES else {})}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:

@@ -195,6 +195,19 @@ def check_request(params) -> None:
                                problems)
 
 
+def _run_inside(cls, name: str, context) -> None:
+    """cls.name replaced by the same method run inside ``context(self)``: vLLM's code unchanged, lockstep's state
+    (which rows' generators to spare, which scorer serves prompt log-probs) set around the call."""
+    method = getattr(cls, name)
+
+    @functools.wraps(method)
+    def run_inside(self, *args, **kwargs):
+        with context(self):
+            return method(self, *args, **kwargs)
+
+    setattr(cls, name, run_inside)
+
+
 def install() -> None:
     """Swap vLLM's components for lockstep's (idempotent; refuses non-CPU platforms and other vLLM releases)."""
     global _installed
@@ -259,23 +272,8 @@ def install() -> None:
 
     CPUModelRunner.load_model = load_model
 
-    sample_tokens = CPUModelRunner.sample_tokens
-
-    @functools.wraps(sample_tokens)
-    def sample_tokens_sparing_generators(self, *args, **kwargs):
-        with sampler.discarded_rows_spare_their_generators(self):
-            return sample_tokens(self, *args, **kwargs)
-
-    CPUModelRunner.sample_tokens = sample_tokens_sparing_generators
-
-    prompt_logprobs = CPUModelRunner._get_prompt_logprobs_dict
-
-    @functools.wraps(prompt_logprobs)
-    def lockstep_prompt_logprobs(self, *args, **kwargs):
-        with sampler.scoring_prompts(self):
-            return prompt_logprobs(self, *args, **kwargs)
-
-    CPUModelRunner._get_prompt_logprobs_dict = lockstep_prompt_logprobs
+    _run_inside(CPUModelRunner, "sample_tokens", sampler.discarded_rows_spare_their_generators)
+    _run_inside(CPUModelRunner, "_get_prompt_logprobs_dict", sampler.scoring_prompts)
     CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
 
     def checking_weights(fn, when):

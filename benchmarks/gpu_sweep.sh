@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The strict linear's FMA-dot tile timed under each launch shape of benchmarks/gpu_perf.py's DOT_TILE_SWEEP (tile,
+# warps, pipeline stages: speed only, the bits are the same), at 2048 and 256 rows, against cuBLAS in the same run.
+# For a lent GPU's time left after gpu_check_8min.sh: one call of at most 4 minutes. Nothing installed; no network.
+#
+#   bash benchmarks/gpu_sweep.sh OUT_DIR          (the device call's timeout_s = 240)
+#   bash benchmarks/gpu_sweep.sh --dry-run OUT    (CPU: the same stages in the Triton interpreter at tiny shapes)
+#
+# Then keep the fastest: kernels/triton/matmul.py's _DOT_TILE, _DOT_WARPS, _DOT_STAGES (and token_logprobs' dot
+# tile, the same FMA-dot layout, is the next to try). summary.txt: every row's ratio and share of the fp32 ceiling.
+set -u
+cd "$(dirname "$0")/.."
+DRY=""
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+OUT="${1:-${OUT:-gpu-sweep-out}}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+# shellcheck source=benchmarks/check_steps.sh
+source benchmarks/check_steps.sh
+
+if [ -n "$DRY" ]; then
+  bash -n "$0" && log "bash -n ok"
+  export TRITON_INTERPRET=1
+  PERF=("$PY" -m benchmarks.gpu_perf --device cpu --tiny --out "$OUT")
+else
+  unset TRITON_INTERPRET
+  PERF=("$PY" -m benchmarks.gpu_perf --device cuda --out "$OUT")
+fi
+step sweep-env 25 sweep_env.txt "${PERF[@]}" --stage env ceilings --budget 10
+step sweep-ops 185 sweep_ops.txt "${PERF[@]}" --stage ops --budget 170 --only sweep/
+step sweep-summary 15 sweep_summary.txt "${PERF[@]}" --stage summary
+log "done"
+cat "$OUT/log.txt"
+cat "$OUT/summary.txt" 2>/dev/null
