@@ -12,9 +12,9 @@
 #   perf-env      25 s   env.json, ceilings.jsonl: versions; copy bandwidth, bf16 / fp32 (TF32 off) matmul
 #   perf-ops-a    60 s   ops.jsonl, ops.csv, kernels.jsonl: rms_norm, softmax family, token_logprobs vs stock,
 #                        CUDA-graph replay over rotated input sets
-#   perf-ops-b    75 s   the same files: linear, decode rows 1-256 and prefill 2k / 8k, strict / fast / exact
-#   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked,
-#                        silu_mul, apply_rotary (the attention and GDN kernels' first run on a GPU)
+#   perf-ops-b    75 s   the same files: linear, decode rows 1-256 and prefill 2k / 8k, strict / fast / exact;
+#                        silu_mul, apply_rotary
+#   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked
 #   perf-profile  30 s   profile.jsonl, profile.txt: torch.profiler of the 4 worst rows
 #   perf-ncu      40 s   ncu.jsonl, ncu_0.csv: Nsight Compute on the 3 worst kernels (absent / failing: logged)
 #   perf-summary  15 s   summary.jsonl, summary.txt: every row, then the symptoms of each slow row
@@ -51,9 +51,9 @@ fi
 step perf-env 25 perf_env.txt "${PERF[@]}" --stage env ceilings --budget 10
 step perf-ops-a 60 perf_ops_a.txt "${PERF[@]}" --stage ops --budget 50 \
   --only rms_norm softmax logsumexp token_logprobs
-step perf-ops-b 75 perf_ops_b.txt "${PERF[@]}" --stage ops --budget 63 --only linear/
-step perf-ops-c 80 perf_ops_c.txt "${PERF[@]}" --stage ops --budget 68 \
-  --only attention gdn silu_mul apply_rotary
+# the elementwise rows ride with linear: after attention they were starved by the 118 ms prefill row (2026-12-04)
+step perf-ops-b 75 perf_ops_b.txt "${PERF[@]}" --stage ops --budget 63 --only linear/ silu_mul apply_rotary
+step perf-ops-c 80 perf_ops_c.txt "${PERF[@]}" --stage ops --budget 68 --only attention gdn
 step perf-profile 30 perf_profile.txt "${PERF[@]}" --stage profile --budget 20
 step perf-ncu 40 perf_ncu.txt "${PERF[@]}" --stage ncu --budget 32
 step perf-summary 15 perf_summary.txt "${PERF[@]}" --stage summary
