@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import hal
+from hal.conformance.bits import same_bits
 from hal.errors import InputError, UnsupportedError
 from hal.sampling import Sampling, kept_logprobs, kept_set, recorded_logprobs, sampling_scores, top_logprobs
 from hal.serving import GdnStates, PagedKV, ServingBatch, paged_attention, varlen_attention, write_kv
@@ -29,11 +30,8 @@ PAD = 2               # the engine's padding rows after the real queries
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
+    """Raw bit patterns, for checks on parts of a tensor (padding rows all +0.0); whole results: same_bits."""
     return t.contiguous().view(torch.int32)
-
-
-def same_bits(a, b) -> bool:
-    return a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def slot(b: int, pos: int, bs: int = BS) -> int:
