@@ -318,7 +318,7 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
             {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
              **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
              "n1": "i32"}, blk, divisible=("H", "sh", "sw_v", "sl"),
-            num_warps=None if npu else 8))
+            num_warps=None if npu else tlp.WORDS_WARPS if blk["WORDS"] else 8))
         if not npu:  # row blocks of >= 16 on NVIDIA: the logits as FMA-dot tiles
             cases.append(KernelCase(
                 "token_logprobs.max_dot", tlp._max_dot_kernel,

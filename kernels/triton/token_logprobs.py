@@ -164,6 +164,15 @@ def _blocks(rows: int, n_tiles: int):
 #: path; benchmarks/gpu_perf.py measures both)
 WORDS_LOGITS = True
 
+#: warps of the words logits kernel at 8 rows: 16, so each thread holds 4 rows' chains. On 8 warps (8 rows a thread)
+#: ptxas held the 256-thread program to 128 registers under Triton 3.6 and spilled 16 bytes (four words of the
+#: epilogue, outside the hidden loop); on 16 it takes 88 registers, no stack, 38 / 17 shared-memory instructions /
+#: barriers instead of 67 / 19 (sm_90, hal.kernels.checks.sass_profile). One program of 16 warps is the occupancy of
+#: the two 8-warp programs an SM ran at 128 registers; each W word is now loaded by two threads (the second from L1).
+#: Speed only (rows are independent); 8 is the earlier launch, measured against it by benchmarks/gpu_perf.py
+#: (token_logprobs/strict/N8/words_8_warps)
+WORDS_WARPS = 16
+
 #: rows from which the logits run as FMA-dot tiles (tl.dot needs 16 rows; fewer rows keep the vector chains)
 _DOT_MIN_ROWS = 16
 
@@ -226,6 +235,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
     else:
         n_chunks = cdiv(n_tiles, ntb)
     words = WORDS_LOGITS and not dot and br > 1 and matmul.whole_vectors(h2, w, kt)  # the NPU variant ignores WORDS
+    if words and br == 8:
+        warps = WORDS_WARPS
     temp = float(temperature)
     has_temp = temp != 1.0
     logits = workspace("token_logprobs logits", (group, sl), torch.float32, dev)
