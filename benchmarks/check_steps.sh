@@ -1,4 +1,4 @@
-# Shared by gpu_check.sh and ascend_check.sh (sourced, not run): time-boxed steps that log to $OUT/log.txt.
+# Shared by the GPU / Ascend check scripts (sourced, not run): time-boxed steps that log to $OUT/log.txt.
 #   STEPS="lint exact ..."   run only the named steps (default: every step), in the script's order
 #   step NAME SECONDS OUTFILE CMD...   runs CMD with a limit, stdout+stderr to $OUT/OUTFILE; a failing
 #                                      or timed-out step is logged and the next one runs
@@ -20,4 +20,25 @@ step() {
   timeout --kill-after=10 "$secs" "$@" > "$OUT/$file" 2>&1
   local rc=$?
   log "end $name rc=$rc ($((SECONDS - t0))s)$([ $rc = 124 ] && echo ' TIMED OUT')"
+}
+
+# The start of the gpu_perf scripts (gpu_check_8min.sh, gpu_sweep.sh): perf_setup SCRIPT DEFAULT_OUT [--dry-run]
+# [OUT_DIR] sets DRY, OUT (made; else $OUT, else DEFAULT_OUT), PY and PERF, the benchmarks.gpu_perf command: on the GPU, or with
+# --dry-run on the CPU (bash -n SCRIPT first, then the Triton interpreter at tiny shapes).
+perf_setup() {
+  local script=$1 default_out=$2; shift 2
+  DRY=""
+  if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+  OUT="${1:-${OUT:-$default_out}}"
+  mkdir -p "$OUT"
+  PY="${PYTHON:-python}"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  if [ -n "$DRY" ]; then
+    bash -n "$script" && log "bash -n ok"
+    export TRITON_INTERPRET=1
+    PERF=("$PY" -m benchmarks.gpu_perf --device cpu --tiny --out "$OUT")
+  else
+    unset TRITON_INTERPRET
+    PERF=("$PY" -m benchmarks.gpu_perf --device cuda --out "$OUT")
+  fi
 }

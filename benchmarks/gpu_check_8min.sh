@@ -25,23 +25,11 @@
 # perf_<stage>.txt: each python stage's own output.
 set -u
 cd "$(dirname "$0")/.."
-DRY=""
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
-OUT="${1:-${OUT:-gpu-check-out}}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-
 # shellcheck source=benchmarks/check_steps.sh
 source benchmarks/check_steps.sh
+perf_setup "$0" gpu-check-out "$@"
 
-if [ -n "$DRY" ]; then  # CPU: the same stages at tiny shapes in the Triton interpreter
-  bash -n "$0" && log "bash -n ok"
-  export TRITON_INTERPRET=1
-  PERF=("$PY" -m benchmarks.gpu_perf --device cpu --tiny --out "$OUT")
-else
-  unset TRITON_INTERPRET
-  PERF=("$PY" -m benchmarks.gpu_perf --device cuda --out "$OUT")
+if [ -z "$DRY" ]; then
   { nvidia-smi || true
     "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name())"
   } > "$OUT/env.txt" 2>&1

@@ -10,24 +10,9 @@
 # tile, the same FMA-dot layout, is the next to try). summary.txt: every row's ratio and share of the fp32 ceiling.
 set -u
 cd "$(dirname "$0")/.."
-DRY=""
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
-OUT="${1:-${OUT:-gpu-sweep-out}}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-
 # shellcheck source=benchmarks/check_steps.sh
 source benchmarks/check_steps.sh
-
-if [ -n "$DRY" ]; then
-  bash -n "$0" && log "bash -n ok"
-  export TRITON_INTERPRET=1
-  PERF=("$PY" -m benchmarks.gpu_perf --device cpu --tiny --out "$OUT")
-else
-  unset TRITON_INTERPRET
-  PERF=("$PY" -m benchmarks.gpu_perf --device cuda --out "$OUT")
-fi
+perf_setup "$0" gpu-sweep-out "$@"
 step sweep-env 25 sweep_env.txt "${PERF[@]}" --stage env ceilings --budget 10
 step sweep-ops 185 sweep_ops.txt "${PERF[@]}" --stage ops --budget 170 --only sweep/
 step sweep-summary 15 sweep_summary.txt "${PERF[@]}" --stage summary
