@@ -5,7 +5,9 @@ attribute for the duration, as _swapped_chain.py does for the chain helpers:
 * ``kernel_variant(module, name, old, new)``: the ``@triton.jit`` kernel ``module.name`` recompiled from its
   own source with the one line ``old`` replaced by ``new`` (refused unless ``old`` occurs exactly once, so a
   kernel edit that moves the line fails the control loudly instead of testing nothing);
-* ``dropped_last_work_item()``: persistent launches (kernels/triton/launch.py) skip their last work item.
+* ``dropped_last_work_item()``: persistent launches (kernels/triton/launch.py) skip their last work item;
+* ``two_rounding_dot()``: the interpreter's strict tl.dot stand-in replaced by the fast kernels' (the product
+  rounded, then added: two roundings per step), which a check of an FMA-dot kernel must catch.
 
 Kernels and launchers are looked up as module attributes when a launch runs, so swapping the attribute
 reaches every later call (in the interpreter and on a GPU alike)."""
@@ -16,7 +18,7 @@ import inspect
 import linecache
 import textwrap
 
-from hal.kernels.triton import launch as _launch
+from hal.kernels.triton import interpreter_dot as _interpreter_dot, launch as _launch
 
 _counter = 0
 
@@ -56,3 +58,13 @@ def dropped_last_work_item():
         yield
     finally:
         _launch.persistent_args = real
+
+
+@contextlib.contextmanager
+def two_rounding_dot():
+    strict = _interpreter_dot._fma_chain_dot
+    _interpreter_dot._fma_chain_dot = _interpreter_dot._chain_dot
+    try:
+        yield
+    finally:
+        _interpreter_dot._fma_chain_dot = strict

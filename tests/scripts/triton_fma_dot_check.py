@@ -20,10 +20,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 from _check_cli import main, report  # noqa: E402
+from _linear_inputs import linear_inputs  # noqa: E402
+from _variants import two_rounding_dot  # noqa: E402
 
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
-from hal.kernels.triton import interpreter_dot, matmul as km  # noqa: E402
+from hal.kernels.triton import matmul as km  # noqa: E402
 
 CASES = [  # m, k, n, k_tile, dtype, bias, special values
     (33, 70, 40, 64, torch.float32, True, False),    # K tail of 6 in a 64 tile: 58 padded steps
@@ -31,16 +33,6 @@ CASES = [  # m, k, n, k_tile, dtype, bias, special values
     (17, 45, 18, 20, torch.float16, True, False),    # k_tile 20 on 32 dot lanes: 12 padded steps a tile
     (40, 128, 16, 64, torch.float32, False, False),  # whole tiles
 ]
-
-
-def _inputs(m, k, n, dtype, bias, special, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    b = torch.randn(n, generator=g).to(dtype) if bias else None
-    if special:
-        x[0, 5], w[1, 7], w[2, 3], x[-1, 100] = float("nan"), float("inf"), float("-inf"), float("inf")
-    return x, w, b
 
 
 def _cases():
@@ -61,7 +53,7 @@ def _cases():
 def _layout_cases():
     for m, k, n, kt, dtype, bias, special in CASES:
         spec = hal.spec.MatmulSpec(k_tile=kt)
-        x, w, b = _inputs(m, k, n, dtype, bias, special)
+        x, w, b = linear_inputs(m, k, n, dtype, bias, special)
         variants, real = [], km.launch
 
         def recorded(kernel, *a, **kw):
@@ -87,12 +79,8 @@ def check_bits():
 
 
 def check_negative():
-    strict = interpreter_dot._fma_chain_dot
-    interpreter_dot._fma_chain_dot = interpreter_dot._chain_dot  # two roundings per step
-    try:
+    with two_rounding_dot():
         caught = [name for name, problem in _cases() if problem]
-    finally:
-        interpreter_dot._fma_chain_dot = strict
     report("the fast stand-in (product rounded, then added) is caught in the float32 cases",
            None if sum("float32" in name for name in caught) == 4 else f"caught only in {caught}")
 

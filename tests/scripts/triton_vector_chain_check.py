@@ -34,6 +34,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 from _check_cli import main, report  # noqa: E402
+from _linear_inputs import linear_inputs  # noqa: E402
 
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
@@ -47,16 +48,6 @@ CASES = [  # m, k, n, k_tile, dtype, bias, special values
     (5, 70, 9, 20, torch.float32, False, False),     # k_tile 20: the third step of a tile stops at its end
     (2, 8, 3, 64, torch.bfloat16, True, False),      # one step, one tile
 ]
-
-
-def _inputs(m, k, n, dtype, bias, special, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    b = torch.randn(n, generator=g).to(dtype) if bias else None
-    if special:
-        x[0, 5], w[1, 7], w[2, 3], x[-1, 100] = float("nan"), float("inf"), float("-inf"), float("inf")
-    return x, w, b
 
 
 def _counting():
@@ -100,7 +91,7 @@ def _gemv_cases(label_prefix=""):
 def _gemv_cases_in(label_prefix):
     for m, k, n, kt, dtype, bias, special in CASES:
         spec = hal.spec.MatmulSpec(k_tile=kt)
-        x, w, b = _inputs(m, k, n, dtype, bias, special)
+        x, w, b = linear_inputs(m, k, n, dtype, bias, special)
         name = f"{label_prefix}m{m} k{k} n{n} kt{kt} {str(dtype)[6:]}{' bias' if bias else ''}{' nan/inf' if special else ''}"
         counts, real = _counting()
         try:
@@ -247,7 +238,7 @@ def _rows_cases(lanes, label_prefix=""):
         for layout in _layouts():
             for m, k, n, kt, dtype, bias, special in ROWS_CASES:
                 spec = hal.spec.MatmulSpec(k_tile=kt)
-                x, w, b = _inputs(m, k, n, dtype, bias, special)
+                x, w, b = linear_inputs(m, k, n, dtype, bias, special)
                 counts, real = _counting()
                 try:
                     got = hal.linear(x, w, b, spec=spec, backend="triton")
