@@ -12,13 +12,10 @@ import torch.nn.functional as F
 
 import hal
 from backends.reference import ReferenceBackend
+from hal.conformance.bits import same_bits
 from hal.conformance.suites import token_logprobs as tlp_suite
 from hal.sampling import Sampling, kept_logprobs, kept_set, renormalise_kept, sampling_scores
 from hal.spec import ExactMatmulSpec, TokenLogprobsSpec
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
 
 
 def per_kept_token(h, tokens, sampling, lp_one, scores):
@@ -66,7 +63,7 @@ def test_one_row_per_token_same_bits(backend, dtype, exact):
             tokens = torch.multinomial(kept.float(), 1, generator=g).squeeze(-1)  # any kept token
             got = kept_logprobs(None, h, tokens, s, lp, scores=scores)
             want = per_kept_token(h, tokens, s, lp, scores)
-            assert torch.equal(bits(got), bits(want)), (n, vocab, s)
+            assert same_bits(got, want), (n, vocab, s)
             checked += 1
     assert checked >= 8
     if dtype == torch.float32 or exact:
@@ -82,7 +79,7 @@ def test_one_row_per_token_same_bits(backend, dtype, exact):
 
     want = per_kept_token(h, tokens, s, lambda hh, tt, temp: hal.token_logprobs(hh, w, tt, temp, backend=backend),
                           scores)
-    assert not torch.equal(bits(kept_logprobs(None, h, tokens, s, shortcut, scores=scores)), bits(want))
+    assert not same_bits(kept_logprobs(None, h, tokens, s, shortcut, scores=scores), want)
 
 
 def test_k_tokens_per_row_are_each_tokens_bits():
@@ -92,7 +89,7 @@ def test_k_tokens_per_row_are_each_tokens_bits():
     got = hal.token_logprobs(h, w, cand, 0.8)
     assert got.shape == (4, 7)
     for k in range(7):
-        assert torch.equal(bits(got[:, k]), bits(hal.token_logprobs(h, w, cand[:, k].contiguous(), 0.8)))
+        assert same_bits(got[:, k], hal.token_logprobs(h, w, cand[:, k].contiguous(), 0.8))
     # gradients: the K-token form's backward is that of the sum of K single-token calls
     hg = h.float().requires_grad_()
     weights = torch.randn(4, 7, generator=torch.Generator().manual_seed(3))
@@ -112,15 +109,15 @@ def test_k_tokens_through_the_torch_op_and_compile():
     cand = torch.randint(0, 200, (3, 5), generator=torch.Generator().manual_seed(5))
     want = hal.token_logprobs(h, w, cand, 0.9)
     with routed():
-        assert torch.equal(bits(hal.token_logprobs(h, w, cand, 0.9)), bits(want))
+        assert same_bits(hal.token_logprobs(h, w, cand, 0.9), want)
     torch._dynamo.reset()
     got = torch.compile(lambda hh, ww, tt: hal.token_logprobs(hh, ww, tt, 0.9), fullgraph=True)(h, w, cand)
-    assert got.shape == (3, 5) and torch.equal(bits(got), bits(want))
+    assert got.shape == (3, 5) and same_bits(got, want)
     # lead dims [2, 3] with K = 4: the same bits as the flattened rows
     h3, c3 = torch.stack([h, h.flip(0)]), torch.stack([cand[:, :4], cand[:, 1:]])
     got3 = hal.token_logprobs(h3, w, c3, 0.9)
     assert got3.shape == (2, 3, 4)
-    assert torch.equal(bits(got3.reshape(6, 4)), bits(hal.token_logprobs(h3.reshape(6, 24), w, c3.reshape(6, 4), 0.9)))
+    assert same_bits(got3.reshape(6, 4), hal.token_logprobs(h3.reshape(6, 24), w, c3.reshape(6, 4), 0.9))
 
 
 class _ShortcutK(ReferenceBackend):
@@ -141,7 +138,7 @@ def _k_check_pairs(backend, case_):
     with torch.no_grad():
         base = suite.run(backend, case_, inputs)
         check = dict(suite.checks["L1"])["k-tokens-per-row"]
-        return [(name, torch.equal(bits(a), bits(b))) for name, a, b in check(backend, case_, inputs, base)]
+        return [(name, same_bits(a, b)) for name, a, b in check(backend, case_, inputs, base)]
 
 
 def test_conformance_k_tokens_check_passes_and_catches_a_shortcut():
@@ -170,5 +167,5 @@ def test_a_one_token_kernel_looped_per_column_is_each_tokens_bits():
 
     got = tokens_per_row(one, h, w, cand, 0.8, spec)
     assert len(calls) == 6 and got.shape == (4, 6)
-    assert torch.equal(bits(got), bits(ref.token_logprobs(h, w, cand, 0.8, spec)))
+    assert same_bits(got, ref.token_logprobs(h, w, cand, 0.8, spec))
     assert tokens_per_row(one, h, w, cand[:, :0], 0.8, spec).shape == (4, 0)

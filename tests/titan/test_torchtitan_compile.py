@@ -22,12 +22,9 @@ if str(ROOT) not in sys.path:
 
 from examples import torchtitan_parity as ex  # noqa: E402
 from examples.hf_rollout import make_prompts, sample  # noqa: E402
+from hal.conformance.bits import same_bits  # noqa: E402
 from hal.integrations import torchtitan as ltt  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-
-
-def bits(t):
-    return t.contiguous().view(torch.int32)
 
 
 def step(model, prompts, resp):
@@ -41,7 +38,7 @@ def step(model, prompts, resp):
 def same_grads(a, b):
     """The names whose grads differ (bits, or one None and not the other): a misnomer kept short."""
     return [n for n in a if (a[n] is None) != (b[n] is None)
-            or (a[n] is not None and not torch.equal(bits(a[n]), bits(b[n])))]
+            or (a[n] is not None and not same_bits(a[n], b[n]))]
 
 
 # model -> (HF builder, TorchTitan builder, parameters with grads, the module a control leaves stock)
@@ -59,23 +56,23 @@ def test_per_block_compile_keeps_the_bits(model):
     with lt.patch(hf):
         resp, lp_s = sample(hf, "lockstep", prompts, 5, seed=0)
     lp_e, g_e = step(titan_build(hf), prompts, resp)
-    assert torch.equal(bits(lp_e), bits(lp_s))
+    assert same_bits(lp_e, lp_s)
 
     aot = titan_build(hf)
     ltt.compile_blocks(aot, backend="aot_eager")
     lp_a, g_a = step(aot, prompts, resp)
-    assert torch.equal(bits(lp_a), bits(lp_s))
+    assert same_bits(lp_a, lp_s)
     assert sum(g is not None for g in g_a.values()) == n_grads and not same_grads(g_e, g_a)
 
     ind = titan_build(hf)
     ltt.compile_blocks(ind, backend="inductor")
     with inductor_config.patch(force_disable_caches=True):  # a cached graph may predate the backward ops
         lp_i, g_i = step(ind, prompts, resp)
-    assert torch.equal(bits(lp_i), bits(lp_s)) and not same_grads(g_e, g_i)
+    assert same_bits(lp_i, lp_s) and not same_grads(g_e, g_i)
 
     # control: one module left stock, compiled: its log-probs and the grads it feeds are caught
     leaky = titan_build(hf, stock=[left_stock])
     ltt.compile_blocks(leaky, backend="aot_eager")
     lp_l, g_l = step(leaky, prompts, resp)
-    assert not torch.equal(bits(lp_l), bits(lp_s))
+    assert not same_bits(lp_l, lp_s)
     assert same_grads(g_e, g_l)

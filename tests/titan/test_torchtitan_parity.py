@@ -17,19 +17,15 @@ if str(ROOT) not in sys.path:  # `examples` is not an installed package; run fro
 
 from examples import torchtitan_parity as ex  # noqa: E402
 from examples.hf_rollout import make_prompts, sample  # noqa: E402
+from hal.conformance.bits import raw_bits, same_bits  # noqa: E402
 from hal.integrations import torchtitan as ltt  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
-INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
-
-
-def bits(t):
-    return t.contiguous().view(INT[t.dtype])
 
 
 def differing(a, b) -> int:
-    return int((bits(a) != bits(b)).sum())
+    return int((raw_bits(a) != raw_bits(b)).sum())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
@@ -42,7 +38,7 @@ def test_sampler_and_torchtitan_trainer_agree_before_and_after_a_step(dtype):
         tt.train()
         lp_t = ex.trainer_logprobs(tt, "lockstep", prompts, resp)
         assert lp_t.dtype == torch.float32 and lp_t.requires_grad
-        assert torch.equal(bits(lp_t.detach()), bits(lp_s))
+        assert same_bits(lp_t.detach(), lp_s)
         before = {n: p.detach().clone() for n, p in tt.named_parameters()}
         ex.train_step(tt, lp_t)
         changed = [n for n, p in tt.named_parameters() if not torch.equal(p, before[n])]
@@ -50,8 +46,8 @@ def test_sampler_and_torchtitan_trainer_agree_before_and_after_a_step(dtype):
         ltt.sync_to_hf(tt, hf)
         resp2, lp_s2 = sample(hf, "lockstep", prompts, 6, seed=1)
         lp_t2 = ex.trainer_logprobs(tt, "lockstep", prompts, resp2)
-        assert torch.equal(bits(lp_t2.detach()), bits(lp_s2))
-        assert not torch.equal(bits(lp_s2), bits(lp_s))  # new weights, new tokens: not the first round again
+        assert same_bits(lp_t2.detach(), lp_s2)
+        assert not same_bits(lp_s2, lp_s)  # new weights, new tokens: not the first round again
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
@@ -120,8 +116,8 @@ def test_token_logprobs_from_hidden_states_agree(dtype):
         tt._skip_lm_head = True
         h_tt = tt(tokens, positions, tt.get_attention_masks(positions))[0, rows]
         h_hf = hf.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state[0, rows]
-        assert torch.equal(bits(h_tt), bits(h_hf))
-        assert torch.equal(bits(ltt.token_logprobs(tt, h_tt, targets)), bits(lt.token_logprobs(hf, h_hf, targets)))
+        assert same_bits(h_tt, h_hf)
+        assert same_bits(ltt.token_logprobs(tt, h_tt, targets), lt.token_logprobs(hf, h_hf, targets))
 
 
 def test_refusals_name_the_problem_and_change_nothing():

@@ -19,16 +19,12 @@ if str(ROOT) not in sys.path:
 
 from examples import torchtitan_parity as ex  # noqa: E402
 from examples.hf_rollout import make_prompts, sample  # noqa: E402
+from hal.conformance.bits import same_bits  # noqa: E402
 from hal.integrations import torchtitan as ltt  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
-INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 VOCAB = 128
-
-
-def bits(t):
-    return t.contiguous().view(INT[t.dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
@@ -41,7 +37,7 @@ def test_sampler_and_torchtitan_qwen3_5_agree_before_and_after_a_step(dtype):
         tt.train()
         lp_t = ex.trainer_logprobs(tt, "lockstep", prompts, resp)
         assert lp_t.dtype == torch.float32 and lp_t.requires_grad
-        assert torch.equal(bits(lp_t.detach()), bits(lp_s))
+        assert same_bits(lp_t.detach(), lp_s)
         text = {n: p.detach().clone() for n, p in tt.named_parameters() if not n.startswith("vision_encoder.")}
         ex.train_step(tt, lp_t)
         changed = [n for n, p in tt.named_parameters() if n in text and not torch.equal(p, text[n])]
@@ -49,8 +45,8 @@ def test_sampler_and_torchtitan_qwen3_5_agree_before_and_after_a_step(dtype):
         ltt.sync_to_hf(tt, hf)
         resp2, lp_s2 = sample(hf, "lockstep", prompts, 5, seed=1)
         lp_t2 = ex.trainer_logprobs(tt, "lockstep", prompts, resp2)
-        assert torch.equal(bits(lp_t2.detach()), bits(lp_s2))
-        assert not torch.equal(bits(lp_s2), bits(lp_s))
+        assert same_bits(lp_t2.detach(), lp_s2)
+        assert not same_bits(lp_s2, lp_s)
 
 
 def test_stock_torchtitan_qwen3_5_cannot_run_on_cpu():
