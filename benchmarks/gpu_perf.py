@@ -377,6 +377,41 @@ DOT_TILE_SWEEP = ((64, 32, 4, None), (64, 32, 4, 2), (64, 32, 4, 4), (64, 64, 4,
                   (128, 32, 8, None), (32, 64, 4, None), (128, 64, 8, None), (128, 128, 8, None), (32, 32, 2, None))
 
 
+#: "sweep/strict-token-logprobs-N{n}/..." rows: token_logprobs' FMA-dot logits tile (rows, vocab entries, warps, stages;
+#: token_logprobs._DOT_TILE / _DOT_WARPS / _DOT_STAGES), the default first; the same layout as the linear tile above,
+#: on the LM head's 151,936 x 4096 (14 % of the fp32 FMA peak at N >= 64 on 2026-12-04). Speed only
+LOGITS_TILE_SWEEP = ((32, 64, 4, None), (32, 64, 4, 2), (64, 64, 4, None), (64, 64, 8, None), (32, 128, 4, None),
+                     (64, 128, 8, None), (128, 64, 8, None))
+
+
+def _logits_tile_sweep(s: Shapes, dev: str) -> list[Case]:
+    """Rows "sweep/strict-token-logprobs-N{n}/t{BR}x{BV}-w{warps}[-s{stages}]": hal.token_logprobs (strict, Triton)
+    at the largest row count (24 at --tiny, where the interpreter runs its own tile) under each LOGITS_TILE_SWEEP
+    choice, each first checked for the default tile's bits."""
+    import hal
+    from hal.conformance.bits import same_bits
+    from hal.kernels.triton import token_logprobs as ktl
+    bf, h, n = torch.bfloat16, s.hidden, 24 if s is TINY else s.logprob_rows[-1]
+    out = []
+    for br, bv, warps, stages in LOGITS_TILE_SWEEP[:2 if s is TINY else None]:
+        knobs = {"_DOT_TILE": (br, bv), "_DOT_WARPS": warps, "_DOT_STAGES": stages}
+
+        def build(seed, knobs=knobs):
+            x = _randn((n, h), bf, dev, 1000 * seed + 6)
+            w = _randn((s.vocab, h), bf, dev, 1000 * seed + 7, h ** -0.5)
+            tok = (torch.arange(n, device=dev) * 7919) % s.vocab
+            ours = _with_constants(ktl, lambda: hal.token_logprobs(x, w, tok, backend="triton"), knobs)
+            if not same_bits(ours(), hal.token_logprobs(x, w, tok, backend="triton")):  # speed only, or a bug
+                raise AssertionError(f"{knobs}: bits differ from the default FMA-dot logits tile's")
+            stock = lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, tok[:, None])  # noqa: E731
+            return ours, stock, [x, w, tok]
+        label = f"t{br}x{bv}-w{warps}" + (f"-s{stages}" if stages else "")
+        out.append(Case(f"sweep/strict-token-logprobs-N{n}/{label}", "token_logprobs", "strict",
+                        f"N{n} H{h} V{s.vocab} bf16 {knobs}", build, flops=2.0 * n * h * s.vocab,
+                        stock_name="F.linear + float32 log_softmax + gather"))
+    return out
+
+
 def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
     """Rows "sweep/strict-linear-M{m}/t{BM}x{BN}-w{warps}[-s{stages}]": hal.linear (strict, Triton) at a prefill
     and a batched-decode row count under each DOT_TILE_SWEEP choice (two choices at --tiny, where the interpreter
@@ -446,7 +481,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"linear/{name}/M{m}", "linear", "strict", f"M{m} K{h} N{h} bf16 {selectors}", build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
 
-    out += _dot_tile_sweep(s, dev)
+    out += _dot_tile_sweep(s, dev) + _logits_tile_sweep(s, dev)
 
     for rows in s.norm_rows:
         def build(seed, rows=rows):
@@ -476,21 +511,15 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                         stock_name="F.linear + float32 log_softmax + gather"))
 
     # the bet of the words logits on 16 warps at 8 rows (token_logprobs.WORDS_WARPS, Triton < 3.7): the same call on
-    # the earlier 8 warps, against the row above (same inputs: the seed is the row's); the words chains themselves
-    # were measured against dot_tile_vec on 2026-12-04 (kept)
+    # the earlier 8 warps, against the row above (same inputs: the seed is the row's). Set through _with_constants, so
+    # that the replay runs it too: the words chains' pair of 2026-12-04 (vec_chains) restored its constant by hand,
+    # and its replay ran the default path (its graph figure, 1164 vs 1156 us, is the words path twice)
     n = s.logprob_rows[0]
 
     def build_8_warps(seed, n=n):
         from hal.kernels.triton import token_logprobs as ktl
         ours, stock, tensors = next(c for c in out if c.id == f"token_logprobs/strict/N{n}").build(seed)
-
-        def on_8_warps():
-            saved, ktl.WORDS_WARPS = ktl.WORDS_WARPS, 8
-            try:
-                return ours()
-            finally:
-                ktl.WORDS_WARPS = saved
-        return on_8_warps, stock, tensors
+        return _with_constants(ktl, ours, dict(WORDS_WARPS=8)), stock, tensors
     out.append(Case(f"token_logprobs/strict/N{n}/words_8_warps", "token_logprobs", "strict",
                     f"N{n} H{h} V{s.vocab} bf16 (WORDS_WARPS=8)", build_8_warps, flops=2.0 * n * h * s.vocab,
                     stock_name="F.linear + float32 log_softmax + gather"))

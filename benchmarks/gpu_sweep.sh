@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The strict linear's FMA-dot tile timed under each launch shape of benchmarks/gpu_perf.py's DOT_TILE_SWEEP (tile,
-# warps, pipeline stages: speed only, the bits are the same), at 2048 and 256 rows, against cuBLAS in the same run.
+# The strict FMA-dot tiles timed under each launch shape (tile, warps, pipeline stages: speed only, the bits are the
+# same, and each row checks them against the default's first), against stock in the same run: the linear's
+# (benchmarks/gpu_perf.py DOT_TILE_SWEEP, at 2048 and 256 rows, vs cuBLAS), then token_logprobs' logits tile
+# (LOGITS_TILE_SWEEP, 256 rows of the 151,936 x 4096 LM head, vs F.linear + log_softmax + gather).
 # For a lent GPU's time left after gpu_check_8min.sh: one call of at most 4 minutes. Nothing installed; no network.
 #
 #   bash benchmarks/gpu_sweep.sh OUT_DIR          (the device call's timeout_s = 240)
 #   bash benchmarks/gpu_sweep.sh --dry-run OUT    (CPU: the same stages in the Triton interpreter at tiny shapes)
 #
-# Then keep the fastest: kernels/triton/matmul.py's _DOT_TILE, _DOT_WARPS, _DOT_STAGES (and token_logprobs' dot
-# tile, the same FMA-dot layout, is the next to try). summary.txt: every row's ratio and share of the fp32 ceiling.
+# Then keep the fastest: kernels/triton/matmul.py's _DOT_TILE, _DOT_WARPS, _DOT_STAGES and token_logprobs.py's
+# _DOT_TILE, _DOT_WARPS, _DOT_STAGES. summary.txt: every row's ratio and share of the fp32 ceiling.
 set -u
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/check_steps.sh

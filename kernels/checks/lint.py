@@ -324,8 +324,8 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
                 "token_logprobs.max_dot", tlp._max_dot_kernel,
                 {**lm, "lg_ptr": "*fp32", "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
                  **_ints("R", "V", "H", "sh", "sw_v", "sl"), "temp": "fp32", "n_chunks": "i32", "n_work": "i32",
-                 "n1": "i32"}, {"HAS_TEMP": True, "KT": 64, "KTP": 64, "BR": 32, "BV": 64, "NPU": npu},
-                divisible=("H", "sh", "sw_v", "sl")))
+                 "n1": "i32"}, {"HAS_TEMP": True, "KT": 64, "KTP": 64, "BR": tlp._DOT_TILE[0], "BV": tlp._DOT_TILE[1],
+                                "NPU": npu}, divisible=("H", "sh", "sw_v", "sl"), num_warps=tlp._DOT_WARPS))
         cases.append(KernelCase(
             "token_logprobs.stats", softmax.chunk_stats_kernel,
             {"m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32", "shift_ptr": "*fp32", "empty_ptr": "*i32",

@@ -97,6 +97,11 @@ def fma_dot() -> bool:
     return torch.version.hip is None and not ascend_launch.active()
 
 
+def warps_and_stages(warps: int, stages: int | None) -> dict:
+    """The launch options of a tile's warps and its K loop's software-pipeline stages (None: Triton's default)."""
+    return {"num_warps": warps, **({"num_stages": stages} if stages else {})}
+
+
 def interpreter_layout() -> bool:
     """The interpreter's layouts and block sizes (few large operations; REG 3-D register blocks), except for the Ascend
     variant, which runs the GPU layout (small tiles that fit the unified buffer)."""

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, strict_math as sm
 from .interpreter_dot import strict_dot
-from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2, triton_version
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2, triton_version, warps_and_stages
 from .dtypes import tl_dtype
 from .workspace import workspace
 
@@ -278,13 +278,8 @@ def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, k_tile: int, out_dtype) ->
                a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
                HAS_BIAS=bias is not None, KT=k_tile, KTP=max(16, next_power_of_2(k_tile)),
                OUT_DTYPE=tl_dtype(out_dtype), BM=bm, BN=bn, FMA_DOT=dot,
-               **(_dot_launch_options() if dot and not interpreter_layout() else {}), persistent=True)
+               **(warps_and_stages(_DOT_WARPS, _DOT_STAGES) if dot and not interpreter_layout() else {}), persistent=True)
     return out
-
-
-def _dot_launch_options() -> dict:
-    """num_warps (and num_stages, where set) of the FMA-dot tile's launch."""
-    return {"num_warps": _DOT_WARPS, **({"num_stages": _DOT_STAGES} if _DOT_STAGES else {})}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import ascend_launch, common, matmul, softmax, strict_math as sm
 from .interpreter_dot import strict_dot
-from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2
+from .launch import cdiv, fma_dot, interpreter_layout, launch, next_power_of_2, warps_and_stages
 from .workspace import workspace
 
 
@@ -177,13 +177,18 @@ WORDS_WARPS = 16
 _DOT_MIN_ROWS = 16
 
 
+#: the FMA-dot logits tile on the GPU: (rows, vocab entries), its warps and its hidden loop's pipeline stages (None:
+#: Triton's default). 32 x 64 on 4 warps: sm_90 profile 118 registers, no spill under Triton 3.6 and 3.9 (64 x 32
+#: spills 16 bytes under 3.6 with the row max); on the H200 at 14 % of the fp32 FMA peak (N >= 64, 2026-12-04). Speed
+#: only (each logit's chain is the same): benchmarks/gpu_sweep.sh times other choices against it
+_DOT_TILE, _DOT_WARPS, _DOT_STAGES = (32, 64), 4, None
+
+
 def _dot_blocks(rows: int, vocab: int):
-    """(rows, vocab entries) of an FMA-dot logits tile: 32 x 64 on 4 warps on the GPU (sm_90 profile: 118 registers, no
-    spill under Triton 3.6 and 3.9; 64 x 32 spills 16 bytes under 3.6 with the row max); few, large programs in the
-    interpreter."""
+    """(rows, vocab entries) of an FMA-dot logits tile: _DOT_TILE on the GPU; few, large programs in the interpreter."""
     if interpreter_layout():
         return max(16, next_power_of_2(min(rows, 64))), max(16, next_power_of_2(min(vocab, 256)))
-    return 32, 64
+    return _DOT_TILE
 
 
 def _sum_blocks(rows: int, n_tiles: int, br: int, ntb: int):
@@ -250,7 +255,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
             with strict_dot():
                 launch(_max_dot_kernel, (n_chunks, cdiv(n, dbr)), hg, w, logits, m, bad, pz, n, vocab, hdim,
                        h2.stride(0), w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt,
-                       KTP=max(16, next_power_of_2(kt)), BR=dbr, BV=dbv, persistent=True)
+                       KTP=max(16, next_power_of_2(kt)), BR=dbr, BV=dbv,
+                       **({} if interpreter_layout() else warps_and_stages(_DOT_WARPS, _DOT_STAGES)), persistent=True)
         else:
             launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
                    w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
