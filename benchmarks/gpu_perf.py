@@ -593,13 +593,15 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                     build_chunk, flops=2.0 * 5 * t_gdn * HV * d * d,
                     stock_name="transformers torch_chunk_gated_delta_rule"))
 
-    def build_chunk_chains(seed):  # the row above with the products as explicit fma chains (the path before)
+    def build_chunk_one_dot(seed):  # the row above with one dot per d_k tile (64 lanes; the path before)
         from hal.kernels.triton import gated_delta_rule as tri_gdn
         ours, stock, tensors = build_chunk(seed)
-        return _with_constants(tri_gdn, ours, dict(FMA_DOT_PRODUCTS=False)), stock, tensors
-    # old vs new (issue 41 item 1): gated_delta_rule.FMA_DOT_PRODUCTS off; the row above runs the FMA-dot products
-    out.append(Case(f"gdn_chunked/strict/T{t_gdn}/fma_chains", "gdn_chunked", "strict",
-                    f"B1 T{t_gdn} H{H}/{HV} d{d} bf16, products as fma chains", build_chunk_chains,
+        return _with_constants(tri_gdn, ours, dict(FULL_DOT_K=0)), stock, tensors
+    # old vs new (issue 41, Triton 3.6 spill): gated_delta_rule.FULL_DOT_K 0, one 64-lane dot per d_k tile (56 B of
+    # stack under 3.6); the row above runs each tile's chain through two 32-lane dots (no stack). The FMA dots against
+    # the explicit chains was measured before (docs/gpu_h200/2026-12-04d: dots 1.27x, kept)
+    out.append(Case(f"gdn_chunked/strict/T{t_gdn}/one_dot", "gdn_chunked", "strict",
+                    f"B1 T{t_gdn} H{H}/{HV} d{d} bf16, one 64-lane dot per d_k tile", build_chunk_one_dot,
                     flops=2.0 * 5 * t_gdn * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule"))
 
     for T in s.attn_T:

@@ -77,15 +77,18 @@ def test_lm_head_dot_tile_is_64_step_fma_chains_without_spill():
 @needs_compiler
 @pytest.mark.parametrize("name", ["gdn.chunked", "gdn.chunked.decode"])
 def test_gdn_chunked_products_are_dtp_step_fma_chains(name):
-    # the GDN chunked products (gated_delta_rule._products_fma_dot): 4 fp32 ieee dots from zero accumulators, linted in
-    # full (the state update chains from S0 * gamma, explicit fma, not from +0.0); its AMD variant holds no dot
+    # the GDN chunked products (gated_delta_rule._products_fma_dot): 4 fp32 ieee products, each d_k tile's chain from a
+    # zero accumulator through DTP / DOT_K dots (the full chunk: 2 of 32 lanes; decode: 1), linted in full (the state
+    # update chains from S0 * gamma, explicit fma, not from +0.0); its AMD variant holds no dot
     import re
     from hal.kernels.checks import lint
     case = _case(name)
-    assert case.constexprs["FMA_DOT"] and lint.lint(case, "sm90") == []
+    c = case.constexprs
+    assert c["FMA_DOT"] and lint.lint(case, "sm90") == []
+    assert c["DOT_K"] == (32 if name == "gdn.chunked" else c["DTP"])  # gated_delta_rule._dot_k
     compiled = lint.compile_case(case, "sm90")
     ttir, ptx = compiled.asm["ttir"], compiled.asm["ptx"]
-    assert ttir.count("tt.dot") == 4 and lint.dot_chain_problems(ptx, case.constexprs["DTP"]) == []
+    assert ttir.count("tt.dot") == 4 * (c["DTP"] // c["DOT_K"]) and lint.dot_chain_problems(ptx, c["DTP"]) == []
     assert lint.dot_chain_problems(ptx, 32) != []  # chains of another length are flagged
     hip = _case(f"{name}[hip]")
     assert not hip.constexprs["FMA_DOT"] and lint.lint(hip, "sm90") == []
@@ -96,3 +99,10 @@ def test_gdn_chunked_products_are_dtp_step_fma_chains(name):
     chained = re.sub(r"(tt\.dot\s+%[\w#]+,\s*%[\w#]+,\s*)%[\w#]+", r"\1%running_total", ttir, count=1)
     assert lint.ttir_problems(ttir, False) == []
     assert any("non-zero accumulator %running_total" in p for p in lint.ttir_problems(chained, False))
+    if c["DOT_K"] < c["DTP"]:
+        # a continuing dot (the tile's second) given the operand built just before it as accumulator: the definition the
+        # lint reads is the nearest above the dot (names repeat across the four loops' bodies), which is not a dot
+        second = next(m for m in re.finditer(r"tt\.dot\s+%[\w#]+,\s*(%[\w#]+),\s*(%[\w#]+)", ttir)
+                      if not re.search(rf"^\s*{re.escape(m.group(2))}\s*=\s*arith\.constant", ttir, re.M))
+        bad = ttir[:second.start(2)] + second.group(1) + ttir[second.end(2):]
+        assert any(f"non-zero accumulator {second.group(1)}" in p for p in lint.ttir_problems(bad, False))

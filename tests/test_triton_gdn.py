@@ -36,8 +36,9 @@ def test_gating_and_conv1d_bits_equal_reference():
 
 
 def test_chunked_products_as_fma_dots_bits_equal_reference():
-    # issue 41 item 1: the d_k products as strict dot tiles and as explicit chains (the switch off), same bits;
-    # the two-rounding stand-in in place of the strict dot is caught (the dots ran) and changes nothing with the
-    # switch off (the chains ran)
+    # issue 41 item 1: the d_k products as strict dot tiles (one dot per d_k tile, or a tile's chain over dots of
+    # fewer lanes: gated_delta_rule.FULL_DOT_K) and as explicit chains (the switch off), same bits; the two-rounding
+    # stand-in in place of the strict dot is caught (the dots ran) and changes nothing with the switch off (the
+    # chains ran); 4 configurations
     out = run_checks("gdn-fma-dot")
-    assert out.count("wrong variant caught") == 2 and out.count("outputs identical") == 6, out
+    assert out.count("wrong variant caught") == 4 and out.count("outputs identical") == 12, out

@@ -141,8 +141,10 @@ def ttir_problems(ttir: str, fp_fusion: bool, dots_allowed: bool = True) -> list
         if (m.group(5), m.group(6)) != ("f32", "f32"):
             out.append(f"tt.dot on {m.group(5)} x {m.group(6)}: strict dots take float32 operands (widened first)")
         acc = m.group(3)
-        define = re.search(rf"^\s*{re.escape(acc)}\s*=\s*(.*)$", ttir, re.M)
-        rhs = define.group(1) if define else ""
+        # its definition: the last one before the dot (MLIR reuses a name in sibling regions, e.g. two loops' bodies;
+        # the one in scope at the dot is the nearest above it)
+        defines = re.findall(rf"^\s*{re.escape(acc)}\s*=\s*(.*)$", ttir[:m.start()], re.M)
+        rhs = defines[-1] if defines else ""
         # from zero, or from the dot before it: one K tile's chain split over narrower dots (attention.DOT_K); a chain
         # carried across K tiles this way is caught by the PTX chain lengths (dot_chain_problems)
         if not re.match(r"arith\.constant dense<0\.0+e\+00>|tt\.dot\s", rhs):

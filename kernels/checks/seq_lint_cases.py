@@ -55,14 +55,15 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
     gdn = [
         ("gdn.serial", G._serial_kernel, {"LEN": "*i32", "lmax": i32}, dict(H=16, HV=32, DK=128, DV=128, BDV=64, DT=64)),
         # full chunks: 16 columns on 8 warps (gated_delta_rule._full_chunk_tiles)
-        # the d_k products as fp32 ieee dots on NVIDIA (gated_delta_rule._fma_dot_products); AMD / Ascend: the chains
+        # the d_k products as fp32 ieee dots on NVIDIA (gated_delta_rule._fma_dot_products), FULL_DOT_K lanes per dot on
+        # the full chunk's tile, one per d_k tile on the decode tile (_dot_k); AMD / Ascend: the chains
         ("gdn.chunked", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
          dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64 if npu else 16, DT=64, WANT_FINAL=True, RT=64,
-              STAGES=1, FMA_DOT=not npu, DTP=64)),
+              STAGES=1, FMA_DOT=not npu, DTP=64, DOT_K=G._dot_k(64, 64, 64))),
         # a decode step into the open chunk: rows on a 16-row tile (gated_delta_rule._row_tile)
         ("gdn.chunked.decode", G._chunked_kernel, {"OPENED": "*i32", "TOTAL": "*i32", "n_rows": i32, "lmax": i32},
          dict(H=16, HV=32, DK=128, DV=128, C=64, BDK=128, BDV=64, DT=64, WANT_FINAL=True, RT=16, STAGES=3,
-              FMA_DOT=not npu, DTP=64)),
+              FMA_DOT=not npu, DTP=64, DOT_K=G._dot_k(16, 64, 64))),
         ("gdn.state_copy", G._state_copy_kernel, {"n": i32}, dict(BLOCK=1024)),
         ("gdn.prep", G._prep_kernel, {"X": "*bf16", "n_rows": i32, "scale": "fp32"},
          dict(L2=True, SCALE=True, DK=128, BT=16, BDK=128, DT=64)),

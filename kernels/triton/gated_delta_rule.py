@@ -50,6 +50,13 @@ def _env_switch(name: str, default: str) -> bool:
 #: attribute is read at each call (benchmarks/gpu_perf.py measures one path against the other in one run).
 FMA_DOT_PRODUCTS = _env_switch("LOCKSTEP_GDN_FMA_DOT", "1")
 
+#: d_k lanes per dot of those products on full C-row tiles: each d_k tile's chain runs through one dot per FULL_DOT_K
+#: lanes, each continuing the last one's accumulator (the same bits). 0: one dot per tile (DTP lanes, the first FMA-dot
+#: path): at C = 64 on 8 warps that held a dot's [64, 64]-lane operands and spilled 56 B per thread under Triton 3.6;
+#: 32 lanes spill nothing under 3.6 and 3.9 (docs/gated_delta_rule.md). Decode row tiles (RT < C) keep one dot per
+#: tile (spill-free; 32 lanes there cost registers). Read at each call.
+FULL_DOT_K = 32
+
 EPS = tl.constexpr(9.999999974752427e-07)  # float32(1e-6), exact
 
 
@@ -217,12 +224,16 @@ def _products_fma(QR, KR, S, qk, s_base, dv, dm, DK: tl.constexpr, DV: tl.conste
 
 @triton.jit
 def _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-                      DT: tl.constexpr, DTP: tl.constexpr, RT: tl.constexpr, STAGES: tl.constexpr):
-    """:func:`_products_fma`'s bits with one float32 ``ieee`` tl.dot per d_k tile and product (NVIDIA: an fma chain
-    per output over d in order from the zero accumulator; launch.fma_dot). A tile is DTP >= DT lanes (a power of
-    two, >= 16 for tl.dot); a lane past the tile or past DK is a padded step, which adds a product equal to -0.0:
-    the row operand (k or qs rows, [RT, DTP]) is -0.0 there (sm.neg_zero_where), the column operand (k^T, S0 rows,
-    [DTP, *]) +0.0, and fma(-0, +0, c) = c for every c. Tile partials are added in tile order from +0.0 by
+                      DT: tl.constexpr, DTP: tl.constexpr, RT: tl.constexpr, STAGES: tl.constexpr,
+                      DOT_K: tl.constexpr):
+    """:func:`_products_fma`'s bits with float32 ``ieee`` tl.dots per d_k tile and product (NVIDIA: an fma chain per
+    output over d in order from the zero accumulator; launch.fma_dot). A tile is DTP >= DT lanes (a power of two,
+    >= 16 for tl.dot), its chain run through one dot per DOT_K lanes, each continuing the last one's accumulator
+    (the same fma steps in the same order as one dot over the tile; DOT_K = DTP is one dot per tile): the FMA
+    lowering holds a dot's operands of all its K lanes in registers, so narrower dots leave room for the tile's
+    other live values. A lane past the tile or past DK is a padded step, which adds a product equal to -0.0: the
+    row operand (k or qs rows, [RT, DOT_K]) is -0.0 there (sm.neg_zero_where), the column operand (k^T, S0 rows,
+    [DOT_K, *]) +0.0, and fma(-0, +0, c) = c for every c. Tile partials are added in tile order from +0.0 by
     tl.fma(part, 1.0, total): total + part rounded once, not an addf Triton could fold into the next dot's
     accumulator. (Rows of the tile past the chunk's present rows read the zeros the host lays out there and feed
     nothing: rows are independent in every product.) One loop per product: with all four dots in one loop the
@@ -231,33 +242,48 @@ def _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK: tl.constexpr, DV: tl.co
     QK = tl.zeros([RT, RT], tl.float32)
     W = tl.zeros([RT, BDV], tl.float32)
     Y = tl.zeros([RT, BDV], tl.float32)
-    lane = tl.arange(0, DTP)
+    lane = tl.arange(0, DOT_K)
     for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # KK
-        d = t0 + lane
-        d_ok = (lane < DT) & (d < DK)
-        k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)   # [RT, DTP], +0.0 padded
-        k_row = sm.neg_zero_where(d_ok[None, :], k_col)                                  # -0.0 padded
-        KK = tl.fma(tl.dot(k_row, tl.trans(k_col), tl.zeros([RT, RT], tl.float32), input_precision="ieee"), 1.0, KK)
+        part = tl.zeros([RT, RT], tl.float32)
+        for c in tl.static_range(0, DT, DOT_K):  # the tile's lanes, DOT_K per dot
+            d = t0 + c + lane
+            d_ok = (c + lane < DT) & (d < DK)
+            k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)  # [RT, DOT_K], +0.0 padded
+            k_row = sm.neg_zero_where(d_ok[None, :], k_col)                                 # -0.0 padded
+            part = tl.dot(k_row, tl.trans(k_col), part, input_precision="ieee")
+        KK = tl.fma(part, 1.0, KK)
     for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # QK
-        d = t0 + lane
-        d_ok = (lane < DT) & (d < DK)
-        k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
-        q_row = sm.neg_zero_where(d_ok[None, :], tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
-        QK = tl.fma(tl.dot(q_row, tl.trans(k_col), tl.zeros([RT, RT], tl.float32), input_precision="ieee"), 1.0, QK)
+        part = tl.zeros([RT, RT], tl.float32)
+        for c in tl.static_range(0, DT, DOT_K):
+            d = t0 + c + lane
+            d_ok = (c + lane < DT) & (d < DK)
+            k_col = tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
+            q_row = sm.neg_zero_where(d_ok[None, :],
+                                      tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+            part = tl.dot(q_row, tl.trans(k_col), part, input_precision="ieee")
+        QK = tl.fma(part, 1.0, QK)
     for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # W
-        d = t0 + lane
-        d_ok = (lane < DT) & (d < DK)
-        k_row = sm.neg_zero_where(d_ok[None, :], tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
-        s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
-                     other=0.0)                                                          # [DTP, BDV], +0.0 padded
-        W = tl.fma(tl.dot(k_row, s0, tl.zeros([RT, BDV], tl.float32), input_precision="ieee"), 1.0, W)
+        part = tl.zeros([RT, BDV], tl.float32)
+        for c in tl.static_range(0, DT, DOT_K):
+            d = t0 + c + lane
+            d_ok = (c + lane < DT) & (d < DK)
+            k_row = sm.neg_zero_where(d_ok[None, :],
+                                      tl.load(KR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+            s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
+                         other=0.0)                                                     # [DOT_K, BDV], +0.0 padded
+            part = tl.dot(k_row, s0, part, input_precision="ieee")
+        W = tl.fma(part, 1.0, W)
     for t0 in tl.range(0, DK, DT, num_stages=STAGES):  # Y
-        d = t0 + lane
-        d_ok = (lane < DT) & (d < DK)
-        q_row = sm.neg_zero_where(d_ok[None, :], tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
-        s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
-                     other=0.0)
-        Y = tl.fma(tl.dot(q_row, s0, tl.zeros([RT, BDV], tl.float32), input_precision="ieee"), 1.0, Y)
+        part = tl.zeros([RT, BDV], tl.float32)
+        for c in tl.static_range(0, DT, DOT_K):
+            d = t0 + c + lane
+            d_ok = (c + lane < DT) & (d < DK)
+            q_row = sm.neg_zero_where(d_ok[None, :],
+                                      tl.load(QR + qk[:, None] + d[None, :], mask=d_ok[None, :], other=0.0))
+            s0 = tl.load(S + s_base + d.to(tl.int64)[:, None] * DV + dv[None, :], mask=d_ok[:, None] & dm[None, :],
+                         other=0.0)
+            part = tl.dot(q_row, s0, part, input_precision="ieee")
+        Y = tl.fma(part, 1.0, Y)
     return KK, QK, W, Y
 
 
@@ -266,7 +292,7 @@ def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, 
                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                     BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
                     RT: tl.constexpr, STAGES: tl.constexpr, NPU: tl.constexpr, FMA_DOT: tl.constexpr = False,
-                    DTP: tl.constexpr = 16):
+                    DTP: tl.constexpr = 16, DOT_K: tl.constexpr = 16):
     """QR, KR [N, R, H, DK]; VR [N, R, HV, DV]; GR, BR [N, R, HV] (rows from the last chunk boundary);
     S [N, HV, DK, DV] (in: S0, out: state at the last boundary); FIN like S; O [N, Lmax, HV, DV].
     RT: rows per register tile, C unless the host knows every sequence ends inside its first RT rows
@@ -276,7 +302,7 @@ def _chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, 
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax,
                       item // (n1 * n2), (item // n2) % n1, item % n2, H, HV, DK, DV, C, BDK, BDV, DT, WANT_FINAL,
-                      RT, STAGES, FMA_DOT, DTP, NPU)
+                      RT, STAGES, FMA_DOT, DTP, DOT_K, NPU)
 
 
 @triton.jit
@@ -284,7 +310,7 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
                   H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                   BDK: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, WANT_FINAL: tl.constexpr,
                   RT: tl.constexpr, STAGES: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr,
-                  NPU: tl.constexpr):
+                  DOT_K: tl.constexpr, NPU: tl.constexpr):
     """The chunked form for sequence n, value head hv, d_v tile dv_tile (one work item).
 
     Row i reads rows <= i only, so the serial loops over rows stop at the chunk's last present row
@@ -309,7 +335,8 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
         if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit)
             KK, QK, W, Y = _products_fma(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, RT, STAGES)
         elif FMA_DOT:  # NVIDIA (and the interpreter's strict stand-in): fp32 ieee dots, an fma chain each
-            KK, QK, W, Y = _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, DTP, RT, STAGES)
+            KK, QK, W, Y = _products_fma_dot(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, DTP, RT, STAGES,
+                                               DOT_K)
         else:  # AMD, row tiles under 16, the switch off: the explicit chains
             KK, QK, W, Y = _products_fma(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, RT, STAGES)
         # log-decay chains from row i downward: A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
@@ -420,6 +447,14 @@ def _fma_dot_products(rt: int) -> bool:
     return FMA_DOT_PRODUCTS and rt >= 16 and fma_dot()
 
 
+def _dot_k(rt: int, C: int, dtp: int) -> int:
+    """Lanes per dot of the chunked products (the kernel's DOT_K): ``FULL_DOT_K`` on full C-row tiles, else the
+    whole d_k tile (DTP). Never changes bits (one chain per tile either way)."""
+    if FULL_DOT_K and (FULL_DOT_K < 16 or FULL_DOT_K & (FULL_DOT_K - 1)):
+        raise ValueError(f"gated_delta_rule.FULL_DOT_K must be 0 or a power of two >= 16, got {FULL_DOT_K!r}")
+    return min(FULL_DOT_K, dtp) if FULL_DOT_K and rt == C else dtp
+
+
 def _stages(rt: int, C: int) -> int:
     """Pipeline depth of the chunked kernel's d_k loop: only the row tiles below C pipeline it; at C = 64 the
     pipelined loop spills more under Triton 3.6 (stack 1160 -> 3880 B per thread; docs/gated_delta_rule.md)."""
@@ -481,12 +516,13 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
         bdv_c, warps = _full_chunk_tiles(bdv) if rt == C and not ascend_launch.active() else (bdv, {})
         dot = _fma_dot_products(rt)
         bdv_c = max(16, bdv_c) if dot else bdv_c  # a dot's tile has >= 16 columns (past d_v: masked)
+        dtp = max(16, next_power_of_2(min(t, dk)))  # a d_k tile's dot lanes
         if n and n_chunks:
             with strict_dot() if dot else contextlib.nullcontext():
                 launch(_chunked_kernel, (n, hv, cdiv(dv, bdv_c)), qr, kr, vr, gr, br, S, fin, o, opened, total, R,
                        lmax, H=h, HV=hv, DK=dk, DV=dv, C=C, BDK=next_power_of_2(dk),
                        BDV=bdv_c, DT=t, WANT_FINAL=bool(want_final), RT=rt,
-                       STAGES=_stages(rt, C), FMA_DOT=dot, DTP=max(16, next_power_of_2(min(t, dk))), persistent=True,
+                       STAGES=_stages(rt, C), FMA_DOT=dot, DTP=dtp, DOT_K=_dot_k(rt, C, dtp), persistent=True,
                        **warps)
         new = Parts(start + lengths.to(start.device), S, _carry(kr, total, C, R), _carry(vr, total, C, R),
                     _carry(gr, total, C, R), _carry(br, total, C, R), fin if want_final else None)

@@ -388,31 +388,56 @@ def _gdn_products(fma_dot: bool, two_roundings: bool = False):
         tri_gdn.FMA_DOT_PRODUCTS, interpreter_dot._fma_chain_dot = saved, strict
 
 
+@contextlib.contextmanager
+def _gdn_dot_k(full_dot_k: int, seen: list):
+    """gated_delta_rule.FULL_DOT_K set to full_dot_k; each launch's (DTP, DOT_K) appended to seen."""
+    saved, dot_k = tri_gdn.FULL_DOT_K, tri_gdn._dot_k
+
+    def recorded(rt, C, dtp):
+        seen.append((dtp, dot_k(rt, C, dtp)))
+        return seen[-1][1]
+    tri_gdn.FULL_DOT_K, tri_gdn._dot_k = full_dot_k, recorded
+    try:
+        yield
+    finally:
+        tri_gdn.FULL_DOT_K, tri_gdn._dot_k = saved, dot_k
+
+
 def gdn_fma_dot():
     """The chunked products as float32 ieee dot tiles (issue 41 item 1): d_k = 12 on dk_tile 8 (16 dot lanes: the
     first tile 8 padded lanes, the second 12), d_v = 10 (the dot's 16 columns, 6 masked), row tiles 16 (C = 16)
-    and 64 (C = 64, full chunks), from a random initial state (S0 products). Both the dot tiles and the explicit
-    chains (the switch off) give the reference's bits; controls: the fast kernels' two-rounding stand-in in place
-    of the strict dot is caught (the dots did run), and with the switch off it changes nothing (the chains ran)."""
+    and 64 (C = 64, full chunks), from a random initial state (S0 products); and d_k = 40 on dk_tile 24 at C = 64
+    (32 dot lanes: tiles of 24 and 16 valid lanes), as one dot per tile (FULL_DOT_K 0) and as two dots of 16 lanes
+    each continuing the last one's accumulator (FULL_DOT_K 16: the first tile's second dot half padded, the
+    second tile's all padded). Both the dot tiles and the explicit chains (the switch off) give the reference's
+    bits; controls: the fast kernels' two-rounding stand-in in place of the strict dot is caught (the dots did
+    run), and with the switch off it changes nothing (the chains ran); the lanes per dot are the ones meant."""
     dt, h, hv, dk, dv, l2 = GDN_CASES[0]
     if not tri_gdn._fma_dot_products(16):
         FAILED.append("gdn-fma-dot")
         print("gdn-fma-dot: FAIL the chunked products do not run as FMA dots here", flush=True)
         return
-    for i, (chunk, lens) in enumerate(((16, (21, 3, 9)), (64, (70, 1, 64)))):
-        spec = GatedDeltaRuleSpec(variant="chunked", chunk=chunk, dk_tile=8)
+    configs = ((16, (21, 3, 9), dk, 8, tri_gdn.FULL_DOT_K, (16, 16)), (64, (70, 1, 64), dk, 8, tri_gdn.FULL_DOT_K, (16, 16)),
+               (64, (70, 1, 64), 40, 24, 0, (32, 32)), (64, (70, 1, 64), 40, 24, 16, (32, 16)))
+    for i, (chunk, lens, d_k, tile, full_dot_k, lanes) in enumerate(configs):
+        spec = GatedDeltaRuleSpec(variant="chunked", chunk=chunk, dk_tile=tile)
         rnd = _gen(70 + i)
-        x, cu = _gdn_inputs(rnd, dt, h, hv, dk, dv, l2, lens)
-        parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), rnd(3, hv, dk, dv, scale=0.1), None, None, None, None,
-                              None)
+        x, cu = _gdn_inputs(rnd, dt, h, hv, d_k, dv, l2, lens)
+        parts = ref_gdn.Parts(torch.zeros(3, dtype=torch.int64), rnd(3, hv, d_k, dv, scale=0.1), None, None, None,
+                              None, None)
         o1, p1 = ref_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
         want = [("o", o1), ("S", p1.S), ("final", p1.final)]
+        name = f"C={chunk},dk={d_k},dk_tile={tile},FULL_DOT_K={full_dot_k},{dt}"
         for label, dot, two in (("dots", True, False), ("chains", False, False), ("chains-two-rounding-dot", False, True),
                                 ("dots-two-rounding-control", True, True)):
-            with _gdn_products(dot, two):
+            seen = []
+            with _gdn_products(dot, two), _gdn_dot_k(full_dot_k, seen):
                 o2, p2 = tri_gdn.gated_delta_rule(*x, 0.3, parts, cu, l2, spec, True)
             pairs = [(n, e, g) for (n, e), g in zip(want, (o2, p2.S, p2.final))]
-            (_differs if label.endswith("control") else _same)(f"gdn-fma-dot-{label}[C={chunk},{dt}]", pairs)
+            (_differs if label.endswith("control") else _same)(f"gdn-fma-dot-{label}[{name}]", pairs)
+            if dot and set(seen) != {lanes}:
+                FAILED.append(f"gdn-fma-dot-lanes[{name}]")
+                print(f"gdn-fma-dot-lanes[{name}]: FAIL (DTP, DOT_K) {sorted(set(seen))}, want {lanes}", flush=True)
 
 
 def gdn_negative():
