@@ -361,12 +361,10 @@ def _attention_knobs(fn: Callable, **knobs) -> Callable:
 
 def _old_attention_paths() -> dict:
     """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
-    q loaded keys-first in the decode chains on Triton < 3.7 (attention.Q_KEYS_FIRST: no shared-memory conversion
-    there, yet measured slower) and one FMA dot per head-dim tile / key block (attention.DOT_K = 0)."""
+    the decode chains' q loaded as a broadcast [rows, keys, VEC] tile (attention.Q_BROADCAST_LOAD: converted through
+    shared memory at every step under Triton 3.6) and one FMA dot per head-dim tile / key block (attention.DOT_K = 0)."""
     from hal.kernels.triton import attention as tri_attn
-    from hal.kernels.triton.launch import triton_version as triton_version_tuple
-    keys_first = not tri_attn.Q_KEYS_FIRST and triton_version_tuple() < (3, 7)
-    return {"keys_first_q": dict(Q_KEYS_FIRST=True)} if keys_first else {}, \
+    return {"broadcast_q": dict(Q_BROADCAST_LOAD=True)} if not tri_attn.Q_BROADCAST_LOAD else {}, \
         {"one_dot": dict(DOT_K=0)} if tri_attn.DOT_K else {}
 
 

@@ -73,8 +73,8 @@ def test_vector_score_chains_bits_equal_reference():
     run_checks("attn-vector")
 
 
-def test_vector_score_chains_keys_first_q_bits_equal_reference():
-    run_checks("attn-vector-keys-first")
+def test_vector_score_chains_broadcast_q_bits_equal_reference():
+    run_checks("attn-vector-broadcast-q")
 
 
 def test_negative_control_swapped_chain_order_is_caught():

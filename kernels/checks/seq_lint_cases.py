@@ -40,7 +40,7 @@ def cases(KernelCase, full: bool = False, npu: bool = False) -> list:
             dot = not one and not npu
             consts = dict(HQ=32, GROUP=4, D=128, **tiles, BLOCK_D=128, KB=64, KS=256, DT=64, VEC=vec, P_IN=not one,
                           OUT=tdt, PAGED=paged, ONE_SPLIT=one, NPU=npu, FMA_DOT=dot, DTP=64,
-                          DK=A.dot_k(64, 64), QT=vec > 1 and A.Q_KEYS_FIRST)
+                          DK=A.dot_k(64, 64), QB=vec > 1 and A.Q_BROADCAST_LOAD)
             sig = {k: v for k, v in _sig(AK._attn_kernel, types, "*fp32").items() if k not in consts}
             out.append(KernelCase(f"attention[{dt},paged={paged},one_split={one}]", AK._attn_kernel, sig, consts,
                                   divisible=attn_divisible,

@@ -63,13 +63,15 @@ def _fast_tiles(max_q: int, group: int, block_m: int) -> tuple[int, int]:
 VECTOR_MAX_ROWS = 8
 
 
-#: decode tiles' vector chains load q keys-first and permute it (attention_kernel._dot_tile_vectors, QT) on Triton
-#: < 3.7, whose coalescing put a [rows, keys, VEC] load's rows on threads and converted q through shared memory at
-#: every chain step (sm_90, split-KV decode under 3.6: 434 / 306 shared-memory instructions, 340 / 276 barriers for
-#: bf16 / fp32; docs/triton.md); 3.9 coalesces the plain load into the chains' layout already and keeps it.
-#: Off: measured slower on the H200 under 3.6 despite the conversions gone (2026-12-04, attention_decode/strict
-#: B8 / B64: keys-first 417.7 / 2171.9 us, rows-first 314.3 / 2122.4 us); kept selectable for the next Triton
-Q_KEYS_FIRST = False
+#: decode tiles' vector chains load q as [rows, keys, VEC] with the same address along keys (attention_kernel.
+#: _dot_tile_vectors, QB), the earlier kernel; False (default): each row's vector once, [rows, 1, VEC], broadcast by the
+#: chains. Speed only. Under Triton 3.6 the broadcast load put rows on threads and converted q to the chains' layout
+#: through shared memory at every step (sm_90, split-KV decode: 434 / 306 shared-memory instructions, 340 / 276
+#: barriers, bf16 / fp32); the row load leaves 50 / 20 (the epilogue's), none in the key loop, and 3.9's counts are
+#: unchanged (docs/triton.md). A bet: q keys-first and permuted, the earlier way to the same counts, measured slower
+#: on the H200 (2026-12-04: B 8 417.7 against 314.3 us) for a reason the run could not show; gpu_perf times this
+#: against the broadcast load (attention_decode/strict/B*/broadcast_q)
+Q_BROADCAST_LOAD = False
 
 
 def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
@@ -141,7 +143,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
         dtp = max(16, next_power_of_2(min(spec.dot_tile, d)))
         spec_args = dict(KB=spec.kv_block, KS=spec.kv_split, DT=spec.dot_tile, VEC=vec,
                          P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot, DTP=dtp,
-                         DK=dot_k(dtp, spec.kv_block), QT=vec > 1 and Q_KEYS_FIRST)
+                         DK=dot_k(dtp, spec.kv_block), QB=vec > 1 and Q_BROADCAST_LOAD)
         dots = strict_dot() if dot else contextlib.nullcontext()
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs

@@ -76,17 +76,18 @@ def _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1:
 
 
 @triton.jit
-def _fma_vector(part, q, k, n: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr):
-    """The first n (static) steps of the chains part [rows, keys] over one vector of head dims: q [rows, keys, VEC]
-    (each row's q, the same for every key), k [1, keys, VEC], in element order (common.eight / four: moves inside
-    a thread)."""
+def _fma_vector(part, q, k, n: tl.constexpr, BLOCK_M: tl.constexpr, QK: tl.constexpr, KB: tl.constexpr,
+                VEC: tl.constexpr):
+    """The first n (static) steps of the chains part [rows, keys] over one vector of head dims: q [rows, QK, VEC]
+    (each row's q: QK 1, broadcast across keys, or the same for every key), k [1, keys, VEC], in element order
+    (common.eight / four: moves inside a thread)."""
     if VEC == 8:
-        q0, q1, q2, q3, q4, q5, q6, q7 = common.eight(q, BLOCK_M, KB)
+        q0, q1, q2, q3, q4, q5, q6, q7 = common.eight(q, BLOCK_M, QK)
         k0, k1, k2, k3, k4, k5, k6, k7 = common.eight(k, 1, KB)
         part = common.fma_steps(part, q0, q1, q2, q3, k0, k1, k2, k3, 0 < n, 1 < n, 2 < n, 3 < n)
         part = common.fma_steps(part, q4, q5, q6, q7, k4, k5, k6, k7, 4 < n, 5 < n, 6 < n, 7 < n)
     else:
-        q0, q1, q2, q3 = common.four(q, BLOCK_M, KB)
+        q0, q1, q2, q3 = common.four(q, BLOCK_M, QK)
         k0, k1, k2, k3 = common.four(k, 1, KB)
         part = common.fma_steps(part, q0, q1, q2, q3, k0, k1, k2, k3, 0 < n, 1 < n, 2 < n, 3 < n)
     return part
@@ -94,24 +95,24 @@ def _fma_vector(part, q, k, n: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.const
 
 @triton.jit
 def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr, QT: tl.constexpr):
+                      BLOCK_M: tl.constexpr, KB: tl.constexpr, VEC: tl.constexpr, QB: tl.constexpr):
     """The same chain as :func:`_dot_tile_elementwise`, fed VEC consecutive head dims (16 bytes) per vector
-    load: k as [1, keys, VEC], q as [rows, keys, VEC] (the same address along keys: a broadcast), so that q, k
-    and the chains share one layout (keys across threads) and each chain stays in the thread that loads k.
-    A vector that runs past t1 only feeds the tile's steps (its last elements belong to the next tile); only
-    a vector past D masks elements, so full vectors keep a mask that is constant along them.
+    load: k as [1, keys, VEC] (keys across threads, each chain in the thread that loads its key), q as [rows, 1,
+    VEC], each row's vector once, which the chains broadcast across keys. A vector that runs past t1 only feeds the
+    tile's steps (its last elements belong to the next tile); only a vector past D masks elements, so full vectors
+    keep a mask that is constant along them. The caller's ``valid`` must depend on the key block (see _split), or
+    the compiler hoists every row's q out of the key loop and spills it.
 
-    QT (Triton < 3.7, attention.Q_KEYS_FIRST): q is loaded as [keys, rows, VEC] and permuted (a relabelling in
-    registers). Triton 3.6's coalescing gives a load's threads to its first dimension of equal contiguity, so a
-    [rows, keys, VEC] load put rows on threads and every step converted q to the chains' layout through shared
-    memory; 3.9 gives them to the last such dimension, where [rows, keys, VEC] is the chains' layout already."""
+    QB (attention.Q_BROADCAST_LOAD, the earlier kernel): q loaded as [rows, keys, VEC] with the same address along
+    keys. Triton 3.6's coalescing gives such a load's threads to rows, and every step converted q to the chains'
+    layout through shared memory (sm_90: 434 / 306 shared-memory instructions, 340 / 276 barriers, bf16 / fp32)."""
     e = tl.arange(0, VEC)[None, None, :]
-    if QT:
-        q_row = Q + q_off[None, :, None] + tl.zeros([KB, 1, 1], tl.int64)
-        q_lane = kmask[:, None, None] & valid[None, :, None]  # a masked key's chain is never read
-    else:
+    if QB:
         q_row = Q + q_off[:, None, None] + tl.zeros([1, KB, 1], tl.int64)
         q_lane = valid[:, None, None] & kmask[None, :, None]
+    else:
+        q_row = Q + q_off[:, None, None]
+        q_lane = valid[:, None, None]
     k_row = K + koff[None, :, None]
     part = tl.zeros([BLOCK_M, KB], tl.float32)
     for c in tl.static_range(t0, t1, VEC):
@@ -120,16 +121,14 @@ def _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0: tl.constexpr, t1: tl.
             q_ok = q_ok & (c + e < D)
             k_ok = k_ok & (c + e < D)
         q = sm.widen(tl.load(q_row + c + e, mask=q_ok, other=0.0))
-        if QT:
-            q = tl.permute(q, (1, 0, 2))
         k = sm.widen(tl.load(k_row + c + e, mask=k_ok, other=0.0))
-        part = _fma_vector(part, q, k, t1 - c, BLOCK_M, KB, VEC)
+        part = _fma_vector(part, q, k, t1 - c, BLOCK_M, KB if QB else 1, KB, VEC)
     return part
 
 
 @triton.jit
 def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr,
-            DT: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr, QT: tl.constexpr):
+            DT: tl.constexpr, VEC: tl.constexpr, NPU: tl.constexpr, QB: tl.constexpr):
     """[rows, keys] scores: the tiled dot over the head dim (tile partials added in order from +0.0; the last
     tile is short when DT does not divide D), then one multiply by scale."""
     s = tl.zeros([BLOCK_M, KB], tl.float32)
@@ -140,7 +139,7 @@ def _scores(Q, K, q_off, valid, koff, kmask, scale, D: tl.constexpr, BLOCK_M: tl
             part = _dot_tile_elementwise(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), BLOCK_M, KB)
         else:
             part = _dot_tile_vectors(Q, K, q_off, valid, koff, kmask, t0, min(t0 + DT, D), D, BLOCK_M,
-                                     KB, VEC, QT)
+                                     KB, VEC, QB)
         s = s + part
     return s * scale
 
@@ -249,7 +248,7 @@ def _split(Q, K, V, q_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_str
            scale, causal, left, right, k_lo, k_hi,
            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
            DT: tl.constexpr, VEC: tl.constexpr, P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
-           NPU: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr, DK: tl.constexpr, QT: tl.constexpr):
+           NPU: tl.constexpr, FMA_DOT: tl.constexpr, DTP: tl.constexpr, DK: tl.constexpr, QB: tl.constexpr):
     """(m, l, acc, nonempty) of the keys [k_lo, k_hi) of one split, blocks of KB anchored at key 0.
 
     FMA_DOT (prefill tiles on NVIDIA, launch.fma_dot): scores by :func:`_scores_fma_dot`, and a block whose keys
@@ -263,11 +262,16 @@ def _split(Q, K, V, q_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_str
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
         if NPU:  # Ascend: the explicit chains (a dot would run on the cube unit; ascend_lint follows 'if NPU:')
-            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QT)
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QB)
         elif FMA_DOT:
             s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP, min(DK, DTP))
+        elif VEC > 1 and not QB:
+            # decode tiles' q rows masked by a condition on kb0 (true in every block the loop runs): the loads stay in
+            # the chain loop, where hoisted out of the key loop every row's q would spill
+            q_valid = tl.where(klen > kb0, valid, False)  # a select: the interpreter makes valid & (klen > kb0) int32
+            s = _scores(Q, K, q_off, q_valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QB)
         else:
-            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QT)
+            s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QB)
         vis = _visible(kj[None, :], pos[:, None], valid[:, None], klen, causal, left, right)
         m_new = tl.maximum(m, tl.max(tl.where(vis, s, float("-inf")), axis=1))
         blk_ne = tl.max(vis.to(tl.int32), axis=1)
@@ -315,7 +319,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                  BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, DT: tl.constexpr, VEC: tl.constexpr,
                  P_IN: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
                  NPU: tl.constexpr, FMA_DOT: tl.constexpr = False, DTP: tl.constexpr = 16, DK: tl.constexpr = 16,
-                 QT: tl.constexpr = False):
+                 QB: tl.constexpr = False):
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)  # grid (row tile, sequence x head group, split)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
@@ -331,7 +335,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                 s_hi = tl.minimum(hi, (sp + 1) * KS)
                 m, l, acc, ne = _split(Q, K, V, qr_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
                                        stride_kp, stride_kt, scale, causal, left, right, s_lo, s_hi,
-                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP, DK, QT)
+                                       D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP, DK, QB)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
@@ -341,7 +345,7 @@ def _attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                                            page, stride_kp, stride_kt, scale, causal, left, right,
                                            tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
                                            D, BLOCK_M, BLOCK_D, KB, DT, VEC, P_IN, OUT, PAGED, NPU, FMA_DOT, DTP, DK,
-                                           QT)
+                                           QB)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)

@@ -190,18 +190,18 @@ def attn_vector():
         _same(f"attn-vector[{spec.id},{dt},D={d},VEC={want}]", pairs)
 
 
-def attn_vector_keys_first():
-    """The vector score chains with q loaded keys-first and permuted (attention.Q_KEYS_FIRST: Triton < 3.7's layout;
-    the installed Triton loads [rows, keys, VEC] directly): the same bits."""
-    real = tri_attn.Q_KEYS_FIRST
-    tri_attn.Q_KEYS_FIRST = True
+def attn_vector_broadcast_q():
+    """The vector score chains with q loaded as a broadcast [rows, keys, VEC] tile (attention.Q_BROADCAST_LOAD, the
+    earlier kernel; the default loads each row's vector once): the same bits, and the launch took that path."""
+    real = tri_attn.Q_BROADCAST_LOAD
+    tri_attn.Q_BROADCAST_LOAD = True
     try:
         for i, (spec, dt, hq, hkv, d) in enumerate(VECTOR_CASES):
-            qts, launch = [], tri_attn.launch
+            qbs, launch = [], tri_attn.launch
 
             def recorded(kernel, *a, **kw):
-                if "QT" in kw:
-                    qts.append(kw["QT"])
+                if "QB" in kw:
+                    qbs.append(kw["QB"])
                 return launch(kernel, *a, **kw)
             tri_attn.launch = recorded
             try:
@@ -209,12 +209,12 @@ def attn_vector_keys_first():
                     pairs = _vector_pairs(spec, dt, hq, hkv, d, 70 + i)
             finally:
                 tri_attn.launch = launch
-            if not qts or not all(qts):
-                FAILED.append("attn-vector-keys-first")
-                print(f"attn-vector-keys-first: FAIL launched QT {qts}", flush=True)
-            _same(f"attn-vector-keys-first[{spec.id},{dt},D={d}]", pairs)
+            if not qbs or not all(qbs):
+                FAILED.append("attn-vector-broadcast-q")
+                print(f"attn-vector-broadcast-q: FAIL launched QB {qbs}", flush=True)
+            _same(f"attn-vector-broadcast-q[{spec.id},{dt},D={d}]", pairs)
     finally:
-        tri_attn.Q_KEYS_FIRST = real
+        tri_attn.Q_BROADCAST_LOAD = real
 
 
 def attn_vector_negative():
@@ -492,7 +492,7 @@ def persistent_negative():
 
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, attn_negative, attn_gqa_packed,
-                                                     attn_gqa_negative, attn_vector, attn_vector_keys_first,
+                                                     attn_gqa_negative, attn_vector, attn_vector_broadcast_q,
                                                      attn_vector_negative, gdn_serial, gdn_chunked, gdn_chunked_decode,
                                                      gdn_fma_dot, gdn_negative, gdn_layer, persistent_negative)}
 
