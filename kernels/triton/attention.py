@@ -86,8 +86,9 @@ def _score_layout(block_m: int, kb: int, element_size: int) -> tuple[int, dict]:
 
 #: rows and warps of the FMA-dot prefill tile. hal.kernels.checks.sass_profile, sm_90, bf16, D 128, kv_block 64, one dot
 #: per 64-lane tile: 16 rows on 8 warps spill least (stack 424 B under Triton 3.6, 376 under 3.9), 16 on 4 warps
-#: 1112 / 2304, 32 on 8 warps 816 / 688; with DOT_K 16 lanes per dot 16 x 8 spills 24-48 B, 16 x 4 328, 16 x 16 warps
-#: 24-40 (128 registers a thread): docs/triton.md
+#: 1112 / 2304, 32 on 8 warps 816 / 688; with DOT_K 16 lanes per dot 16 x 8 spills 24-64 B (values of the work item,
+#: stored before and read after the key loop: the loop's FMA-dot operands fill the 255 registers), 16 x 4 328, 16 x 16
+#: warps 8-48 (128 registers a thread): docs/triton.md ("Visibility relative to the query")
 DOT_ROWS, DOT_WARPS = 16, 8
 
 

@@ -15,14 +15,17 @@ from . import strict_math as sm
 
 @triton.jit
 def _visible(kj, pos, valid, klen, causal, left, right):
-    """bool tile: key kj (any shape broadcastable with pos) is visible to the query at pos."""
+    """bool tile: key kj (any shape broadcastable with pos) is visible to the query at pos. The window tests use the
+    distance pos - kj (no overflow for positions and keys below 2^30): comparing kj with pos - left / pos + right made
+    the compiler keep both per row and layout live across the key loops (decode spilled 8-48 B; docs/triton.md)."""
     vis = valid & (kj < klen)
+    back = pos - kj  # how far the key lies behind the query (negative: ahead of it)
     if causal:
-        vis = vis & (kj <= pos)
+        vis = vis & (back >= 0)
     if left >= 0:
-        vis = vis & (kj >= pos - left)
+        vis = vis & (back <= left)
     if (right >= 0) & (causal == 0):
-        vis = vis & (kj <= pos + right)
+        vis = vis & (back >= -right)
     return vis
 
 
