@@ -25,11 +25,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 from _check_cli import main, report  # noqa: E402
-from _variants import kernel_variant  # noqa: E402
+from _variants import kernel_variant, two_rounding_dot  # noqa: E402
 
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
-from hal.kernels.triton import attention as tri_attn, attention_kernel as tri_kernel, interpreter_dot  # noqa: E402
+from hal.kernels.triton import attention as tri_attn, attention_kernel as tri_kernel  # noqa: E402
 from hal.spec import AttentionSpec  # noqa: E402
 
 TINY = torch.tensor(1, dtype=torch.int32).view(torch.float32).item()  # the smallest float32 subnormal
@@ -121,12 +121,8 @@ def check_negative():
         caught = [name for name, problem in _cases() if problem]
     report("V rows of unseen keys loaded as +0.0 are caught (the signed-zero case)",
            None if caught == [CASES[0][0]] else f"caught in {caught}")
-    strict = interpreter_dot._fma_chain_dot
-    interpreter_dot._fma_chain_dot = interpreter_dot._chain_dot  # two roundings per step
-    try:
+    with two_rounding_dot():
         caught = [name for name, problem in _cases() if problem]
-    finally:
-        interpreter_dot._fma_chain_dot = strict
     report("the fast stand-in (product rounded, then added) is caught in the random float32 case",
            None if CASES[1][0] in caught else f"caught only in {caught}")
     # the key chunks of a block chained out of key order (last chunk first): a different fma order per output

@@ -29,9 +29,8 @@ from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import attention_kernel as tri_kernel  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn, gdn_layer as tri_layer  # noqa: E402
-from hal.kernels.triton import interpreter_dot  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
-from _variants import dropped_last_work_item, kernel_variant  # noqa: E402
+from _variants import dropped_last_work_item, kernel_variant, two_rounding_dot  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
 FAILED = []
@@ -378,14 +377,13 @@ def gdn_chunked_decode():
 def _gdn_products(fma_dot: bool, two_roundings: bool = False):
     """The chunked kernel's products as FMA dots or explicit chains (gated_delta_rule.FMA_DOT_PRODUCTS); with
     two_roundings, the interpreter's strict dot replaced by the fast kernels' stand-in (product rounded, then added)."""
-    saved, strict = tri_gdn.FMA_DOT_PRODUCTS, interpreter_dot._fma_chain_dot
+    saved = tri_gdn.FMA_DOT_PRODUCTS
     tri_gdn.FMA_DOT_PRODUCTS = fma_dot
-    if two_roundings:
-        interpreter_dot._fma_chain_dot = interpreter_dot._chain_dot
     try:
-        yield
+        with two_rounding_dot() if two_roundings else contextlib.nullcontext():
+            yield
     finally:
-        tri_gdn.FMA_DOT_PRODUCTS, interpreter_dot._fma_chain_dot = saved, strict
+        tri_gdn.FMA_DOT_PRODUCTS = saved
 
 
 @contextlib.contextmanager
