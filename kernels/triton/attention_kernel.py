@@ -266,9 +266,11 @@ def _split(Q, K, V, q_off, valid, pos, pos0, klen, b, hk_off, K_ROW0, BT, bt_str
         elif FMA_DOT:
             s = _scores_fma_dot(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, DTP, min(DK, DTP))
         elif VEC > 1 and not QB:
-            # decode tiles' q rows masked by a condition on kb0 (true in every block the loop runs): the loads stay in
-            # the chain loop, where hoisted out of the key loop every row's q would spill
-            q_valid = tl.where(klen > kb0, valid, False)  # a select: the interpreter makes valid & (klen > kb0) int32
+            # decode tiles' q rows masked by "the block holds a key of the sequence" (true in every block the loop
+            # runs): the loads stay in the chain loop, where hoisted out of the key loop every row's q would spill. A
+            # reduction over the block's keys, not klen > kb0, which left 16-24 B of stack in two variants under 3.6;
+            # a select: the interpreter makes valid & (a scalar comparison) an int32 mask
+            q_valid = tl.where(tl.sum(kmask.to(tl.int32), axis=0) > 0, valid, False)
             s = _scores(Q, K, q_off, q_valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QB)
         else:
             s = _scores(Q, K, q_off, valid, koff, kmask, scale, D, BLOCK_M, KB, DT, VEC, NPU, QB)
