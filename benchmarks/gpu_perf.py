@@ -333,11 +333,22 @@ def _with_constants(module, fn: Callable, constants: dict) -> Callable:
     return run
 
 
+def runs_a_selected_path(case_id: str) -> bool:
+    """Whether a row times a kept-selectable path rather than the default: a sweep row, a path named after the
+    shape (``op/policy/shape/path``) or a policy variant (``linear/strict-old/...``)."""
+    parts = case_id.split("/")
+    return parts[0] == "sweep" or len(parts) > 3 or "-" in parts[1]
+
+
 def launch_path_of(case: "Case", ours: Callable) -> tuple[Callable, object]:
     """(the thunk to time, the eager call's result) of one input set: the backend calls ``ours`` made, replayed
     (``launch_path``), with the module constants ``ours`` was run under set again around the replay; or ``ours``
-    itself when the row is not timed through its launch path."""
+    itself when the row is not timed through its launch path. A selected-path row must carry its constants
+    (``_with_constants``): a thunk that sets and restores them itself would be replayed on the default path."""
     from hal.backends.triton import launch_path
+    if runs_a_selected_path(case.id) and not hasattr(ours, "constants"):
+        raise AssertionError(f"{case.id}: a selected-path row sets its constants through _with_constants, or its "
+                             "replay times the default path")
     if not case.via_launch_path:
         return ours, ours()
     path, result = launch_path(ours)

@@ -168,6 +168,30 @@ def test_an_old_path_row_replays_with_its_constants_set(monkeypatch):
     assert seen == ["old", "new"]  # the replay alone runs the default path
 
 
+def test_a_selected_path_row_without_its_constants_is_refused():
+    """The 2026-12-04 token_logprobs pair set its constant by hand inside the thunk, so its replay timed the default
+    path: such a row now fails by name (every tiny row passes the same check in the dry run above)."""
+    from benchmarks import gpu_perf
+    module = type("M", (), {"PATH": "new"})
+
+    def by_hand():
+        saved, module.PATH = module.PATH, "old"
+        try:
+            return module.PATH
+        finally:
+            module.PATH = saved
+    case = gpu_perf.Case("x/strict/N8/old_path", "x", "strict", "", build=None, via_launch_path=False)
+    with pytest.raises(AssertionError, match="x/strict/N8/old_path"):
+        gpu_perf.launch_path_of(case, by_hand)
+    path, eager = gpu_perf.launch_path_of(case, gpu_perf._with_constants(module, lambda: module.PATH, dict(PATH="old")))
+    assert eager == "old" and module.PATH == "new"
+    default = gpu_perf.Case("x/strict/N8", "x", "strict", "", build=None, via_launch_path=False)
+    assert gpu_perf.launch_path_of(default, by_hand)[1] == "old"
+    assert [gpu_perf.runs_a_selected_path(i) for i in ("sweep/strict-linear-M24/t64x32-w4", "linear/strict-old/M2",
+                                                       "gdn_chunked/strict/T24/one_dot", "linear/strict/M2")] == \
+        [True, True, True, False]
+
+
 def test_ncu_leaves_out_rows_too_slow_to_replay(tmp_path):
     """A row over NCU_MAX_ROW_US is not profiled on a GPU (ncu replays each launch per counter pass: one 118 ms
     launch used the whole stage on the H200); the CPU dry run, with interpreter times, takes every row."""
