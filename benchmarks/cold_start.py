@@ -84,7 +84,7 @@ def _child(kind, ops, out):
 
         from hal.integrations import transformers as lt
         lt.register()  # attn_implementation="lockstep"
-        from hal.integrations.hf_testing import VOCAB, tiny_model
+        from hal.integrations.transformers.testing import VOCAB, tiny_model
         model = tiny_model("llama")
         ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
         t0, c0 = time.perf_counter(), time.process_time()  # building the model is transformers' work, not ours

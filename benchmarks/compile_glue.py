@@ -17,7 +17,7 @@ import timeit
 import torch
 
 from hal.integrations import transformers as lt
-from hal.integrations.hf_testing import VOCAB, tiny_model
+from hal.integrations.transformers.testing import VOCAB, tiny_model
 
 
 def main(argv=None):

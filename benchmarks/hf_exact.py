@@ -23,7 +23,7 @@ SIZES = {"tiny": {}, "small": dict(hidden_size=512, intermediate_size=1536, num_
 
 def model(size: str, dtype):
     import transformers as tf
-    from hal.integrations.hf_testing import tiny_config
+    from hal.integrations.transformers.testing import tiny_config
     cfg = tiny_config("llama")
     for k, v in SIZES[size].items():
         setattr(cfg, k, v)

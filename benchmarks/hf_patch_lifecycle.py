@@ -37,7 +37,7 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     import transformers as tf
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_config
+    from hal.integrations.transformers.testing import tiny_config
     lt.register()
     cfg = tiny_config("llama")
     cfg.num_hidden_layers = a.layers

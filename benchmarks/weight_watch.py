@@ -29,7 +29,7 @@ SMALL_LLAMA = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8
 def small_llama(dtype):
     import transformers as tf
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_config
+    from hal.integrations.transformers.testing import tiny_config
     lt.register()  # the tiny config names lockstep's attention
     cfg = tiny_config("llama")
     for k, v in SMALL_LLAMA.items():

@@ -32,9 +32,9 @@ import copy
 
 import torch
 
-from hal.integrations import hf_engine
+from hal.integrations.transformers import engine as hf_engine
 from hal.integrations import transformers as lt
-from hal.integrations.hf_testing import VOCAB, tiny_model
+from hal.integrations.transformers.testing import VOCAB, tiny_model
 
 NEW = 6  # tokens generated per request
 _g = torch.Generator().manual_seed(0)
@@ -148,7 +148,7 @@ def real_shaped_prompts(vocab):
 
 def compare_real_shaped(dtype):
     """(tokens whose engine log-prob bits differ from lockstep's trainer, from a stock-kernel trainer, total)."""
-    from hal.integrations.hf_testing import real_shaped_qwen3_5
+    from hal.integrations.transformers.testing import real_shaped_qwen3_5
     model = real_shaped_qwen3_5(dtype=dtype)
     prompts = real_shaped_prompts(model.config.vocab_size)
     with lt.patch(model):

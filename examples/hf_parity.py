@@ -27,7 +27,7 @@ import time
 import torch
 
 from hal.integrations import transformers as lt
-from hal.integrations.hf_testing import KINDS, tiny_model
+from hal.integrations.transformers.testing import KINDS, tiny_model
 
 from .hf_rollout import make_prompts, packed_logprobs, sample
 

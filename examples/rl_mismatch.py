@@ -39,7 +39,7 @@ import torch
 from hal import rl
 from hal.conformance.bits import raw_bits
 from hal.integrations import transformers as lt
-from hal.integrations.hf_testing import tiny_model
+from hal.integrations.transformers.testing import tiny_model
 
 from .hf_rollout import make_prompts, packed_logprobs, sample
 

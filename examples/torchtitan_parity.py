@@ -79,10 +79,10 @@ def titan_qwen3(hf_model, lockstep: bool = True, stock=(), attn_backend: str = "
 
 
 def hf_qwen3_5(dtype=torch.float32, seed: int = 0, tied: bool = False):
-    """A tiny text HF Qwen3.5 (one Gated DeltaNet layer, one gated full-attention layer; hal.integrations.hf_testing's
+    """A tiny text HF Qwen3.5 (one Gated DeltaNet layer, one gated full-attention layer; hal.integrations.transformers.testing's
     shapes, random weights) in ``dtype`` with a float32 RoPE table."""
     import transformers as tf
-    from hal.integrations import hf_testing
+    from hal.integrations.transformers import testing as hf_testing
     lt.register()
     if not tied:
         return ltt.cast_hf(hf_testing.tiny_model("qwen3_5", seed, torch.float32), dtype).eval()

@@ -3,7 +3,7 @@
     python -m examples.trl_grpo                      # 3 GRPO steps per path, PNG in bench-results/
     python -m examples.trl_grpo --steps 4 --out /tmp/trl/
 
-Everything is built here, nothing downloaded: a tiny Llama (hal.integrations.hf_testing, 2 layers,
+Everything is built here, nothing downloaded: a tiny Llama (hal.integrations.transformers.testing, 2 layers,
 hidden 64, vocab 128, random weights) saved to a scratch folder, a word-level tokenizer over its 128
 ids ("t0" ... "t127"), an in-memory ``datasets.Dataset`` of prompts and a toy reward (the share of
 completion tokens with an even id). ``hal.integrations.trl.GRPOTrainer`` runs TRL's GRPO on CPU with
@@ -62,7 +62,7 @@ def reward_even_share(completions, **kwargs) -> list[float]:
 
 def save_tiny_model(path: str, folder: str, seed: int) -> str:
     """The tiny Llama with the path's attention, saved where TRL loads policy and reference model from."""
-    from hal.integrations.hf_testing import tiny_model
+    from hal.integrations.transformers.testing import tiny_model
     model = tiny_model("llama", seed=seed, attn_implementation="lockstep" if path == "lockstep" else "sdpa")
     model.config.pad_token_id, model.config.eos_token_id = PAD, EOS
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = PAD, EOS

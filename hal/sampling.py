@@ -188,7 +188,7 @@ def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor
     that value renormalised over each row's :func:`kept_set` (``kept``, if the caller has it), decided on
     ``scores`` -- the engine's :func:`sampling_scores` of the logits it sampled from, else
     ``hal.linear(hidden, lm_head_weight, spec=matmul_spec)``'s (the logits a lockstep LM head computes).
-    ``spec``: the token_logprobs spec whose dot is ``matmul_spec``'s (hal.integrations.hf_matmul.logprobs_spec).
+    ``spec``: the token_logprobs spec whose dot is ``matmul_spec``'s (hal.integrations.transformers.matmul.logprobs_spec).
     """
     def lp(h, t, temperature):
         return token_logprobs(h, lm_head_weight, t, temperature, spec=spec, backend=backend)

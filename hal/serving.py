@@ -3,7 +3,7 @@
 A serving engine packs requests into one varlen step (prefill chunks next to decode rows), keeps KV in
 blocks of its own layout, and schedules, preempts and forks requests. What makes a request's bits
 independent of all that lives here, over plain tensors, so every engine shim (transformers' engine in
-hal/integrations/hf_engine.py, vLLM) is a thin translation of its own metadata:
+hal/integrations/transformers/engine.py, vLLM) is a thin translation of its own metadata:
 
 * :class:`ServingBatch`: one step's attention metadata as engines hold it (query start offsets, sequence
   lengths, block table, slot mapping);

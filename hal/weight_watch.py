@@ -5,9 +5,9 @@ Users (each keeps a stamp taken when it computed its state and compares it befor
 
 * prepared exact weights, ``hal.exact_weight`` (kernels/exact/prepared.py ``ExactWeight``): one
   :class:`TensorStamp`, checked in full on every use (every op call that takes it);
-* the HF patch's exact slices (hal/integrations/hf_matmul.py ``PatchMatmul``): the same ExactWeight
+* the HF patch's exact slices (hal/integrations/transformers/matmul.py ``PatchMatmul``): the same ExactWeight
   check, on every forward of each linear;
-* transformers' continuous-batching engine (hal/integrations/hf_engine.py ``_EngineState``): one
+* transformers' continuous-batching engine (hal/integrations/transformers/engine.py ``_EngineState``): one
   :class:`ModelWeights` over the model's parameters, checked in full before the scheduler admits
   requests (a generate call's requests, the only moment prefix blocks are reused), and cheaply after
   every step's forward (a full check only when the cheap one says "maybe"); a change evicts the prefix

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import hal
-import hal.integrations.hf_modules  # noqa: F401 (registers the HF integration's torch ops: hf_attention, hf_gated_delta_net)
+import hal.integrations.transformers.modules  # noqa: F401 (registers the HF integration's torch ops: hf_attention, hf_gated_delta_net)
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -142,11 +142,11 @@ def public(name, args):
         return hal.flash_attn_with_kvcache(q, kc, vc, k, v, lens, table, scale, causal, window, splits,
                                            return_lse=True)
     if name == "hf_attention":
-        from hal.integrations.hf_attention import masked_attention
+        from hal.integrations.transformers.attention import masked_attention
         return masked_attention(*args, return_lse=True)
     if name in GDN_RULES:
         return gdn_public(name, args)
     if name == "hf_gated_delta_net":
-        from hal.integrations.hf_modules import packed_conv_and_rule
+        from hal.integrations.transformers.modules import packed_conv_and_rule
         return packed_conv_and_rule(*args)
     return getattr(hal, name)(*args)

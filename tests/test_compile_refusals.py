@@ -169,7 +169,7 @@ def test_eager_errors_are_unchanged():
 def _hf(kind, use_cache=True):
     pytest.importorskip("transformers")
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import VOCAB, tiny_model
+    from hal.integrations.transformers.testing import VOCAB, tiny_model
     lt.register()
     ids = torch.arange(12).reshape(2, 6) * 5 % VOCAB
     return lt, tiny_model(kind), dict(input_ids=ids, attention_mask=torch.ones(2, 6, dtype=torch.long),

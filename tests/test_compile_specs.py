@@ -153,7 +153,7 @@ def test_a_state_made_under_an_unregistered_spec_continues_under_compile():
 def test_a_model_patched_with_an_unregistered_matmul_spec_compiles_to_its_eager_bits():
     pytest.importorskip("transformers")
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import VOCAB, tiny_model
+    from hal.integrations.transformers.testing import VOCAB, tiny_model
     lt.register()
     model = tiny_model("llama")
     kw = dict(input_ids=torch.arange(14).reshape(2, 7) * 5 % VOCAB, use_cache=False)
@@ -174,7 +174,7 @@ def test_a_model_patched_with_an_exact_matmul_spec_compiles_to_its_eager_bits():
     failed inside the preparation (``tensor.is_inference()``). A weight written between compiled calls is seen."""
     pytest.importorskip("transformers")
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import VOCAB, tiny_model
+    from hal.integrations.transformers.testing import VOCAB, tiny_model
     lt.register()
     model = tiny_model("llama")
     kw = dict(input_ids=torch.arange(14).reshape(2, 7) * 5 % VOCAB, use_cache=False)

@@ -122,9 +122,9 @@ HF_ENGINE_MOVED = {"EngineBatch": ("hal.serving", "ServingBatch"), "engine_atten
 def test_hf_engine_moved_names_are_the_new_objects_and_warn(old):
     import importlib
 
-    from hal.integrations import hf_engine
+    from hal.integrations.transformers import engine as hf_engine
     module, new = HF_ENGINE_MOVED[old]
-    with pytest.warns(DeprecationWarning, match=f"hf_engine.{old} is deprecated: use {module}.{new}"):
+    with pytest.warns(DeprecationWarning, match=f"transformers.engine.{old} is deprecated: use {module}.{new}"):
         obj = getattr(hf_engine, old)
     assert obj is getattr(importlib.import_module(module), new)
 
@@ -132,7 +132,7 @@ def test_hf_engine_moved_names_are_the_new_objects_and_warn(old):
 def test_hf_engine_gather_paged_is_write_kv_then_request_kv():
     import torch
 
-    from hal.integrations import hf_engine
+    from hal.integrations.transformers import engine as hf_engine
     from hal.serving import PagedKV, ServingBatch, request_kv, write_kv
     g = torch.Generator().manual_seed(0)
     cache = torch.randn(2, 6, 4, 2, 8, generator=g)  # keys / values [blocks, block_size, Hkv, D]
@@ -187,7 +187,7 @@ def _old_name_uses():
            ("hal.conformance.family", lambda: importlib.import_module(OLD_MODULE)),
            ("hal.gated_delta_rule.gdn_gating",
             lambda: getattr(importlib.import_module("hal.gated_delta_rule"), "gdn_gating"))]
-    out += [(f"hf_engine.{n}", lambda n=n: getattr(importlib.import_module("hal.integrations.hf_engine"), n))
+    out += [(f"hf_engine.{n}", lambda n=n: getattr(importlib.import_module("hal.integrations.transformers.engine"), n))
             for n in (*HF_ENGINE_MOVED, "gather_paged")]
     return out
 
@@ -215,3 +215,87 @@ def test_the_removal_release_is_still_ahead_of_the_package_version():
     assert version == hal.__version__
     assert _version(REMOVED_IN) > _version(version), (REMOVED_IN, version)
     assert not _version("0.2.0") > _version("0.2.0")  # the comparison itself: equal is not ahead
+
+
+# ---------------------------------------------------------------- the flat integration modules (issue 47)
+
+
+HF_MODULES_MOVED = {old: new for old, new in __import__("hal.integrations", fromlist=["MOVED"]).MOVED.items()
+                    if old.startswith("hf_")}
+
+
+def _forget(names):
+    import hal.integrations
+    for old in names:
+        sys.modules.pop(f"hal.integrations.{old}", None)
+        hal.integrations.__dict__.pop(old, None)
+
+
+@pytest.fixture
+def old_integration_paths_unimported():
+    _forget(HF_MODULES_MOVED)
+    yield
+    _forget(HF_MODULES_MOVED)
+
+
+def test_the_flat_layout_is_gone():
+    from pathlib import Path
+
+    import hal.integrations
+    top = Path(hal.integrations.__file__).parent
+    flat = sorted(p.name for p in top.glob("*.py") if p.name.startswith(("hf_", "titan_")))
+    assert flat == []
+    assert set(hal.integrations.MOVED) >= {"hf_attention", "hf_engine", "hf_engine_install", "hf_matmul", "hf_modules",
+                                           "hf_testing", "hf_verify", "titan_modules", "titan_qwen35_modules"}
+
+
+@pytest.mark.parametrize("old", sorted(HF_MODULES_MOVED))
+def test_an_old_integration_path_is_the_new_module_and_warns_once(old, old_integration_paths_unimported):
+    import importlib
+    new = importlib.import_module(HF_MODULES_MOVED[old])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        by_import = importlib.import_module(f"hal.integrations.{old}")
+        exec(f"from hal.integrations import {old} as by_from", {}, scope := {})
+        again = importlib.import_module(f"hal.integrations.{old}")
+    assert by_import is new and scope["by_from"] is new and again is new
+    assert sys.modules[f"hal.integrations.{old}"] is new
+    messages = _deprecations(caught)
+    assert len(messages) == 1 and HF_MODULES_MOVED[old] in messages[0], messages
+
+
+@pytest.mark.parametrize("how", ["from", "import"])
+def test_a_monkeypatch_through_an_old_path_patches_the_real_module(how, old_integration_paths_unimported, monkeypatch):
+    import importlib
+
+    from hal.integrations.transformers import engine
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if how == "from":
+            from hal.integrations import hf_engine as old
+        else:
+            old = importlib.import_module("hal.integrations.hf_engine")
+    marker = object()
+    monkeypatch.setattr(old, "ModelWeights", marker)
+    assert engine.ModelWeights is marker
+
+
+def test_an_unknown_old_name_is_still_an_attribute_error():
+    import hal.integrations
+    with pytest.raises(AttributeError, match="hf_nothing"):
+        hal.integrations.hf_nothing  # noqa: B018
+    with pytest.raises(ModuleNotFoundError):
+        __import__("hal.integrations.hf_nothing")
+
+
+def test_the_public_integration_names_stay():
+    from hal.integrations import transformers as lt
+    from hal.integrations import trl as lt_trl
+    assert isinstance(lt_trl.GRPOTrainer, type)
+    for name in ("patch", "register", "verify", "audit", "token_logprobs", "apply", "revert", "check_version"):
+        assert callable(getattr(lt, name)), name
+    import hal.integrations.torchtitan as ltt
+    assert callable(ltt.convert) and callable(ltt.check_version)
+    from importlib.metadata import entry_points
+    plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("lockstep") == "hal.integrations.vllm:register"

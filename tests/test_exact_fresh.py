@@ -201,7 +201,7 @@ def test_inference_mode_weights():
 
 
 def _hf_ids():
-    from hal.integrations.hf_testing import VOCAB
+    from hal.integrations.transformers.testing import VOCAB
     return torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
 
 
@@ -215,7 +215,7 @@ def _broadcast_worker(rank, world, port, out_path):
     import torch.distributed as dist
 
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_model
+    from hal.integrations.transformers.testing import tiny_model
     lt.register()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -253,7 +253,7 @@ def test_distributed_broadcast_into_the_parameter(tmp_path):
     import torch.multiprocessing as mp
 
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_model
+    from hal.integrations.transformers.testing import tiny_model
     pytest.importorskip("transformers")
     lt.register()
     out = str(tmp_path / "rank1.pt")
@@ -337,7 +337,7 @@ def test_hf_patch_re_slices_after_every_write(how):
 def test_hf_negative_control_old_stamp_misses_fused_step(monkeypatch):
     """The patch keyed on the old ``(_version, data_ptr)`` stamp keeps the slices across a fused AdamW step
     (what trainers run by default): its logits are not a fresh patch's."""
-    from hal.integrations import hf_matmul
+    from hal.integrations.transformers import matmul as hf_matmul
 
     def old_weight(self, w, key):
         hit = self._prepared.get(key)

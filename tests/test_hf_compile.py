@@ -18,7 +18,7 @@ from torch._inductor.compile_fx import compile_fx  # noqa: E402
 
 from hal import torch_ops  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
 from hal.conformance.bits import same_bits
 
 lt.register()

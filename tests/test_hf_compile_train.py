@@ -24,7 +24,7 @@ import torch
 pytest.importorskip("transformers")
 
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
 from hal.conformance.bits import same_bits
 
 lt.register()
@@ -126,7 +126,7 @@ def test_training_under_compile_with_a_kv_cache_is_refused_naming_the_feature():
 def test_hf_attention_backward_under_compile_gives_the_eager_grads(causal):
     """The op alone, GQA, row 1 left-padded. Bidirectional: every query is its own sequence over the same
     keys, so the key gradients are summed over sequences (index_put accumulate, as eager's)."""
-    from hal.integrations.hf_attention import masked_attention
+    from hal.integrations.transformers.attention import masked_attention
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 5, 8, generator=g) for h in (4, 2, 2))
     mask = torch.ones(5, 5, dtype=torch.bool).expand(2, 1, 5, 5).clone()

@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 
 import hal.sampling  # noqa: E402
 from hal.errors import InputError, UnsupportedError  # noqa: E402
-from hal.integrations import hf_engine  # noqa: E402
+from hal.integrations.transformers import engine as hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
 from examples.engine_parity import (EASY, GDN_EASY, GDN_HARD, HARD, HARD_ORDER, NEW, PROMPTS,  # noqa: E402
                                      differing_tokens, run_engine, teacher_forced)
 from examples.engine_parity import gen_config as _gen_config  # noqa: E402

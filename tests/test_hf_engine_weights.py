@@ -19,9 +19,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hal.integrations import hf_engine  # noqa: E402
+from hal.integrations.transformers import engine as hf_engine  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import tiny_model  # noqa: E402
 from examples.engine_parity import EASY, PROMPTS, gen_config, run_engine  # noqa: E402
 from test_weight_watch import OLD_CHECK_BLIND, UPDATES, old_check  # noqa: E402
 

@@ -1,6 +1,6 @@
 """An unmodified HF model's linears under a chosen matmul spec: ``lt.patch(model, matmul_spec=...)``.
 
-Tiny random models (hal.integrations.hf_testing, nothing downloaded), cpu backend. Under the exact
+Tiny random models (hal.integrations.transformers.testing, nothing downloaded), cpu backend. Under the exact
 policy (``ExactMatmulSpec(slices=4)``) the patch slices each weight once and re-slices it when its bits
 changed. Every bit claim compares raw bits, each with a negative control: per-call
 slicing through the model is the oracle of the prepared path (and the strict spec differs from it);
@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 
 import hal  # noqa: E402
 from hal.conformance.bits import assert_same_bits, same_bits  # noqa: E402
-from hal.integrations import hf_matmul  # noqa: E402
+from hal.integrations.transformers import matmul as hf_matmul  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
 from hal.kernels.exact.prepared import ExactWeight  # noqa: E402
 from hal.spec import ExactMatmulSpec, MatmulSpec, OpSpec, RMSNormSpec, TokenLogprobsSpec  # noqa: E402
 

@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
-from hal.integrations.hf_verify import cache_kwargs  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.verify import cache_kwargs  # noqa: E402
 
 KINDS = ["llama", "qwen3", "qwen3_next"]
 LENGTHS = {"llama": (6, 3, 8), "qwen3": (6, 3, 8), "qwen3_next": (6, 3, 8)}
@@ -249,7 +249,7 @@ def test_version_check(monkeypatch):
 
 
 def test_attention_mask_with_holes_refused():
-    from hal.integrations.hf_attention import plan
+    from hal.integrations.transformers.attention import plan
     vis = torch.tensor([[[True, False, True]]])
     with pytest.raises(hal.UnsupportedError, match="contiguous"):
         plan(vis)
@@ -293,7 +293,7 @@ def test_aten_mode_linear_batch_invariant_inside_stock_outside():
 
 def test_moe_router_ties_take_lower_expert_index():
     """Equal router probabilities: the top-k are the lowest expert indices, in order, whatever the batch."""
-    from hal.integrations import hf_modules
+    from hal.integrations.transformers import modules as hf_modules
     m = tiny_model("qwen3_next")
     router = m.model.layers[1].mlp.gate
     with torch.no_grad():

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import VOCAB, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import VOCAB, tiny_model  # noqa: E402
 
 lt.register()
 

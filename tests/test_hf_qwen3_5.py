@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 import hal  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
-from hal.integrations.hf_testing import REAL_SHAPED_QWEN3_5, VOCAB, real_shaped_qwen3_5, tiny_model  # noqa: E402
+from hal.integrations.transformers.testing import REAL_SHAPED_QWEN3_5, VOCAB, real_shaped_qwen3_5, tiny_model  # noqa: E402
 
 lt.register()
 
@@ -98,7 +98,7 @@ def test_unknown_modules_and_the_vision_tower_refused_by_name():
     """A module of an unknown class in a Qwen3.5 decoder layer, and the multimodal Qwen3_5ForConditionalGeneration
     (its vision tower's Conv3d and LayerNorms have no lockstep forward), are refused by name, nothing touched."""
     import transformers as tf
-    from hal.integrations.hf_testing import tiny_config
+    from hal.integrations.transformers.testing import tiny_config
     m = tiny_model("qwen3_5")
 
     class OtherNorm(torch.nn.Module):
@@ -125,7 +125,7 @@ def test_unknown_modules_and_the_vision_tower_refused_by_name():
 def test_mrope_rows_are_picked_per_frequency():
     """Qwen3.5's rotary with three different position rows (t, h, w): frequency i comes from row i % 3
     within the sections, as HF's recomposition; the pick is a copy of lockstep's per-row tables."""
-    from hal.integrations import hf_modules as M
+    from hal.integrations.transformers import modules as M
     rot = tiny_model("qwen3_5").model.rotary_emb
     pos = torch.stack([torch.arange(5), torch.arange(5) * 3, torch.arange(5) + 7])[:, None]  # [3, 1, 5]
     cos, sin = M.rotary_mrope(rot, None, pos)

@@ -41,8 +41,8 @@ OP_TO_KERNEL_ALLOWED = {
     # arithmetic are one object shared by the op, the HF integration and the exact all-reduce; moving it
     # to the foundation is the exact-matmul area's change.
     ("hal.ops", "hal.kernels.exact.core"), ("hal.ops", "hal.kernels.exact.prepared"),
-    ("hal.integrations.hf_matmul", "hal.kernels.exact.core"),
-    ("hal.integrations.hf_matmul", "hal.kernels.exact.prepared"),
+    ("hal.integrations.transformers.matmul", "hal.kernels.exact.core"),
+    ("hal.integrations.transformers.matmul", "hal.kernels.exact.prepared"),
     ("hal.distributed", "hal.kernels.exact.core"), ("hal.distributed", "hal.kernels.exact.cpu"),
     # Backward passes that are not specs: autograd through the float64/float32 oracle formulas
     # (gdn_gating, gdn_causal_conv1d, the GDN backward) and the strict rotary table the op's input check
@@ -265,9 +265,9 @@ def test_the_registrar_knows_no_op(graph, named):
     # negative control: the old registrar's reach into the op modules (the autograd table's Functions, the
     # attention backward's _VarlenFn, the GDN kernels by string, hf_attention's backward) is caught
     old = {"hal.torch_ops": {"hal.ops_registry", "hal.ops", "hal.elementwise", "hal.attention", "hal.gated_delta_rule",
-                             "hal.integrations.hf_attention"}}
+                             "hal.integrations.transformers.attention"}}
     assert registrar_reaches_an_op(old) == ["hal.attention", "hal.elementwise", "hal.gated_delta_rule",
-                                            "hal.integrations.hf_attention", "hal.ops"]
+                                            "hal.integrations.transformers.attention", "hal.ops"]
 
 
 # ------------------------------------------------------------------ negative controls for the checkers
@@ -291,11 +291,11 @@ def test_checkers_catch_synthetic_violations():
 
 
 def test_core_to_integration_checker_catches_synthetic_edges(tmp_path):
-    up = {"hal.serving": {"hal.kernels.layout", "hal.integrations.hf_engine"}, "hal.integrations.hf_engine": {"hal.serving"}}
-    assert core_reaches_integration(up, {}) == [("hal.serving", "hal.integrations.hf_engine")]
+    up = {"hal.serving": {"hal.kernels.layout", "hal.integrations.transformers.engine"}, "hal.integrations.transformers.engine": {"hal.serving"}}
+    assert core_reaches_integration(up, {}) == [("hal.serving", "hal.integrations.transformers.engine")]
     assert core_reaches_integration({}, {"hal.backends.cpu": {"hal.integrations.vllm"}}) == [
         ("hal.backends.cpu", "hal.integrations.vllm")]
-    assert core_reaches_integration(up, {}, {("hal.serving", "hal.integrations.hf_engine")}) == []
+    assert core_reaches_integration(up, {}, {("hal.serving", "hal.integrations.transformers.engine")}) == []
     # a real source tree: a function-level import and an op-table-style path string are caught, a docstring
     # naming the integration is not, and integration -> core edges are the normal direction
     for folder in ("hal", "hal/integrations", "kernels"):

@@ -261,7 +261,7 @@ def test_recorded_logprobs_is_the_trainers_value():
     """lt.token_logprobs on a patched transformers model is recorded_logprobs of its LM-head weight."""
     pytest.importorskip("transformers")
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_model
+    from hal.integrations.transformers.testing import tiny_model
     lt.register()
     model = tiny_model("llama")
     g = torch.Generator().manual_seed(4)

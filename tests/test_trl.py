@@ -35,15 +35,15 @@ from hal.conformance.bits import raw_bits  # noqa: E402
 from hal.errors import InputError, UnsupportedError  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations import trl as lt_trl  # noqa: E402
-from hal.integrations.hf_modules import patch_owner  # noqa: E402
-from hal.integrations.hf_testing import tiny_model  # noqa: E402
+from hal.integrations.transformers.modules import patch_owner  # noqa: E402
+from hal.integrations.transformers.testing import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = ["--steps", "2", "--batch", "4", "--group", "2", "--new-tokens", "6", "--temperature", "0.9"]
 needs_engine = pytest.mark.skipif(not lt_trl.engine_supports_lockstep(),
                                   reason="transformers' continuous-batching engine does not run on lockstep in this "
-                                         "build (no hal.integrations.hf_engine, ENGINE_SUPPORTED unset)")
+                                         "build (no hal.integrations.transformers.engine, ENGINE_SUPPORTED unset)")
 
 
 def _args(extra=()):

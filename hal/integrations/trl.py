@@ -46,7 +46,7 @@ import trl
 from .. import rl
 from ..errors import InputError, UnsupportedError
 from . import transformers as lt
-from .hf_modules import patch_owner
+from .transformers.modules import patch_owner
 
 __all__ = ["GRPOTrainer", "check_version", "teacher_forced_logprobs", "engine_supports_lockstep", "SUPPORTED",
            "METRICS"]
@@ -254,6 +254,6 @@ def teacher_forced_logprobs(model, input_ids, attention_mask, logits_to_keep: in
 
 def engine_supports_lockstep() -> bool:
     """Whether hal.integrations.transformers runs transformers' continuous-batching engine on lockstep: its
-    ``ENGINE_SUPPORTED`` flag, or the engine adapter (``hal.integrations.hf_engine``) it installs on patch."""
-    return bool(getattr(lt, "ENGINE_SUPPORTED", False)) or hasattr(lt, "hf_engine")
+    ``ENGINE_SUPPORTED`` flag, or the engine adapter (``hal.integrations.transformers.engine``) it installs on patch."""
+    return bool(getattr(lt, "ENGINE_SUPPORTED", False)) or hasattr(lt, "engine")
 

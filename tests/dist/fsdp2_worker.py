@@ -16,7 +16,7 @@ LR = 1e-2
 
 
 def batch(world: int) -> torch.Tensor:
-    from hal.integrations.hf_testing import VOCAB
+    from hal.integrations.transformers.testing import VOCAB
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, VOCAB, (world * ROWS, SEQ), generator=g)
 
@@ -24,7 +24,7 @@ def batch(world: int) -> torch.Tensor:
 def control_batch(world: int) -> torch.Tensor:
     """One 2-token row per rank (a rank's linears see 2 rows, the single process 2 * world): the negative controls'
     batch, small so that the stock models add little to the run."""
-    from hal.integrations.hf_testing import VOCAB
+    from hal.integrations.transformers.testing import VOCAB
     return torch.randint(0, VOCAB, (world, 2), generator=torch.Generator().manual_seed(2))
 
 
@@ -37,7 +37,7 @@ def build(patched: bool, stock_modules: tuple[str, ...] = ()):
     """The tiny Llama of the test (fp32), patched by lockstep unless ``patched`` is False; ``stock_modules``:
     names of modules whose lockstep forward is removed again (negative controls)."""
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_model
+    from hal.integrations.transformers.testing import tiny_model
     lt.register()
     model = tiny_model("llama", attn_implementation="lockstep" if patched else "sdpa")
     if patched:

@@ -46,7 +46,7 @@ def run_ops(t: dict) -> dict[str, torch.Tensor]:
 def tiny_llama(seed: int = 0):
     import transformers as tf
     from hal.integrations import transformers as lt
-    from hal.integrations.hf_testing import tiny_config
+    from hal.integrations.transformers.testing import tiny_config
     lt.register()
     cfg = tiny_config("llama")
     cfg.intermediate_size = INTER

@@ -147,7 +147,7 @@ def test_refusals_name_the_problem_and_change_nothing():
         ltt.load_from_hf(ex.titan_qwen3(hf), rounded)
     ltt.check_rotary_table(ex.hf_qwen3(torch.bfloat16))
     # attention lockstep does not compute: a window, masks other than TorchTitan's varlen metadata
-    from hal.integrations import titan_modules as tm
+    from hal.integrations.torchtitan import modules as tm
     with pytest.raises(UnsupportedError, match="window_size"):
         tm.LockstepVarlenAttention.Config(window_size=(4, 0)).build()
     attn = tm.LockstepVarlenAttention.Config().build()
@@ -159,7 +159,7 @@ def test_refusals_name_the_problem_and_change_nothing():
 def test_model_registry_applies_the_converter():
     """TorchTitan's own plug-in point: model_registry(flavor, converters=[...]) converts every leaf config."""
     from torchtitan.models.qwen3 import model_registry
-    from hal.integrations import titan_modules as tm
+    from hal.integrations.torchtitan import modules as tm
     spec = model_registry("debugmodel", attn_backend="varlen", converters=[ltt.LockstepConverter.Config()])
     layer = spec.model.layers[0]
     assert type(spec.model.lm_head) is tm.LockstepLinear.Config and type(spec.model.norm) is tm.LockstepRMSNorm.Config

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from hal.integrations.hf_testing import real_shaped_qwen3_5
+    from hal.integrations.transformers.testing import real_shaped_qwen3_5
     from test_gdn_plugin import gdn_engines
     from test_vllm_plugin import differing, outputs
 

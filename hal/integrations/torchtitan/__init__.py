@@ -14,9 +14,9 @@
 
 :class:`LockstepConverter` is a TorchTitan ``ModelConfigConverter``: it swaps the *leaf* configs of a
 model config (linears, RMSNorms, cos/sin RoPE, varlen attention, SwiGLU feed-forward) for lockstep
-subclasses (titan_modules.py), so TorchTitan's decoder, blocks and attention module keep running.
+subclasses (torchtitan/modules.py), so TorchTitan's decoder, blocks and attention module keep running.
 Supported: TorchTitan's dense Qwen3 and text Qwen3.5 (Gated DeltaNet hybrid, ``qwen3_5_config_from_hf``;
-its leaves in titan_qwen35_modules.py) of the versions in ``SUPPORTED``; MoE configs are refused by path.
+its leaves in torchtitan/qwen35_modules.py) of the versions in ``SUPPORTED``; MoE configs are refused by path.
 :func:`compile_blocks` is TorchTitan's per-block compile. torchtitan is imported only when one of these
 functions is called (TorchTitan's qwen3_5, which imports ``fla``, only for Qwen3.5 configs).
 """
@@ -28,15 +28,15 @@ import os
 import torch
 
 import hal
-from ..conformance.bits import same_bits
-from ..errors import InputError, UnsupportedError
+from ...conformance.bits import same_bits
+from ...errors import InputError, UnsupportedError
 
 __all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "qwen3_5_config_from_hf", "forward",
            "compile_blocks",
            "load_from_hf",
            "to_hf_state_dict", "sync_to_hf", "token_logprobs", "first_divergence"]
 
-SUPPORTED = ((0, 3), (0, 4))  # [low, high): the TorchTitan releases whose module forwards titan_modules mirrors
+SUPPORTED = ((0, 3), (0, 4))  # [low, high): the TorchTitan releases whose module forwards torchtitan/modules.py mirrors
 _ENV_ANY = "LOCKSTEP_TORCHTITAN_ANY_VERSION"
 
 
@@ -51,7 +51,7 @@ def check_version(allow_untested: bool = False) -> str:
         v = version("torchtitan")
     except PackageNotFoundError:
         raise UnsupportedError("torchtitan is not installed: pip install 'lockstep[torchtitan]'") from None
-    from ._versions import check_supported
+    from .._versions import check_supported
     return check_supported("torchtitan", v, SUPPORTED, "lockstep's integration",
                            "; its module forwards may differ from the ones lockstep replaces. "
                            f"Set {_ENV_ANY}=1 to try anyway and check parity with first_divergence().",
@@ -86,11 +86,11 @@ def _exact_config_types(qwen3_5: bool):
 
 def _replacements(qwen3_5: bool):
     """(stock config -> lockstep config, configs only read for weights by their lockstep parent, vision configs)."""
-    from . import titan_modules as tm
+    from . import modules as tm
     if not qwen3_5:  # Qwen3.5's modules import TorchTitan's qwen3_5 package, which imports fla: only when needed
         return dict(tm.REPLACEMENTS), (), {}
     from torchtitan.models.common import Conv1d
-    from . import titan_qwen35_modules as tq
+    from . import qwen35_modules as tq
     return {**tm.REPLACEMENTS, **tq.REPLACEMENTS}, ((Conv1d.Config, tq.WEIGHT_HOLDERS),), tq.VISION
 
 
@@ -115,7 +115,7 @@ def convert(model_config, stock=(), allow_untested: bool = False):
     """
     check_version(allow_untested)
     from torchtitan.models.common.attention import FlexAttention
-    from . import titan_modules as tm
+    from . import modules as tm
     stock = set(stock)
     qwen3_5 = _is_qwen3_5(model_config)
     exact = _exact_config_types(qwen3_5)
@@ -399,7 +399,7 @@ def check_rotary_table(hf_model) -> None:
     """Refuse an HF model whose RoPE ``inv_freq`` is not the float32 table TorchTitan's side computes:
     ``model.to(torch.bfloat16)`` rounds HF's ``inv_freq`` buffer to bf16 (``from_pretrained(dtype=...)``
     and :func:`cast_hf` keep it float32), which would rotate by other angles."""
-    from .titan_modules import torch_inv_freq
+    from .modules import torch_inv_freq
     for name, buf in hf_model.named_buffers():
         if name.endswith("rotary_emb.inv_freq"):
             cfg = getattr(hf_model.config, "text_config", hf_model.config)

@@ -6,7 +6,7 @@ hooks, parameter init) keeps running and only the leaf computation changes. Name
 state-dict keys stay TorchTitan's, so its HF state-dict adapter moves the weights unchanged.
 
 The math each one computes is the math lockstep's transformers patch computes for the matching HF
-module (hf_modules.py), so a TorchTitan trainer and an HF sampler give the same bits; the differences
+module (transformers/modules.py), so a TorchTitan trainer and an HF sampler give the same bits; the differences
 between the two codebases are listed in docs/integrations.md ("TorchTitan vs transformers").
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torchtitan.models.common.rope import CosSinRoPE
 from torchtitan.protocols.module import Module
 
 import hal
-from ..errors import UnsupportedError
+from ...errors import UnsupportedError
 
 
 class LockstepLinear(Linear):

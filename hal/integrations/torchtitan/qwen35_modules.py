@@ -1,9 +1,9 @@
 """TorchTitan's Qwen3.5 (Gated DeltaNet hybrid) leaves computing with lockstep's ops (imported only by
 hal.integrations.torchtitan, and only for Qwen3.5 configs: TorchTitan's qwen3_5 module imports ``fla``).
 
-As in titan_modules.py each class subclasses the TorchTitan module it replaces, keeps its parameters and
+As in modules.py each class subclasses the TorchTitan module it replaces, keeps its parameters and
 state-dict keys, and computes the math lockstep's transformers patch computes for the matching HF module
-(the same helpers of hf_modules.py where one exists). Two classes override a forward that is not a leaf,
+(the same helpers of transformers/modules.py where one exists). Two classes override a forward that is not a leaf,
 because TorchTitan writes a rounding op inline there:
 
 * ``GatedDeltaNet.forward`` computes the gates (``-exp(A_log) * softplus(a + dt_bias)``, ``sigmoid(b)``) and
@@ -24,9 +24,9 @@ from torchtitan.models.qwen3_5.rope import MRoPE
 from torchtitan.models.qwen3_5.vision_encoder import Qwen35VisionEncoder
 
 import hal
-from ..errors import UnsupportedError
-from . import hf_modules
-from .titan_modules import torch_inv_freq
+from ...errors import UnsupportedError
+from ..transformers import modules as hf_modules
+from .modules import torch_inv_freq
 
 
 class LockstepOffsetRMSNorm(OffsetRMSNorm):
@@ -84,7 +84,7 @@ class LockstepMRoPE(MRoPE):
 
 
 class _MRopeTable:
-    """What ``hf_modules.rotary_mrope`` reads from HF's rotary module (a plain class: Dynamo traces its
+    """What ``transformers.modules.rotary_mrope`` reads from HF's rotary module (a plain class: Dynamo traces its
     construction, which it does not for ``types.SimpleNamespace``)."""
 
     def __init__(self, inv_freq, mrope_section):
@@ -186,7 +186,7 @@ class TextOnlyVisionEncoder(Qwen35VisionEncoder):
                                "inputs (the vision encoder) are not supported")
 
 
-# stock config class -> lockstep config class (exact types, as titan_modules.REPLACEMENTS)
+# stock config class -> lockstep config class (exact types, as modules.REPLACEMENTS)
 REPLACEMENTS = {
     OffsetRMSNorm.Config: LockstepOffsetRMSNorm.Config,
     RMSNormGated.Config: LockstepRMSNormGated.Config,

@@ -28,13 +28,13 @@ import os
 import torch
 
 import hal
-from ..errors import InputError, UnsupportedError
-from . import hf_modules as M
-from .hf_modules import OWNER_ATTR, patch_owner
-from .hf_matmul import PatchMatmul
-from .hf_attention import NAME, attention_forward, mask_function
-from . import hf_engine, hf_engine_install  # noqa: F401 -- hf_engine: trl.py reads it (the engine's build)
-from ..sampling import Sampling, recorded_logprobs, sampling_scores
+from ...errors import InputError, UnsupportedError
+from . import modules as M
+from .modules import OWNER_ATTR, patch_owner
+from .matmul import PatchMatmul
+from .attention import NAME, attention_forward, mask_function
+from . import engine, engine_install  # noqa: F401 -- engine: trl.py reads it (the engine's build)
+from ...sampling import Sampling, recorded_logprobs, sampling_scores
 
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
            "SUPPORTED", "NAME"]
@@ -55,7 +55,7 @@ def check_version(allow_untested: bool = False) -> str:
     """
     import transformers
 
-    from ._versions import check_supported
+    from .._versions import check_supported
     return check_supported("transformers", transformers.__version__, SUPPORTED, "lockstep's integration",
                            "; its model code may differ from the forwards lockstep mirrors. "
                            f"Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).",
@@ -224,7 +224,7 @@ class Patch:
     """Handle of an applied patch: ``revert()`` puts every module's forward back as it was.
 
     Also a context manager (``with lt.patch(model): ...``). ``patched`` lists (module name, kind);
-    ``matmul`` (hf_matmul.PatchMatmul) holds the matmul spec of every patched linear
+    ``matmul`` (matmul.PatchMatmul) holds the matmul spec of every patched linear
     (``matmul.spec``), the LM head's token_logprobs spec (``matmul.logprobs_spec``) and, under the
     exact policy, the weights prepared for them.
 
@@ -402,7 +402,7 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
     p.active = True
     _watch_registrations()
     # transformers' continuous-batching engine runs a patched model on lockstep
-    hf_engine_install.install(patch_owner, token_logprobs)
+    engine_install.install(patch_owner, token_logprobs)
     return p
 
 
@@ -462,4 +462,4 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     return recorded_logprobs(weight, hidden, tokens, sampling, spec=spec, scores=scores)
 
 
-from .hf_verify import audit, verify  # noqa: E402  (verify uses the names above)
+from .verify import audit, verify  # noqa: E402  (verify uses the names above)

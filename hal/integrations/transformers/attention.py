@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import flash_attn_varlen_func
-from .. import attention_checks
-from ..errors import InputError, UnsupportedError
-from ..ops_registry import TORCH_OP, route, routing
-from ..torch_ops import HelperOp, OpBackward, TorchOp, register
+from ...attention import flash_attn_varlen_func
+from ... import attention_checks
+from ...errors import InputError, UnsupportedError
+from ...ops_registry import TORCH_OP, route, routing
+from ...torch_ops import HelperOp, OpBackward, TorchOp, register
 
 NAME = "lockstep"
 

@@ -5,7 +5,7 @@ The engine (``model.generate_batch``, ``ContinuousBatchingManager``) packs reque
 (prefix cache) and offloads requests when blocks run out. What makes a request's bits independent of that
 is engine-neutral: the serving core (hal/serving.py: batch metadata, attention over the engine's paged
 cache, GDN state beside it) and the sampling module (hal/sampling.py: the kept set, the recorded log-prob).
-The shim is two modules, the only ones that touch the engine's internals: hal/integrations/hf_engine_install.py
+The shim is two modules, the only ones that touch the engine's internals: hal/integrations/transformers/engine_install.py
 wraps the engine's entry points (refusals before anything runs, the GDN layers left out of its pages) and hands
 each new batch processor to :func:`attach`; this one holds what then runs inside the engine:
 :func:`hf_paged_attention` (its steps' attention), :class:`_LockstepStep` (its forward step: one model call,
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import sampling as _sampling
-from ..deprecation import warn_moved
-from ..errors import InputError, UnsupportedError
-from ..serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
+from ... import sampling as _sampling
+from ...deprecation import warn_moved
+from ...errors import InputError, UnsupportedError
+from ...serving import (GdnStates, PagedKV, ServingBatch, decode_slot_mapping, paged_attention, request_kv,
                        varlen_attention, write_kv)
-from ..weight_watch import ModelWeights
+from ...weight_watch import ModelWeights
 
 _STATE = "_lockstep_engine"  # attribute on the engine's batch processor
 
@@ -96,7 +96,7 @@ class GdnEngineStates:
     """The engine's rows -> the request-keyed :class:`hal.serving.GdnStates` (``core``) on its cache.
 
     ``step_requests``: the request id of each row of the running step (set before the model runs);
-    hf_modules' GDN forward looks up and stores by row. Offloaded requests keep their states (a soft reset
+    modules.py's GDN forward looks up and stores by row. Offloaded requests keep their states (a soft reset
     re-prefills from token 0, which restarts them); finished ones go after every scheduled step (:meth:`prune`).
     """
 
@@ -384,5 +384,5 @@ _MOVED = {"EngineBatch": (ServingBatch, "hal.serving.ServingBatch"),
 def __getattr__(name):
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warn_moved(f"hal.integrations.hf_engine.{name}", _MOVED[name][1])
+    warn_moved(f"hal.integrations.transformers.engine.{name}", _MOVED[name][1])
     return _MOVED[name][0]

@@ -1,20 +1,20 @@
 """Installing lockstep into transformers' continuous-batching engine: its wrapped entry points.
 
-``install`` (called by ``lt.patch``, hal/integrations/transformers.py) replaces, once per process, six entry points of
+``install`` (called by ``lt.patch``, hal/integrations/transformers/__init__.py) replaces, once per process, six entry points of
 the engine's ``ContinuousBatchingManager`` and its initialisation (``__init__``, ``switch_to_cb_friendly_attn``,
 ``_create_batch_processor``, ``add_request``, ``ensure_decode_fast_path_is_available``, ``group_layers_by_attn_type``)
 with wrappers that act only for a lockstep-patched model (every other model sees transformers' own): they refuse by
 name what lockstep cannot run exactly, show the engine an attention name it accepts, keep its decode fast path on,
 leave a GDN hybrid's linear-attention layers out of its pages, and hand each new batch processor to
-hal/integrations/hf_engine.py (``attach``), which holds what then runs inside the engine.
+hal/integrations/transformers/engine.py (``attach``), which holds what then runs inside the engine.
 """
 from __future__ import annotations
 
 import threading
 import weakref
 
-from ..errors import UnsupportedError
-from .hf_engine import GDN_LAYER_TYPES, attach, check_engine_model, is_gdn_model, sampling_settings
+from ...errors import UnsupportedError
+from .engine import GDN_LAYER_TYPES, attach, check_engine_model, is_gdn_model, sampling_settings
 
 # the attention name the engine is shown while a lockstep-patched model runs in it: HF's engine
 # accepts only paged|eager, sdpa and flash names, and a patched attention never consults it

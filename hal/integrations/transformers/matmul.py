@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 import hal
-from .. import spec as specs, tensor_parallel as _tp
-from ..errors import InputError, SpecError
-from ..kernels.exact import core as exact_core
-from ..kernels.exact.prepared import ExactWeight
-from ..ops_registry import tracing
+from ... import spec as specs, tensor_parallel as _tp
+from ...errors import InputError, SpecError
+from ...kernels.exact import core as exact_core
+from ...kernels.exact.prepared import ExactWeight
+from ...ops_registry import tracing
 
 
 def resolve(matmul_spec) -> specs.OpSpec:

@@ -2,7 +2,7 @@
 
 Each function here is installed as ``module.__dict__["forward"]`` (see transformers.py) and mirrors the
 HF class's forward line by line, with every op that rounds replaced by lockstep's: linears
-(hal.linear under the patch's matmul spec, hf_matmul.py), norms (hal.rms_norm), activations
+(hal.linear under the patch's matmul spec, matmul.py), norms (hal.rms_norm), activations
 (hal.silu_mul, hal.sigmoid), rotary
 (hal.rotary_cos_sin, hal.apply_rotary), attention (the "lockstep" attention function), and the
 Gated DeltaNet layer of Qwen3-Next and Qwen3.5 (hal.gdn_causal_conv1d, hal.gdn_gating,
@@ -15,16 +15,16 @@ from __future__ import annotations
 import torch
 
 import hal
-from ..errors import UnsupportedError
-from ..ops_registry import TORCH_OP, route, routing, tracing
-from ..torch_ops import Refused, TorchOp, register
-from .hf_attention import (attend, check_attention_args, masked_attention, segments_from_cu,
+from ...errors import UnsupportedError
+from ...ops_registry import TORCH_OP, route, routing, tracing
+from ...torch_ops import Refused, TorchOp, register
+from .attention import (attend, check_attention_args, masked_attention, segments_from_cu,
                            segments_from_positions, several_sequences_per_row, visibility)
-from .hf_matmul import DEFAULT
-from ..serving import gdn_step
-from .hf_engine import gdn_engine_states, hf_paged_attention, is_engine_cache
+from .matmul import DEFAULT
+from ...serving import gdn_step
+from .engine import gdn_engine_states, hf_paged_attention, is_engine_cache
 
-# A patch's record on each module it owns; hf_verify reads it too, so it lives here, below both.
+# A patch's record on each module it owns; verify.py reads it too, so it lives here, below both.
 OWNER_ATTR = "_lockstep_patch"  # every module of a patched tree holds its Patch under this name in __dict__
 
 
@@ -44,7 +44,7 @@ def refresh_stale(model) -> None:
 
 
 def linear(mod, x, *, mm=DEFAULT):
-    """``nn.Linear`` under the patch's matmul spec (``mm``: hf_matmul.PatchMatmul; weights prepared once if exact)."""
+    """``nn.Linear`` under the patch's matmul spec (``mm``: matmul.PatchMatmul; weights prepared once if exact)."""
     return mm.linear(x, mod.weight, mod.bias, key=(id(mod), "weight"))
 
 

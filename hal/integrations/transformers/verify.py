@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import InputError
+from ...errors import InputError
 
 
 def cache_kwargs(model, cache) -> dict:
@@ -325,7 +325,7 @@ def audit(model, input_ids, **forward_kwargs) -> Audit:
     TorchDispatchMode), so lockstep's own reference kernels are not counted.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
-    from .hf_modules import refresh_stale
+    from .modules import refresh_stale
     refresh_stale(model)  # modules attached since the patch: patched (or refused) as the forward would
     stack: list[str] = []
     stock, lock, ops = [], [], {}

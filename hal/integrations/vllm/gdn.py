@@ -1,12 +1,12 @@
 """The Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next) in vLLM on lockstep's bits.
 
-What the plugin swaps for these models, mirroring ``lt.patch`` on transformers (hf_modules.py) op by op:
+What the plugin swaps for these models, mirroring ``lt.patch`` on transformers (transformers/modules.py) op by op:
 
 * ``GemmaRMSNorm`` (their ``(1 + w)`` decoder, final and q/k norms): ``hal.rms_norm`` of the float32 input with
   ``1 + w`` in float32, rounded to the model dtype; with a residual, HF's add-then-round first;
 * ``RMSNormGated`` (the GDN output norm): ``hal.rms_norm`` in float32, then ``hal.silu_mul(gate, y)``;
 * ``MRotaryEmbedding`` (Qwen3.5): HF's inverse frequencies over the partial rotary dims, one table per
-  position row, Qwen3.5's interleaved pick (``hf_modules.mrope_interleave``), ``hal.apply_rotary``;
+  position row, Qwen3.5's interleaved pick (``transformers.modules.mrope_interleave``), ``hal.apply_rotary``;
   Qwen3-Next's partial plain RoPE is the dense plugin's ``RotaryEmbedding`` (dims past rotary_dim pass through);
 * the gated attention (``Qwen3NextAttention.forward``): ``out * hal.sigmoid(gate)`` (vLLM: ``torch.sigmoid``);
 * ``QwenGatedDeltaNetAttention``: lockstep's linears for the projections, ``hal.gdn_gating``, then per request
@@ -198,7 +198,7 @@ def _layers():
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
     from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
 
-    from ..hf_modules import mrope_interleave
+    from ..transformers.modules import mrope_interleave
     from .layers import hf_default_inv_freq
 
     class LockstepGemmaRMSNorm(GemmaRMSNorm):
@@ -319,7 +319,7 @@ def _sparse_moe(self, h):
     ``hal.sigmoid(shared_expert_gate(h)) * shared_expert(h)``."""
     import hal
 
-    from ..hf_modules import routed_experts, top_k_route
+    from ..transformers.modules import routed_experts, top_k_route
     w = self.gate.weight
     logits = hal.linear(h, w if w.dtype == h.dtype else w.to(h.dtype))
     routed_experts_ = self.experts.routed_experts  # the MoE runner's weight holder

@@ -1,11 +1,11 @@
-"""vLLM's layers on lockstep's ops, mirroring what ``lt.patch`` (hf_modules.py) computes on the HF model.
+"""vLLM's layers on lockstep's ops, mirroring what ``lt.patch`` (transformers/modules.py) computes on the HF model.
 
 Each class replaces vLLM's class of the same name through ``CustomOp.register_oot`` / ``PluggableLayer.register_oot``
 (vLLM builds the registered class wherever a model asks for the stock one); the linear methods are replaced on
 vLLM's unquantized method classes (on CPU they have no registry). What stays torch is exact: the embedding
 gather, reshapes, slices, and the residual add (one IEEE rounding, the add HF's decoder layer does).
 
-Bit-for-bit with the patched HF model, op by op (hf_modules.py):
+Bit-for-bit with the patched HF model, op by op (transformers/modules.py):
 
 * RMSNorm: ``hal.rms_norm(x, w, eps)``; with vLLM's fused residual, HF's order: ``h = x + residual`` rounded
   to the model dtype, then the norm of ``h`` (vLLM's native fused op normalises the float32 sum instead).
