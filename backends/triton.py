@@ -156,6 +156,17 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
             return self.fast_levels.get(suite, frozenset()) if suite in self.suites else frozenset()
         return super().claimed_levels(suite, spec)
 
+    def fast_fingerprint(self, device) -> dict:
+        """What this backend's fast bits depend on besides the spec (hal.fast_fingerprint): the GPU model and
+        compute capability, or the interpreter and the CPU it runs on; the Triton version."""
+        from importlib import metadata
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            where = {"device": torch.cuda.get_device_name(device), "compute_capability": f"{major}.{minor}"}
+        else:  # only reached under TRITON_INTERPRET=1 (supports refuses CPU otherwise)
+            where = {"device": f"triton interpreter on {_cpu_name()}", "compute_capability": None}
+        return {**where, "triton": metadata.version("triton")}
+
     def unavailable_reason(self) -> str | None:
         version = installed_triton()
         if version is None:
@@ -170,6 +181,19 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
             return ("no CUDA device (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 to run the "
                     "kernels on CPU in the Triton interpreter (verification only, slow)")
         return None
+
+
+def _cpu_name() -> str:
+    """The CPU model (/proc/cpuinfo's "model name" on Linux), else what platform knows."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _op_methods() -> tuple[str, ...]:

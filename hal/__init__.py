@@ -4,6 +4,8 @@
     y = hal.linear(x, w)                       # backend chosen by x's device
     with hal.use("reference"):                 # or name one explicitly
         lp = hal.token_logprobs(h, lm_head, tokens)
+    with hal.use(policy="fast"):               # every family's fast spec where it has one (one GPU model's bits)
+        y = hal.linear(x, w)
 
 Importing ``hal`` imports no optional dependency (triton, jax, torch_npu).
 """
@@ -18,7 +20,8 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and \
     __path__.append(_os.path.normpath(_os.path.join(_here, _os.pardir)))
 from . import rl, spec
 from .backend import LEVELS, Backend
-from .dispatch import backends, get_backend, register_backend, select, unregister_backend, use
+from .dispatch import (backends, fast_fingerprint, get_backend, policy_in_force, register_backend, select,
+                       unregister_backend, use)
 from .errors import (BackendUnavailable, GoldenError, HalError, InputError, SpecError, UnsupportedError)
 from .ops import ExactWeight, exact_weight, linear, log_softmax, logsumexp, matmul, rms_norm, softmax, token_logprobs
 from .attention import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -35,6 +38,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "rl", "spec", "LEVELS", "Backend", "backends", "get_backend", "register_backend", "unregister_backend", "select", "use",
+    "policy_in_force", "fast_fingerprint",
     "HalError", "InputError", "SpecError", "BackendUnavailable", "UnsupportedError", "GoldenError",
     "matmul", "linear", "exact_weight", "ExactWeight", "rms_norm", "softmax", "log_softmax", "logsumexp", "token_logprobs",
     "flash_attn_varlen_func", "flash_attn_with_kvcache", "KVCache",

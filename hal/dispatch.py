@@ -1,8 +1,16 @@
-"""Backend registry and selection.
+"""Backend registry and selection, and the policy switch.
 
 Order of precedence for a call: ``backend=`` argument > innermost ``with hal.use(name)`` >
 ``LOCKSTEP_BACKEND`` environment variable (``HAL_BACKEND``, its older name, is still read when it is unset) >
 automatic choice by the tensors' device.
+
+The policy switch, ``with hal.use(policy="fast")`` (or "exact"): a call given no ``spec=`` runs its family's spec
+under that policy (``hal.spec.POLICY_SPECS``; a family the policy has no spec for keeps its strict default), and a
+call whose spec is the policy's is served only by a backend that claims conformance levels for that op's suite
+on that device (the requested one, else the first by priority that serves the call: the triton backend on CUDA,
+or on CPU under ``TRITON_INTERPRET=1``), refused by name (UnsupportedError naming the policy and the device)
+otherwise: never the stock control, never another policy's spec. ``policy="strict"`` (the default) changes
+nothing. docs/fast_policy.md, "One switch for a whole model".
 
 A named backend that cannot serve the call raises :class:`UnsupportedError` with every reason.
 The automatic choice tries the backends serving the device in priority order and logs once when
@@ -22,7 +30,8 @@ import torch
 
 from .backend import Backend
 from .errors import BackendUnavailable, InputError, UnsupportedError
-from .spec import OpSpec
+from . import spec as specs
+from .spec import STRICT, OpSpec
 
 log = logging.getLogger("lockstep")
 
@@ -47,6 +56,7 @@ _fallback_logged: set[tuple] = set()
 _chosen: dict[tuple, tuple[OpSpec, Backend]] = {}
 _chosen_for: dict | None = None  # the registry _chosen was filled from
 _current: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("lockstep_backend", default=())
+_policy: contextvars.ContextVar[str] = contextvars.ContextVar("lockstep_policy", default=STRICT)
 
 
 def _load(target: str) -> Backend:
@@ -81,11 +91,13 @@ def register_backend(backend: Backend) -> None:
         raise ValueError("a backend needs a name")
     backends()[backend.name] = backend
     _chosen.clear()
+    _claimed.clear()
 
 
 def unregister_backend(name: str) -> None:
     backends().pop(name, None)
     _chosen.clear()
+    _claimed.clear()
 
 
 def load_errors() -> dict[str, str]:
@@ -102,14 +114,36 @@ def get_backend(name: str) -> Backend:
 
 
 @contextlib.contextmanager
-def use(name: str):
-    """Run the enclosed calls on backend ``name``. Nests, restores on exceptions, per thread/task."""
-    get_backend(name)  # fail early on a typo
-    token = _current.set(_current.get() + (name,))
+def use(name: str | None = None, *, policy: str | None = None):
+    """Run the enclosed calls on backend ``name`` and / or under ``policy`` (the switch: module docstring).
+    Nests, restores on exceptions, per thread/task; yields the named backend (None when only a policy is given)."""
+    if name is None and policy is None:
+        raise InputError("hal.use needs a backend name, a policy= or both, e.g. hal.use('triton'), "
+                         "hal.use(policy='fast')")
+    if name is not None:
+        get_backend(name)  # fail early on a typo
+    if policy is not None and policy not in specs.POLICY_SPECS:
+        raise InputError(f"hal.use: policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
+    backend_token = _current.set(_current.get() + (name,)) if name is not None else None
+    policy_token = _policy.set(policy) if policy is not None else None
     try:
-        yield get_backend(name)
+        yield get_backend(name) if name is not None else None
     finally:
-        _current.reset(token)
+        if policy_token is not None:
+            _policy.reset(policy_token)
+        if backend_token is not None:
+            _current.reset(backend_token)
+
+
+def policy_in_force() -> str:
+    """The policy of the innermost ``hal.use(policy=...)``; "strict" outside any."""
+    return _policy.get()
+
+
+def call_spec(family: str, spec: OpSpec | str | None) -> OpSpec:
+    """The spec a call of a ``family`` op runs: the given one (object or id), else the family's spec under the
+    policy in force (``hal.spec.policy_spec``: its strict default outside a switch)."""
+    return specs.resolve(family, spec if spec is not None else specs.policy_spec(family, _policy.get()))
 
 
 def requested_backend() -> tuple[str | None, str]:
@@ -147,6 +181,9 @@ def select(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device, back
     backend that needed no fallback is remembered, so the automatic choice stays the first
     capable backend by priority."""
     global _chosen_for
+    policy = _policy.get()
+    if policy != STRICT and policy in spec.policies_used():
+        return claiming_backend(op, spec, dtype, device, backend, policy)
     request = backend if backend not in (None, "auto") else requested_backend()[0]
     # a device by its type and index: torch.device is hashable, stand-in devices (tests, wrappers) may not be
     key = (op, id(spec), dtype, getattr(device, "type", device), getattr(device, "index", None), request)
@@ -193,3 +230,114 @@ def _select(op, spec, dtype, device, backend) -> tuple[Backend, bool]:
     if not candidates:
         reasons.append(f"no registered backend serves device type {device.type!r}")
     raise UnsupportedError(f"no backend can run {op} with spec {spec.id}, {dtype}, device {device}", reasons)
+
+
+# ---------------------------------------------------------------- the policy switch
+
+
+def suite_of(op: str, spec: OpSpec) -> str | None:
+    """The conformance suite that checks ``op`` under ``spec`` (the one whose policies are those the spec uses, e.g.
+    linear + a fast matmul spec -> "matmul_fast"), None when none does."""
+    from .backend import CONFORMANCE_SUITES
+    used = spec.policies_used()
+    return next((s for s, (ops, policies) in CONFORMANCE_SUITES.items() if op in ops and set(policies) == used), None)
+
+
+#: (policy, op, id(spec), dtype, device type, index, request) -> (spec, backend): the switch's choices, remembered
+_claimed: dict[tuple, tuple[OpSpec, Backend]] = {}
+
+
+def claiming_backend(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.device,
+                     backend: str | Backend | None = None, policy: str | None = None) -> Backend:
+    """The backend that runs ``op`` under ``spec`` for the policy switch ``policy`` (default: the one in force): the
+    requested one (``backend=``, ``hal.use``, ``LOCKSTEP_BACKEND``), else the first by priority that serves the call
+    (triton serves CPU under ``TRITON_INTERPRET=1``: its ``supports`` says so), and it must claim conformance levels
+    of the op's suite (:func:`suite_of`) for ``spec``; UnsupportedError naming the policy and the device otherwise."""
+    policy = policy or _policy.get()
+    request = backend if backend not in (None, "auto") else requested_backend()[0]
+    name = request.name if isinstance(request, Backend) else request
+    key = (policy, op, id(spec), dtype, getattr(device, "type", device), getattr(device, "index", None), name)
+    hit = _claimed.get(key)
+    if hit is not None and hit[0] is spec and hit[1] is backends().get(hit[1].name) and hit[1].unavailable_reason() is None:
+        return hit[1]
+    where = f"policy {policy!r} on device {device}"
+    suite = suite_of(op, spec)
+    if suite is None:
+        raise UnsupportedError(f"{where}: {op} under {spec.id} is checked by no conformance suite, so no backend "
+                               "can claim it")
+    claimants = sorted(n for n, b in backends().items() if b.claimed_levels(suite, spec))
+    hint = (f"backends claiming {suite} under {spec.id}: {', '.join(claimants) or 'none'} (triton: on CUDA, or on "
+            "CPU under TRITON_INTERPRET=1 for tests); use policy='strict' where none can run")
+    if request is not None:
+        chosen = request if isinstance(request, Backend) else get_backend(request)
+        reasons = chosen.supports(op, spec, dtype, device)
+        if reasons:
+            raise UnsupportedError(f"{where}: the requested backend {chosen.name!r} cannot run {op} with {spec.id}, "
+                                   f"{dtype}", reasons + [hint])
+        if not chosen.claimed_levels(suite, spec):
+            raise UnsupportedError(f"{where}: the requested backend {chosen.name!r} claims no level of conformance "
+                                   f"suite {suite!r} for {spec.id}, so it cannot serve {op} under the switch", [hint])
+    else:
+        reasons: list[str] = []
+        chosen = None
+        for b in sorted((b for b in backends().values() if b.auto), key=lambda b: -b.priority):
+            why = b.supports(op, spec, dtype, device)
+            if not why and not b.claimed_levels(suite, spec):
+                why = [f"{b.name}: claims no level of conformance suite {suite!r} for {spec.id}"]
+            if not why:
+                chosen = b
+                break
+            reasons.extend(why)
+        if chosen is None:
+            raise UnsupportedError(f"{where}: no backend that claims {suite!r} can run {op} with {spec.id}, {dtype}",
+                                   reasons + [hint])
+    if len(_claimed) < 4096:
+        _claimed[key] = (spec, chosen)
+    return chosen
+
+
+def check_policy(policy: str, device: torch.device, dtype: torch.dtype, ops) -> dict[str, tuple[OpSpec, Backend]]:
+    """Before a switch changes anything (lt.patch, TorchTitan's converter): for each of ``ops``, the spec it runs
+    under ``policy`` and, where that spec is the policy's own, the backend that claims it on ``device`` for
+    ``dtype`` (:func:`claiming_backend`, refusing by name); strict ops are listed with backend None (dispatched
+    per call as ever). ``{op: (spec, backend)}``."""
+    from .ops_registry import OPS
+    if policy not in specs.POLICY_SPECS:
+        raise InputError(f"policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
+    out = {}
+    for op in ops:
+        s = specs.policy_spec(OPS[op], policy)
+        out[op] = (s, claiming_backend(op, s, dtype, device, policy=policy) if policy in s.policies_used() else None)
+    return out
+
+
+def fast_fingerprint(device: torch.device | str | None = None, spec_ids: dict[str, str] | None = None,
+                     backend: str | None = None) -> dict:
+    """What fast bits depend on, for a trainer and an engine to compare (equal dicts: the same fast bits may be
+    expected; different: not promised): the GPU (name, compute capability) or, under ``TRITON_INTERPRET=1``,
+    "triton interpreter" and the CPU; the Triton version; the backend; and the spec id of every family under
+    the fast switch (``spec_ids``: those a patch records, default ``hal.spec.POLICY_SPECS["fast"]``).
+    ``device``: default the current CUDA device, or the CPU under the interpreter. Refused (UnsupportedError
+    naming the policy and the device) where no backend claims the fast specs there."""
+    from .spec import FAST
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if spec_ids is None:
+        spec_ids = {family: s.id for family, s in specs.POLICY_SPECS[FAST].items()}
+    from .ops_registry import OPS
+    served = {}
+    for family, spec_id in spec_ids.items():  # the backend that claims each fast spec in force (today: triton)
+        op = next(op for op, f in OPS.items() if f == family)
+        served[family] = claiming_backend(op, specs.resolve(family, spec_id), torch.bfloat16, device, backend, FAST)
+    if not served:
+        raise UnsupportedError(f"policy 'fast' on device {device}: no fast spec is in force, nothing to fingerprint")
+    described = {}
+    for b in sorted(set(served.values()), key=lambda b: b.name):
+        describe = getattr(b, "fast_fingerprint", None)
+        if describe is None:
+            raise UnsupportedError(f"policy 'fast' on device {device}: backend {b.name!r} does not say what its fast "
+                                   "bits depend on (no fast_fingerprint method)")
+        described.update(describe(device))
+    return {"policy": FAST, "backend": ",".join(sorted({b.name for b in served.values()})), **described,
+            "specs": dict(sorted(spec_ids.items()))}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, spec as specs
+from . import dispatch
 from .ops_registry import OPS
 
 __all__ = ["resolve", "needs_grad", "backward_dtype"]
@@ -16,8 +16,9 @@ __all__ = ["resolve", "needs_grad", "backward_dtype"]
 
 def resolve(op: str, spec, backend, dtype: torch.dtype, **tensors):
     """``(spec, backend)`` for a call of ``op`` whose ``tensors`` were validated: the spec resolved against the op's
-    family, the backend chosen for the tensors' common device (hal/dispatch.py)."""
-    s = specs.resolve(OPS[op], spec)
+    family (no spec: the family's spec under the policy in force, ``hal.use(policy=...)``), the backend chosen for the
+    tensors' common device (hal/dispatch.py)."""
+    s = dispatch.call_spec(OPS[op], spec)
     device = dispatch.common_device(tensors)
     return s, dispatch.select(op, s, dtype, device, backend)
 

@@ -122,7 +122,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._patches.append(lt.apply(self.model))
         policy = patch_owner(self.model)
         if policy is not None and self.ref_model is not None and patch_owner(self.ref_model) is None:
-            self._patches.append(lt.apply(self.ref_model, matmul_spec=policy.matmul.spec))
+            same = dict(matmul_spec=policy.matmul.spec) if policy.policy == "strict" else dict(policy=policy.policy)
+            self._patches.append(lt.apply(self.ref_model, **same))  # the policy model's specs
 
     # ------------------------------------------------------------ keeping the engine's log-probs
 

@@ -4,6 +4,7 @@
     from hal.integrations import transformers as lt
     cfg = ltt.LockstepConverter.Config().build().convert(ltt.qwen3_config_from_hf(hf_model.config))
     #   or: torchtitan.models.qwen3.model_registry(flavor, converters=[ltt.LockstepConverter.Config()])
+    #   LockstepConverter.Config(policy="fast"): linears + attention on the fast specs (lt.patch(hf_model, policy="fast"))
     trainer = cfg.build()                                  # TorchTitan's own Qwen3 model code
     ltt.load_from_hf(trainer, hf_model)                    # TorchTitan's Qwen3StateDictAdapter.from_hf
     with lt.patch(hf_model):                               # the HF sampler
@@ -104,8 +105,13 @@ def _child_path(kind, path, field):
     return f"{path}.{name}" if path else name
 
 
-def convert(model_config, stock=(), allow_untested: bool = False):
+def convert(model_config, stock=(), allow_untested: bool = False, policy: str = "strict"):
     """A copy of TorchTitan ``model_config`` whose leaves compute with lockstep's ops.
+
+    ``policy``: "strict" (default), "fast" or "exact", as ``lt.patch(model, policy=...)``: the linears and the
+    varlen attention take their family's spec under it (``hal.spec.POLICY_SPECS``; the other leaves stay strict),
+    on the backend that claims it for the device and dtype they run on: checked at every eager call (the device is
+    not known here), refused by name (UnsupportedError naming the policy and the device).
 
     ``stock``: module paths (TorchTitan FQNs, e.g. ``"layers.1.ffn_norm"``) left as they are, everything
     inside them included, for bisecting a divergence and for negative controls. Refuses (UnsupportedError naming every path)
@@ -113,6 +119,8 @@ def convert(model_config, stock=(), allow_untested: bool = False):
     TorchTitan's FlexAttention (the block-causal document mask of its language models) becomes
     lockstep's varlen attention over the same documents; the decoder then builds varlen metadata.
     """
+    if policy not in hal.spec.POLICY_SPECS:
+        raise InputError(f"policy must be one of {tuple(hal.spec.POLICY_SPECS)}, got {policy!r}")
     check_version(allow_untested)
     from torchtitan.models.common.attention import FlexAttention
     from . import modules as tm
@@ -139,11 +147,11 @@ def convert(model_config, stock=(), allow_untested: bool = False):
             return cfg
         kids = {name: walk(val, _child_path(kind, path, name)) for name, val in _config_children(cfg)}
         if kind in replacements:
-            return replacements[kind](**kids)
+            return _with_policy(replacements[kind], kids, policy)
         if kind is FlexAttention.Config:
-            return tm.LockstepVarlenAttention.Config()
+            return tm.LockstepVarlenAttention.Config(policy=policy)
         if kind in replacements.values():  # converted already
-            return dataclasses.replace(cfg, **kids)
+            return dataclasses.replace(cfg, **kids, **({"policy": policy} if _has_policy(kind) else {}))
         if kind not in exact:
             unknown.append(f"{path or '(root)'} ({kind.__qualname__})")
             return cfg
@@ -160,6 +168,15 @@ def convert(model_config, stock=(), allow_untested: bool = False):
     return out
 
 
+def _has_policy(config_class) -> bool:
+    """Whether a lockstep leaf's config takes the converter's policy (its linears and its varlen attention)."""
+    return any(f.name == "policy" for f in dataclasses.fields(config_class))
+
+
+def _with_policy(config_class, kids: dict, policy: str):
+    return config_class(**kids, **({"policy": policy} if _has_policy(config_class) else {}))
+
+
 def _converter_class():
     from torchtitan.protocols.model import ModelConfigConverter
 
@@ -170,12 +187,13 @@ def _converter_class():
         class Config(ModelConfigConverter.Config):
             stock: tuple = ()  # module paths left stock (see convert)
             allow_untested: bool = False
+            policy: str = "strict"  # "fast" / "exact": the linears' and attention's specs (see convert)
 
         def __init__(self, config):
             self.config = config
 
         def convert(self, model_config):
-            return convert(model_config, self.config.stock, self.config.allow_untested)
+            return convert(model_config, self.config.stock, self.config.allow_untested, self.config.policy)
 
     LockstepConverter.__module__ = __name__
     return LockstepConverter

@@ -22,21 +22,43 @@ from torchtitan.models.common.rope import CosSinRoPE
 from torchtitan.protocols.module import Module
 
 import hal
+from ... import dispatch
 from ...errors import UnsupportedError
+from ...ops_registry import tracing
+from ...spec import STRICT, policy_spec
+
+
+def switched(policy: str, op: str, family: str, x: torch.Tensor):
+    """``(spec, backend name)`` of a leaf's op under the converter's ``policy`` (``LockstepConverter.Config(policy=)``):
+    strict: (None, None), as without the switch; else the family's spec under the policy on the backend that
+    claims it for x's device and dtype (hal.dispatch.check_policy: refused by name otherwise, per call, memoized).
+    While Dynamo traces: the spec alone (it crosses the torch op as its id; the backend is chosen when the
+    graph runs, never stock unless requested)."""
+    if policy == STRICT:
+        return None, None
+    if tracing():
+        return policy_spec(family, policy), None
+    spec, backend = dispatch.check_policy(policy, x.device, x.dtype, (op,))[op]
+    return spec, None if backend is None else backend.name
 
 
 class LockstepLinear(Linear):
-    """``nn.Linear`` as ``hal.linear`` (the default strict matmul spec, as lt.patch's linears).
+    """``nn.Linear`` as ``hal.linear`` (the matmul spec of the converter's policy, as lt.patch's linears).
 
     A fused projection (TorchTitan's ``wqkv``) gives each output column the bits of the separate
     projection HF runs: a strict dot product's bits do not depend on which other columns are computed."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Linear.Config):
-        pass
+        policy: str = STRICT  # the converter's (LockstepConverter.Config(policy=...)): hal.spec.POLICY_SPECS
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.policy = config.policy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return hal.linear(x, self.weight, self.bias)
+        spec, backend = switched(self.policy, "linear", "matmul", x)
+        return hal.linear(x, self.weight, self.bias, spec=spec, backend=backend)
 
 
 class LockstepRMSNorm(RMSNorm):
@@ -96,7 +118,7 @@ class LockstepVarlenAttention(VarlenAttention):
 
     @dataclass(kw_only=True, slots=True)
     class Config(VarlenAttention.Config):
-        pass
+        policy: str = STRICT  # the converter's (LockstepConverter.Config(policy=...)): hal.spec.POLICY_SPECS
 
     def __init__(self, config: Config) -> None:
         Module.__init__(self)  # VarlenAttention.__init__ only selects a CUDA flash-attention build
@@ -104,6 +126,7 @@ class LockstepVarlenAttention(VarlenAttention):
             raise UnsupportedError(f"attention window_size={tuple(config.window_size)}: lockstep's TorchTitan "
                                    "integration supports causal attention without a window, (-1, 0), only")
         self.window_size = tuple(config.window_size)
+        self.policy = config.policy
 
     def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, out_transform=None, **kwargs):
         B, L = q_BLNH.shape[:2]
@@ -120,8 +143,9 @@ class LockstepVarlenAttention(VarlenAttention):
         q = q_BLNH.reshape(T, -1, q_BLNH.shape[-1])
         k = k_BLNH.reshape(T, -1, k_BLNH.shape[-1])
         v = v_BLNH.reshape(T, -1, v_BLNH.shape[-1])
+        spec, backend = switched(self.policy, "flash_attn_varlen_func", "attention", q)
         res = hal.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
-                                         return_lse=out_transform is not None)
+                                         return_lse=out_transform is not None, spec=spec, backend=backend)
         if out_transform is None:
             return res.view(B, L, -1, v.shape[-1])
         out, lse = res

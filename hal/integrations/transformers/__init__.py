@@ -7,6 +7,8 @@
         out = model.generate(...)                     # sampler
         loss.backward()                               # trainer
     lt.patch(model, matmul_spec=ExactMatmulSpec(slices=4))  # linears under the exact policy, weights prepared
+    p = lt.patch(model, policy="fast")                # linears + attention on tensor cores (one GPU model's bits);
+    p.fingerprint                                     #   compare with the trainer's hal.fast_fingerprint()
     report = lt.verify(model, vocab_size)             # alone vs padded vs packed; decode vs teacher-forced
     lt.audit(model, input_ids)                        # what still computes outside hal
     ref = copy.deepcopy(model)                        # an independent patched copy; lt.revert(ref) unpatches it
@@ -32,6 +34,7 @@ from ...errors import InputError, UnsupportedError
 from . import modules as M
 from .modules import OWNER_ATTR, patch_owner
 from .matmul import PatchMatmul
+from .policy import PatchPolicy
 from .attention import NAME, attention_forward, mask_function
 from . import engine, engine_install  # noqa: F401 -- engine: trl.py reads it (the engine's build)
 from ...sampling import Sampling, recorded_logprobs, sampling_scores
@@ -161,6 +164,8 @@ class _Forward(_PatchObject):
             p.refresh()
         if self.__lockstep__ in _USES_MATMUL:
             return self.fn(self.mod, *args, mm=p.matmul, **kwargs)
+        if self.__lockstep__ == "attention":
+            return self.fn(self.mod, *args, attention_choice=p.switch.attention, **kwargs)
         return self.fn(self.mod, *args, **kwargs)
 
 
@@ -226,7 +231,9 @@ class Patch:
     Also a context manager (``with lt.patch(model): ...``). ``patched`` lists (module name, kind);
     ``matmul`` (matmul.PatchMatmul) holds the matmul spec of every patched linear
     (``matmul.spec``), the LM head's token_logprobs spec (``matmul.logprobs_spec``) and, under the
-    exact policy, the weights prepared for them.
+    exact policy, the weights prepared for them; ``policy`` the policy switch (``lt.patch(model, policy=...)``)
+    and ``fingerprint`` (under fast) :func:`hal.fast_fingerprint` of what the patched model's bits depend on:
+    a trainer and an engine compare theirs (docs/fast_policy.md).
 
     Lifecycle: a module attached to the tree after the patch (PEFT's LoRA adapters,
     ``resize_token_embeddings``' new head, any ``parent.x = module``) is patched on its first forward,
@@ -234,9 +241,12 @@ class Patch:
     Patch (``model.__dict__["_lockstep_patch"]``), revertible on its own; pickling is refused.
     """
 
-    def __init__(self, model, matmul: PatchMatmul | None = None, unknown: str = "raise"):
+    def __init__(self, model, matmul: PatchMatmul | None = None, unknown: str = "raise",
+                 switch: PatchPolicy | None = None):
         self.model = model
         self.matmul = matmul if matmul is not None else PatchMatmul()
+        self.switch = switch if switch is not None else PatchPolicy(model)
+        self.policy, self.fingerprint = self.switch.policy, self.switch.fingerprint
         self.unknown = unknown
         self.patched: list[tuple[str, str]] = []
         self._undo: list[tuple[torch.nn.Module, str, object]] = []
@@ -252,7 +262,7 @@ class Patch:
         memo[id(self)] = new
         state = {k: v for k, v in self.__dict__.items() if k != "matmul"}
         new.__dict__.update(copy.deepcopy(state, memo))
-        new.matmul = PatchMatmul(self.matmul.spec)  # the copy's weights are other tensors: prepared afresh
+        new.matmul = self.matmul.fresh()  # the copy's weights are other tensors: prepared afresh
         return new
 
     def _set_attr(self, mod, attr, value):
@@ -377,9 +387,17 @@ def _inside_handled(model, name: str) -> bool:
     return False
 
 
-def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bool = False) -> Patch:
+def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "raise",
+          allow_untested: bool = False) -> Patch:
     """Patch ``model`` in place (per-instance forwards); returns a :class:`Patch` with ``revert()``.
 
+    ``policy``: "strict" (default: every op on its strict spec, the same bits on every backend), "fast" (linears
+    and attention on their fast specs, tensor cores: the same bits on one GPU model with one Triton version;
+    every other op strict) or "exact" (linears and the log-prob's logits on the exact matmul, 4 slices):
+    ``hal.spec.POLICY_SPECS``. Refused by name (UnsupportedError naming the policy and the device), before
+    anything is patched, unless the backend that would run each of the policy's ops claims it on the model's
+    device (fast: triton on CUDA, or on CPU under ``TRITON_INTERPRET=1``); ``Patch.fingerprint`` then says
+    what fast bits depend on (docs/fast_policy.md).
     ``matmul_spec``: the spec of every linear (LM head, router and experts included) -- None for the
     default strict spec, or a matmul spec / its id, e.g. ``ExactMatmulSpec(slices=4)``
     ("matmul.exact.s4.v2"), whose bits do not depend on tiling, split-K, threads or TP degree. Under
@@ -392,10 +410,12 @@ def apply(model, *, matmul_spec=None, unknown: str = "raise", allow_untested: bo
     nested or overlapping patches (``lt.apply(model.model)`` then ``lt.apply(model)``).
     Modules attached later are patched (or refused by name) on their first forward; see :class:`Patch`.
     """
-    matmul = PatchMatmul(matmul_spec)  # a bad spec is a SpecError before anything else
+    switch = PatchPolicy(model, policy, matmul_spec)  # a policy's refusals by name, before anything changes
+    spec, backend = switch.matmul
+    matmul = PatchMatmul(spec, switch.logprobs[0], backend)  # a bad spec is a SpecError before anything else
     check_version(allow_untested)
     _validate(model, unknown, matmul)
-    p = Patch(model, matmul, unknown)
+    p = Patch(model, matmul, unknown, switch)
     p._take(list(model.named_modules()))
     if hasattr(model, "generate"):
         p._set_attr(model, "generate", _GuardedGenerate(model, model.generate))
@@ -453,13 +473,13 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     if isinstance(pending, _Pending):  # a head attached since the patch (resize_token_embeddings): patch it first
         pending.patch.refresh()
     p = patch_owner(head)
-    weight, spec = (head.weight, None) if p is None else (
-        p.matmul.weight(head.weight, (id(head), "weight")), p.matmul.logprobs_spec)
+    weight, spec, backend = (head.weight, None, None) if p is None else (
+        p.matmul.weight(head.weight, (id(head), "weight")), p.matmul.logprobs_spec, p.switch.logprobs[1])
     scores = None
     if sampling.filters:  # the kept set is decided on the logits the model's own LM head computes
         with torch.no_grad():
             scores = sampling_scores(head(hidden.reshape(-1, hidden.shape[-1])), temperature)
-    return recorded_logprobs(weight, hidden, tokens, sampling, spec=spec, scores=scores)
+    return recorded_logprobs(weight, hidden, tokens, sampling, spec=spec, scores=scores, backend=backend)
 
 
 from .verify import audit, verify  # noqa: E402  (verify uses the names above)

@@ -37,9 +37,9 @@ def is_engine_cache(cache) -> bool:
     return type(cache).__name__ == "PagedAttentionCache"
 
 
-def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
+def hf_paged_attention(mod, q, k, v, cache, kwargs, spec=None, backend=None) -> torch.Tensor:
     """A patched attention layer's core inside HF's engine: ``q [1, Hq, T, D]``, new ``k/v [1, Hkv, T, D]``
-    -> ``[1, T, Hq * Dv]``. Varlen steps: the engine's allocator writes and reads its cache (exact copies).
+    -> ``[1, T, Hq * Dv]`` (``spec``, ``backend``: the patch's attention choice, policy.PatchPolicy). Varlen steps: the engine's allocator writes and reads its cache (exact copies).
     Decode fast path (a block table, one new token per request): the serving core over the engine's cache."""
     keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
     cu_k = kwargs["cu_seq_lens_k"]
@@ -47,7 +47,7 @@ def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
     if table is None:
         batch = ServingBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
         out = varlen_attention(q[0].transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), batch,
-                               mod.scaling)
+                               mod.scaling, spec=spec, backend=backend)
     else:
         n = q.shape[2]  # decode only: one query per request
         lens = (cu_k[1:n + 1] - cu_k[:n]).to(torch.int64)
@@ -56,7 +56,7 @@ def hf_paged_attention(mod, q, k, v, cache, kwargs) -> torch.Tensor:
         batch = ServingBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
                              block_table=table[:n], slot_mapping=slots)
         write_kv(paged, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
-        out = paged_attention(q[0].transpose(0, 1), paged, batch, mod.scaling)
+        out = paged_attention(q[0].transpose(0, 1), paged, batch, mod.scaling, spec=spec, backend=backend)
     return out.reshape(1, out.shape[0], -1)
 
 

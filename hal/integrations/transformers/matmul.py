@@ -54,9 +54,13 @@ class PatchMatmul:
     ``slicings`` counts the weights sliced so far (tests and docs read it).
     """
 
-    def __init__(self, matmul_spec=None):
+    def __init__(self, matmul_spec=None, logprobs=None, backend: str | None = None):
         self.spec = resolve(matmul_spec)
-        self.logprobs_spec = logprobs_spec(self.spec)
+        #: the LM head's token_logprobs spec: ``logprobs`` (a policy switch names it: hal.spec.POLICY_SPECS), else
+        #: the one whose logits use ``matmul_spec``'s dot
+        self.logprobs_spec = logprobs if logprobs is not None else logprobs_spec(self.spec)
+        #: the backend of every linear (a policy switch's, checked at patch time); None: dispatched per call
+        self.backend = backend
         self.exact = self.spec.policy == specs.EXACT
         self._prepared: dict[object, ExactWeight] = {}
         self.slicings = 0
@@ -83,7 +87,7 @@ class PatchMatmul:
         if ew is not None and ew.source is not w:  # same weight, another view object: autograd must reach w
             ew = ew.over(w)
         if ew is None or not ew.is_fresh():
-            ew = hal.exact_weight(w, spec=self.spec)
+            ew = hal.exact_weight(w, spec=self.spec, backend=self.backend)
             self.slicings += 1
         self._prepared[key] = ew
         return ew.checked()
@@ -91,7 +95,11 @@ class PatchMatmul:
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias=None, key=None) -> torch.Tensor:
         """``hal.linear`` under the patch's spec. ``key`` names a model weight (prepared once under an exact
         spec); None: a temporary (e.g. a dtype-converted weight), sliced in this call."""
-        return hal.linear(x, w if key is None else self.weight(w, key), bias, spec=self.spec)
+        return hal.linear(x, w if key is None else self.weight(w, key), bias, spec=self.spec, backend=self.backend)
+
+    def fresh(self) -> "PatchMatmul":
+        """The same choices with no prepared weight (a copied model's weights are other tensors)."""
+        return PatchMatmul(self.spec, self.logprobs_spec, self.backend)
 
     def clear(self) -> None:
         """Drop every prepared weight (frees their memory; never needed for correctness)."""

@@ -142,8 +142,11 @@ def _check_cache_layer(cache, layer_idx):
 GATED_ATTENTION = {"Qwen3NextAttention", "Qwen3_5Attention", "Qwen3_5MoeAttention"}
 
 
-def attention(mod, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
-    """Llama / Qwen2 / Qwen3 / Mistral / Qwen3-Next and Qwen3.5 (gated) self-attention."""
+def attention(mod, hidden_states, position_embeddings=None, attention_mask=None, cache=None, *,
+              attention_choice=(None, None), **kwargs):
+    """Llama / Qwen2 / Qwen3 / Mistral / Qwen3-Next and Qwen3.5 (gated) self-attention. ``attention_choice``: the
+    patch's (spec, backend) of its attention (policy.PatchPolicy; None, None: the default spec, dispatched per call)."""
+    spec, backend = attention_choice
     if cache is None:
         cache = kwargs.pop("past_key_values", None)
     else:
@@ -169,7 +172,7 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     q, k = hal.apply_rotary(q, c, s), hal.apply_rotary(k, c, s)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
-        out = hf_paged_attention(mod, q, k, v, cache, kwargs)
+        out = hf_paged_attention(mod, q, k, v, cache, kwargs, spec=spec, backend=backend)
         return mod.o_proj(out * hal.sigmoid(gate) if gated else out), None
     if cache is not None and tracing():
         raise UnsupportedError("a KV cache in a patched forward under torch.compile / torch.export is not supported "
@@ -186,12 +189,12 @@ def attention(mod, hidden_states, position_embeddings=None, attention_mask=None,
     masks = (attention_mask, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"))
     causal = bool(getattr(mod, "is_causal", True))
     if cache is None:
-        out = masked_attention(q, k, v, *masks, causal, mod.scaling)
+        out = masked_attention(q, k, v, *masks, causal, mod.scaling, spec=spec, backend=backend)
     else:  # eager only (refused above under tracing): the cache is marked from the visibility
         vis = visibility(q.shape[0], q.shape[2], k.shape[2], *masks, causal)
         if several_sequences_per_row(vis):
             cache._lockstep_packed = True
-        out = attend(q, k, v, vis, mod.scaling)
+        out = attend(q, k, v, vis, mod.scaling, spec=spec, backend=backend)
     out = out.reshape(*shape, -1)
     if gated:
         out = out * hal.sigmoid(gate)

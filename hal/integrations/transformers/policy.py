@@ -1,0 +1,61 @@
+"""The policy switch of a patched HF model: ``lt.patch(model, policy="fast")`` (or "exact").
+
+Every op a patched model's forwards run with the patch's specs -- its linears (LM head, router and experts
+included), its attention (trainer forward, ``generate``, transformers' continuous-batching engine) and the
+recorded log-prob -- takes its family's spec under the policy (``hal.spec.POLICY_SPECS``; a family without
+one keeps its strict default, e.g. token_logprobs under fast) on the backend that claims it for the model's
+device and dtype (``hal.dispatch.check_policy``), checked before the patch changes anything and refused by
+name otherwise (UnsupportedError naming the policy and the device). The specs and the backend names are
+handed to the ops explicitly (no context variable), so a compiled forward keeps them too. Under fast the
+patch records ``hal.fast_fingerprint`` of what its bits depend on (``Patch.fingerprint``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import dispatch, spec as specs
+from ...errors import InputError, UnsupportedError
+
+#: The ops a patched model runs with the patch's own specs: what the switch checks before patching.
+SWITCHED_OPS = ("linear", "flash_attn_varlen_func", "token_logprobs")
+
+
+def _placements(model) -> list[tuple[torch.device, torch.dtype]]:
+    """The (device, dtype) pairs of the model's floating-point parameters: where its ops will run."""
+    seen = []
+    for p in model.parameters():
+        if p.is_floating_point() and (p.device, p.dtype) not in seen:
+            seen.append((p.device, p.dtype))
+    return seen
+
+
+class PatchPolicy:
+    """One patch's policy: the (spec, backend name) of its linears (``matmul``), its attention (``attention``) and
+    its log-prob (``logprobs``); backend None: dispatched per call as without a policy. ``fingerprint``: under
+    fast, :func:`hal.fast_fingerprint` of the model's device with the patch's spec ids; None otherwise."""
+
+    def __init__(self, model, policy: str = specs.STRICT, matmul_spec=None):
+        if policy not in specs.POLICY_SPECS:
+            raise InputError(f"lt.patch: policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
+        self.policy = policy
+        self.fingerprint = None
+        if policy == specs.STRICT:  # what lt.patch did before the switch: nothing changes
+            self.matmul, self.attention, self.logprobs = (matmul_spec, None), (None, None), (None, None)
+            return
+        if matmul_spec is not None:
+            raise InputError(f"lt.patch: pass policy={policy!r} or matmul_spec=, not both (the policy chooses every "
+                             "linear's spec: hal.spec.POLICY_SPECS)")
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+        where = _placements(model) or [(torch.device("cpu"), torch.float32)]
+        chosen = {}
+        for device, dtype in where:  # refuses by name, before anything is patched
+            for op, (spec, backend) in dispatch.check_policy(policy, device, dtype, SWITCHED_OPS).items():
+                name = None if backend is None else backend.name
+                if chosen.setdefault(op, (spec, name)) != (spec, name):
+                    raise UnsupportedError(f"lt.patch(policy={policy!r}): the model's parameters on {where} would run "
+                                           f"{op} on different backends; put the model on one device")
+        self.matmul, self.attention, self.logprobs = (chosen[op] for op in SWITCHED_OPS)
+        if policy == specs.FAST:
+            ids = {s.family: s.id for s, _ in chosen.values() if s.policy == specs.FAST}
+            self.fingerprint = dispatch.fast_fingerprint(where[0][0], ids)

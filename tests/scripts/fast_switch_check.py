@@ -1,0 +1,192 @@
+"""The fast policy switch on a whole tiny HF model, in the Triton interpreter (TRITON_INTERPRET=1).
+
+Run in a subprocess by tests/test_fast_switch.py. ``lt.patch(model, policy="fast")`` on a tiny bf16 Llama:
+which spec every dispatched op ran under (the fast matmul / attention specs on triton, every other op strict,
+never the stock control); the trainer's teacher-forced forward and the sampler's ``generate`` give the same
+raw bits, with a negative control (the strict-patched model's logits must differ from the fast ones); the
+patch's fingerprint. Usage: python tests/scripts/fast_switch_check.py [CHECK...]; prints "CHECK: ok ..." /
+"CHECK: FAIL ..." lines.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
+import torch  # noqa: E402
+
+import hal  # noqa: E402
+from hal import dispatch  # noqa: E402
+from hal.integrations import transformers as lt  # noqa: E402
+from hal.integrations.transformers.testing import tiny_model  # noqa: E402
+from hal.spec import POLICY_SPECS  # noqa: E402
+from triton_seq_check import FAILED, _differs, _same  # noqa: E402
+
+PROMPT = [5, 17, 42, 9, 77]
+NEW = 2  # generated tokens: one prefill + one decode step with the cache (the interpreter is slow)
+
+
+@contextlib.contextmanager
+def dispatch_log():
+    """Every dispatch decision made inside: (op, spec id, backend name) -- what actually ran."""
+    log, real = [], dispatch.select
+
+    def select(op, spec, dtype, device, backend=None):
+        chosen = real(op, spec, dtype, device, backend)
+        log.append((op, spec.id, chosen.name))
+        return chosen
+    dispatch.select = select
+    try:
+        yield log
+    finally:
+        dispatch.select = real
+
+
+def _model():
+    return tiny_model("llama", dtype=torch.bfloat16)
+
+
+def _generate(m):
+    ids = torch.tensor([PROMPT])
+    out = m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                     do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits, 1)[0]  # [1, P + NEW], [NEW, V]
+
+
+def _teacher_forced(m, seq):
+    """The trainer's forward over the whole sequence: the logits that predicted each generated token."""
+    with torch.no_grad():
+        logits = m(seq).logits[0]
+    return logits[len(PROMPT) - 1:len(PROMPT) - 1 + NEW]
+
+
+def _off_the_switch(log):
+    """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear or an
+    attention call off the fast table's spec or off triton, another op off its strict spec, anything on stock."""
+    fast = {family: s.id for family, s in POLICY_SPECS["fast"].items()}
+    want = {"linear": fast["matmul"], "matmul": fast["matmul"], "flash_attn_varlen_func": fast["attention"],
+            "flash_attn_with_kvcache": fast["attention"]}
+    return [(op, sid, b) for op, sid, b in log
+            if (op in want and (sid, b) != (want[op], "triton")) or (op not in want and ".strict." not in sid)
+            or b == "stock"]
+
+
+def _check_log(label, log):
+    wrong = _off_the_switch(log)
+    linears = sum(op == "linear" for op, _, _ in log)
+    attns = sum(op.startswith("flash_attn") for op, _, _ in log)
+    if wrong or not linears or not attns:
+        FAILED.append(label)
+        print(f"{label}: FAIL off the switch: {wrong[:4]}; linears={linears} attention={attns}", flush=True)
+    else:
+        print(f"{label}: ok ({linears} linear and {attns} attention calls on the fast specs; every call ran: "
+              f"{sorted(set(log))})", flush=True)
+
+
+def switch_runs_fast_specs():
+    """Every linear and attention call of a fast-patched model's generate runs the fast table's spec on triton;
+    every other op its strict spec; nothing on the stock control. Negative control: a strict patch is flagged."""
+    m = _model()
+    with lt.patch(m, policy="fast"), dispatch_log() as log:
+        _generate(m)
+    _check_log("switch-runs-fast-specs", log)
+    with lt.patch(m), dispatch_log() as strict_log:
+        _generate(m)
+    if _off_the_switch(strict_log):
+        print("switch-runs-fast-specs-negative-control: ok (wrong variant caught: a strict patch's linears)", flush=True)
+    else:
+        FAILED.append("switch-runs-fast-specs-negative-control")
+        print("switch-runs-fast-specs-negative-control: FAIL (wrong variant NOT caught)", flush=True)
+
+
+def switch_trainer_equals_generate():
+    """The same bits from the trainer's teacher-forced forward and the sampler's generate (prefill, then decode
+    from the KV cache), both of one fast-patched model; negative control: the strict-patched model's logits."""
+    m = _model()
+    with lt.patch(m, policy="fast"):
+        seq, sampled = _generate(m)
+        trained = _teacher_forced(m, seq)
+    # generate hands out float32 logits (the bf16 head's output widened, exactly): compare them widened alike
+    _same("switch-trainer-equals-generate", [(f"step-{i}", trained[i].float(), sampled[i]) for i in range(NEW)])
+    with lt.patch(m):  # strict: same model, same sequence
+        strict = _teacher_forced(m, seq)
+    _differs("switch-strict-negative-control", [(f"step-{i}", trained[i], strict[i]) for i in range(NEW)])
+
+
+def switch_engine_equals_trainer():
+    """transformers' continuous-batching engine on a fast-patched model (chunked prefill over pages of 4, decode
+    from the paged cache): each recorded log-prob has the bits of the trainer's teacher-forced lt.token_logprobs;
+    negative control: the same tokens scored by the strict-patched model."""
+    from examples.engine_parity import HARD, PROMPTS, gen_config, run_engine, teacher_forced
+    m = _model()
+    prompts = PROMPTS[1:2]  # 5 tokens: prefill in chunks of 4 (HARD's max_batch_tokens), pages of 4
+    with lt.patch(m, policy="fast"), dispatch_log() as log:
+        engine, _, _ = run_engine(m, prompts, HARD, gen=gen_config(new=NEW))
+    _check_log("switch-engine-runs-fast-specs", log)  # its recorded log-prob: strict token_logprobs (no fast spec)
+    with lt.patch(m, policy="fast"):
+        trainer = {i: teacher_forced(m, p, engine[i][0]) for i, p in enumerate(prompts)}
+    _same("switch-engine-equals-trainer", [(f"prompt-{i}", trainer[i], engine[i][1]) for i in engine])
+    with lt.patch(m):
+        strict = {i: teacher_forced(m, p, engine[i][0]) for i, p in enumerate(prompts)}
+    _differs("switch-engine-strict-negative-control", [(f"prompt-{i}", strict[i], engine[i][1]) for i in engine])
+
+
+def switch_fingerprint():
+    """The patch records hal.fast_fingerprint: the interpreter and its CPU, the Triton version, the spec ids."""
+    import triton
+    m = _model()
+    with lt.patch(m, policy="fast") as p:
+        fp = p.fingerprint
+    expected_specs = {family: s.id for family, s in POLICY_SPECS["fast"].items()}
+    ok = (fp == hal.fast_fingerprint("cpu") and fp["device"].startswith("triton interpreter on ")
+          and fp["triton"] == triton.__version__ and fp["specs"] == expected_specs and fp["backend"] == "triton"
+          and fp["compute_capability"] is None)
+    if not ok:
+        FAILED.append("switch-fingerprint")
+    print(f"switch-fingerprint: {'ok' if ok else 'FAIL'} {fp}", flush=True)
+
+
+def switch_torchtitan():
+    """TorchTitan converted with LockstepConverter.Config(policy="fast") (the trainer) and the HF model patched with
+    policy="fast" (the sampler): the same logits' bits on one sequence; negative control: TorchTitan strict.
+    (Needs torchtitan: run by tests/titan/test_torchtitan_fast_switch.py in the TorchTitan environment.)"""
+    from examples import torchtitan_parity as ex
+    from hal.integrations import torchtitan as ltt
+    hf = ex.hf_qwen3(torch.bfloat16)
+    cfg = ltt.LockstepConverter.Config(policy="fast").build().convert(ltt.qwen3_config_from_hf(hf.config))
+    with torch.random.fork_rng(devices=[]):
+        trainer = cfg.build()
+    trainer.to(torch.bfloat16)
+    ltt.load_from_hf(trainer, hf)
+    tokens = torch.tensor([PROMPT])
+    positions = torch.arange(len(PROMPT)).unsqueeze(0)
+    with torch.no_grad(), dispatch_log() as log:
+        trained = ltt.forward(trainer, tokens, positions)
+    _check_log("switch-torchtitan-runs-fast-specs", log)
+    with lt.patch(hf, policy="fast"), torch.no_grad():
+        sampled = hf(tokens).logits
+    _same("switch-torchtitan", [("logits", trained, sampled)])
+    with torch.no_grad():
+        strict = ltt.forward(ex.titan_qwen3(hf), tokens, positions)
+    _differs("switch-torchtitan-strict-negative-control", [("logits", strict, sampled)])
+
+
+CHECKS = {f.__name__.replace("_", "-"): f for f in (switch_runs_fast_specs, switch_trainer_equals_generate,
+                                                     switch_engine_equals_trainer, switch_fingerprint)}
+OPTIONAL = {"switch-torchtitan": switch_torchtitan}  # run only when named
+
+if __name__ == "__main__":
+    from hal.kernels.triton.launch import interpreter_problem
+    problem = interpreter_problem()
+    if problem:
+        print(f"SKIP: {problem}")
+        sys.exit(3)
+    lt.register()
+    for name in sys.argv[1:] or list(CHECKS):
+        t0 = time.time()
+        {**CHECKS, **OPTIONAL}[name]()
+        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
+    sys.exit(1 if FAILED else 0)

@@ -1,0 +1,192 @@
+"""One switch for a whole model: ``hal.use(policy=...)``, ``lt.patch(model, policy=...)`` (docs/fast_policy.md).
+
+* the table (hal.spec.POLICY_SPECS): the fast matmul and attention specs, the exact matmul and log-prob, every
+  other family strict;
+* refusals by name (UnsupportedError naming the policy and the device) on this CPU without the interpreter, and
+  on the stock control anywhere; a refused lt.patch leaves the model as it was;
+* strict changes nothing; exact runs the exact specs;
+* in the Triton interpreter (tests/scripts/fast_switch_check.py): a fast-patched tiny Llama runs its linears and
+  attention on the fast specs (the dispatch log), the trainer's forward == generate == the continuous-batching
+  engine in raw bits (negative controls: the strict-patched model's bits differ, a strict patch is flagged by
+  the dispatch-log check), and the patch's fingerprint.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import hal
+from hal import dispatch
+from hal.conformance.bits import same_bits
+from hal.errors import InputError, SpecError, UnsupportedError
+from hal.kernels.triton.versions import interpreting
+from hal.spec import DEFAULTS, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec, policy_spec
+
+from _triton_seq_run import ROOT, needs_interpreter, run_checks
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "fast_switch_check.py")
+no_interpreter = pytest.mark.skipif(interpreting() or torch.cuda.is_available(),
+                                    reason="the refusal on a machine where no backend claims the fast specs")
+
+
+def _xw():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(3, 32, generator=g).bfloat16(), torch.randn(8, 32, generator=g).bfloat16()
+
+
+def test_policy_table():
+    assert POLICY_SPECS["fast"] == {"matmul": FastMatmulSpec(), "attention": FastAttentionSpec()}
+    assert policy_spec("matmul", "fast") == FastMatmulSpec()
+    assert policy_spec("token_logprobs", "fast") is DEFAULTS["token_logprobs"]  # no fast token_logprobs spec: strict
+    assert policy_spec("rms_norm", "fast") is DEFAULTS["rms_norm"]
+    assert policy_spec("matmul", "exact") == ExactMatmulSpec(slices=4)
+    assert policy_spec("token_logprobs", "exact").matmul == ExactMatmulSpec(slices=4)
+    assert all(policy_spec(f, "strict") is s for f, s in DEFAULTS.items())
+    with pytest.raises(SpecError, match="policy must be one of"):
+        policy_spec("matmul", "turbo")
+
+
+def test_use_needs_a_backend_or_a_known_policy():
+    with pytest.raises(InputError, match="needs a backend name, a policy= or both"):
+        with hal.use():
+            pass
+    with pytest.raises(InputError, match="policy must be one of"):
+        with hal.use(policy="turbo"):
+            pass
+    assert hal.policy_in_force() == "strict"
+    with hal.use(policy="fast"):
+        assert hal.policy_in_force() == "fast"
+        with hal.use("cpu"):  # a backend alone keeps the policy
+            assert hal.policy_in_force() == "fast"
+    assert hal.policy_in_force() == "strict"
+
+
+@no_interpreter
+def test_fast_switch_refused_on_cpu():
+    x, w = _xw()
+    with hal.use(policy="fast"):
+        with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu: no backend that claims "
+                                                   r"'matmul_fast' can run linear") as e:
+            hal.linear(x, w)
+        assert any("TRITON_INTERPRET=1" in r for r in e.value.reasons)
+        q = torch.ones(4, 2, 16, dtype=torch.bfloat16)
+        cu = torch.tensor([0, 4], dtype=torch.int32)
+        with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu: .*'attention_fast'"):
+            hal.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, causal=True)
+        # a family without a fast spec runs strict, as without the switch
+        y = hal.rms_norm(x, torch.ones(32, dtype=torch.bfloat16), 1e-6)
+    assert same_bits(y, hal.rms_norm(x, torch.ones(32, dtype=torch.bfloat16), 1e-6))
+    with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu"):
+        hal.fast_fingerprint()
+
+
+def test_fast_switch_never_runs_on_stock():
+    x, w = _xw()
+    assert hal.get_backend("stock").supports("linear", FastMatmulSpec(), torch.bfloat16, torch.device("cpu")) == []
+    with hal.use("stock", policy="fast"):  # stock accepts every spec (the control) but claims nothing: refused
+        with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu: the requested backend 'stock' claims "
+                                                   r"no level of conformance suite 'matmul_fast'"):
+            hal.linear(x, w)
+    with hal.use(policy="fast"):
+        with pytest.raises(UnsupportedError, match="policy 'fast' on device cpu"):
+            hal.linear(x, w, backend="stock")
+    with pytest.raises(UnsupportedError, match="the requested backend 'stock'"):
+        hal.fast_fingerprint("cpu", backend="stock")
+
+
+def test_strict_switch_changes_nothing_and_exact_runs_exact():
+    x, w = _xw()
+    base = hal.linear(x, w)
+    with hal.use(policy="strict"):
+        assert dispatch.call_spec("matmul", None) is DEFAULTS["matmul"]
+        assert same_bits(hal.linear(x, w), base)
+    with hal.use(policy="exact"):
+        assert dispatch.call_spec("matmul", None) == ExactMatmulSpec(slices=4)
+        assert dispatch.call_spec("rms_norm", None) is DEFAULTS["rms_norm"]
+        assert dispatch.call_spec("matmul", "matmul.strict.k64.v2") is DEFAULTS["matmul"]  # an explicit spec wins
+        y = hal.linear(x, w)
+    assert same_bits(y, hal.linear(x, w, spec=ExactMatmulSpec(slices=4)))
+    with hal.use("stock", policy="exact"):
+        with pytest.raises(UnsupportedError, match="policy 'exact' on device cpu: the requested backend 'stock'"):
+            hal.linear(x, w)
+
+
+# ---------------------------------------------------------------- lt.patch(model, policy=...)
+
+
+@pytest.fixture(scope="module")
+def lt():
+    pytest.importorskip("transformers")
+    from hal.integrations import transformers as lt
+    lt.register()
+    return lt
+
+
+def _tiny(dtype=torch.bfloat16):
+    from hal.integrations.transformers.testing import tiny_model
+    return tiny_model("llama", dtype=dtype)
+
+
+def _state(model):
+    """Every module's instance attributes (what a patch writes) by identity, and the parameters' bits."""
+    return ({n: {k: id(v) for k, v in m.__dict__.items()} for n, m in model.named_modules()},
+            {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+@no_interpreter
+def test_patch_fast_refused_on_cpu_leaves_the_model_unchanged(lt):
+    from hal.integrations.transformers.modules import patch_owner
+    m = _tiny()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        before_logits = m(ids).logits
+    attrs, params = _state(m)
+    with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu") as e:
+        lt.patch(m, policy="fast")
+    assert "matmul_fast" in str(e.value)
+    attrs_after, params_after = _state(m)
+    assert attrs_after == attrs and all(same_bits(params[n], params_after[n]) for n in params)
+    assert all(patch_owner(mod) is None for mod in m.modules())
+    with torch.no_grad():
+        assert same_bits(m(ids).logits, before_logits)
+    with lt.patch(m) as p:  # the model still takes a (strict) patch
+        assert p.policy == "strict" and p.fingerprint is None
+
+
+def test_patch_fast_refused_on_stock(lt):
+    m = _tiny()
+    attrs, _ = _state(m)
+    with hal.use("stock"):
+        with pytest.raises(UnsupportedError, match="policy 'fast' on device cpu: the requested backend 'stock'"):
+            lt.patch(m, policy="fast")
+    assert _state(m)[0] == attrs
+
+
+def test_patch_policy_arguments(lt):
+    m = _tiny(torch.float32)  # float32 outputs: the exact and the strict dots' bits differ (in bf16 they may not)
+    with pytest.raises(InputError, match="policy must be one of"):
+        lt.patch(m, policy="turbo")
+    with pytest.raises(InputError, match="not both"):
+        lt.patch(m, policy="exact", matmul_spec=ExactMatmulSpec(slices=4))
+    with lt.patch(m, policy="exact") as p:
+        assert p.matmul.spec == ExactMatmulSpec(slices=4) and p.matmul.logprobs_spec == policy_spec("token_logprobs",
+                                                                                                    "exact")
+        assert p.policy == "exact" and p.fingerprint is None and p.matmul.backend == "cpu"
+        with torch.no_grad():
+            exact = m(torch.tensor([[3, 1, 4]])).logits
+    with lt.patch(m, matmul_spec=ExactMatmulSpec(slices=4)):
+        with torch.no_grad():
+            assert same_bits(m(torch.tensor([[3, 1, 4]])).logits, exact)
+    with lt.patch(m):
+        with torch.no_grad():
+            strict = m(torch.tensor([[3, 1, 4]])).logits
+    assert not same_bits(strict, exact)  # the check above can fail: the policies' bits differ
+
+
+@needs_interpreter
+def test_fast_switch_whole_model_in_interpreter():
+    pytest.importorskip("transformers")
+    out = run_checks(script=SCRIPT)  # ~15 s here: generate, the engine, the fingerprint
+    assert out.count("wrong variant caught") == 3 and out.count("identical") == 2
