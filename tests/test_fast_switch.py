@@ -8,7 +8,8 @@
 * in the Triton interpreter (tests/scripts/fast_switch_check.py): a fast-patched tiny Llama runs its linears and
   attention on the fast specs (the dispatch log), the trainer's forward == generate == the continuous-batching
   engine in raw bits (negative controls: the strict-patched model's bits differ, a strict patch is flagged by
-  the dispatch-log check), and the patch's fingerprint.
+  the dispatch-log check), and the patch's fingerprint; LOCKSTEP_FULL=1 adds the Gated DeltaNet hybrids (Qwen3-Next
+  with its MoE, Qwen3.5: linears and attention fast, the GDN strict).
 """
 from __future__ import annotations
 
@@ -188,5 +189,8 @@ def test_patch_policy_arguments(lt):
 @needs_interpreter
 def test_fast_switch_whole_model_in_interpreter():
     pytest.importorskip("transformers")
-    out = run_checks(script=SCRIPT)  # ~15 s here: generate, the engine, the fingerprint
-    assert out.count("wrong variant caught") == 3 and out.count("identical") == 2
+    full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
+    names = ("switch-runs-fast-specs", "switch-trainer-equals-generate", "switch-engine-equals-trainer",
+             "switch-fingerprint") + (("switch-gdn-hybrids",) if full else ())
+    out = run_checks(*names, script=SCRIPT)  # ~15 s here (generate, the engine, the fingerprint); full: +25 s
+    assert out.count("wrong variant caught") == 3 and out.count("identical") == 2 + 2 * full

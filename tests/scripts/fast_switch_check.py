@@ -45,8 +45,8 @@ def dispatch_log():
         dispatch.select = real
 
 
-def _model():
-    return tiny_model("llama", dtype=torch.bfloat16)
+def _model(kind="llama"):
+    return tiny_model(kind, dtype=torch.bfloat16)
 
 
 def _generate(m):
@@ -149,6 +149,19 @@ def switch_fingerprint():
     print(f"switch-fingerprint: {'ok' if ok else 'FAIL'} {fp}", flush=True)
 
 
+def switch_gdn_hybrids():
+    """Qwen3-Next (Gated DeltaNet, MoE router and experts) and Qwen3.5 fast-patched: linears and attention on the fast
+    specs, the Gated DeltaNet strict (no fast spec yet); trainer forward == generate in raw bits. (LOCKSTEP_FULL=1.)"""
+    for kind in ("qwen3_next", "qwen3_5"):
+        m = _model(kind)
+        with lt.patch(m, policy="fast"), dispatch_log() as log:
+            seq, sampled = _generate(m)
+            trained = _teacher_forced(m, seq)
+        _check_log(f"switch-runs-fast-specs[{kind}]", log)
+        _same(f"switch-trainer-equals-generate[{kind}]", [(f"step-{i}", trained[i].float(), sampled[i])
+                                                          for i in range(NEW)])
+
+
 def switch_torchtitan():
     """TorchTitan converted with LockstepConverter.Config(policy="fast") (the trainer) and the HF model patched with
     policy="fast" (the sampler): the same logits' bits on one sequence; negative control: TorchTitan strict.
@@ -176,7 +189,7 @@ def switch_torchtitan():
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (switch_runs_fast_specs, switch_trainer_equals_generate,
                                                      switch_engine_equals_trainer, switch_fingerprint)}
-OPTIONAL = {"switch-torchtitan": switch_torchtitan}  # run only when named
+OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids}  # when named
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

@@ -21,9 +21,12 @@ SWITCHED_OPS = ("linear", "flash_attn_varlen_func", "token_logprobs")
 
 
 def _placements(model) -> list[tuple[torch.device, torch.dtype]]:
-    """The (device, dtype) pairs of the model's floating-point parameters: where its ops will run."""
+    """The (device, dtype) pairs the switched ops will run on: those of the model's linear weights (attention runs
+    on their outputs); of every floating-point parameter when it has no ``nn.Linear``. (Not every parameter: HF
+    keeps some in float32 in a bf16 model, e.g. a Gated DeltaNet's ``A_log``, which no switched op reads.)"""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] or list(model.parameters())
     seen = []
-    for p in model.parameters():
+    for p in weights:
         if p.is_floating_point() and (p.device, p.dtype) not in seen:
             seen.append((p.device, p.dtype))
     return seen
