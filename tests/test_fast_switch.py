@@ -114,6 +114,22 @@ def test_strict_switch_changes_nothing_and_exact_runs_exact():
             hal.linear(x, w)
 
 
+def test_a_compiled_call_follows_the_switch_when_it_runs():
+    """Under torch.compile a call given no spec crosses the torch op without one: the switch in force when the graph
+    runs decides (as hal.use(name) does), never the one at trace time."""
+    x, w = (t.float() for t in _xw())  # float32: the exact and the strict bits differ here (checked below)
+    frames = []
+    f = torch.compile(lambda x, w: hal.linear(x, w), fullgraph=True,
+                      backend=lambda gm, inputs: frames.append(gm) or gm.forward)
+    strict = f(x, w)  # traced here, outside any switch
+    with hal.use(policy="exact"):
+        exact = f(x, w)  # the same graph
+    assert len(frames) == 1
+    assert same_bits(strict, hal.linear(x, w))
+    assert same_bits(exact, hal.linear(x, w, spec=ExactMatmulSpec(slices=4)))
+    assert not same_bits(exact, strict)
+
+
 # ---------------------------------------------------------------- lt.patch(model, policy=...)
 
 
