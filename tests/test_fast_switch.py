@@ -97,6 +97,40 @@ def test_fast_switch_never_runs_on_stock():
         hal.fast_fingerprint("cpu", backend="stock")
 
 
+class _ClaimsFast(hal.Backend):
+    """A backend that serves CPU linears under the fast matmul spec and claims matmul_fast (a stand-in for a vendor
+    backend): its result marks that it ran."""
+    name, device_types, priority = "claims-fast", ("cpu",), 100
+    policies = ("strict", "fast")
+    claims = True
+
+    def claimed_levels(self, suite, spec):
+        return frozenset({"L0", "L1"}) if self.claims and suite == "matmul_fast" else frozenset()
+
+    def linear(self, x, weight, bias, spec):
+        return torch.full((*x.shape[:-1], weight.shape[0]), 7.0, dtype=x.dtype)
+
+
+def test_the_switch_picks_the_backend_that_claims_the_suite():
+    x, w = _xw()
+    assert dispatch.suite_of("linear", FastMatmulSpec()) == "matmul_fast"
+    assert dispatch.suite_of("flash_attn_with_kvcache", FastAttentionSpec()) == "attention_fast"
+    assert dispatch.suite_of("token_logprobs", policy_spec("token_logprobs", "exact")) == "token_logprobs_exact"
+    fake = _ClaimsFast()
+    hal.register_backend(fake)
+    try:
+        with hal.use(policy="fast"):
+            assert (hal.linear(x, w) == 7).all()  # the first by priority that serves the call and claims it
+            fake.claims = False  # the memo is checked again after a registry change
+            hal.register_backend(fake)
+            if not (interpreting() or torch.cuda.is_available()):
+                with pytest.raises(UnsupportedError, match="claims-fast: claims no level of conformance suite"):
+                    hal.linear(x, w)
+    finally:
+        hal.unregister_backend(fake.name)
+    assert not (hal.linear(x, w) == 7).all()
+
+
 def test_strict_switch_changes_nothing_and_exact_runs_exact():
     x, w = _xw()
     base = hal.linear(x, w)
