@@ -44,19 +44,29 @@ def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3)
     return fast_problems(k.asm["ttir"], k.asm["ptx"], target)
 
 
+def fast_matmul_case(launch, dt: str) -> KernelCase:
+    """The fast matmul kernel under one launch (kernels/triton/fast_matmul.Launch), pointer loads, for dtype dt."""
+    from ..triton import fast_matmul as fm
+    if launch.tma:
+        raise ValueError(f"{launch.label}: the lint compiles pointer-load launches only")
+    tdt = {"bf16": tl.bfloat16, "fp16": tl.float16}[dt]
+    return KernelCase(
+        f"fast_matmul[{dt},{launch.label}]", fm._fast_matmul_kernel,
+        {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
+         **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n", "n_programs")},
+        {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
+         "GROUP": fm.GROUP_M, "a_desc": None, "b_desc": None, "PERSISTENT": launch.persistent, "TMA": False,
+         "B_NK": False}, divisible=("K", "sa_m", "sb_n", "so_m"))
+
+
 def fast_kernels():
     """(case, num_warps, num_stages) of every fast kernel, with the default specs' tiles."""
     from hal.spec import FastMatmulSpec
     from ..triton import fast_matmul as fm
     s = FastMatmulSpec()
     out = []
-    for dt, tdt in (("bf16", tl.bfloat16), ("fp16", tl.float16)):
-        out.append((KernelCase(
-            f"fast_matmul[{dt}]", fm._fast_matmul_kernel,
-            {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
-             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
-            {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": s.block_m, "BN": s.block_n, "BK": s.block_k,
-             "GROUP": fm.GROUP_M}), s.num_warps, s.num_stages))
+    for dt in ("bf16", "fp16"):
+        out.append((fast_matmul_case(fm.launch_of_spec(s), dt), s.num_warps, s.num_stages))
     from hal.spec import FastAttentionSpec
     from ..triton import fast_attention as fa
     from .seq_lint_cases import _sig
