@@ -315,6 +315,7 @@ def _conformance_run(args) -> int:
                                      golden_root=golden_root, progress=_progress(bar, args.verbose))
                 bar.close("done")
         print(report.table(records))
+        print(report.cases_table(records))
         fails = report.failures(records)
         if fails:
             print("\nFirst divergences:")
@@ -332,11 +333,17 @@ def _conformance_run(args) -> int:
     if empty:
         print("\nCompared nothing:")
         print("\n".join(empty))
+    unproven = report.unproven_suites(records, names, suite_names) if args.require_claims else []
+    if unproven:
+        print("\n--require-claims: a named suite proved nothing here:")
+        print("\n".join(unproven))
     failed = any(r.status == "fail" and r.claimed for r in records)
     why = [w for w, bad in (("a level a backend claims does not hold", failed),
-                            ("a claimed level (or the run) compared nothing", bool(empty))) if bad]
+                            ("a claimed level (or the run) compared nothing", bool(empty)),
+                            ("a named suite claims no level here or a claimed level compared 0 cases",
+                             bool(unproven))) if bad]
     print(f"\n{'FAILED: ' + '; '.join(why) if why else 'OK: every claimed level holds'} ({meta['seconds']} s)")
-    return runner.exit_status(records)
+    return 1 if unproven else runner.exit_status(records)
 
 
 def _conformance_generate(args) -> int:
@@ -470,6 +477,9 @@ def main(argv=None) -> int:
     run.add_argument("--junit", help="write a JUnit XML report here")
     run.add_argument("--quiet", action="store_true", help="no progress output")
     run.add_argument("--verbose", action="store_true", help="a line per case with its time, above the progress bar")
+    run.add_argument("--require-claims", action="store_true",
+                     help="fail unless every named backend claims at least one level of every suite in --ops here "
+                          "and every claimed level compared at least one case (the device's verification call)")
     run.add_argument("--quick", action="store_true",
                      help="each conformance suite's quick case set (still crosses every tile/split boundary); "
                           "also LOCKSTEP_QUICK=1")
