@@ -115,6 +115,20 @@ def test_require_claims_fails_a_suite_the_backend_claims_nothing_of(capsys):
     assert "reference  matmul_fast            L0 -  L1 -" in out  # the cases table: nothing claimed
 
 
+def test_plan_names_what_a_run_would_prove(capsys):
+    """--plan runs nothing: per backend and suite the cases, the claims and the device's refusals; --require-claims
+    fails a suite that would prove nothing (the reference backend has no fast policy)."""
+    argv = ["conformance", "run", "--backend", "reference", "--ops", "matmul_exact", "matmul_fast", "--quick", "--plan"]
+    assert main(argv) == 0
+    assert main(argv + ["--require-claims"]) == 1
+    out = capsys.readouterr().out
+    assert "plan: reference matmul_fast: 6 cases; claims nothing; refused here: reference: implements policies" in out
+    assert "plan: reference matmul_exact: 6 cases; claims L0 L1 L2 L3 L4 A; served here" in out
+    assert "FAILED (--require-claims): would prove nothing: reference matmul_fast\n" in out and "Compared" not in out
+    assert main(["conformance", "run", "--backend", "reference", "--ops", "matmul_exact", "--quick", "--plan",
+                 "--require-claims"]) == 0
+
+
 def test_cases_table_and_zero_case_claims():
     """The report counts the cases compared per (backend, suite, claimed level); a claimed level whose cases were
     all refused counts 0 and --require-claims names it, a claimed level with cases passes."""
