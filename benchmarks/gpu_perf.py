@@ -841,10 +841,13 @@ def stage_ops(args, out: Out, deadline: float) -> None:
     say(f"ops: ceilings {source}: {ceil}  [triton {TRITON}]")
     clock = Clock(args.cuda, args.target_s)
     todo = [c for c in cases(args.shapes, args.device) if not args.only or any(s in c.id for s in args.only)]
+    for case in todo:  # what this stage means to measure: a row the shell's timeout cut off stays "not run"
+        out.row("planned.jsonl", {"id": case.id, "op": case.op, "policy": case.policy})
     for i, case in enumerate(todo):
         if time.monotonic() > deadline:
             for rest in todo[i:]:
-                out.row("ops.jsonl", {"id": rest.id, "op": rest.op, "policy": rest.policy, "skipped": "stage budget"})
+                out.row("ops.jsonl", {"id": rest.id, "op": rest.op, "policy": rest.policy,
+                                      "skipped": "not run (stage budget spent)"})
             say(f"ops: budget spent, {len(todo) - i} rows not measured (ops.jsonl: skipped)")
             break
         try:
@@ -1098,6 +1101,9 @@ def stage_summary(args, out: Out, deadline: float) -> None:
              f"ceilings ({source}): copy {ceil['copy_GBps']:.0f} GB/s, bf16 {ceil['bf16_TFLOPs']:.1f} TFLOP/s, "
              f"fp32 {ceil['fp32_TFLOPs']:.1f} TFLOP/s] ====",
              f"{'row':<34} {'ratio':>8} {'ours us':>10} {'stock us':>10} {'of ceiling':>14}  bits"]
+    reached = {r["id"] for r in rows}
+    rows = rows + [{"id": p["id"], "skipped": "not run (its stage ended before it)"}
+                   for p in out.rows("planned.jsonl") if p["id"] not in reached and not reached.add(p["id"])]
     for r in rows:
         if r.get("ours_s") is None:
             lines.append(f"{r['id']:<34} {'-':>8}  {r.get('error') or r.get('skipped')}"[:200])
