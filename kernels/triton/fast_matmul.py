@@ -18,7 +18,7 @@ canonical NaN): the sweep's debug view of what a bf16 output would hide.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -53,6 +53,32 @@ class Launch:
 def launch_of_spec(spec) -> Launch:
     """The v2 spec's one launch: its fields."""
     return Launch(spec.block_m, spec.block_n, spec.block_k, spec.num_warps, spec.num_stages)
+
+
+def table_launches() -> list[tuple[str, Launch]]:
+    """(name, launch) of every launch FastMatmulV3Spec may run: its table's entries and the prefill entry's
+    pointer-load twin (for operands TMA cannot describe)."""
+    from hal.spec import FAST_MATMUL_V3_NO_TMA, FAST_MATMUL_V3_TABLE
+    return [(f"v3 M<={top}" if top else "v3 prefill", Launch(*entry)) for top, *entry in FAST_MATMUL_V3_TABLE] + \
+        [("v3 prefill, pointer loads", Launch(*FAST_MATMUL_V3_NO_TMA[1:]))]
+
+
+def _tma_describes(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can hold this 2-D operand (unit last stride, 16-byte aligned rows and base)."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def launch_for(spec, a2: torch.Tensor, b_kn: torch.Tensor) -> tuple[Launch, int | None]:
+    """(the launch, the interpreter stand-in's K step) of a2 @ b_kn: v2, the spec's fields (its stand-in chains per
+    K tile); v3, the table's entry for a2's rows (its stand-in chains per k16 step, v3's rule), with pointer loads
+    where TMA cannot describe an operand (table_launches: that launch is in the table too)."""
+    if getattr(spec, "version", 2) != 3:
+        return launch_of_spec(spec), None
+    lt = Launch(*spec.launch_entry(a2.shape[0]))
+    b_view = b_kn.t() if b_kn.stride(0) == 1 and b_kn.stride(1) != 1 else b_kn
+    if lt.tma and not (_tma_describes(a2) and _tma_describes(b_view)):
+        lt = replace(lt, tma=False)
+    return lt, spec.k_step
 
 
 @triton.jit
@@ -149,7 +175,7 @@ def _descriptors(a2: torch.Tensor, b_kn: torch.Tensor, lt: Launch):
     b_nk = b_kn.stride(0) == 1 and b_kn.stride(1) != 1
     b_view = b_kn.t() if b_nk else b_kn
     for name, t in (("a", a2), ("b", b_view)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        if not _tma_describes(t):
             raise UnsupportedError(f"fast matmul launch {lt.label}: TMA loads need {name} with unit last stride and "
                                    f"16-byte aligned rows (strides {tuple(t.stride())})")
     a_desc = TensorDescriptor.from_tensor(a2, [lt.block_m, lt.block_k])
@@ -157,9 +183,11 @@ def _descriptors(a2: torch.Tensor, b_kn: torch.Tensor, lt: Launch):
     return a_desc, b_desc, b_nk
 
 
-def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype, warmup: bool = False):
+def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype, warmup: bool = False,
+               k_step: int | None = None):
     """a2 [M, K] @ b_kn [K, N] (+ bias) -> [M, N] (b_kn may be a transposed view) under the launch ``lt``.
-    ``warmup``: compile only (on a GPU; the compiled kernel is returned), for compiling many launches at once."""
+    ``warmup``: compile only (on a GPU; the compiled kernel is returned), for compiling many launches at once.
+    ``k_step``: the interpreter's stand-in rule (None: v2's chain per K tile; 16: v3's); nothing on a GPU."""
     m, k = a2.shape
     n = b_kn.shape[1]
     out = torch.empty((m, n), dtype=out_dtype, device=a2.device)
@@ -175,14 +203,15 @@ def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype
                   PERSISTENT=lt.persistent, TMA=lt.tma, B_NK=b_nk, num_warps=lt.num_warps, num_stages=lt.num_stages)
     if warmup:
         return _fast_matmul_kernel.warmup(*args, grid=(n_programs,), **kwargs, **STRICT_OPTIONS)
-    with sequential_dot():
+    with sequential_dot(k_step):
         launch(_fast_matmul_kernel, (n_programs,), *args, **kwargs)
     return out
 
 
 def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, spec, out_dtype) -> torch.Tensor:
     """a2 [M, K] @ b_kn [K, N] (+ bias) -> [M, N] under the spec's launch."""
-    return run_launch(a2, b_kn, bias, launch_of_spec(spec), out_dtype)
+    lt, k_step = launch_for(spec, a2, b_kn)
+    return run_launch(a2, b_kn, bias, lt, out_dtype, k_step=k_step)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
