@@ -3,6 +3,9 @@
     python -m benchmarks.fast_bits_sweep --out OUT                      # CUDA (a stage of benchmarks/gpu_verify.sh)
     TRITON_INTERPRET=1 python -m benchmarks.fast_bits_sweep --tiny --out OUT   # CPU: the code path, tiny sizes
 
+Then every launch of FastMatmulV3Spec's table (hal/spec.py FAST_MATMUL_V3_TABLE) against the reference launch: v3
+claims they give the same bits (in the interpreter its stand-in follows v3's k16 rule for these rows).
+
 One factor at a time from the reference launch (the v2 spec's: 128 x 128 x 64, 8 warps, 3 stages, one program
 per tile, pointer loads): BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, a persistent grid, TMA loads and the
 instruction family (BLOCK_M 32 takes Triton to ``mma.sync`` on sm_90: ``wgmma`` needs 64-row warp groups), every
@@ -49,7 +52,7 @@ FACTORS = (("reference", {}), ("BLOCK_M 64", dict(block_m=64)), ("BLOCK_M 32 (mm
 CLASSES = ("random", "cancellation", "mixed-exponents", "k-not-multiple", "subnormals", "negative-zero")
 DTYPES = (torch.bfloat16, torch.float16)
 CONTROL = "negative control: split-K over two programs"
-INTERPRETER_NOTE = ("interpreter stand-in for tl.dot (a chain per K tile): these rows exercise the code path; they "
+INTERPRETER_NOTE = ("interpreter stand-in for tl.dot (a chain per K tile; per k16 step for the v3 rows): these rows exercise the code path; they "
                     "say nothing about which launch choices change bits on a GPU")
 
 
@@ -74,6 +77,12 @@ def reference_launch():
 def launches() -> list[tuple[str, object]]:
     ref = reference_launch()
     return [(name, replace(ref, **change)) for name, change in FACTORS]
+
+
+def table_launches() -> list[tuple[str, object]]:
+    """FastMatmulV3Spec's launches, each a row against the reference launch (v3's claim: none changes a bit)."""
+    from hal.kernels.triton.fast_matmul import table_launches as table
+    return [(f"v3 table: {name}", lt) for name, lt in table()]
 
 
 def make_inputs(cls: str, sizes: Sizes, dtype, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,10 +115,11 @@ def make_inputs(cls: str, sizes: Sizes, dtype, device, seed: int = 0) -> tuple[t
     return a.to(dtype).to(device), w.to(dtype).to(device)
 
 
-def accumulator(a, w, lt) -> torch.Tensor:
-    """The fast matmul kernel's float32 accumulator of a @ w.T under launch ``lt``."""
+def accumulator(a, w, lt, k_step=None) -> torch.Tensor:
+    """The fast matmul kernel's float32 accumulator of a @ w.T under launch ``lt`` (``k_step``: the interpreter
+    stand-in's rule, v2's per K tile or v3's per k16 step; nothing on a GPU)."""
     from hal.kernels.triton import fast_matmul as fm
-    return fm.run_launch(a, w.t(), None, lt, torch.float32)
+    return fm.run_launch(a, w.t(), None, lt, torch.float32, k_step=k_step)
 
 
 def split_k_accumulator(a, w, lt) -> torch.Tensor:
@@ -187,8 +197,8 @@ def compile_all(todo, sizes: Sizes, device, say) -> dict:
 def run(sizes: Sizes, device: str, deadline: float, out_path: str | None, say=print) -> tuple[list[dict], bool]:
     """(rows, negative control caught on every class and dtype). Rows not reached before ``deadline``: "not run"."""
     cuda = device.startswith("cuda")
-    todo = launches()
-    compiled = compile_all(todo, sizes, device, say) if cuda else {}
+    todo, table = launches(), table_launches()
+    compiled = compile_all(todo + table, sizes, device, say) if cuda else {}
     rows = []
 
     def emit(row):
@@ -202,7 +212,7 @@ def run(sizes: Sizes, device: str, deadline: float, out_path: str | None, say=pr
         dname = str(dtype).replace("torch.", "")
         for cls in CLASSES:
             if time.monotonic() > deadline:
-                for name, lt in todo + [(CONTROL, None)]:
+                for name, lt in todo + table + [(CONTROL, None)]:
                     emit({"launch": name, "label": getattr(lt, "label", ""), "dtype": dname, "class": cls,
                           "result": "not run (budget spent)"})
                 caught_everywhere = False  # an unreached class is not a caught one
@@ -217,14 +227,17 @@ def run(sizes: Sizes, device: str, deadline: float, out_path: str | None, say=pr
                 caught_everywhere = False
                 continue
             base = {"dtype": dname, "class": cls, "elements": ref.numel(), "K": a.shape[1]}
-            for name, lt in todo:
+            # v3's rows: the interpreter's stand-in follows v3's k16 rule for them (the same kernels on a GPU)
+            ref_v3 = accumulator(a, w, ref_lt, k_step=16) if not cuda else ref
+            for name, lt in todo + table:
                 c = compiled.get((lt.label, dtype, a.shape[1]))
                 row = {"launch": name, "label": lt.label, **base,
                        "family": instruction_family(c) if cuda and not isinstance(c, str) else
                        ("interpreter" if not cuda else "compile failed")}
+                v3 = name.startswith("v3 table")
                 try:
-                    got = accumulator(a, w, lt) if name != "reference" else accumulator(a, w, ref_lt)
-                    n = differing(ref, got)
+                    got = accumulator(a, w, lt, k_step=16 if v3 else None)
+                    n = differing(ref_v3 if v3 else ref, got)
                     row.update(differing=n, negative_zero_outputs=negative_zeros(got), result="same" if n == 0 else f"DIFFER in {n} of {ref.numel()}")
                 except Exception as e:
                     row["result"] = f"error: {type(e).__name__}: {e}"[:300]
@@ -251,10 +264,10 @@ def table(rows: list[dict]) -> str:
         cell = ("." if res == "same" else str(r["differing"]) if "differing" in r else
                 "?" if res.startswith("not run") else "E")
         by.setdefault((r["launch"], r.get("label", "")), {})[(r["dtype"], r["class"])] = cell
-    head = f"{'launch':<46}" + " ".join(f"{d[:4]}:{c[:6]:<6}" for d, c in cols)
+    head = f"{'launch':<64}" + " ".join(f"{d[:4]}:{c[:6]:<6}" for d, c in cols)
     lines = [head]
     for (name, label), cells in by.items():
-        lines.append(f"{name + ' ' + label:<46}" + " ".join(f"{cells.get(k, '-'):>11}" for k in cols))
+        lines.append(f"{name + ' ' + label:<64}" + " ".join(f"{cells.get(k, '-'):>11}" for k in cols))
     lines.append("'.' same bits as the reference launch; a number: elements whose float32 accumulator differs; "
                  "E error (jsonl: why); ? not run")
     return "\n".join(lines)

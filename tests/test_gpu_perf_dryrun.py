@@ -255,7 +255,7 @@ def test_bits_sweep_rows_not_reached_say_not_run():
     from benchmarks import fast_bits_sweep as sweep
     rows, caught = sweep.run(sweep.TINY_SIZES, "cpu", deadline=0.0, out_path=None, say=lambda s: None)
     assert not caught and rows and all(r["result"].startswith("not run") for r in rows)
-    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + 1)
+    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)
 
 
 @pytest.fixture(scope="module")
@@ -282,11 +282,13 @@ def test_verification_call_dry_run(verify_dry_run):
     assert "plan: jax matmul_exact:" in (out / "conformance_matmul_exact.txt").read_text()
     from benchmarks import fast_bits_sweep as sweep
     rows = _rows(str(out), "bits_sweep.jsonl")
-    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + 1)
+    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)
     assert all(r["where"] == sweep.INTERPRETER_NOTE and "elements" in r for r in rows)
     assert all(r["result"].startswith("caught") for r in rows if r["launch"] == sweep.CONTROL)
     # the comparison can fail: the interpreter's stand-in chains per K tile, so BLOCK_K changes its bits
     assert all(r["differing"] > 0 for r in rows if r["launch"] == "BLOCK_K 32")
+    # v3's table under v3's rule: the same bits as the reference launch (what the device rows check on the GPU)
+    assert all(r["result"] == "same" for r in rows if r["launch"].startswith("v3 table"))
     assert "say nothing about which launch choices change bits on a GPU" in (out / "bits_sweep.txt").read_text()
     bench = (out / "fast_bench.csv").read_text()
     assert "fast: rows alone vs in batches" in bench and "same bits" in bench
