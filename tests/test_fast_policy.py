@@ -144,3 +144,16 @@ def test_fast_lint_rejects_the_strict_kernel():
     assert any("no tensor-core instruction" in p for p in problems)
     amd = next(c for c in lint.strict_kernels(full=True) if c.name == "matmul[bf16,hip]")  # the explicit chains
     assert any("no tt.dot" in p for p in fast_lint.lint(amd, "sm90"))
+
+
+def test_v3_launch_table_lint():
+    """Every launch of FastMatmulV3Spec's table compiled for sm_90 by the installed Triton (the GPU image's 3.6:
+    `python -m hal.kernels.checks.fast_lint --table --triton-venv /work/triton36`): wgmma, no spills, asynchronous
+    loads. Negative controls: a 32-row tile lowers to mma.sync, a 128 x 256 x 128 tile on 4 warps spills."""
+    pytest.importorskip("triton")
+    from hal.kernels.checks.fast_lint import table_problems
+    from hal.kernels.triton import fast_matmul as fm
+    assert {name: table_problems(lt, "bf16") for name, lt in fm.table_launches()} == {
+        name: [] for name, _ in fm.table_launches()}
+    assert any("wgmma.mma_async" in p for p in table_problems(fm.Launch(32, 128, 64, 4, 3), "bf16"))
+    assert any(p.startswith("spills:") for p in table_problems(fm.Launch(128, 256, 128, 4, 3), "bf16"))
