@@ -7,7 +7,8 @@ Speed rows: ``hal.linear(x, w, spec=FastMatmulSpec())`` vs ``F.linear`` (cuBLAS)
 decode shapes M = 1..16 (K = N = 4096); ratio = cuBLAS time / fast time (target from issue #8:
 >= 0.8 on 4096^3), CUDA events, median (benchmarks/triton_bench.time_call), and the share of the bf16
 dense tensor-core peak (--bf16-peak, H200 ~989 TFLOP/s). Bits rows: each of a few rows computed alone
-and at several positions of batches of 1..4096 rows must give the same raw bits (L1 on the device);
+and at several positions of batches of 1..4096 rows must give the same raw bits (L1 on the device), under v2 and
+under v3 (whose launch follows the row count: the device's answer to its hypothesis);
 cuBLAS runs the same comparison as the negative control (its kernel choice follows M).
 Attention rows: causal varlen prefill (4k and 8k tokens, GQA 32/8, D 128) under FastAttentionSpec() vs
 flash-attn's flash_attn_varlen_func when importable, else SDPA (target: >= 0.7x flash attention); the
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 import hal
 from hal.conformance.bits import first_divergence
-from hal.spec import FastAttentionSpec, FastMatmulSpec
+from hal.spec import FastAttentionSpec, FastMatmulSpec, FastMatmulV3Spec
 
 from .harness import randn
 from .triton_bench import time_call
@@ -95,8 +96,9 @@ def _bits(spec, device="cuda", k=4096, batches=BATCHES):
     probe = x[:3]
     out = []
     control = "cuBLAS (negative control)" if device == "cuda" else "torch CPU F.linear (no control on CPU)"
-    for name, fn in (("fast", lambda a: hal.linear(a, w, spec=spec, backend="triton")), (control,
-                                                                                        lambda a: F.linear(a, w))):
+    specs = [spec, FastMatmulV3Spec()]  # v3: rows alone take its decode launch, batches its larger ones
+    fast = [(f"fast {sp.id}", lambda a, sp=sp: hal.linear(a, w, spec=sp, backend="triton")) for sp in specs]
+    for name, fn in fast + [(control, lambda a: F.linear(a, w))]:
         alone = fn(probe)
         div = None
         for b in batches:
@@ -106,7 +108,7 @@ def _bits(spec, device="cuda", k=4096, batches=BATCHES):
                 got = fn(batch)[at:at + 3]
                 div = div or first_divergence(f"rows-in-batch-{b}-at-{at}", alone[: got.shape[0]], got)
         res = "same bits" if div is None else f"DIFFERS: {div}"
-        print(f"batch invariance {name:<26} {res}", flush=True)
+        print(f"batch invariance {name:<40} {res}", flush=True)
         out.append({"kind": "bits", "shape": f"{name}: rows alone vs in batches {batches}", "result": res})
     return out
 
@@ -150,8 +152,9 @@ def main(argv=None) -> int:
         for r in rows:
             wr.writerow({**{k: r.get(k, "") for k in fields}, **env})
     print(f"wrote {args.csv} ({len(rows)} rows)")
-    bits = {r["shape"].split(":")[0]: r["result"] for r in rows if r["kind"] == "bits"}
-    failed = bits.get("fast") != "same bits"
+    bits = {r["shape"].split(": rows")[0]: r["result"] for r in rows if r["kind"] == "bits"}
+    fast = [v for k, v in bits.items() if k.startswith("fast ")]
+    failed = len(fast) != 2 or any(v != "same bits" for v in fast)  # v2's claim; v3's hypothesis
     if not args.tiny and bits.get("cuBLAS (negative control)") == "same bits":  # the check must be able to fail
         print("FAILED: the negative control (cuBLAS) gave the same bits in every batch: the check caught nothing")
         failed = True

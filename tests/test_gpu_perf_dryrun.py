@@ -291,4 +291,5 @@ def test_verification_call_dry_run(verify_dry_run):
     assert all(r["result"] == "same" for r in rows if r["launch"].startswith("v3 table"))
     assert "say nothing about which launch choices change bits on a GPU" in (out / "bits_sweep.txt").read_text()
     bench = (out / "fast_bench.csv").read_text()
-    assert "fast: rows alone vs in batches" in bench and "same bits" in bench
+    assert "fast matmul.fast.m128.n128.k64.w8.s3.v2: rows alone vs in batches" in bench
+    assert "fast matmul.fast.wgmma.k16.t1.v3: rows alone vs in batches" in bench and "same bits" in bench
