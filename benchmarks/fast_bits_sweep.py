@@ -52,7 +52,8 @@ FACTORS = (("reference", {}), ("BLOCK_M 64", dict(block_m=64)), ("BLOCK_M 32 (mm
 CLASSES = ("random", "cancellation", "mixed-exponents", "k-not-multiple", "subnormals", "negative-zero")
 DTYPES = (torch.bfloat16, torch.float16)
 CONTROL = "negative control: split-K over two programs"
-INTERPRETER_NOTE = ("interpreter stand-in for tl.dot (a chain per K tile; per k16 step for the v3 rows): these rows exercise the code path; they "
+INTERPRETER_NOTE = ("interpreter stand-in for tl.dot (a chain per K tile; per k16 step for the v3 rows): these rows "
+                    "exercise the code path; they "
                     "say nothing about which launch choices change bits on a GPU")
 
 
@@ -211,7 +212,8 @@ def run(sizes: Sizes, device: str, deadline: float, out_path: str | None, say=pr
             try:
                 compiled.update(compile_all(todo + table, sizes, device, say, dtype))
             except Exception as e:  # the rows then compile at their first call (and say "family unknown")
-                say(f"compiling {dname}'s launches ahead failed ({type(e).__name__}: {e}); each compiles at its first run")
+                say(f"compiling {dname}'s launches ahead failed ({type(e).__name__}: {e}); each compiles at its "
+                    "first run")
         for cls in CLASSES:
             if time.monotonic() > deadline:
                 for name, lt in todo + table + [(CONTROL, None)]:
@@ -240,7 +242,8 @@ def run(sizes: Sizes, device: str, deadline: float, out_path: str | None, say=pr
                 try:
                     got = accumulator(a, w, lt, k_step=16 if v3 else None)
                     n = differing(ref_v3 if v3 else ref, got)
-                    row.update(differing=n, negative_zero_outputs=negative_zeros(got), result="same" if n == 0 else f"DIFFER in {n} of {ref.numel()}")
+                    row.update(differing=n, negative_zero_outputs=negative_zeros(got),
+                               result="same" if n == 0 else f"DIFFER in {n} of {ref.numel()}")
                 except Exception as e:
                     row["result"] = f"error: {type(e).__name__}: {e}"[:300]
                 emit(row)

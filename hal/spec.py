@@ -778,8 +778,8 @@ def get(spec_id: str) -> OpSpec:
 
 
 #: Every spec class an id can name (:func:`from_id` parses their ids).
-CLASSES = (MatmulSpec, FastMatmulSpec, FastMatmulV3Spec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec, AttentionSpec,
-           FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
+CLASSES = (MatmulSpec, FastMatmulSpec, FastMatmulV3Spec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec,
+           AttentionSpec, FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
 _PARSED: dict[str, OpSpec | None] = {}
 
 

@@ -117,7 +117,8 @@ def mm_v3_table_same_bits():
     for dt in (torch.bfloat16, torch.float16):
         r = _gen(3)
         x, w = r(M, 200).to(dt), r(N, 200, scale=200 ** -0.5).to(dt)
-        run = lambda lt, a=x, b=w, step=16: fast_matmul.run_launch(a, b.t(), None, lt, torch.float32, k_step=step)  # noqa: E731
+        def run(lt, a=x, b=w, step=16):
+            return fast_matmul.run_launch(a, b.t(), None, lt, torch.float32, k_step=step)
         base = run(ref)
         _same(f"mm-v3-table[{dt}]", [(name, base, run(lt)) for name, lt in table])
         _differs(f"mm-v3-table-under-a-per-tile-rule-negative[{dt}]",
