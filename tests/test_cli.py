@@ -122,7 +122,7 @@ def test_plan_names_what_a_run_would_prove(capsys):
     assert main(argv) == 0
     assert main(argv + ["--require-claims"]) == 1
     out = capsys.readouterr().out
-    assert "plan: reference matmul_fast: 6 cases; claims nothing; refused here: reference: implements policies" in out
+    assert "plan: reference matmul_fast: 9 cases; claims nothing; refused here: reference: implements policies" in out
     assert "plan: reference matmul_exact: 6 cases; claims L0 L1 L2 L3 L4 A; served here" in out
     assert "FAILED (--require-claims): would prove nothing: reference matmul_fast\n" in out and "Compared" not in out
     assert main(["conformance", "run", "--backend", "reference", "--ops", "matmul_exact", "--quick", "--plan",
