@@ -149,6 +149,11 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
         if spec.policy == FAST and dtype not in FAST_DTYPES:
             reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} "
                            "(float32 is refused rather than run as tf32: use the strict spec, or cast)")
+        if spec.policy == FAST and getattr(spec, "version", 2) == 3 and device.type == "cuda" and \
+                torch.cuda.is_available() and torch.cuda.get_device_capability(device) != (9, 0):
+            cap = "sm_%d%d" % torch.cuda.get_device_capability(device)
+            reasons.append(f"{self.name}: {spec.id} names the wgmma instruction family of sm_90; this device is {cap} "
+                           "(use the v2 fast spec)")
         return reasons
 
     def claimed_levels(self, suite, spec):

@@ -42,3 +42,31 @@ perf_setup() {
     PERF=("$PY" -m benchmarks.gpu_perf --device cuda --out "$OUT")
   fi
 }
+
+# The device call's budget (issue 49): plan_check CALL_S RESERVE_S GROUP...: each GROUP is a quoted list of
+# "stage:seconds" run side by side; the groups run one after the other. The stage limits (a group counts its
+# largest) plus RESERVE_S (the tail: archive, prints, the kill-after grace of a stage that ignores TERM) must add
+# up within the CALL_S call, or the script stops before running anything. Sets each stage's limit for `limit`.
+plan_check() {
+  local call=$1 reserve=$2 total g s name secs max; shift 2
+  total=$reserve
+  for g in "$@"; do
+    max=0
+    for s in $g; do
+      name=${s%%:*}; secs=${s##*:}
+      printf -v "LIMIT_${name//-/_}" '%s' "$secs"
+      [ "$secs" -gt "$max" ] && max=$secs
+    done
+    total=$((total + max))
+  done
+  if [ "$total" -gt "$call" ]; then
+    log "PLAN OVER BUDGET: stage limits + ${reserve}s reserve = ${total}s > the ${call}s call"
+    return 1
+  fi
+  log "plan ok: stage limits + ${reserve}s reserve = ${total}s <= the ${call}s call"
+}
+
+limit() {  # limit STAGE: its seconds from plan_check (a stage missing from the plan is an error)
+  local v="LIMIT_${1//-/_}"
+  echo "${!v:?stage $1 is not in the plan}"
+}

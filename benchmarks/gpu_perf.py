@@ -456,9 +456,12 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     h = s.hidden
     old_decode, old_prefill = _old_attention_paths()
 
-    # matmul / linear: decode rows and prefill, strict / fast / exact
+    # matmul / linear: decode rows and prefill, strict / fast / exact; "fast" is FastMatmulV3Spec (its launch table,
+    # opt-in until the device sweep answers its hypothesis), "fast-v2" the v2 default's one 128 x 128 x 64 launch
+    from hal.kernels.triton import fast_matmul as kfm
+    from hal.spec import FastMatmulV3Spec
     for m in s.decode_rows + s.prefill_rows:
-        for policy in ("strict", "fast", "exact"):
+        for policy in ("strict", "fast", "fast-v2", "exact"):
             def build(seed, m=m, policy=policy):
                 x = _randn((m, h), bf, dev, 1000 * seed + 1)
                 w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
@@ -468,9 +471,14 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                     spec = ExactMatmulSpec()
                     ew = hal.exact_weight(w, spec=spec, backend="reference" if dev == "cpu" else None)
                     return (lambda: tx.exact_linear_triton(x, ew, None, spec)), stock, [x, w]
-                spec = FastMatmulSpec() if policy == "fast" else None
+                if policy == "fast-v2":  # the spec selects the path (no module constant: the replay replays it)
+                    spec = FastMatmulSpec()
+                    return _with_constants(kfm, lambda: hal.linear(x, w, spec=spec, **tri), {}), stock, [x, w]
+                spec = FastMatmulV3Spec() if policy == "fast" else None
                 return (lambda: hal.linear(x, w, spec=spec, **tri)), stock, [x, w]
-            out.append(Case(f"linear/{policy}/M{m}", "linear", policy, f"M{m} K{h} N{h} bf16", build,
+            out.append(Case(f"linear/{policy}/M{m}", "linear", policy.split("-")[0],
+                            f"M{m} K{h} N{h} bf16" + (" (FastMatmulSpec v2)" if policy == "fast-v2" else
+                                                      " (FastMatmulV3Spec)" if policy == "fast" else ""), build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
                             via_launch_path=policy != "exact"))
 
@@ -841,10 +849,13 @@ def stage_ops(args, out: Out, deadline: float) -> None:
     say(f"ops: ceilings {source}: {ceil}  [triton {TRITON}]")
     clock = Clock(args.cuda, args.target_s)
     todo = [c for c in cases(args.shapes, args.device) if not args.only or any(s in c.id for s in args.only)]
+    for case in todo:  # what this stage means to measure: a row the shell's timeout cut off stays "not run"
+        out.row("planned.jsonl", {"id": case.id, "op": case.op, "policy": case.policy})
     for i, case in enumerate(todo):
         if time.monotonic() > deadline:
             for rest in todo[i:]:
-                out.row("ops.jsonl", {"id": rest.id, "op": rest.op, "policy": rest.policy, "skipped": "stage budget"})
+                out.row("ops.jsonl", {"id": rest.id, "op": rest.op, "policy": rest.policy,
+                                      "skipped": "not run (stage budget spent)"})
             say(f"ops: budget spent, {len(todo) - i} rows not measured (ops.jsonl: skipped)")
             break
         try:
@@ -1098,6 +1109,9 @@ def stage_summary(args, out: Out, deadline: float) -> None:
              f"ceilings ({source}): copy {ceil['copy_GBps']:.0f} GB/s, bf16 {ceil['bf16_TFLOPs']:.1f} TFLOP/s, "
              f"fp32 {ceil['fp32_TFLOPs']:.1f} TFLOP/s] ====",
              f"{'row':<34} {'ratio':>8} {'ours us':>10} {'stock us':>10} {'of ceiling':>14}  bits"]
+    reached = {r["id"] for r in rows}
+    rows = rows + [{"id": p["id"], "skipped": "not run (its stage ended before it)"}
+                   for p in out.rows("planned.jsonl") if p["id"] not in reached and not reached.add(p["id"])]
     for r in rows:
         if r.get("ours_s") is None:
             lines.append(f"{r['id']:<34} {'-':>8}  {r.get('error') or r.get('skipped')}"[:200])

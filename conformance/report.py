@@ -39,6 +39,42 @@ def table(records: list[Record]) -> str:
     return "\n".join(out)
 
 
+def cases_compared(records: list[Record]) -> dict[tuple[str, str, str], int]:
+    """{(backend, suite, level): cases compared at that level under a spec the backend claims it for}, over
+    dtypes and specs, for every level the backend claims somewhere in the suite (a refused case compares nothing)."""
+    out: dict[tuple[str, str, str], int] = {}
+    for r in records:
+        if r.claimed:
+            key = (r.backend, r.op, r.level)
+            out[key] = out.get(key, 0) + (r.cases if r.status != "unsupported" else 0)
+    return out
+
+
+def cases_table(records: list[Record]) -> str:
+    """One line per (backend, suite): the cases compared at each claimed level ("-": not claimed)."""
+    counts = cases_compared(records)
+    suites = dict.fromkeys((r.backend, r.op) for r in records)
+    lines = ["cases compared per suite and claimed level (- = not claimed):"]
+    for b, op in suites:
+        cells = [f"{lvl} {counts[(b, op, lvl)]}" if (b, op, lvl) in counts else f"{lvl} -" for lvl in LEVEL_ORDER]
+        lines.append(f"  {b:<10} {op:<22} " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def unproven_suites(records: list[Record], backends: list[str], suites: list[str]) -> list[str]:
+    """``--require-claims``: one line per named (backend, suite) that claims no level here (the backend does not
+    serve the suite on this device: nothing it promises was checked) or claims a level that compared no case."""
+    counts = cases_compared(records)
+    out = []
+    for b in backends:
+        for s in suites:
+            levels = [lvl for lvl in LEVEL_ORDER if (b, s, lvl) in counts]
+            if not levels:
+                out.append(f"{b} {s}: the backend claims no level of this suite here (wrong backend or device?)")
+            out += [f"{b} {s} {lvl}: claimed, 0 cases compared" for lvl in levels if counts[(b, s, lvl)] == 0]
+    return out
+
+
 def failures(records: list[Record]) -> str:
     """One line per failing level (a divergence or an error, claimed or not), with its first divergence."""
     return "\n".join(f"[{r.backend} {r.op} {r.dtype} {r.spec_id} {r.level}{'' if r.claimed else ' (not claimed)'}] "

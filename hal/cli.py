@@ -302,6 +302,8 @@ def _conformance_run(args) -> int:
     names = _backend_names(args.backend, device)
     suite_names = _suites(args.ops)
     dtypes = _dtypes(args.dtypes)
+    if args.plan:
+        return _conformance_plan(names, suite_names, device, dtypes, args)
     golden_root = _golden_root()
     with _Outputs(json=args.json, junit=args.junit) as outputs:
         t0 = time.time()
@@ -315,6 +317,7 @@ def _conformance_run(args) -> int:
                                      golden_root=golden_root, progress=_progress(bar, args.verbose))
                 bar.close("done")
         print(report.table(records))
+        print(report.cases_table(records))
         fails = report.failures(records)
         if fails:
             print("\nFirst divergences:")
@@ -332,11 +335,46 @@ def _conformance_run(args) -> int:
     if empty:
         print("\nCompared nothing:")
         print("\n".join(empty))
+    unproven = report.unproven_suites(records, names, suite_names) if args.require_claims else []
+    if unproven:
+        print("\n--require-claims: a named suite proved nothing here:")
+        print("\n".join(unproven))
     failed = any(r.status == "fail" and r.claimed for r in records)
     why = [w for w, bad in (("a level a backend claims does not hold", failed),
-                            ("a claimed level (or the run) compared nothing", bool(empty))) if bad]
+                            ("a claimed level (or the run) compared nothing", bool(empty)),
+                            ("a named suite claims no level here or a claimed level compared 0 cases",
+                             bool(unproven))) if bad]
     print(f"\n{'FAILED: ' + '; '.join(why) if why else 'OK: every claimed level holds'} ({meta['seconds']} s)")
-    return runner.exit_status(records)
+    return 1 if unproven else runner.exit_status(records)
+
+
+def _conformance_plan(names, suite_names, device, dtypes, args) -> int:
+    """``--plan``: per backend and suite, the cases a run would take, the levels the backend claims and whether it
+    serves the first case on this device; nothing is run. With ``--require-claims``: 1 when a named suite would
+    prove nothing (no claimed level, no case, or its cases refused here)."""
+    from hal import dispatch
+    from hal.conformance import runner, suites
+    from hal.conformance.suite import DTYPE_NAMES
+    quick = args.quick or os.environ.get("LOCKSTEP_QUICK", "") not in ("", "0")
+    unproven = []
+    for bname in names:
+        backend = dispatch.get_backend(bname)
+        for sname in suite_names:
+            suite = suites.get(sname)
+            cases = [c for c in (suite.quick_cases() if quick else suite.cases())
+                     if dtypes is None or DTYPE_NAMES[c.dtype] in dtypes]
+            claimed = sorted(runner.claims(backend, sname), key=runner.LEVEL_ORDER.index)
+            refused = sorted({r for c in cases[:1] for op in suite.ops
+                              for r in backend.supports(op, c.spec, c.dtype, device)})
+            print(f"plan: {bname} {sname}: {len(cases)} cases; claims {' '.join(claimed) or 'nothing'}; "
+                  f"{'refused here: ' + '; '.join(refused) if refused else 'served here'}")
+            if not claimed or not cases or refused:
+                unproven.append(f"{bname} {sname}")
+    if args.require_claims and unproven:
+        print(f"FAILED (--require-claims): would prove nothing: {', '.join(unproven)}")
+        return 1
+    print("plan only: nothing was run")
+    return 0
 
 
 def _conformance_generate(args) -> int:
@@ -470,6 +508,11 @@ def main(argv=None) -> int:
     run.add_argument("--junit", help="write a JUnit XML report here")
     run.add_argument("--quiet", action="store_true", help="no progress output")
     run.add_argument("--verbose", action="store_true", help="a line per case with its time, above the progress bar")
+    run.add_argument("--plan", action="store_true",
+                     help="print the cases, claims and device refusals per backend and suite; run nothing")
+    run.add_argument("--require-claims", action="store_true",
+                     help="fail unless every named backend claims at least one level of every suite in --ops here "
+                          "and every claimed level compared at least one case (the device's verification call)")
     run.add_argument("--quick", action="store_true",
                      help="each conformance suite's quick case set (still crosses every tile/split boundary); "
                           "also LOCKSTEP_QUICK=1")

@@ -223,6 +223,89 @@ class FastMatmulSpec(OpSpec):
         ]
 
 
+#: FastMatmulV3Spec's table of launches (issue 49), by the number of rows M: (largest M, block_m, block_n, block_k,
+#: num_warps, num_stages, persistent grid, TMA loads). Every entry is a wgmma launch on sm_90 (block_m >= 64, warps
+#: a multiple of 4: fast_lint checks it in Triton 3.6's code) and is raw-bit-checked against the reference launch
+#: (the v2 default's 128 x 128 x 64, 8 warps, 3 stages) by benchmarks/fast_bits_sweep.py on the device.
+FAST_MATMUL_V3_TABLE = (
+    (64, 64, 32, 256, 4, 3, False, False),      # decode, 1-64 rows: N / 32 programs (128 at N 4096), deep K steps
+    (256, 64, 64, 128, 4, 4, False, False),     # batched decode, 65-256 rows
+    (None, 128, 256, 64, 8, 3, True, True),     # prefill: one program per SM over 128 x 256 tiles, TMA loads
+)
+#: The prefill entry with pointer loads: what it runs where TMA cannot describe an operand (a row not 16-byte
+#: aligned, e.g. N = 17 columns of bf16), so that no batch and no shape is refused for want of TMA.
+FAST_MATMUL_V3_NO_TMA = (None, 128, 256, 64, 8, 3, True, False)
+FAST_MATMUL_V3_TABLE_ID = "t1"  # a new table (other launches) is a new id
+
+
+@dataclass(frozen=True)
+class FastMatmulV3Spec(OpSpec):
+    """matmul / linear on tensor cores with the launch chosen by shape from a table of verified launches.
+
+    What v3 fixes: one instruction family (``wgmma`` on sm_90); the K reduction as one float32 accumulator from
+    +0.0 advanced in K steps of 16 (the bf16 / fp16 ``wgmma`` instruction's k16) in increasing order, K past its end
+    zero; no split-K; the epilogue of v2. What v3 frees: the tile (block_m / block_n / block_k), warps, stages,
+    persistent grid and TMA loads, among the table's launches (FAST_MATMUL_V3_TABLE; any other launch is refused).
+    **That freedom is a hypothesis** (each output element is one k16 chain of instructions whatever the tile) that
+    no GPU has checked yet: benchmarks/fast_bits_sweep.py answers it on the device. Until it has, v2 stays the
+    default and v3 is opt-in. docs/fast_policy.md.
+    """
+
+    family: ClassVar[str] = "matmul"
+    policies: ClassVar[tuple[str, ...]] = (FAST,)
+    policy: str = FAST
+    version: int = 3
+    instruction: str = "wgmma"
+    k_step: int = 16
+    table: str = FAST_MATMUL_V3_TABLE_ID
+
+    def _validate(self):
+        if self.version != 3:
+            raise SpecError(f"FastMatmulV3Spec.version is 3, got {self.version!r} (v2: FastMatmulSpec)")
+        if (self.instruction, self.k_step, self.table) != ("wgmma", 16, FAST_MATMUL_V3_TABLE_ID):
+            raise SpecError(f"FastMatmulV3Spec: only instruction 'wgmma', k_step 16, table "
+                            f"{FAST_MATMUL_V3_TABLE_ID!r} exist, got {self.instruction!r}, {self.k_step!r}, "
+                            f"{self.table!r}")
+
+    def _id_parts(self):
+        return [self.instruction, f"k{self.k_step}", self.table]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        if len(parts) != 3 or not parts[1].startswith("k") or not parts[1][1:].isdigit():
+            raise ValueError(f"{parts!r} is not instruction.k<int>.table")
+        return {"instruction": parts[0], "k_step": int(parts[1][1:]), "table": parts[2]}
+
+    def launch_entry(self, m: int) -> tuple:
+        """The table's (block_m, block_n, block_k, num_warps, num_stages, persistent, tma) for M rows."""
+        for top, *entry in FAST_MATMUL_V3_TABLE:
+            if top is None or m <= top:
+                return tuple(entry)
+        raise AssertionError("the table's last entry takes every M")
+
+    def describe(self):
+        rows = "; ".join((f"M <= {top}: " if top else "larger M: ") + f"{bm}x{bn}x{bk} {w} warps {st} stages"
+                         + (" persistent" if pers else "") + (" TMA" if tma else "")
+                         for top, bm, bn, bk, w, st, pers, tma in FAST_MATMUL_V3_TABLE)
+        return [
+            "policy fast, v3: the GPU's matrix unit does the products and the sums inside an instruction; what decides "
+            "the bits outside it is fixed here. Same GPU model + same Triton version + same spec => same bits "
+            "(L0-L3); across GPU models, vendors or Triton versions nothing is promised (no L4)",
+            "dtypes: bfloat16 and float16 only (float32 is refused, not silently run as tf32)",
+            f"instruction family: {self.instruction} (sm_90); every launch of the table lowers to it",
+            f"K reduction: one float32 accumulator from +0.0, advanced by one instruction per {self.k_step} K values in "
+            "increasing order (K past its end is zero); no split-K; every output row depends only on its own row of "
+            "A (batch invariance)",
+            "launch: chosen by the number of rows from the static table " + self.table + " (" + rows + "; the "
+            "prefill launch with pointer loads where TMA cannot describe an operand): tile, warps, stages, persistent grid and TMA loads; a launch outside the table is refused",
+            "HYPOTHESIS, not yet checked on a GPU: that the tile, warps, stages, grid and loads of the table do not "
+            "change an output (benchmarks/fast_bits_sweep.py decides it on the device); until then v2 is the default",
+            "linear: bias widened to float32 and added once after the K reduction (one float32 addition)",
+            "output rounded once to the input dtype, round-to-nearest-even by integer operations (no flush to "
+            "zero); every NaN output is the canonical NaN of its dtype (bfloat16 0x7FC0, float16 0x7E00)",
+        ]
+
+
 EXACT_MAX_SLICES = 4  # the two-limb accumulator of kernels/exact/core.py holds s <= 4
 
 
@@ -695,8 +778,8 @@ def get(spec_id: str) -> OpSpec:
 
 
 #: Every spec class an id can name (:func:`from_id` parses their ids).
-CLASSES = (MatmulSpec, FastMatmulSpec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec, AttentionSpec,
-           FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
+CLASSES = (MatmulSpec, FastMatmulSpec, FastMatmulV3Spec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec,
+           AttentionSpec, FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
 _PARSED: dict[str, OpSpec | None] = {}
 
 
@@ -748,6 +831,7 @@ def resolve(family: str, spec: OpSpec | str | None) -> OpSpec:
 register(MatmulSpec(), default=True)
 register(FastMatmulSpec())  # tensor cores (triton backend): docs/fast_policy.md
 register(FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2))  # small tiles: CI, many K tiles
+register(FastMatmulV3Spec())  # opt-in: its tile freedom is a hypothesis until the device sweep answers
 register(ExactMatmulSpec(slices=3))  # selectable, not default: docs/exact_matmul.md has the measurements
 register(ExactMatmulSpec(slices=4))
 register(RMSNormSpec(), default=True)

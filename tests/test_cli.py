@@ -104,6 +104,49 @@ def test_unclaimed_unsupported_levels_do_not_fail_the_run(tmp_path):
     assert 1 <= len(r.stderr.splitlines()) <= 12 and "[" + "#" * 30 + "]" in r.stderr, r.stderr
 
 
+def test_require_claims_fails_a_suite_the_backend_claims_nothing_of(capsys):
+    """The device's verification call (benchmarks/gpu_verify.sh) passes --require-claims: the run above (reference on
+    matmul_fast: every case refused, nothing claimed) says OK without it, and fails with it, naming the suite."""
+    argv = ["conformance", "run", "--backend", "reference", "--ops", "matmul_fast", "--quick", "--quiet"]
+    assert main(argv) == 0
+    assert main(argv + ["--require-claims"]) == 1
+    out = capsys.readouterr().out
+    assert "reference matmul_fast: the backend claims no level of this suite here" in out
+    assert "reference  matmul_fast            L0 -  L1 -" in out  # the cases table: nothing claimed
+
+
+def test_plan_names_what_a_run_would_prove(capsys):
+    """--plan runs nothing: per backend and suite the cases, the claims and the device's refusals; --require-claims
+    fails a suite that would prove nothing (the reference backend has no fast policy)."""
+    argv = ["conformance", "run", "--backend", "reference", "--ops", "matmul_exact", "matmul_fast", "--quick", "--plan"]
+    assert main(argv) == 0
+    assert main(argv + ["--require-claims"]) == 1
+    out = capsys.readouterr().out
+    assert "plan: reference matmul_fast: 9 cases; claims nothing; refused here: reference: implements policies" in out
+    assert "plan: reference matmul_exact: 6 cases; claims L0 L1 L2 L3 L4 A; served here" in out
+    assert "FAILED (--require-claims): would prove nothing: reference matmul_fast\n" in out and "Compared" not in out
+    assert main(["conformance", "run", "--backend", "reference", "--ops", "matmul_exact", "--quick", "--plan",
+                 "--require-claims"]) == 0
+
+
+def test_cases_table_and_zero_case_claims():
+    """The report counts the cases compared per (backend, suite, claimed level); a claimed level whose cases were
+    all refused counts 0 and --require-claims names it, a claimed level with cases passes."""
+    from hal.conformance import report
+    from hal.conformance.runner import Record
+
+    def rec(level, status, claimed, cases, op="matmul_fast", dtype="bf16"):
+        return Record("triton", op, dtype, "s", level, status, "", None, claimed, cases)
+    records = [rec("L0", "pass", True, 3), rec("L0", "pass", True, 2, dtype="fp16"), rec("L1", "unsupported", True, 0),
+               rec("L2", "unsupported", False, 0), rec("L0", "pass", False, 4, op="matmul_exact")]
+    assert report.cases_compared(records) == {("triton", "matmul_fast", "L0"): 5, ("triton", "matmul_fast", "L1"): 0}
+    assert report.unproven_suites(records, ["triton"], ["matmul_fast", "matmul_exact"]) == [
+        "triton matmul_fast L1: claimed, 0 cases compared",
+        "triton matmul_exact: the backend claims no level of this suite here (wrong backend or device?)"]
+    assert report.unproven_suites(records[:2], ["triton"], ["matmul_fast"]) == []
+    assert "triton     matmul_fast            L0 5  L1 0  L2 -" in report.cases_table(records)
+
+
 # ---- validate before work: `hal: ...` and exit 2, nothing run, no traceback (issue 21 item 14)
 
 def _refused(capsys, argv, *needles):

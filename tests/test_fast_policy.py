@@ -50,6 +50,24 @@ def test_fast_spec_validation():
     assert FastAttentionSpec().id == "attention.fast.m128.b64.s512.w8.st2.v2"
 
 
+def test_fast_v3_spec_is_opt_in_and_names_its_hypothesis():
+    """v3 beside v2 (both ids resolve; v2 stays the fast default used by the docs and benchmarks); v3's id round
+    trips, its fixed parts cannot be changed (no other instruction, K step or table exists), and its words say that
+    its tile freedom is a hypothesis no GPU has checked."""
+    from hal.spec import FAST_MATMUL_V3_TABLE, FastMatmulV3Spec, from_id
+    v3 = FastMatmulV3Spec()
+    assert v3.id == "matmul.fast.wgmma.k16.t1.v3" and from_id(v3.id) == v3 and hal.spec.get(v3.id) == v3
+    assert from_id(FastMatmulSpec().id) == FastMatmulSpec() and FastMatmulSpec().version == 2
+    for bad in (dict(k_step=32), dict(instruction="mma"), dict(table="t2"), dict(version=2)):
+        with pytest.raises(SpecError, match="FastMatmulV3Spec"):
+            FastMatmulV3Spec(**bad)
+    words = " ".join(v3.describe())
+    assert "HYPOTHESIS, not yet checked on a GPU" in words and "a launch outside the table is refused" in words
+    assert [v3.launch_entry(m)[:3] for m in (1, 64, 65, 256, 257)] == [(64, 32, 256)] * 2 + [(64, 64, 128)] * 2 + \
+        [(128, 256, 64)]
+    assert all(bm >= 64 and w % 4 == 0 for _, bm, _, _, w, *_ in FAST_MATMUL_V3_TABLE)  # wgmma's shape rule
+
+
 def test_fast_refusals_name_the_reason():
     x, w = torch.ones(2, 32), torch.ones(4, 32)
     with pytest.raises(UnsupportedError, match="fast policy runs bfloat16/float16 tensor cores only"):
@@ -82,9 +100,11 @@ def test_fast_kernels_structure_in_interpreter():
     pytest.importorskip("triton")
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
     ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
+          "mm_v3_table_same_bits",
           "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative"]
     out = run_checks(*([] if full else ci), script=SCRIPT)  # ~45 s here; every check: LOCKSTEP_FULL=1
-    assert out.count("wrong variant caught") >= 4 and "outputs identical" in out
+    assert out.count("wrong variant caught") >= 8 and "outputs identical" in out
+    assert "mm-v3-table[torch.bfloat16]: ok" in out and "mm-v3-rows-alone-vs-batch: ok" in out
 
 
 def test_stock_fails_the_fast_family():
@@ -124,3 +144,16 @@ def test_fast_lint_rejects_the_strict_kernel():
     assert any("no tensor-core instruction" in p for p in problems)
     amd = next(c for c in lint.strict_kernels(full=True) if c.name == "matmul[bf16,hip]")  # the explicit chains
     assert any("no tt.dot" in p for p in fast_lint.lint(amd, "sm90"))
+
+
+def test_v3_launch_table_lint():
+    """Every launch of FastMatmulV3Spec's table compiled for sm_90 by the installed Triton (the GPU image's 3.6:
+    `python -m hal.kernels.checks.fast_lint --table --triton-venv /work/triton36`): wgmma, no spills, asynchronous
+    loads. Negative controls: a 32-row tile lowers to mma.sync, a 128 x 256 x 128 tile on 4 warps spills."""
+    pytest.importorskip("triton")
+    from hal.kernels.checks.fast_lint import table_problems
+    from hal.kernels.triton import fast_matmul as fm
+    assert {name: table_problems(lt, "bf16") for name, lt in fm.table_launches()} == {
+        name: [] for name, _ in fm.table_launches()}
+    assert any("wgmma.mma_async" in p for p in table_problems(fm.Launch(32, 128, 64, 4, 3), "bf16"))
+    assert any(p.startswith("spills:") for p in table_problems(fm.Launch(128, 256, 128, 4, 3), "bf16"))

@@ -18,7 +18,7 @@ def _rows(folder, name):
 
 
 def test_shell_script_parses():
-    for script in ("gpu_check_8min.sh", "gpu_sweep.sh", "check_steps.sh"):
+    for script in ("gpu_check_8min.sh", "gpu_verify.sh", "gpu_sweep.sh", "check_steps.sh"):
         r = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
@@ -201,3 +201,95 @@ def test_ncu_leaves_out_rows_too_slow_to_replay(tmp_path):
     out.row("ops.jsonl", {"id": "quick", "ratio": 0.5, "ours_s": 20e-6, "kernels": ["small"]})
     assert worst_kernels(out, max_row_us=NCU_MAX_ROW_US) == [("quick", "small")]
     assert worst_kernels(out) == [("slow", "big"), ("quick", "small")]
+
+
+# ---------------------------------------------------------------- the device plan (issue 49)
+
+def _bash(script, *args, env=None, timeout=60):
+    env = {**os.environ, **(env or {}), "PYTHON": sys.executable}
+    return subprocess.run(["bash", os.path.join(ROOT, "benchmarks", script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_plan_check_refuses_a_plan_over_its_call(tmp_path):
+    """The scripts' stage limits (a side-by-side group counts its largest) plus the reserve must fit the call."""
+    body = (f'OUT={tmp_path}; source {ROOT}/benchmarks/check_steps.sh; '
+            'plan_check 100 10 "a:50 b:60" "{c}"; echo rc=$?; limit b')
+    over = subprocess.run(["bash", "-c", body.replace("{c}", "c:31")], capture_output=True, text=True)
+    assert "PLAN OVER BUDGET: stage limits + 10s reserve = 101s > the 100s call" in over.stdout and "rc=1" in over.stdout
+    fits = subprocess.run(["bash", "-c", body.replace("{c}", "c:30")], capture_output=True, text=True)
+    assert "plan ok" in fits.stdout and "rc=0" in fits.stdout and fits.stdout.strip().endswith("60")
+
+
+@pytest.mark.parametrize("script, call", [("gpu_verify.sh", 150), ("gpu_check_8min.sh", 450)])
+def test_each_call_plan_fits_and_unreached_stages_say_not_run(tmp_path, script, call):
+    """Every stage skipped (STEPS names none): the plan is still checked first; the verification call's verdict
+    says "not run" for each stage and fails (an unreached stage is never "ok")."""
+    r = _bash(script, "--dry-run", str(tmp_path), env={"STEPS": "none"})
+    log_text = (tmp_path / "log.txt").read_text()
+    assert "plan ok" in log_text and f"<= the {call}s call" in log_text, log_text
+    if script == "gpu_verify.sh":
+        assert r.returncode == 1 and "verification: FAILED" in r.stdout
+        verdict = (tmp_path / "verdict.txt").read_text().splitlines()
+        assert len(verdict) == 6 and all(v.endswith(": not run") for v in verdict), verdict
+
+
+def test_summary_names_planned_rows_never_measured(tmp_path):
+    """A row the shell's timeout cut off (planned, never written to ops.jsonl) prints "not run", not a figure."""
+    import types
+
+    from benchmarks import gpu_perf
+    out = gpu_perf.Out(str(tmp_path))
+    out.row("planned.jsonl", {"id": "linear/fast/M1", "op": "linear", "policy": "fast"})
+    out.row("planned.jsonl", {"id": "linear/fast/M8", "op": "linear", "policy": "fast"})
+    out.row("ops.jsonl", {"id": "linear/fast/M1", "skipped": "not run (stage budget spent)"})
+    gpu_perf.stage_summary(types.SimpleNamespace(shapes=gpu_perf.TINY), out, 0.0)
+    text = (tmp_path / "summary.txt").read_text()
+    assert "linear/fast/M1" in text and "linear/fast/M8" in text and "not run (its stage ended before it)" in text
+    assert "same" not in text.split("slow rows")[0].split("\n", 2)[2]
+
+
+def test_bits_sweep_rows_not_reached_say_not_run():
+    """A sweep whose budget is spent reports each row "not run" and fails (the control was not caught)."""
+    pytest.importorskip("triton")
+    from benchmarks import fast_bits_sweep as sweep
+    rows, caught = sweep.run(sweep.TINY_SIZES, "cpu", deadline=0.0, out_path=None, say=lambda s: None)
+    assert not caught and rows and all(r["result"].startswith("not run") for r in rows)
+    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)
+
+
+@pytest.fixture(scope="module")
+def verify_dry_run(tmp_path_factory):
+    pytest.importorskip("triton")
+    out = tmp_path_factory.mktemp("gpu_verify")
+    r = _bash("gpu_verify.sh", "--dry-run", str(out), env={"PYTHONPATH": ROOT}, timeout=600)
+    return out, r
+
+
+def test_verification_call_dry_run(verify_dry_run):
+    """gpu_verify.sh --dry-run on CPU: every stage's code runs (matmul_fast's quick set for real, attention_fast and
+    the jax matmul_exact set as --plan), the bits sweep at tiny sizes (saying it answers nothing about a GPU), and
+    fast_bench's bits rows; the verdict is every stage ok."""
+    out, r = verify_dry_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert (out / "verdict.txt").read_text().splitlines() == [f"{s}: ok" for s in (
+        "verify-env", "conf-matmul-fast", "conf-attention-fast", "conf-matmul-exact", "bits-sweep", "fast-bench-bits")]
+    conf = (out / "conformance_matmul_fast.txt").read_text()
+    assert "cases compared per suite and claimed level" in conf and "triton     matmul_fast            L0 " in conf
+    recs = json.loads((out / "conformance_matmul_fast.json").read_text())["records"]
+    assert recs and all(rec["status"] == "pass" for rec in recs if rec["claimed"])
+    assert "plan: triton attention_fast:" in (out / "conformance_attention_fast.txt").read_text()
+    assert "plan: jax matmul_exact:" in (out / "conformance_matmul_exact.txt").read_text()
+    from benchmarks import fast_bits_sweep as sweep
+    rows = _rows(str(out), "bits_sweep.jsonl")
+    assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)
+    assert all(r["where"] == sweep.INTERPRETER_NOTE and "elements" in r for r in rows)
+    assert all(r["result"].startswith("caught") for r in rows if r["launch"] == sweep.CONTROL)
+    # the comparison can fail: the interpreter's stand-in chains per K tile, so BLOCK_K changes its bits
+    assert all(r["differing"] > 0 for r in rows if r["launch"] == "BLOCK_K 32")
+    # v3's table under v3's rule: the same bits as the reference launch (what the device rows check on the GPU)
+    assert all(r["result"] == "same" for r in rows if r["launch"].startswith("v3 table"))
+    assert "say nothing about which launch choices change bits on a GPU" in (out / "bits_sweep.txt").read_text()
+    bench = (out / "fast_bench.csv").read_text()
+    assert "fast matmul.fast.m128.n128.k64.w8.s3.v2: rows alone vs in batches" in bench
+    assert "fast matmul.fast.wgmma.k16.t1.v3: rows alone vs in batches" in bench and "same bits" in bench

@@ -122,7 +122,7 @@ def calls():
     """(name, thunk) of public op calls reaching every Triton backend op."""
     import torch
     import hal
-    from hal.spec import FastMatmulSpec, GatedDeltaRuleSpec
+    from hal.spec import FastMatmulSpec, FastMatmulV3Spec, GatedDeltaRuleSpec
     g = torch.Generator().manual_seed(0)
 
     def r(*shape, dtype=torch.float32):
@@ -158,6 +158,9 @@ def calls():
         ("linear + bias", lambda: hal.linear(r(40, 64), w, b, **tri)),
         ("matmul", lambda: hal.matmul(r(2, 5, 64), w.t(), **tri)),
         ("fast linear", lambda: hal.linear(r(40, 64, dtype=bf), w.to(bf), spec=FastMatmulSpec(), **tri)),
+        ("fast linear v3 decode", lambda: hal.linear(r(40, 64, dtype=bf), w.to(bf), spec=FastMatmulV3Spec(), **tri)),
+        ("fast linear v3 prefill (persistent, TMA)", lambda: hal.linear(r(300, 64, dtype=bf), w.to(bf),
+                                                                         spec=FastMatmulV3Spec(), **tri)),
         ("rms_norm", lambda: hal.rms_norm(r(3, 64), r(64), 1e-6, **tri)),
         ("rms_norm + residual", lambda: hal.rms_norm(r(3, 64, dtype=bf), r(64, dtype=bf), 1e-6,
                                                      residual=r(3, 64, dtype=bf), **tri)),

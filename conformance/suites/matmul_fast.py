@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from hal.spec import FastMatmulSpec, get
+from hal.spec import FastMatmulSpec, FastMatmulV3Spec, get
 
 from ..suite import Case, autograd_check, half_ulp, rowwise_checks
 from .matmul import NAN_SHAPE, EPS32, MatmulSuite, run_matmul, column_subset
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)  # float32 is refused under fast (no silent tf32)
 # the default (128x128x64, H100/H200) and a small-tile spec that crosses many tiles at small sizes
+# and v3, whose launch follows M from its table: L1's subsets run rows alone (decode entry) against batches of up to
+# 130 rows (the 65-256 entry), the very freedom v3 claims (the interpreter follows v3's rule; the GPU answers it)
 SPECS = (get(FastMatmulSpec().id), get(FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4,
-                                                       num_stages=2).id))
+                                                       num_stages=2).id), get(FastMatmulV3Spec().id))
 # (M, K, N): decode row; K not a multiple of any block_k; M past one 64-row tile and past 128; NaN/inf; K = 4097
 SHAPES = [(1, 7, 5), (7, 129, 33), (6, 70, 9), (130, 96, 17), (3, 4097, 6)]
 

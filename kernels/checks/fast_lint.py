@@ -9,6 +9,10 @@ for the target's instruction) would be correct but pointless. Rules:
   an order that changes from run to run would break L0).
   TTIR: a ``tt.dot``; compiled with the launch options of the fast kernels (the spec's warps, stages).
 Negative control (tests/test_fast_policy.py): the strict matmul kernel fails it.
+
+FastMatmulV3Spec's table (``--table``; ``--triton-venv /work/triton36`` for the GPU image's Triton 3.6): every
+launch compiled for sm_90 must lower its dot to ``wgmma.mma_async``, have no local stack (spills), and load by
+asynchronous copies (TMA for the TMA launch, cp.async otherwise). Negative control: a BLOCK_M 32 launch (mma.sync).
 """
 from __future__ import annotations
 
@@ -44,19 +48,54 @@ def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3)
     return fast_problems(k.asm["ttir"], k.asm["ptx"], target)
 
 
+def fast_matmul_case(launch, dt: str) -> KernelCase:
+    """The fast matmul kernel under one launch (kernels/triton/fast_matmul.Launch) for dtype dt, in linear's layout
+    as a launch specializes it: x [M, K] and weight [N, K] rows contiguous (unit strides along K are constants 1 to
+    Triton, so the loads vectorize and pipeline), the output's columns contiguous; TMA launches take tensor
+    descriptors of x and weight (the host-side TensorDescriptor of triton.tools.tensor_descriptor)."""
+    from ..triton import fast_matmul as fm
+    tdt = {"bf16": tl.bfloat16, "fp16": tl.float16}[dt]
+    sig = {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"), **_ints("M", "N", "K", "sa_m", "sb_n", "so_m",
+                                                                            "n_programs")}
+    consts = {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
+              "GROUP": fm.GROUP_M, "PERSISTENT": launch.persistent, "TMA": launch.tma, "B_NK": launch.tma,
+              "sa_k": 1, "sb_k": 1, "so_n": 1}
+    if launch.tma:
+        sig.update(a_desc=f"tensordesc<{dt}[{launch.block_m}, {launch.block_k}]>",
+                   b_desc=f"tensordesc<{dt}[{launch.block_n}, {launch.block_k}]>")
+    else:
+        consts.update(a_desc=None, b_desc=None)
+    return KernelCase(f"fast_matmul[{dt},{launch.label}]", fm._fast_matmul_kernel, sig, consts,
+                      divisible=("K", "sa_m", "sb_n", "so_m"))
+
+
+def table_problems(launch, dt: str, target: str = "sm90") -> list[str]:
+    """What keeps one launch of FastMatmulV3Spec's table out of it, compiled for ``target`` by this Triton: its dot
+    not on ``wgmma`` (v3's one instruction family), spills (local stack), or loads that are not asynchronous copies
+    into shared memory (TMA ``cp.async.bulk.tensor`` for a TMA launch, ``cp.async`` / LDGSTS otherwise: no pipeline)."""
+    from .sass_profile import profile
+    case = fast_matmul_case(launch, dt)
+    k = compile_case(case, target, STRICT_OPTIONS["enable_fp_fusion"], launch.num_warps, launch.num_stages,
+                     aligned=True)
+    ptx, p = k.asm["ptx"], profile(k)
+    out = fast_problems(k.asm["ttir"], ptx, target)
+    if p.stack:
+        out.append(f"spills: {p.stack} bytes of local stack per thread ({p.registers} registers)")
+    if launch.tma and "cp.async.bulk.tensor" not in ptx:
+        out.append("a TMA launch without cp.async.bulk.tensor loads")
+    if not launch.tma and not p.async_copies:
+        out.append("no cp.async (LDGSTS) loads: the K loop is not pipelined")
+    return out
+
+
 def fast_kernels():
     """(case, num_warps, num_stages) of every fast kernel, with the default specs' tiles."""
     from hal.spec import FastMatmulSpec
     from ..triton import fast_matmul as fm
     s = FastMatmulSpec()
     out = []
-    for dt, tdt in (("bf16", tl.bfloat16), ("fp16", tl.float16)):
-        out.append((KernelCase(
-            f"fast_matmul[{dt}]", fm._fast_matmul_kernel,
-            {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"),
-             **_ints("M", "N", "K", "sa_m", "sa_k", "sb_k", "sb_n", "so_m", "so_n")},
-            {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": s.block_m, "BN": s.block_n, "BK": s.block_k,
-             "GROUP": fm.GROUP_M}), s.num_warps, s.num_stages))
+    for dt in ("bf16", "fp16"):
+        out.append((fast_matmul_case(fm.launch_of_spec(s), dt), s.num_warps, s.num_stages))
     from hal.spec import FastAttentionSpec
     from ..triton import fast_attention as fa
     from .seq_lint_cases import _sig
@@ -77,10 +116,54 @@ def fast_kernels():
     return out
 
 
+def table_lint(dtypes=("bf16", "fp16")) -> int:
+    """Every launch of FastMatmulV3Spec's table, sm_90 under this Triton (the GPU image's is 3.6: --triton-venv)."""
+    import triton
+
+    from ..triton import fast_matmul as fm
+    print(f"# v3 launch table, sm_90, triton {triton.__version__}", flush=True)
+    bad = 0
+    for name, launch in fm.table_launches():
+        for dt in dtypes:
+            problems = table_problems(launch, dt)
+            bad += bool(problems)
+            print(f"{'ok' if not problems else 'FAIL':4} {name:<28} {launch.label:<30} {dt} sm90", flush=True)
+            for pr in problems:
+                print(f"     - {pr}")
+    return bad
+
+
+def _rerun_in(venv: str, argv: list[str]) -> int:
+    """This lint again under ``venv``'s Triton: its python, PYTHONPATH its site-packages (triton first), this
+    checkout, then this interpreter's path (torch: such a venv may hold triton alone)."""
+    import glob
+    import os
+    import subprocess
+    python = os.path.join(venv, "bin", "python")
+    site = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
+    if not os.access(python, os.X_OK) or not site:
+        print(f"# --triton-venv {venv}: no python / site-packages there", flush=True)
+        return 1
+    checkout = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site[0], checkout, *[p for p in sys.path if p]])}
+    env.pop("TRITON_INTERPRET", None)
+    sys.stdout.flush()
+    return subprocess.run([python, "-m", "hal.kernels.checks.fast_lint", *argv], env=env, cwd=checkout).returncode
+
+
 def main(argv=None) -> int:
-    options = {case: (warps, stages) for case, warps, stages in fast_kernels()}
-    bad = run_cases([(case, "") for case in options], lambda case, target: lint(case, target, *options[case]),
-                    width=36)
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m hal.kernels.checks.fast_lint", description=__doc__.split("\n")[0])
+    ap.add_argument("--table", action="store_true", help="only FastMatmulV3Spec's launch table (sm_90)")
+    ap.add_argument("--triton-venv", default=None, metavar="VENV", help="run under VENV's Triton (e.g. 3.6)")
+    args = ap.parse_args(argv)
+    if args.triton_venv:
+        return _rerun_in(args.triton_venv, ["--table"] if args.table else [])
+    bad = table_lint()
+    if not args.table:
+        options = {case: (warps, stages) for case, warps, stages in fast_kernels()}
+        bad += run_cases([(case, "") for case in options], lambda case, target: lint(case, target, *options[case]),
+                         width=36)
     return 1 if bad else 0
 
 

@@ -10,6 +10,12 @@ float32), then added to the accumulator. So a fast kernel's *structure* (which t
 what decides them) is testable on CPU: L0-L3 checks fail when a tile size, a split or the K order
 follows the batch. The hardware's own in-tile arithmetic is only measured on a GPU.
 
+Under FastMatmulV3Spec (``sequential_dot(k_step=16)``) the chain follows v3's rule instead: per output element,
+one chain of ``k_step`` products from +0.0 per step of ``k_step`` K values (one bf16 / fp16 ``wgmma`` k16
+instruction), each step's sum added to the accumulator in increasing K order. Then the tile's block_k decides
+nothing (a tile of 256 is 16 steps, one of 64 is 4 steps of the same chain), which is what v3 frees: the
+interpreter gives every v3 launch the same bits, as v3 claims the GPU does (the claim the device sweep checks).
+
 The strict kernels' dots (float32 operands, ``input_precision="ieee"``, NVIDIA) lower to one fma chain per output
 over k in order, from the accumulator given; :func:`strict_dot` makes the interpreter do exactly that: acc =
 fma(a_k, b_k, acc) for k in order, one rounding per step (the interpreter's own correctly rounded float32 fma).
@@ -45,6 +51,22 @@ def _chain_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return TensorHandle(out, d.dtype.scalar)
 
 
+def _stepped_chain_dot(k_step):
+    """The v3 stand-in: the chain of _chain_dot per k_step K values, each step's sum added to the accumulator."""
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        from triton.runtime.interpreter import TensorHandle
+        a32, b32 = _as_float32(a), _as_float32(b)
+        acc = d.data.astype(np.float32)
+        with np.errstate(all="ignore"):
+            for k0 in range(0, a32.shape[-1], k_step):
+                part = np.zeros(d.data.shape, dtype=np.float32)
+                for k in range(k0, min(k0 + k_step, a32.shape[-1])):
+                    part = part + a32[..., :, k:k + 1] * b32[..., k:k + 1, :]
+                acc = acc + part
+        return TensorHandle(acc, d.dtype.scalar)
+    return dot
+
+
 def _fma_chain_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     from triton.runtime.interpreter import TensorHandle, _interpreter
     a32, b32 = _as_float32(a), _as_float32(b)
@@ -78,6 +100,7 @@ def strict_dot():
     return _patched_dot(_fma_chain_dot)
 
 
-def sequential_dot():
-    """Inside: the interpreter's ``tl.dot`` is the sequential chain above (no-op outside the interpreter)."""
-    return _patched_dot(_chain_dot)
+def sequential_dot(k_step: int | None = None):
+    """Inside: the interpreter's ``tl.dot`` is the sequential chain above (no-op outside the interpreter); with
+    ``k_step``, v3's chain of one step per ``k_step`` K values."""
+    return _patched_dot(_chain_dot if k_step is None else _stepped_chain_dot(k_step))

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import hal  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
-from hal.spec import FastAttentionSpec, FastMatmulSpec  # noqa: E402
+from hal.spec import FastAttentionSpec, FastMatmulSpec, FastMatmulV3Spec  # noqa: E402
 from triton_seq_check import FAILED, _differs, _gen, _pick, _same  # noqa: E402
 from _variants import kernel_variant  # noqa: E402
 
@@ -104,6 +104,35 @@ def mm_nonfinite():
             print(f"mm-nonfinite[{spec.id},{dt}]: FAIL (NaN not canonical, or row 3 not NaN, or column 2 finite)")
         _same(f"mm-nonfinite[{spec.id},{dt}]", [("rows-3-9", y[[3, 9]], hal.linear(x[[3, 9]], w, b, spec=spec,
                                                                                        backend="triton"))])
+
+
+def mm_v3_table_same_bits():
+    """v3 in the interpreter (its stand-in chains per k16 step, v3's rule): every launch of the table gives the float32
+    accumulator bits of the reference launch (v2's default 128 x 128 x 64 under v3's rule), bf16 and fp16, K = 200
+    (short last tiles of 64, 128 and 256; rows of 400 bytes, so TMA can describe them). Negative controls: the same
+    launches under v2's stand-in (a chain per K tile: block_k decides) differ where block_k is not 64, and split-K
+    in two programs differs."""
+    ref = fast_matmul.launch_of_spec(FastMatmulSpec())
+    table = fast_matmul.table_launches()
+    for dt in (torch.bfloat16, torch.float16):
+        r = _gen(3)
+        x, w = r(M, 200).to(dt), r(N, 200, scale=200 ** -0.5).to(dt)
+        def run(lt, a=x, b=w, step=16):
+            return fast_matmul.run_launch(a, b.t(), None, lt, torch.float32, k_step=step)
+        base = run(ref)
+        _same(f"mm-v3-table[{dt}]", [(name, base, run(lt)) for name, lt in table])
+        _differs(f"mm-v3-table-under-a-per-tile-rule-negative[{dt}]",
+                 [(name, run(ref, step=None), run(lt, step=None)) for name, lt in table if lt.block_k != ref.block_k])
+        h = 64  # split-K at a tile boundary, two programs' partials added
+        split = run(ref, x[:, :h].contiguous(), w[:, :h].contiguous()) + run(ref, x[:, h:].contiguous(),
+                                                                             w[:, h:].contiguous())
+        _differs(f"mm-v3-split-k-negative[{dt}]", [("split", base, split)])
+    # the public op picks the entry from the rows (1, 100, 300), K = 100: the prefill entry's pointer-load twin
+    x, w, b = (t.to(torch.bfloat16) for t in (_gen(4)(300, K), _gen(5)(N, K, scale=K ** -0.5), _gen(6)(N)))
+    spec = FastMatmulV3Spec()
+    y = hal.linear(x, w, b, spec=spec, backend="triton")
+    _same("mm-v3-rows-alone-vs-batch", [("row-0", y[:1], hal.linear(x[:1], w, b, spec=spec, backend="triton")),
+                                        ("rows-0-99", y[:100], hal.linear(x[:100], w, b, spec=spec, backend="triton"))])
 
 
 # ------------------------------------------------------------------ attention
@@ -214,7 +243,7 @@ def attn_block_from_length_negative():
 
 
 CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
-                                  mm_nonfinite, attn_split_invariance, attn_batch_invariance,
+                                  mm_nonfinite, mm_v3_table_same_bits, attn_split_invariance, attn_batch_invariance,
                                   attn_reverse_merge_negative, attn_wrong_head_negative,
                                   attn_block_from_length_negative)}
 
