@@ -370,6 +370,25 @@ def _attention_knobs(fn: Callable, **knobs) -> Callable:
     return _with_constants(tri_attn, fn, knobs)
 
 
+def _fast_attention_general(new: "Case", check: Callable) -> "Case":
+    """The row ``new`` (fast attention, the default path) on the general block step for every block
+    (fast_attention.FAST_BLOCK_PATH False: the kernel before issue 49), id ``new.id + "/general"``. Speed only:
+    ``check(tensors)`` gives the (out, lse) pairs of both paths on the row's inputs, and the row fails, named,
+    unless their raw bits are equal."""
+    from hal.conformance.bits import same_bits
+    from hal.kernels.triton import fast_attention as tri_fast
+
+    def build(seed):
+        ours, stock, tensors = new.build(seed)
+        general = _with_constants(tri_fast, lambda: check(tensors), dict(FAST_BLOCK_PATH=False))()
+        if not all(same_bits(a, b) for a, b in zip(check(tensors), general)):  # speed only, or a bug
+            raise AssertionError(f"{new.id}: out / lse bits of the interior-block path differ from the general "
+                                 "block step's")
+        return _with_constants(tri_fast, ours, dict(FAST_BLOCK_PATH=False)), stock, tensors
+    return Case(new.id + "/general", new.op, new.policy, new.shape + ", general block step", build,
+                flops=new.flops, stock_name=new.stock_name)
+
+
 def _old_attention_paths() -> dict:
     """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
     the decode chains' q loaded as a broadcast [rows, keys, VEC] tile (attention.Q_BROADCAST_LOAD: converted through
@@ -555,7 +574,14 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_decode/{policy}/B{b}", "attention_decode", policy,
                             f"B{b} ctx{s.ctx} page{s.page} Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             stock_name="SDPA on a contiguous cache (enable_gqa)"))
-        new = out[-2]  # this batch's strict row
+        fast = out[-1]  # this batch's fast row, beside its earlier path
+
+        def check_decode(tensors):
+            q, kc, vc, table, lens = tensors
+            return hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, return_lse=True,
+                                               spec=FastAttentionSpec(), **tri)
+        out.append(_fast_attention_general(fast, check_decode))
+        new = out[-3]  # this batch's strict row
         for name, knobs in old_decode.items():  # the earlier strict path, beside it (one run decides)
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)
@@ -626,7 +652,14 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
                             f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
-        new = out[-2]  # this length's strict row
+        if T == s.attn_T[0]:  # the fast row's earlier path, the shorter T only (the stage budget)
+            def check_prefill(tensors, T=T):
+                q, k, v = tensors
+                cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
+                return hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, return_lse=True,
+                                                  spec=FastAttentionSpec(), **tri)
+            out.append(_fast_attention_general(out[-1], check_prefill))
+        new = next(c for c in out if c.id == f"attention_prefill/strict/T{T}")  # this length's strict row
         for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)

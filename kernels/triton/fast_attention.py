@@ -16,25 +16,26 @@ they are per-row float32 steps, cheap next to the two dots. What this file chang
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from .attention_tiles import (_empty_state, _finish, _key_offsets, _key_range, _merge, _q_offsets, _rows,
                               _store_partial, _visible, _work_item, _ws_offsets)
-from .launch import next_power_of_2
+from .launch import launch, next_power_of_2
+from .workspace import workspace
 
 
 @triton.jit
-def _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
-                scale, causal, left, right, k_lo, k_hi,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
-                PAGED: tl.constexpr):
-    """(m, l, acc, nonempty) of keys [k_lo, k_hi) of one split for the query tile q [BLOCK_M, BLOCK_D]."""
+def _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                    stride_kp, stride_kt, scale, causal, left, right, k_lo, k_hi, b_lo, b_hi,
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, PAGED: tl.constexpr):
+    """The spec's block step for any block: key blocks starting at b_lo, b_lo + KB, ... < b_hi of the split [k_lo,
+    k_hi), each key masked by visibility and every score and V row tested for finiteness (the edge blocks' step, and
+    every block's where a tile or split may see a non-finite or overflowing value)."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
-    m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
-    bad = tl.zeros([BLOCK_M], tl.int32)
-    for kb0 in range((k_lo // KB) * KB, k_hi, KB):
+    for kb0 in range(b_lo, b_hi, KB):
         kj = kb0 + cols
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
@@ -61,55 +62,212 @@ def _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, pag
         acc = tl.where(has[:, None], acc_new, acc)
         m = tl.where(has, m_new, m)
         ne = ne | blk_ne
+    return m, l, acc, ne, bad
+
+
+@triton.jit
+def _interior_blocks(m, l, acc, ne, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
+                     scale, b_lo, b_hi, D: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
+                     PAGED: tl.constexpr):
+    """The same step for interior blocks [b_lo, b_hi) (KB-aligned): every key of such a block exists, lies in the
+    split and is visible to every valid row, and its scores and V rows are known finite (the key bounds, see
+    :func:`_fast_split`), so the general step's selects are identities: ok = vis = (row valid), has = valid,
+    m_safe = m', where(v_fin, v, 0) = v, nothing sets bad. What is left is the plain flash step, bit for bit the
+    general one for the valid rows (padding rows compute values nobody stores). V goes to the dot as loaded."""
+    cols = tl.arange(0, KB)
+    dcol = tl.arange(0, BLOCK_D)
+    ne = ne | (valid & (b_lo < b_hi)).to(tl.int32)
+    for kb0 in range(b_lo, b_hi, KB):
+        kj = kb0 + cols
+        koff = _key_offsets(kj, kj >= 0, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
+        if D == BLOCK_D:
+            k = tl.load(K + koff[:, None] + dcol[None, :])
+            v = tl.load(V + koff[:, None] + dcol[None, :])
+        else:
+            k = tl.load(K + koff[:, None] + dcol[None, :], mask=dcol[None, :] < D, other=0.0)
+            v = tl.load(V + koff[:, None] + dcol[None, :], mask=dcol[None, :] < D, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_new))
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m = m_new
+    return m, l, acc, ne
+
+
+#: fp32 bound on |S| below which no score of an interior block can overflow: |q . k| * |scale| <= D max|q| max|k|
+#: max(1, |scale|), 2^8 below FLT_MAX (the bound itself is computed in float32; inf or NaN compares false)
+SCORE_BOUND = tl.constexpr(2.0 ** 120)
+
+
+@triton.jit
+def _fast_split(q, q_bound, K, V, KBND, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
+                stride_kt, scale, causal, left, right, k_lo, k_hi, p_min, p_max,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                PAGED: tl.constexpr, INTERIOR: tl.constexpr):
+    """(m, l, acc, nonempty) of keys [k_lo, k_hi) of one split for the query tile q [BLOCK_M, BLOCK_D] (valid rows
+    at positions p_min..p_max), its blocks in key order. INTERIOR: the blocks every valid row sees in full (key
+    range [i_lo, i_hi) below) take :func:`_interior_blocks` when the split's key bounds (KBND: per key block, max
+    |k| over its keys, +inf where a K or V element is not finite) and q_bound (the tile's) exclude any non-finite
+    or overflowing score; all other blocks (diagonal, window edge, sequence tail, split edge) and a split that
+    fails the bound take :func:`_general_blocks`. Which step a block takes never changes a valid row's bits."""
+    m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
+    bad = tl.zeros([BLOCK_M], tl.int32)
+    start = (k_lo // KB) * KB
+    if INTERIOR:
+        # keys visible to every valid row: inside the split, < klen, and inside every row's causal / window range
+        i_lo = k_lo
+        if left >= 0:
+            i_lo = tl.maximum(i_lo, p_max - left)
+        i_hi = tl.minimum(k_hi, klen)
+        if causal:
+            i_hi = tl.minimum(i_hi, p_min + 1)
+        elif right >= 0:
+            i_hi = tl.minimum(i_hi, p_min + right + 1)
+        f_lo = ((i_lo + KB - 1) // KB) * KB  # whole blocks only
+        f_hi = (i_hi // KB) * KB
+        blk = f_lo // KB + tl.arange(0, NKB)  # a split holds KS // KB <= NKB blocks
+        k_bound = tl.max(tl.load(KBND + blk, mask=blk < f_hi // KB, other=0.0))
+        fits = q_bound * k_bound < SCORE_BOUND
+        run = (f_lo < f_hi) & fits
+        f_lo = tl.where(run, f_lo, start)  # no interior run: every block takes the general step
+        f_hi = tl.where(run, f_hi, start)
+        m, l, acc, ne, bad = _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT,
+                                             bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
+                                             k_lo, k_hi, start, f_lo, D, BLOCK_D, KB, PAGED)
+        m, l, acc, ne = _interior_blocks(m, l, acc, ne, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page,
+                                         stride_kp, stride_kt, scale, f_lo, f_hi, D, BLOCK_D, KB, PAGED)
+        start = f_hi
+    m, l, acc, ne, bad = _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT,
+                                         bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
+                                         k_lo, k_hi, start, k_hi, D, BLOCK_D, KB, PAGED)
     l = tl.where(bad > 0, float("nan"), l)
     return m, l, acc, ne
 
 
+@triton.jit
+def _key_bound_kernel(K, V, KBND, KLEN, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, stride_kh, n_kb,
+                      HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
+                      PAGED: tl.constexpr):
+    """The pre-pass of the interior blocks: per (sequence x kv head, key block) of a sequence's keys, max |k| over
+    the block's keys, or +inf where one of their K or V elements is NaN or +-inf. K and V are read once here
+    instead of being tested element by element in every query tile's block loop."""
+    bh = tl.program_id(0)
+    nb = tl.program_id(1)
+    b = bh // HKV
+    klen = tl.load(KLEN + b)
+    if nb * KB < klen:  # blocks past the sequence are never read
+        kj = nb * KB + tl.arange(0, KB)
+        kmask = kj < klen
+        dcol = tl.arange(0, BLOCK_D)
+        koff = (_key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED)
+                + (bh % HKV).to(tl.int64) * stride_kh)
+        mask = kmask[:, None] & (dcol[None, :] < D)
+        k = tl.load(K + koff[:, None] + dcol[None, :], mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(V + koff[:, None] + dcol[None, :], mask=mask, other=0.0).to(tl.float32)
+        fin = (k == k) & (tl.abs(k) < float("inf")) & (v == v) & (tl.abs(v) < float("inf"))
+        all_fin = tl.min(tl.min(fin.to(tl.int32), axis=1), axis=0) > 0
+        bound = tl.where(all_fin, tl.max(tl.max(tl.abs(k), axis=1), axis=0), float("inf"))
+        tl.store(KBND + bh.to(tl.int64) * n_kb + nb, bound)
+
+
+@triton.jit
+def _q_bound(q, scale, BLOCK_D: tl.constexpr):
+    """The tile's part of the score bound: max |q| * BLOCK_D * max(1, |scale|) in float32, +inf where an element of q
+    is NaN or +-inf (rows outside the tile's valid ones were loaded as 0)."""
+    qf = q.to(tl.float32)
+    fin = tl.min(tl.min(((qf == qf) & (tl.abs(qf) < float("inf"))).to(tl.int32), axis=1), axis=0) > 0
+    q_max = tl.where(fin, tl.max(tl.max(tl.abs(qf), axis=1), axis=0), float("inf"))
+    return q_max * BLOCK_D * tl.maximum(tl.abs(scale), 1.0)
+
+
 # counts that change per call (lengths, splits, grid) are never specialised on: one binary for every call
-@triton.jit(do_not_specialize=["n_ws_rows", "n_ws_splits", "n_work", "n1", "n2"])
+@triton.jit(do_not_specialize=["n_ws_rows", "n_ws_splits", "n_work", "n1", "n2", "n_kb"])
 def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       Q_ROW0, QLEN, KLEN, K_ROW0, BT, LSE_ROW0,
                       stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_lh, bt_stride, page,
-                      scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2,
+                      scale, causal, left, right, n_ws_rows, n_ws_splits, n_work, n1, n2, KBND, n_kb,
                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
-                      KS: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr, ONE_SPLIT: tl.constexpr,
-                      NPU: tl.constexpr):
+                      KS: tl.constexpr, NKB: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
+                      ONE_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, HEAVY_FIRST: tl.constexpr, NPU: tl.constexpr):
     """The strict _attn_kernel's grid, tile rows (PACK query heads of a GQA group share a decode tile) and
     workspace contract with the tensor-core block step. A row's bits do not depend on the other rows of
-    its tile (each output element of a tensor-core dot is its own row times its own column)."""
+    its tile (each output element of a tensor-core dot is its own row times its own column).
+    INTERIOR: interior key blocks take the plain flash step (KBND: :func:`_key_bound_kernel`'s bounds; NKB: the
+    blocks of a split, KS // KB, to a power of two);
+    HEAVY_FIRST: work items in reverse order, so the causal row tiles with the most keys start first (speed only)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):
-        pid_m, bg, b, g = _work_item(item, n1, n2, HQ // PACK)
+        w = item
+        if HEAVY_FIRST:
+            w = n_work - 1 - item
+        pid_m, bg, b, g = _work_item(w, n1, n2, HQ // PACK)
         i, h, valid, pos, qlen, klen = _rows(pid_m, b, g, QLEN, KLEN, ROWS, PACK, BLOCK_M)
         if pid_m * ROWS < qlen:
             q_off = _q_offsets(Q_ROW0, b, i, h, stride_qt, stride_qh)
             qr_off = q_off  # where rows read q (out and lse go to q_off)
             dcol = tl.arange(0, BLOCK_D)
             q = tl.load(Q + qr_off[:, None] + dcol[None, :], mask=valid[:, None] & (dcol[None, :] < D), other=0.0)
-            hk_off = ((g * PACK) // GROUP).to(tl.int64) * stride_kh  # the group's kv head (PACK divides GROUP)
+            hk = (g * PACK) // GROUP  # the group's kv head (PACK divides GROUP)
+            hk_off = hk.to(tl.int64) * stride_kh
             lo, hi = _key_range(pid_m, qlen, klen, causal, left, right, ROWS)
+            p_min = klen - qlen + pid_m * ROWS  # the tile's valid rows' first and last positions (row 0 is valid)
+            p_max = klen - qlen + tl.minimum(qlen, (pid_m + 1) * ROWS) - 1
+            if INTERIOR:
+                q_bound = _q_bound(q, scale, BLOCK_D)
+                kbnd = KBND + (b * (HQ // GROUP) + hk).to(tl.int64) * n_kb
+            else:
+                q_bound = 0.0
+                kbnd = KBND
             if ONE_SPLIT:
-                sp = item % n2
-                m, l, acc, ne = _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                            stride_kp, stride_kt, scale, causal, left, right,
-                                            tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS),
-                                            D, BLOCK_M, BLOCK_D, KB, PAGED)
+                sp = w % n2
+                m, l, acc, ne = _fast_split(q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT,
+                                            bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
+                                            tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS), p_min, p_max,
+                                            D, BLOCK_M, BLOCK_D, KB, NKB, PAGED, INTERIOR)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
                 M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
                 for s0 in range((lo // KS) * KS, hi, KS):
-                    m, l, acc, ne = _fast_split(q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                                stride_kp, stride_kt, scale, causal, left, right,
-                                                tl.maximum(lo, s0), tl.minimum(hi, s0 + KS),
-                                                D, BLOCK_M, BLOCK_D, KB, PAGED)
+                    m, l, acc, ne = _fast_split(q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT,
+                                                bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
+                                                tl.maximum(lo, s0), tl.minimum(hi, s0 + KS), p_min, p_max,
+                                                D, BLOCK_M, BLOCK_D, KB, NKB, PAGED, INTERIOR)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
 
 
-def launch_config(spec, head_dim: int) -> dict:
-    """What ``attention.attend`` needs to launch the fast kernel: kernel, tiles, spec constexprs, options."""
+#: True: prefill-sized tiles (more than attention.PACK_MAX_Q query rows) run interior key blocks as plain flash steps
+#: after the key-bound pre-pass, work items heaviest first, and split-KV merges on tiles of the rows that exist (issue
+#: 49); False: the general block step for every block, light tiles first, the merge on the spec's block_m rows (the
+#: kernel before). The bits are the same either way; kept selectable for gpu_perf's old-vs-new rows ("/general")
+FAST_BLOCK_PATH = True
+
+
+def launch_config(spec, head_dim: int, prefill_sized: bool) -> dict:
+    """What ``attention.attend`` needs to launch the fast kernel: kernel, tiles, spec constexprs, options, and
+    whether the interior-block path (with its pre-pass) runs."""
+    interior = FAST_BLOCK_PATH and prefill_sized  # decode: a pre-pass would read the K/V cache twice
     return dict(kernel=_fast_attn_kernel, block_m=spec.block_m, block_d=max(16, next_power_of_2(head_dim)),
-                constexprs=dict(KB=spec.kv_block, KS=spec.kv_split),
-                options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+                constexprs=dict(KB=spec.kv_block, KS=spec.kv_split, NKB=next_power_of_2(spec.kv_split // spec.kv_block),
+                                INTERIOR=interior, HEAVY_FIRST=FAST_BLOCK_PATH),
+                options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages), interior=interior)
+
+
+def key_bounds(k, v, klen, k_row0, block_table, page, kv_block: int, max_k: int, block_d: int):
+    """(KBND, n_kb) for the interior blocks: :func:`_key_bound_kernel` over every sequence's keys, KBND float32
+    [sequences x kv heads, n_kb key blocks] (a workspace: reused across calls of the same shape)."""
+    n_seq, hkv, d = klen.shape[0], k.shape[-2], k.shape[-1]
+    n_kb = max(1, -(-max_k // kv_block))
+    kbnd = workspace("attention key bounds", (n_seq * hkv, n_kb), torch.float32, k.device)
+    paged = block_table is not None
+    bt = block_table if paged else klen
+    stride_kp = k.stride(0) if paged else 0
+    stride_kt, stride_kh = (k.stride(1), k.stride(2)) if paged else (k.stride(0), k.stride(1))
+    launch(_key_bound_kernel, (n_seq * hkv, n_kb), k, v, kbnd, klen, klen if paged else k_row0, bt,
+           bt.stride(0) if paged else 0, page, stride_kp, stride_kt, stride_kh, n_kb,
+           HKV=hkv, D=d, BLOCK_D=block_d, KB=kv_block, PAGED=paged)
+    return kbnd, n_kb
