@@ -370,23 +370,27 @@ def _attention_knobs(fn: Callable, **knobs) -> Callable:
     return _with_constants(tri_attn, fn, knobs)
 
 
-def _fast_attention_general(new: "Case", check: Callable) -> "Case":
-    """The row ``new`` (fast attention, the default path) on the general block step for every block
-    (fast_attention.FAST_BLOCK_PATH False: the kernel before issue 49), id ``new.id + "/general"``. Speed only:
-    ``check(tensors)`` gives the (out, lse) pairs of both paths on the row's inputs, and the row fails, named,
-    unless their raw bits are equal."""
+#: fast attention's paths kept selectable (kernels/triton/fast_attention.py), by row suffix: the general block step for
+#: every block (the kernel before issue 49), and the interior-block path with a block loop per split
+FAST_ATTENTION_PATHS = {"general": dict(FAST_BLOCK_PATH=False), "per_split": dict(FLAT_SPLITS=False)}
+
+
+def _fast_attention_path(new: "Case", suffix: str, check: Callable) -> "Case":
+    """The row ``new`` (fast attention, the default path) on the path FAST_ATTENTION_PATHS[suffix], id
+    ``new.id + "/" + suffix``. Speed only: ``check(tensors)`` gives (out, lse) on the row's inputs, and the row fails,
+    named, unless both paths give them in the same raw bits."""
     from hal.conformance.bits import same_bits
     from hal.kernels.triton import fast_attention as tri_fast
+    constants = FAST_ATTENTION_PATHS[suffix]
 
     def build(seed):
         ours, stock, tensors = new.build(seed)
-        general = _with_constants(tri_fast, lambda: check(tensors), dict(FAST_BLOCK_PATH=False))()
-        if not all(same_bits(a, b) for a, b in zip(check(tensors), general)):  # speed only, or a bug
-            raise AssertionError(f"{new.id}: out / lse bits of the interior-block path differ from the general "
-                                 "block step's")
-        return _with_constants(tri_fast, ours, dict(FAST_BLOCK_PATH=False)), stock, tensors
-    return Case(new.id + "/general", new.op, new.policy, new.shape + ", general block step", build,
-                flops=new.flops, stock_name=new.stock_name)
+        other = _with_constants(tri_fast, lambda: check(tensors), constants)()
+        if not all(same_bits(a, b) for a, b in zip(check(tensors), other)):  # speed only, or a bug
+            raise AssertionError(f"{new.id}/{suffix}: out / lse bits differ from the default path's")
+        return _with_constants(tri_fast, ours, constants), stock, tensors
+    return Case(f"{new.id}/{suffix}", new.op, new.policy, f"{new.shape}, {constants}", build, flops=new.flops,
+                stock_name=new.stock_name)
 
 
 def _old_attention_paths() -> dict:
@@ -580,7 +584,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             q, kc, vc, table, lens = tensors
             return hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, return_lse=True,
                                                spec=FastAttentionSpec(), **tri)
-        out.append(_fast_attention_general(fast, check_decode))
+        out.append(_fast_attention_path(fast, "general", check_decode))
         new = out[-3]  # this batch's strict row
         for name, knobs in old_decode.items():  # the earlier strict path, beside it (one run decides)
             def build_old(seed, knobs=knobs, build=new.build):
@@ -652,13 +656,14 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
                             f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
-        if T == s.attn_T[0]:  # the fast row's earlier path, the shorter T only (the stage budget)
+        if T == s.attn_T[0]:  # the fast row's other paths, the shorter T only (the stage budget)
             def check_prefill(tensors, T=T):
                 q, k, v = tensors
                 cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
                 return hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, return_lse=True,
                                                   spec=FastAttentionSpec(), **tri)
-            out.append(_fast_attention_general(out[-1], check_prefill))
+            fast = out[-1]
+            out += [_fast_attention_path(fast, suffix, check_prefill) for suffix in FAST_ATTENTION_PATHS]
         new = next(c for c in out if c.id == f"attention_prefill/strict/T{T}")  # this length's strict row
         for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
             def build_old(seed, knobs=knobs, build=new.build):

@@ -86,7 +86,7 @@ def test_fast_kernels_structure_in_interpreter():
     ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
           "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative", "attn_interior_path",
           "attn_interior_negative"]
-    out = run_checks(*([] if full else ci), script=SCRIPT)  # ~70 s here; every check: LOCKSTEP_FULL=1
+    out = run_checks(*([] if full else ci), script=SCRIPT)  # ~100 s here; every check: LOCKSTEP_FULL=1
     assert out.count("wrong variant caught") >= 7 and "outputs identical" in out
     assert "attn-interior-path[" in out and out.count("attn-interior-negative[") >= 3
 

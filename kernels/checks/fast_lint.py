@@ -72,7 +72,7 @@ def fast_kernels():
         # as attend launches them: prefill-sized tiles with the interior path (fast_attention.launch_config)
         consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
                       KB=a.kv_block, KS=a.kv_split, NKB=a.kv_split // a.kv_block, OUT=tl.bfloat16, PAGED=paged,
-                      ONE_SPLIT=one, NPU=False, INTERIOR=not one, HEAVY_FIRST=True)
+                      ONE_SPLIT=one, NPU=False, INTERIOR=not one, HEAVY_FIRST=True, FLAT=True)
         sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
         out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
                     a.num_warps, a.num_stages))

@@ -40,8 +40,11 @@ def _sass(compiled) -> str:
         return _tool("nvdisasm", "-c", path)
 
 
-def loops(sass: str) -> list[tuple[int, collections.Counter]]:
-    """(instructions, opcode counts) of each loop body (backward branch target .. branch), smallest first."""
+def loops(sass: str) -> list[tuple[int, collections.Counter, collections.Counter]]:
+    """(instructions, opcode counts, opcode counts without the body's largest forward-branch region) of each loop
+    body (backward branch target .. branch), smallest first. The region a conditional branch jumps over is code that
+    runs on some iterations only (e.g. the split merge at a split boundary): the third item is the other
+    iterations' path."""
     instrs, labels, pending = [], {}, []
     for line in sass.splitlines():
         lab = _LABEL.match(line.strip())
@@ -60,8 +63,17 @@ def loops(sass: str) -> list[tuple[int, collections.Counter]]:
         if op.startswith("BRA"):
             target = re.search(r"\(?(\.L_x_\d+)\)?", rest)
             if target and target.group(1) in labels and labels[target.group(1)] <= idx:
-                body = instrs[labels[target.group(1)]:idx + 1]
-                found.append((len(body), collections.Counter(o for _, o, _ in body)))
+                start = labels[target.group(1)]
+                body = instrs[start:idx + 1]
+                skip = (0, 0)  # the largest [from, to) a forward branch inside the body jumps over
+                for j, (_, op2, rest2) in enumerate(body):
+                    t2 = re.search(r"(\.L_x_\d+)", rest2) if op2.startswith("BRA") else None
+                    if t2 and t2.group(1) in labels and j < labels[t2.group(1)] - start <= len(body):
+                        if labels[t2.group(1)] - start - j > skip[1] - skip[0]:
+                            skip = (j + 1, labels[t2.group(1)] - start)
+                rest = body[:skip[0]] + body[skip[1]:]
+                found.append((len(body), collections.Counter(o for _, o, _ in body),
+                              collections.Counter(o for _, o, _ in rest)))
     return sorted(found, key=lambda x: x[0])
 
 
@@ -82,10 +94,13 @@ def cases() -> list[tuple[KernelCase, int, int]]:
         if not case.name.startswith("fast_attention"):
             continue
         case = dataclasses.replace(case, divisible=divisible)
-        if case.constexprs.get("INTERIOR"):
-            general = dict(case.constexprs, INTERIOR=False, HEAVY_FIRST=False)
+        if case.constexprs.get("INTERIOR"):  # also the kernel before, and the interior path with a loop per split
+            general = dict(case.constexprs, INTERIOR=False, HEAVY_FIRST=False, FLAT=False)
             out.append((dataclasses.replace(case, name=case.name + "[general]", constexprs=general), warps, stages))
-            case = dataclasses.replace(case, name=case.name + "[interior]")
+            per_split = dict(case.constexprs, FLAT=False)
+            out.append((dataclasses.replace(case, name=case.name + "[interior,per_split]", constexprs=per_split),
+                        warps, stages))
+            case = dataclasses.replace(case, name=case.name + "[interior,one_pass]")
         out.append((case, warps, stages))
     types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "LSE_ROW0")}
     types.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_lh", "n_ws_rows", "n_ws_splits", "n_work",
@@ -108,9 +123,12 @@ def main(argv=None) -> int:
         hgmma = sum(1 for m in _LINE.finditer(sass) if m.group(2).startswith("HGMMA"))
         print(f"{case.name}: regs {p.registers} stack {p.stack} instr {p.total} HGMMA {hgmma} "
               f"wgmma-in-ptx {'wgmma.mma_async' in compiled.asm['ptx']}", flush=True)
-        for n, ops in [lp for lp in loops(sass) if _family_counts(lp[1])["HGMMA"] or "merge" in case.name][:6]:
+        for n, ops, rest in [lp for lp in loops(sass) if _family_counts(lp[1])["HGMMA"] or "merge" in case.name][:6]:
             fam = {f: c for f, c in _family_counts(ops).items() if c}
-            print(f"    loop {n:5d} instr  " + " ".join(f"{f} {c}" for f, c in fam.items()), flush=True)
+            other = _family_counts(rest)
+            print(f"    loop {n:5d} instr  " + " ".join(f"{f} {c}" for f, c in fam.items())
+                  + f"  | without its largest branch region: {sum(rest.values())} instr, LDL {other['LDL']} "
+                    f"STL {other['STL']}", flush=True)
     return 0
 
 

@@ -13,6 +13,12 @@ they are per-row float32 steps, cheap next to the two dots. What this file chang
 * non-finite inputs: a visible non-finite score or a visible key with a non-finite V row poisons the row
   (l = NaN, so out and lse are the canonical NaN); V rows of invisible keys are zeroed where not finite,
   so 0 * inf never leaks into a row that cannot see that key.
+
+Two codes compute that step (issue 49): the general one (:func:`_general_blocks`, every mask and finiteness test per
+element) and, for prefill-sized tiles, the plain flash step (:func:`_interior_blocks`) on the run of blocks that every
+valid row sees in full and in which no score can be non-finite or overflow (a pre-pass over K and V,
+:func:`_key_bound_kernel`, and the tile's max |q| bound that), where each select of the general step is an identity.
+The bits are the general step's in every case; ``FAST_BLOCK_PATH`` keeps the kernel before selectable.
 """
 from __future__ import annotations
 
@@ -27,15 +33,30 @@ from .workspace import workspace
 
 
 @triton.jit
-def _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
-                    stride_kp, stride_kt, scale, causal, left, right, k_lo, k_hi, b_lo, b_hi,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, PAGED: tl.constexpr):
-    """The spec's block step for any block: key blocks starting at b_lo, b_lo + KB, ... < b_hi of the split [k_lo,
-    k_hi), each key masked by visibility and every score and V row tested for finiteness (the edge blocks' step, and
-    every block's where a tile or split may see a non-finite or overflowing value)."""
+def _split_end(M, L, ACC, seen, m, l, acc, ne, bad, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Close a split: rows that saw a non-finite value get l = NaN, the partial is merged into (M, L, ACC) in split
+    order (the spec's merge; an empty partial is an exact no-op), and the next split starts empty."""
+    M, L, ACC, seen = _merge(M, L, ACC, seen, m, tl.where(bad > 0, float("nan"), l), acc, ne)
+    m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
+    return M, L, ACC, seen, m, l, acc, ne, tl.zeros([BLOCK_M], tl.int32)
+
+
+@triton.jit
+def _general_blocks(M, L, ACC, seen, m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT,
+                    bt_stride, page, stride_kp, stride_kt, scale, causal, left, right, k_lo, k_hi, b_lo, b_hi,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
+                    KS: tl.constexpr, PAGED: tl.constexpr, FLAT: tl.constexpr):
+    """The spec's block step for any block: key blocks starting at b_lo, b_lo + KB, ... < b_hi of keys [k_lo, k_hi),
+    each key masked by visibility and every score and V row tested for finiteness (the edge blocks' step, and every
+    block's where a non-finite or overflowing value may occur). FLAT: the blocks may cross split boundaries, where
+    the split partial is closed (:func:`_split_end`); a block never crosses one (KS is a multiple of KB), so masking
+    by [k_lo, k_hi) is masking by the split's keys."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
     for kb0 in range(b_lo, b_hi, KB):
+        if FLAT:
+            if kb0 % KS == 0:
+                M, L, ACC, seen, m, l, acc, ne, bad = _split_end(M, L, ACC, seen, m, l, acc, ne, bad, BLOCK_M, BLOCK_D)
         kj = kb0 + cols
         kmask = kj < klen
         koff = _key_offsets(kj, kmask, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
@@ -62,22 +83,26 @@ def _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_
         acc = tl.where(has[:, None], acc_new, acc)
         m = tl.where(has, m_new, m)
         ne = ne | blk_ne
-    return m, l, acc, ne, bad
+    return M, L, ACC, seen, m, l, acc, ne, bad
 
 
 @triton.jit
-def _interior_blocks(m, l, acc, ne, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt,
-                     scale, b_lo, b_hi, D: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
-                     PAGED: tl.constexpr):
+def _interior_blocks(M, L, ACC, seen, m, l, acc, ne, bad, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page,
+                     stride_kp, stride_kt, scale, b_lo, b_hi, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr, PAGED: tl.constexpr,
+                     FLAT: tl.constexpr):
     """The same step for interior blocks [b_lo, b_hi) (KB-aligned): every key of such a block exists, lies in the
-    split and is visible to every valid row, and its scores and V rows are known finite (the key bounds, see
-    :func:`_fast_split`), so the general step's selects are identities: ok = vis = (row valid), has = valid,
+    tile's key range and is visible to every valid row, and its scores and V rows are known finite (the key bounds,
+    see :func:`_interior_run`), so the general step's selects are identities: ok = vis = (row valid), has = valid,
     m_safe = m', where(v_fin, v, 0) = v, nothing sets bad. What is left is the plain flash step, bit for bit the
     general one for the valid rows (padding rows compute values nobody stores). V goes to the dot as loaded."""
     cols = tl.arange(0, KB)
     dcol = tl.arange(0, BLOCK_D)
-    ne = ne | (valid & (b_lo < b_hi)).to(tl.int32)
+    row_ne = valid.to(tl.int32)
     for kb0 in range(b_lo, b_hi, KB):
+        if FLAT:
+            if kb0 % KS == 0:
+                M, L, ACC, seen, m, l, acc, ne, bad = _split_end(M, L, ACC, seen, m, l, acc, ne, bad, BLOCK_M, BLOCK_D)
         kj = kb0 + cols
         koff = _key_offsets(kj, kj >= 0, b, K_ROW0, BT, bt_stride, page, stride_kp, stride_kt, PAGED) + hk_off
         if D == BLOCK_D:
@@ -93,7 +118,8 @@ def _interior_blocks(m, l, acc, ne, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_st
         l = l * alpha + tl.sum(p, axis=1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m = m_new
-    return m, l, acc, ne
+        ne = ne | row_ne
+    return M, L, ACC, seen, m, l, acc, ne, bad
 
 
 #: fp32 bound on |S| below which no score of an interior block can overflow: |q . k| * |scale| <= D max|q| max|k|
@@ -102,48 +128,61 @@ SCORE_BOUND = tl.constexpr(2.0 ** 120)
 
 
 @triton.jit
-def _fast_split(q, q_bound, K, V, KBND, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
-                stride_kt, scale, causal, left, right, k_lo, k_hi, p_min, p_max,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                PAGED: tl.constexpr, INTERIOR: tl.constexpr):
-    """(m, l, acc, nonempty) of keys [k_lo, k_hi) of one split for the query tile q [BLOCK_M, BLOCK_D] (valid rows
-    at positions p_min..p_max), its blocks in key order. INTERIOR: the blocks every valid row sees in full (key
-    range [i_lo, i_hi) below) take :func:`_interior_blocks` when the split's key bounds (KBND: per key block, max
-    |k| over its keys, +inf where a K or V element is not finite) and q_bound (the tile's) exclude any non-finite
-    or overflowing score; all other blocks (diagonal, window edge, sequence tail, split edge) and a split that
-    fails the bound take :func:`_general_blocks`. Which step a block takes never changes a valid row's bits."""
+def _interior_run(q_bound, KBND, k_lo, k_hi, klen, causal, left, right, p_min, p_max, start, KB: tl.constexpr,
+                  NKB: tl.constexpr):
+    """[f_lo, f_hi): the whole key blocks of [k_lo, k_hi) that every valid row of the tile (positions p_min..p_max)
+    sees, when the key bounds of all of them (KBND: per key block, max |k|, +inf where a K or V element is not
+    finite) times q_bound stay below SCORE_BOUND; else the empty run at ``start`` (every block takes the general
+    step)."""
+    i_lo = k_lo
+    if left >= 0:
+        i_lo = tl.maximum(i_lo, p_max - left)
+    i_hi = tl.minimum(k_hi, klen)
+    if causal:
+        i_hi = tl.minimum(i_hi, p_min + 1)
+    elif right >= 0:
+        i_hi = tl.minimum(i_hi, p_min + right + 1)
+    f_lo = ((i_lo + KB - 1) // KB) * KB  # whole blocks only
+    f_hi = (i_hi // KB) * KB
+    k_bound = tl.full([], 0.0, tl.float32)
+    for c in range(f_lo // KB, f_hi // KB, NKB):  # NKB blocks' bounds per load
+        blk = c + tl.arange(0, NKB)
+        k_bound = tl.maximum(k_bound, tl.max(tl.load(KBND + blk, mask=blk < f_hi // KB, other=0.0)))
+    run = (f_lo < f_hi) & (q_bound * k_bound < SCORE_BOUND)
+    return tl.where(run, f_lo, start), tl.where(run, f_hi, start)
+
+
+@triton.jit
+def _tile_keys(q, q_bound, K, V, KBND, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
+               stride_kt, scale, causal, left, right, k_lo, k_hi, p_min, p_max,
+               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr, KS: tl.constexpr,
+               NKB: tl.constexpr, PAGED: tl.constexpr, INTERIOR: tl.constexpr, FLAT: tl.constexpr):
+    """The query tile q [BLOCK_M, BLOCK_D] (valid rows at positions p_min..p_max) over keys [k_lo, k_hi), its blocks
+    in key order: (M, L, ACC, seen, m, l, acc, ne). FLAT: [k_lo, k_hi) is the tile's whole key range; each split's
+    partial is merged into (M, L, ACC, seen) at the next split boundary, the last one left in (m, l, acc, ne) for the
+    caller's merge, so the block loops (and their load pipelines) run across splits. Else [k_lo, k_hi) lies in one
+    split and (m, l, acc, ne) is its partial. INTERIOR: the run of interior blocks (:func:`_interior_run`) takes
+    :func:`_interior_blocks`, every other block :func:`_general_blocks`; which step a block takes never changes a
+    valid row's bits."""
+    M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
     m, l, acc, ne = _empty_state(BLOCK_M, BLOCK_D)
     bad = tl.zeros([BLOCK_M], tl.int32)
     start = (k_lo // KB) * KB
     if INTERIOR:
-        # keys visible to every valid row: inside the split, < klen, and inside every row's causal / window range
-        i_lo = k_lo
-        if left >= 0:
-            i_lo = tl.maximum(i_lo, p_max - left)
-        i_hi = tl.minimum(k_hi, klen)
-        if causal:
-            i_hi = tl.minimum(i_hi, p_min + 1)
-        elif right >= 0:
-            i_hi = tl.minimum(i_hi, p_min + right + 1)
-        f_lo = ((i_lo + KB - 1) // KB) * KB  # whole blocks only
-        f_hi = (i_hi // KB) * KB
-        blk = f_lo // KB + tl.arange(0, NKB)  # a split holds KS // KB <= NKB blocks
-        k_bound = tl.max(tl.load(KBND + blk, mask=blk < f_hi // KB, other=0.0))
-        fits = q_bound * k_bound < SCORE_BOUND
-        run = (f_lo < f_hi) & fits
-        f_lo = tl.where(run, f_lo, start)  # no interior run: every block takes the general step
-        f_hi = tl.where(run, f_hi, start)
-        m, l, acc, ne, bad = _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT,
-                                             bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
-                                             k_lo, k_hi, start, f_lo, D, BLOCK_D, KB, PAGED)
-        m, l, acc, ne = _interior_blocks(m, l, acc, ne, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page,
-                                         stride_kp, stride_kt, scale, f_lo, f_hi, D, BLOCK_D, KB, PAGED)
+        f_lo, f_hi = _interior_run(q_bound, KBND, k_lo, k_hi, klen, causal, left, right, p_min, p_max, start, KB, NKB)
+        M, L, ACC, seen, m, l, acc, ne, bad = _general_blocks(
+            M, L, ACC, seen, m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+            stride_kp, stride_kt, scale, causal, left, right, k_lo, k_hi, start, f_lo,
+            D, BLOCK_M, BLOCK_D, KB, KS, PAGED, FLAT)
+        M, L, ACC, seen, m, l, acc, ne, bad = _interior_blocks(
+            M, L, ACC, seen, m, l, acc, ne, bad, q, K, V, valid, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
+            stride_kt, scale, f_lo, f_hi, D, BLOCK_M, BLOCK_D, KB, KS, PAGED, FLAT)
         start = f_hi
-    m, l, acc, ne, bad = _general_blocks(m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT,
-                                         bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
-                                         k_lo, k_hi, start, k_hi, D, BLOCK_D, KB, PAGED)
-    l = tl.where(bad > 0, float("nan"), l)
-    return m, l, acc, ne
+    M, L, ACC, seen, m, l, acc, ne, bad = _general_blocks(
+        M, L, ACC, seen, m, l, acc, ne, bad, q, K, V, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+        stride_kp, stride_kt, scale, causal, left, right, k_lo, k_hi, start, k_hi, D, BLOCK_M, BLOCK_D, KB, KS, PAGED,
+        FLAT)
+    return M, L, ACC, seen, m, tl.where(bad > 0, float("nan"), l), acc, ne
 
 
 @triton.jit
@@ -191,13 +230,15 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_D: tl.constexpr, KB: tl.constexpr,
                       KS: tl.constexpr, NKB: tl.constexpr, OUT: tl.constexpr, PAGED: tl.constexpr,
-                      ONE_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, HEAVY_FIRST: tl.constexpr, NPU: tl.constexpr):
+                      ONE_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, HEAVY_FIRST: tl.constexpr, FLAT: tl.constexpr,
+                      NPU: tl.constexpr):
     """The strict _attn_kernel's grid, tile rows (PACK query heads of a GQA group share a decode tile) and
     workspace contract with the tensor-core block step. A row's bits do not depend on the other rows of
     its tile (each output element of a tensor-core dot is its own row times its own column).
     INTERIOR: interior key blocks take the plain flash step (KBND: :func:`_key_bound_kernel`'s bounds; NKB: the
     blocks of a split, KS // KB, to a power of two);
-    HEAVY_FIRST: work items in reverse order, so the causal row tiles with the most keys start first (speed only)."""
+    HEAVY_FIRST: work items in reverse order, so the causal row tiles with the most keys start first; FLAT: without
+    split-KV, one pass of block loops over the tile's keys, the splits merged at their boundaries (speed only)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):
         w = item
         if HEAVY_FIRST:
@@ -222,29 +263,45 @@ def _fast_attn_kernel(Q, K, V, O, LSE, WM, WL, WA, WN,
                 kbnd = KBND
             if ONE_SPLIT:
                 sp = w % n2
-                m, l, acc, ne = _fast_split(q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT,
-                                            bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
-                                            tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS), p_min, p_max,
-                                            D, BLOCK_M, BLOCK_D, KB, NKB, PAGED, INTERIOR)
+                _, _, _, _, m, l, acc, ne = _tile_keys(
+                    q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
+                    stride_kt, scale, causal, left, right, tl.maximum(lo, sp * KS), tl.minimum(hi, (sp + 1) * KS),
+                    p_min, p_max, D, BLOCK_M, BLOCK_D, KB, KS, NKB, PAGED, INTERIOR, False)
                 _store_partial(WM, WL, WA, WN, _ws_offsets(b * HQ + h, i, sp, n_ws_rows, n_ws_splits), valid,
                                m, l, acc, ne, BLOCK_D)
             else:
-                M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
-                for s0 in range((lo // KS) * KS, hi, KS):
-                    m, l, acc, ne = _fast_split(q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT,
-                                                bt_stride, page, stride_kp, stride_kt, scale, causal, left, right,
-                                                tl.maximum(lo, s0), tl.minimum(hi, s0 + KS), p_min, p_max,
-                                                D, BLOCK_M, BLOCK_D, KB, NKB, PAGED, INTERIOR)
+                if FLAT:  # one pass over the tile's keys, the splits merged at their boundaries
+                    M, L, ACC, seen, m, l, acc, ne = _tile_keys(
+                        q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page, stride_kp,
+                        stride_kt, scale, causal, left, right, lo, hi, p_min, p_max,
+                        D, BLOCK_M, BLOCK_D, KB, KS, NKB, PAGED, INTERIOR, True)
                     M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
+                else:  # a block loop per split (the kernel before)
+                    M, L, ACC, seen = _empty_state(BLOCK_M, BLOCK_D)
+                    for s0 in range((lo // KS) * KS, hi, KS):
+                        _, _, _, _, m, l, acc, ne = _tile_keys(
+                            q, q_bound, K, V, kbnd, valid, pos, klen, b, hk_off, K_ROW0, BT, bt_stride, page,
+                            stride_kp, stride_kt, scale, causal, left, right, tl.maximum(lo, s0),
+                            tl.minimum(hi, s0 + KS), p_min, p_max, D, BLOCK_M, BLOCK_D, KB, KS, NKB, PAGED, INTERIOR,
+                            False)
+                        M, L, ACC, seen = _merge(M, L, ACC, seen, m, l, acc, ne)
                 lse_off = tl.load(LSE_ROW0 + b).to(tl.int64) + h * stride_lh + i
                 _finish(O, LSE, q_off, lse_off, valid, M, L, ACC, seen, D, BLOCK_D, OUT, NPU)
 
 
 #: True: prefill-sized tiles (more than attention.PACK_MAX_Q query rows) run interior key blocks as plain flash steps
-#: after the key-bound pre-pass, work items heaviest first, and split-KV merges on tiles of the rows that exist (issue
-#: 49); False: the general block step for every block, light tiles first, the merge on the spec's block_m rows (the
-#: kernel before). The bits are the same either way; kept selectable for gpu_perf's old-vs-new rows ("/general")
+#: after the key-bound pre-pass, work items heaviest first, tiles without split-KV in one pass over their splits
+#: (FLAT_SPLITS), and split-KV merges on tiles of the rows that exist (issue 49); False: the general block step for
+#: every block, light tiles first, a block loop per split, the merge on the spec's block_m rows (the kernel before).
+#: The bits are the same either way; kept selectable for gpu_perf's old-vs-new rows ("/general")
 FAST_BLOCK_PATH = True
+
+#: with FAST_BLOCK_PATH, tiles without split-KV run their keys in one pass of block loops, each split's partial merged
+#: at the next split boundary (the spec's merge in split order), so the K/V pipeline does not drain every kv_split keys;
+#: False: a block loop per split (the merge after it). Speed only; under Triton 3.6 (sm_90) the one pass keeps the
+#: interior block's hot path spill-free (the merge branch reloads the split state once per split) but adds spill
+#: reloads to the edge blocks' path (docs/triton.md): gpu_perf times both (attention_prefill/fast/T*/per_split)
+FLAT_SPLITS = True
 
 
 def launch_config(spec, head_dim: int, prefill_sized: bool) -> dict:
@@ -252,8 +309,9 @@ def launch_config(spec, head_dim: int, prefill_sized: bool) -> dict:
     whether the interior-block path (with its pre-pass) runs."""
     interior = FAST_BLOCK_PATH and prefill_sized  # decode: a pre-pass would read the K/V cache twice
     return dict(kernel=_fast_attn_kernel, block_m=spec.block_m, block_d=max(16, next_power_of_2(head_dim)),
-                constexprs=dict(KB=spec.kv_block, KS=spec.kv_split, NKB=next_power_of_2(spec.kv_split // spec.kv_block),
-                                INTERIOR=interior, HEAVY_FIRST=FAST_BLOCK_PATH),
+                constexprs=dict(KB=spec.kv_block, KS=spec.kv_split,
+                                NKB=next_power_of_2(spec.kv_split // spec.kv_block), INTERIOR=interior,
+                                HEAVY_FIRST=FAST_BLOCK_PATH, FLAT=FAST_BLOCK_PATH and FLAT_SPLITS),
                 options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages), interior=interior)
 
 

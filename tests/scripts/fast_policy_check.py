@@ -231,21 +231,27 @@ def _interior_inputs(dt, d, kind):
     return q, k, v
 
 
-def _paths(fn):
-    """fn() on the interior-block path (the default) and on the general block step for every block."""
+def _paths(fn, **new_path):
+    """fn() on the interior-block path (the default, or with fast_attention's ``new_path`` constants) and on the
+    general block step for every block (FAST_BLOCK_PATH False)."""
     from hal.kernels.triton import fast_attention
-    new = fn()
-    fast_attention.FAST_BLOCK_PATH = False
-    try:
-        old = fn()
-    finally:
-        fast_attention.FAST_BLOCK_PATH = True
-    return new, old
+
+    def under(constants):
+        saved = {k: getattr(fast_attention, k) for k in constants}
+        for k, v in constants.items():
+            setattr(fast_attention, k, v)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                setattr(fast_attention, k, v)
+    return under(new_path), under(dict(FAST_BLOCK_PATH=False))
 
 
 def _interior_pairs(q, k, v, spec, full):
     """(name, old, new) raw-bit pairs of prefill, chunked prefill (num_splits 1 / 4 / 8), a paged chunk and decode
-    rows (num_splits 1 / 4 / 8), causal, and a windowed non-causal prefill."""
+    rows (num_splits 1 / 4 / 8), causal, windowed causal and non-causal prefill; full: also prefill with a block loop
+    per split (FLAT_SPLITS False)."""
     calls = [("prefill", lambda: _prefill(q, k, v, spec)),
              ("chunk-30-splits4", lambda: _from_cache(q[30:], k, v, L_SEQ, spec, num_splits=4)),
              ("decode-69-splits8", lambda: _from_cache(q[69:], k, v, L_SEQ, spec, num_splits=8))]
@@ -266,12 +272,17 @@ def _interior_pairs(q, k, v, spec, full):
     for name, fn in calls:
         (o, l), (o0, l0) = _paths(fn)
         pairs += [(f"{name}:out", o0, o), (f"{name}:lse", l0, l)]
+    if full:  # the interior path with a block loop per split (FLAT_SPLITS False) too
+        for name, fn in calls[:1]:
+            (o, l), (o0, l0) = _paths(fn, FLAT_SPLITS=False)
+            pairs += [(f"{name}-per-split:out", o0, o), (f"{name}-per-split:lse", l0, l)]
     return pairs
 
 
 def attn_interior_path():
-    """Interior key blocks as plain flash steps (after the key-bound pre-pass), heaviest tiles first, the merge on the
-    rows that exist == the general block step everywhere (fast_attention.FAST_BLOCK_PATH False), raw bits of out and
+    """Interior key blocks as plain flash steps (after the key-bound pre-pass), heaviest tiles first, one pass over a
+    tile's splits, the merge on the rows that exist == the general block step everywhere, a block loop per split
+    (fast_attention.FAST_BLOCK_PATH False), raw bits of out and
     lse, on NaN / +-inf / -0.0 (interior blocks still run away from them), finite, huge-score and overflowing inputs
     (CI: the first, three calls)."""
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
@@ -284,12 +295,15 @@ def attn_interior_path():
 def attn_interior_negative():
     """Negative controls of attn_interior_path, each caught: interior blocks without the scale; diagonal blocks
     classified interior (the causal bound from the tile's last row, not its first); the key bound ignored (a -inf V
-    element reaches an interior block's dot instead of making the row NaN)."""
+    element reaches an interior block's dot instead of making the row NaN); the one-pass block loop closing each
+    split a block late (its first block merged with the previous split)."""
     from hal.kernels.triton import fast_attention
     variants = [("no-scale", "_interior_blocks", "s = tl.dot(q, tl.trans(k)) * scale", "s = tl.dot(q, tl.trans(k))"),
-                ("diagonal-as-interior", "_fast_split", "i_hi = tl.minimum(i_hi, p_min + 1)",
+                ("diagonal-as-interior", "_interior_run", "i_hi = tl.minimum(i_hi, p_min + 1)",
                  "i_hi = tl.minimum(i_hi, p_max + 1)"),
-                ("bound-ignored", "_fast_split", "run = (f_lo < f_hi) & fits", "run = f_lo < f_hi")]
+                ("bound-ignored", "_interior_run", "run = (f_lo < f_hi) & (q_bound * k_bound < SCORE_BOUND)",
+                 "run = f_lo < f_hi"),
+                ("split-closed-a-block-late", "_interior_blocks", "if kb0 % KS == 0:", "if kb0 % KS == KB:")]
     for spec, dt, d in _pick(ATTN_CASES):
         q, k, v = _interior_inputs(dt, d, "nonfinite")
         out, lse = _paths(lambda: _prefill(q, k, v, spec))[1]
