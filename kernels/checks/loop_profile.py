@@ -83,8 +83,9 @@ def _family_counts(ops: collections.Counter) -> dict:
 
 def cases() -> list[tuple[KernelCase, int, int]]:
     """(case, warps, stages): fast_lint's fast attention cases (varlen prefill, paged split-KV decode), the prefill
-    also with the general block step for every block where the kernel has the interior path, and the split-KV merge
-    on the spec's 128-row tile and on the decode rows that exist (4: one query row x a packed GQA group)."""
+    also with the general block step for every block and with a loop per split where the kernel has the interior
+    path, its key-bound pre-pass, and the split-KV merge on the spec's 128-row tile and on the decode rows that exist
+    (4: one query row x a packed GQA group)."""
     from ..triton import attention_kernel as AK
     from .fast_lint import fast_kernels
     from .seq_lint_cases import _sig
@@ -102,6 +103,13 @@ def cases() -> list[tuple[KernelCase, int, int]]:
                         warps, stages))
             case = dataclasses.replace(case, name=case.name + "[interior,one_pass]")
         out.append((case, warps, stages))
+    from ..triton import fast_attention as fa
+    kb_types = {"K": "*bf16", "V": "*bf16", "KLEN": "*i32", "K_ROW0": "*i32", "BT": "*i32"}
+    kb_types.update({n: "i32" for n in ("bt_stride", "page", "stride_kp", "stride_kt", "stride_kh", "n_kb")})
+    consts = dict(HKV=8, D=128, BLOCK_D=128, KB=64, PAGED=False)
+    sig = {k: v for k, v in _sig(fa._key_bound_kernel, kb_types, "*fp32").items() if k not in consts}
+    out.append((KernelCase("fast_attention.key_bounds[bf16]", fa._key_bound_kernel, sig, consts,
+                           divisible=("stride_kt", "stride_kh")), 4, None))
     types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "LSE_ROW0")}
     types.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_lh", "n_ws_rows", "n_ws_splits", "n_work",
                                      "n1")})
