@@ -370,6 +370,29 @@ def _attention_knobs(fn: Callable, **knobs) -> Callable:
     return _with_constants(tri_attn, fn, knobs)
 
 
+#: fast attention's paths kept selectable (kernels/triton/fast_attention.py), by row suffix: the general block step for
+#: every block (the kernel before issue 49), and the interior-block path with a block loop per split
+FAST_ATTENTION_PATHS = {"general": dict(FAST_BLOCK_PATH=False), "per_split": dict(FLAT_SPLITS=False)}
+
+
+def _fast_attention_path(new: "Case", suffix: str, check: Callable) -> "Case":
+    """The row ``new`` (fast attention, the default path) on the path FAST_ATTENTION_PATHS[suffix], id
+    ``new.id + "/" + suffix``. Speed only: ``check(tensors)`` gives (out, lse) on the row's inputs, and the row fails,
+    named, unless both paths give them in the same raw bits."""
+    from hal.conformance.bits import same_bits
+    from hal.kernels.triton import fast_attention as tri_fast
+    constants = FAST_ATTENTION_PATHS[suffix]
+
+    def build(seed):
+        ours, stock, tensors = new.build(seed)
+        other = _with_constants(tri_fast, lambda: check(tensors), constants)()
+        if not all(same_bits(a, b) for a, b in zip(check(tensors), other)):  # speed only, or a bug
+            raise AssertionError(f"{new.id}/{suffix}: out / lse bits differ from the default path's")
+        return _with_constants(tri_fast, ours, constants), stock, tensors
+    return Case(f"{new.id}/{suffix}", new.op, new.policy, f"{new.shape}, {constants}", build, flops=new.flops,
+                stock_name=new.stock_name)
+
+
 def _old_attention_paths() -> dict:
     """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
     the decode chains' q loaded as a broadcast [rows, keys, VEC] tile (attention.Q_BROADCAST_LOAD: converted through
@@ -563,7 +586,14 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_decode/{policy}/B{b}", "attention_decode", policy,
                             f"B{b} ctx{s.ctx} page{s.page} Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             stock_name="SDPA on a contiguous cache (enable_gqa)"))
-        new = out[-2]  # this batch's strict row
+        fast = out[-1]  # this batch's fast row, beside its earlier path
+
+        def check_decode(tensors):
+            q, kc, vc, table, lens = tensors
+            return hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, return_lse=True,
+                                               spec=FastAttentionSpec(), **tri)
+        out.append(_fast_attention_path(fast, "general", check_decode))
+        new = out[-3]  # this batch's strict row
         for name, knobs in old_decode.items():  # the earlier strict path, beside it (one run decides)
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)
@@ -634,7 +664,15 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"attention_prefill/{policy}/T{T}", "attention_prefill", policy,
                             f"T{T} causal Hq{s.hq}/Hkv{s.hkv} D{s.d} bf16", build,
                             flops=2.0 * 2 * T * T * s.hq * s.d / 2, stock_name="SDPA causal (enable_gqa)"))
-        new = out[-2]  # this length's strict row
+        if T == s.attn_T[0]:  # the fast row's other paths, the shorter T only (the stage budget)
+            def check_prefill(tensors, T=T):
+                q, k, v = tensors
+                cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
+                return hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, return_lse=True,
+                                                  spec=FastAttentionSpec(), **tri)
+            fast = out[-1]
+            out += [_fast_attention_path(fast, suffix, check_prefill) for suffix in FAST_ATTENTION_PATHS]
+        new = next(c for c in out if c.id == f"attention_prefill/strict/T{T}")  # this length's strict row
         for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
             def build_old(seed, knobs=knobs, build=new.build):
                 ours, stock, tensors = build(seed)

@@ -549,7 +549,9 @@ class FastAttentionSpec(OpSpec):
     The structure is the strict spec's (keys in splits of ``kv_split`` and blocks of ``kv_block``
     anchored at key 0, split partials merged in split order whatever ``num_splits`` says), so prefill,
     chunked prefill, decode, paged KV and any ``num_splits`` give the same bits on one GPU model
-    (L0-L3); no L4. docs/fast_policy.md.
+    (L0-L3); no L4. docs/fast_policy.md. How the kernel reaches these bits is not part of the spec: interior key
+    blocks run as plain flash steps where the general step's masks and finiteness selects are identities (issue 49,
+    docs/fast_policy.md "How the kernel runs the attention spec fast"); the id and the bits are unchanged.
     """
 
     family: ClassVar[str] = "attention"

@@ -4,7 +4,9 @@
 * interpreter (tests/scripts/fast_policy_check.py, TRITON_INTERPRET=1, deterministic tl.dot stand-in): matmul L1 raw
   bits across batch compositions, two wrong variants caught (block_k chosen from the batch, split-K);
   attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
-  merged in reverse) caught; LOCKSTEP_FULL=1 adds attention L1 and a second wrong variant, every spec x dtype;
+  merged in reverse) caught; attention's interior-block path == the general block step in raw bits on NaN / inf /
+  -0.0 inputs, its three wrong variants caught; LOCKSTEP_FULL=1 adds attention L1, a second wrong variant and the
+  interior path on finite, huge-score and overflowing inputs, every spec x dtype;
 * conformance: matmul_fast (and, with LOCKSTEP_FULL=1, attention_fast) run in tests/test_triton_interpreter.py;
   here the stock backend (negative control) fails matmul_fast (L0, L1) and attention_fast (L2);
 * fast lint: the kernel compiled for sm_80/sm_90 uses mma/wgmma and no float atomics; the strict matmul
@@ -101,10 +103,12 @@ def test_fast_kernels_structure_in_interpreter():
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
     ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
           "mm_v3_table_same_bits",
-          "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative"]
-    out = run_checks(*([] if full else ci), script=SCRIPT)  # ~45 s here; every check: LOCKSTEP_FULL=1
-    assert out.count("wrong variant caught") >= 8 and "outputs identical" in out
+          "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative", "attn_interior_path",
+          "attn_interior_negative"]
+    out = run_checks(*([] if full else ci), script=SCRIPT)  # ~2 min here; every check: LOCKSTEP_FULL=1
+    assert out.count("wrong variant caught") >= 9 and "outputs identical" in out
     assert "mm-v3-table[torch.bfloat16]: ok" in out and "mm-v3-rows-alone-vs-batch: ok" in out
+    assert "attn-interior-path[" in out and out.count("attn-interior-negative[") >= 3
 
 
 def test_stock_fails_the_fast_family():

@@ -293,3 +293,30 @@ def test_verification_call_dry_run(verify_dry_run):
     bench = (out / "fast_bench.csv").read_text()
     assert "fast matmul.fast.m128.n128.k64.w8.s3.v2: rows alone vs in batches" in bench
     assert "fast matmul.fast.wgmma.k16.t1.v3: rows alone vs in batches" in bench and "same bits" in bench
+
+def test_a_fast_attention_path_row_fails_unless_its_bits_equal_the_default():
+    """attention_prefill/fast/T*/general and /per_split (and decode's /general) time a kept-selectable path of
+    fast_attention.py only after its out / lse bits equal the default path's: a path whose bits differ fails the row
+    by name (negative control: a check whose lse moves by one ulp on the general path); equal bits pass and the row's
+    thunk carries the path's constants."""
+    from benchmarks import gpu_perf
+    from hal.kernels.triton import fast_attention
+    out = torch.arange(6, dtype=torch.float32)
+
+    def check(tensors, shift):  # (out, lse) as the row's call would give them, lse one ulp off on the general path
+        lse = out.clone()
+        if not fast_attention.FAST_BLOCK_PATH and shift:
+            lse = torch.nextafter(lse, torch.full_like(lse, float("inf")))
+        return out, lse
+    for shift in (True, False):
+        new = gpu_perf.Case("attention_prefill/fast/T24", "attention_prefill", "fast", "T24",
+                            build=lambda seed: ((lambda: fast_attention.FAST_BLOCK_PATH), None, []))
+        row = gpu_perf._fast_attention_path(new, "general", lambda tensors: check(tensors, shift))
+        assert row.id == "attention_prefill/fast/T24/general"
+        if shift:
+            with pytest.raises(AssertionError, match="attention_prefill/fast/T24/general"):
+                row.build(0)
+        else:
+            ours, _, _ = row.build(0)
+            assert ours.constants[1] == {"FAST_BLOCK_PATH": False} and ours() is False
+    assert fast_attention.FAST_BLOCK_PATH is True

@@ -104,12 +104,14 @@ def fast_kernels():
     types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
                                    "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits",
-                                   "n_work", "n1", "n2")})
+                                   "n_work", "n1", "n2", "n_kb")})
     types.update(scale="fp32", Q="*bf16", K="*bf16", V="*bf16", O="*bf16")
     for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode (a GQA group packed)
         pack = 4 if one else 1
+        # as attend launches them: prefill-sized tiles with the interior path (fast_attention.launch_config)
         consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
-                      KB=a.kv_block, KS=a.kv_split, OUT=tl.bfloat16, PAGED=paged, ONE_SPLIT=one, NPU=False)
+                      KB=a.kv_block, KS=a.kv_split, NKB=a.kv_split // a.kv_block, OUT=tl.bfloat16, PAGED=paged,
+                      ONE_SPLIT=one, NPU=False, INTERIOR=not one, HEAVY_FIRST=True, FLAT=True)
         sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
         out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
                     a.num_warps, a.num_stages))

@@ -29,6 +29,18 @@ from .workspace import workspace
 F32 = torch.float32
 
 
+#: rows of the fast kernel's split-KV merge tile at most (query rows x packed heads): the merge is per-row float32
+#: arithmetic, so its tile is speed only; on the spec's 128-row tile (4 rows of a decode tile valid) it spilled 150
+#: registers under Triton 3.6 (H200 kernels.jsonl, 2026-12-04d)
+MERGE_MAX_ROWS = 32
+
+
+def _merge_tiles(max_q: int, rows: int, pack: int) -> tuple[int, int]:
+    """(ROWS, PACK) of the fast kernel's merge launch: the query rows that exist (at most the attention tile's), the
+    same packed heads, at most MERGE_MAX_ROWS tile rows (one query row per program where PACK alone exceeds it)."""
+    return max(1, min(rows, next_power_of_2(max(1, max_q)), MERGE_MAX_ROWS // pack)), pack
+
+
 #: decode-sized query tiles (max_q at most this) pack the query heads of a GQA group into one program
 PACK_MAX_Q = 16
 
@@ -127,11 +139,15 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
     if spec.policy == "fast":  # tensor-core block step (fast_attention.py); grid, workspace, merge as here
         from . import fast_attention
         from .interpreter_dot import sequential_dot
-        cfg = fast_attention.launch_config(spec, d)
+        cfg = fast_attention.launch_config(spec, d, prefill_sized=max_q > PACK_MAX_Q)
         kernel, bm, bd, spec_args, options = (cfg["kernel"], cfg["block_m"], cfg["block_d"], cfg["constexprs"],
                                               cfg["options"])
         rows, pack = _fast_tiles(max_q, group, bm)
-        spec_args = dict(spec_args, ROWS=rows, PACK=pack)
+        kbnd, n_kb = (fast_attention.key_bounds(k, v, klen, k_row0, block_table, page, spec.kv_block, max_k, bd)
+                      if cfg["interior"] else (lse, 1))  # lse: never read without INTERIOR
+        spec_args = dict(spec_args, ROWS=rows, PACK=pack, KBND=kbnd, n_kb=n_kb)
+        merge_rows, merge_pack = (_merge_tiles(max_q, rows, pack) if fast_attention.FAST_BLOCK_PATH
+                                  else (rows, pack))
         dots = sequential_dot()
     else:
         kernel, bd = attention_kernel._attn_kernel, next_power_of_2(d)
@@ -146,6 +162,7 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
                          P_IN=spec.p_precision == "input", ROWS=rows, PACK=pack, FMA_DOT=dot, DTP=dtp,
                          DK=dot_k(dtp, spec.kv_block), QB=vec > 1 and Q_BROADCAST_LOAD)
         dots = strict_dot() if dot else contextlib.nullcontext()
+        merge_rows, merge_pack = rows, pack
     n_tiles = -(-max_q // rows)
     n_groups = n_seq * (hq // pack)  # (sequence, head group) pairs
     paged = block_table is not None
@@ -179,10 +196,12 @@ def attend(q, k, v, *, q_row0, qlen, klen, k_row0, block_table, page, lse, lse_r
                q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, lse_hstride,
                bt.stride(0) if paged else 0, page, scale, int(causal), left, right, n_rows, n_splits,
                ONE_SPLIT=one_split, **common, **options, persistent=True)
-    if one_split:
-        launch(attention_kernel._merge_kernel, (n_tiles, n_groups), out, lse, wm, wl, wa, wn, q_row0, qlen, klen,
-               lse_row0, q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits, OUT=tl_dtype(q.dtype),
-               ROWS=rows, PACK=pack, KS=spec.kv_split, **meta, persistent=True)
+    if one_split:  # per-row arithmetic: its tile (merge_rows query rows x merge_pack heads) is speed only
+        merge_bm = next_power_of_2(merge_rows * merge_pack)
+        launch(attention_kernel._merge_kernel, (-(-max_q // merge_rows), n_seq * (hq // merge_pack)), out, lse,
+               wm, wl, wa, wn, q_row0, qlen, klen, lse_row0, q.stride(0), q.stride(1), lse_hstride, n_rows, n_splits,
+               OUT=tl_dtype(q.dtype), ROWS=merge_rows, PACK=merge_pack, KS=spec.kv_split,
+               **dict(meta, BLOCK_M=merge_bm), persistent=True)
     return out
 
 

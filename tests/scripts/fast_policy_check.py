@@ -242,10 +242,110 @@ def attn_block_from_length_negative():
         _differs(f"attn-block-from-length-negative[{spec.id},{dt}]", [("lse", lse[:, 50:], l), ("out", out[50:], o)])
 
 
+def _interior_inputs(dt, d, kind):
+    """q, k, v of the interior-path checks: "finite"; "nonfinite" (a NaN q row, an inf K element of key 20, a -inf V
+    element of key 45, -0.0 in q, k and a whole V head); "huge" (K of keys 24-39 times 2^100: finite scores near
+    2^105, the bound still passes, so interior blocks run on them); "overflow" (K of keys 24-39 times 2^124: the bound
+    fails and some scores overflow to +-inf in float32)."""
+    q, k, v = _attn_inputs(dt, d, seed=11)
+    if kind == "nonfinite":
+        q[50, 1] = float("nan")
+        k[20, 0, 3] = float("inf")
+        v[45, 1, 2] = float("-inf")
+        q[5:9, :, :4] = -0.0
+        k[30:34, :, 1:5] = -0.0
+        v[:, 1] = -0.0
+    elif kind in ("huge", "overflow"):
+        k[24:40] = (k[24:40].float() * 2.0 ** (100 if kind == "huge" else 124)).to(dt)
+    return q, k, v
+
+
+def _paths(fn, **new_path):
+    """fn() on the interior-block path (the default, or with fast_attention's ``new_path`` constants) and on the
+    general block step for every block (FAST_BLOCK_PATH False)."""
+    from hal.kernels.triton import fast_attention
+
+    def under(constants):
+        saved = {k: getattr(fast_attention, k) for k in constants}
+        for k, v in constants.items():
+            setattr(fast_attention, k, v)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                setattr(fast_attention, k, v)
+    return under(new_path), under(dict(FAST_BLOCK_PATH=False))
+
+
+def _interior_pairs(q, k, v, spec, full):
+    """(name, old, new) raw-bit pairs of prefill, chunked prefill (num_splits 1 / 4 / 8), a paged chunk and decode
+    rows (num_splits 1 / 4 / 8), causal, windowed causal and non-causal prefill; full: also prefill with a block loop
+    per split (FLAT_SPLITS False)."""
+    calls = [("prefill", lambda: _prefill(q, k, v, spec)),
+             ("chunk-30-splits4", lambda: _from_cache(q[30:], k, v, L_SEQ, spec, num_splits=4)),
+             ("decode-69-splits8", lambda: _from_cache(q[69:], k, v, L_SEQ, spec, num_splits=8))]
+    if full:
+        cu = torch.tensor([0, L_SEQ], dtype=torch.int32)
+        calls += [("chunk-30-splits1", lambda: _from_cache(q[30:], k, v, L_SEQ, spec, num_splits=1)),
+                  ("chunk-30-splits8", lambda: _from_cache(q[30:], k, v, L_SEQ, spec, num_splits=8)),
+                  ("paged-7-chunk-20-splits4", lambda: _from_cache(q[20:], k, v, L_SEQ, spec, num_splits=4, page=7)),
+                  ("decode-50-splits1", lambda: _from_cache(q[50:51], k, v, 51, spec, num_splits=1)),
+                  ("decode-50-splits4-paged-7", lambda: _from_cache(q[50:51], k, v, 51, spec, num_splits=4, page=7)),
+                  ("window-20-5", lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, L_SEQ, L_SEQ, causal=False,
+                                                                      window_size=(20, 5), return_lse=True, spec=spec,
+                                                                      backend="triton")),
+                  ("causal-window-33", lambda: hal.flash_attn_varlen_func(q, k, v, cu, cu, L_SEQ, L_SEQ, causal=True,
+                                                                           window_size=(33, -1), return_lse=True,
+                                                                           spec=spec, backend="triton"))]
+    pairs = []
+    for name, fn in calls:
+        (o, l), (o0, l0) = _paths(fn)
+        pairs += [(f"{name}:out", o0, o), (f"{name}:lse", l0, l)]
+    if full:  # the interior path with a block loop per split (FLAT_SPLITS False) too
+        for name, fn in calls[:1]:
+            (o, l), (o0, l0) = _paths(fn, FLAT_SPLITS=False)
+            pairs += [(f"{name}-per-split:out", o0, o), (f"{name}-per-split:lse", l0, l)]
+    return pairs
+
+
+def attn_interior_path():
+    """Interior key blocks as plain flash steps (after the key-bound pre-pass), heaviest tiles first, one pass over a
+    tile's splits, the merge on the rows that exist == the general block step everywhere, a block loop per split
+    (fast_attention.FAST_BLOCK_PATH False), raw bits of out and
+    lse, on NaN / +-inf / -0.0 (interior blocks still run away from them), finite, huge-score and overflowing inputs
+    (CI: the first, three calls)."""
+    full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
+    for spec, dt, d in _pick(ATTN_CASES):
+        for kind in ("nonfinite", "finite", "huge", "overflow")[:None if full else 1]:
+            q, k, v = _interior_inputs(dt, d, kind)
+            _same(f"attn-interior-path[{spec.id},{dt},{kind}]", _interior_pairs(q, k, v, spec, full))
+
+
+def attn_interior_negative():
+    """Negative controls of attn_interior_path, each caught: interior blocks without the scale; diagonal blocks
+    classified interior (the causal bound from the tile's last row, not its first); the key bound ignored (a -inf V
+    element reaches an interior block's dot instead of making the row NaN); the one-pass block loop closing each
+    split a block late (its first block merged with the previous split)."""
+    from hal.kernels.triton import fast_attention
+    variants = [("no-scale", "_interior_blocks", "s = tl.dot(q, tl.trans(k)) * scale", "s = tl.dot(q, tl.trans(k))"),
+                ("diagonal-as-interior", "_interior_run", "i_hi = tl.minimum(i_hi, p_min + 1)",
+                 "i_hi = tl.minimum(i_hi, p_max + 1)"),
+                ("bound-ignored", "_interior_run", "run = (f_lo < f_hi) & (q_bound * k_bound < SCORE_BOUND)",
+                 "run = f_lo < f_hi"),
+                ("split-closed-a-block-late", "_interior_blocks", "if kb0 % KS == 0:", "if kb0 % KS == KB:")]
+    for spec, dt, d in _pick(ATTN_CASES):
+        q, k, v = _interior_inputs(dt, d, "nonfinite")
+        out, lse = _paths(lambda: _prefill(q, k, v, spec))[1]
+        for name, fn_name, old, new in variants:
+            with kernel_variant(fast_attention, fn_name, old, new):
+                o, l = _prefill(q, k, v, spec)
+            _differs(f"attn-interior-negative[{spec.id},{dt},{name}]", [("out", out, o), ("lse", lse, l)])
+
+
 CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
                                   mm_nonfinite, mm_v3_table_same_bits, attn_split_invariance, attn_batch_invariance,
                                   attn_reverse_merge_negative, attn_wrong_head_negative,
-                                  attn_block_from_length_negative)}
+                                  attn_block_from_length_negative, attn_interior_path, attn_interior_negative)}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem
