@@ -842,6 +842,8 @@ register(FastAttentionSpec())  # tensor cores (triton backend): docs/fast_policy
 register(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4))  # small tiles: CI, many blocks/splits
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
-register(FastGatedDeltaRuleSpec())  # tensor cores (triton backend): docs/gated_delta_rule.md
+#: the fast policy's gated delta rule spec (tensor cores, triton backend; docs/gated_delta_rule.md): what a fast switch
+#: passes as ``spec=`` to chunk_gated_delta_rule / fused_recurrent_gated_delta_rule (its id works as well)
+GDN_FAST = register(FastGatedDeltaRuleSpec())
 register(ElementwiseSpec(), default=True)
 register(RotarySpec(), default=True)

@@ -75,15 +75,9 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
         qk = (row * H + h) * DK
         gv = row * HV + hv
         qk_mask = rm[:, None] & dkm[None, :]
-        k32 = tl.load(KR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0)  # [C, BDK]; absent rows, pad: +0.0
-        kb = _bf16(k32)
-        qb = _bf16(tl.load(QR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))
-        S0 = tl.load(S + s_tile, mask=s_mask, other=0.0)    # [BDK, BDV] float32
-        s0b = _bf16(S0)
-        KK = tl.dot(kb, tl.trans(kb))                       # [C, C], float32 from +0.0
-        QK = tl.dot(qb, tl.trans(kb))
-        W = tl.dot(kb, s0b)                                 # [C, BDV]
-        Y = tl.dot(qb, s0b)
+        L = tl.minimum(total - 1 - a, C - 1)                # the row a state after this chunk is taken at
+        # Every value is computed where it is first needed and its tile dies after its last use (k and S0 are
+        # loaded again for the state update): the order changes no bit, it keeps the live tiles few (spills).
         # log-decay chains from row i downward (the strict spec's): A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
         A = tl.zeros([C, C], tl.float32)
         Gm = tl.zeros([C], tl.float32)
@@ -94,10 +88,16 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
             Gm = tl.where(ok, Gm + gd, Gm)
         F = sm.exp(A)
         gamma = sm.exp(Gm)
-        coef = F * KK
+        fL = _row(F, ri, L, 0)                              # f_Lj over j (the state update's decays)
+        kb = _bf16(tl.load(KR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))  # absent rows, pad: +0.0
+        coef = F * tl.dot(kb, tl.trans(kb))                 # f_ij KK_ij (used for j < i); the dot from +0.0
+        qb = _bf16(tl.load(QR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))
+        QK = tl.dot(qb, tl.trans(kb))
         P = tl.where(ri[:, None] > ri[None, :], F * QK, tl.where(ri[:, None] == ri[None, :], QK, 0.0))
+        s0b = _bf16(tl.load(S + s_tile, mask=s_mask, other=0.0))
         vt = tl.load(VR + gv[:, None] * DV + dv[None, :], mask=rm[:, None] & dm[None, :], other=0.0)
-        X = tl.fma(-gamma[:, None], W, vt)
+        X = tl.fma(-gamma[:, None], tl.dot(kb, s0b), vt)    # x_i = v_i - gamma_i (S0^T k_i)
+        o_acc = gamma[:, None] * tl.dot(qb, s0b)            # gamma_i (S0^T qs_i)
         U = tl.zeros([C, BDV], tl.float32)
         seen = tl.zeros([BDV], tl.int32)                    # a non-finite u_j[c] at some j so far
         bad = tl.zeros([C, BDV], tl.int32)                  # ... at some j <= i: o_i[c] is NaN
@@ -110,7 +110,7 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
             X = tl.where(ri[:, None] > j, tl.fma(-_row(coef, ri, j, 1)[:, None], u_j[None, :], X), X)
         # rows past the present ones are +0.0 in U already; non-finite values are flagged, zeroed for the dot
         u_ok = tl.where((U == U) & (tl.abs(U) != float("inf")), U, 0.0)
-        Ot = tl.dot(_bf16(P), _bf16(u_ok), gamma[:, None] * Y)
+        Ot = tl.dot(_bf16(P), _bf16(u_ok), o_acc)
         Ot = tl.where(bad != 0, float("nan"), Ot)
         r_abs = a + ri
         new = (r_abs >= opened) & (r_abs < total)
@@ -120,11 +120,11 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
         complete = total >= a + C
         last_here = (total - 1) // C == a // C
         if complete | (last_here & WANT_FINAL):
-            L = tl.minimum(total - 1 - a, C - 1)
-            fL = _row(F, ri, L, 0)                           # f_Lj over j
+            k32 = tl.load(KR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0)
             kd = tl.where(ri[:, None] == L, k32, fL[:, None] * k32)
             kd = tl.where(ri[:, None] <= L, kd, 0.0)
             u_L = tl.where(ri[:, None] <= L, U, 0.0)
+            S0 = tl.load(S + s_tile, mask=s_mask, other=0.0)
             St = tl.dot(tl.trans(_bf16(kd)), _bf16(u_L), S0 * _scalar(gamma, ri, L))
             tl.debug_barrier()  # every read of S0 above happens before it is overwritten
             St = sm.canonical_nan(St)
