@@ -21,7 +21,7 @@ from _triton_seq_run import needs_interpreter, run_checks
 
 CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "gdn_fast_check.py")
 FAM = suites.get("gated_delta_rule_fast")
-ID = "gated_delta_rule.fast.c64.v32.w4.sbf16.lsm1.v2"
+ID = "gated_delta_rule.fast.c64.v32.w8.sbf16.lsm1.v2"
 
 
 def _inputs(dtype=torch.bfloat16, T=5):
@@ -34,9 +34,9 @@ def _inputs(dtype=torch.bfloat16, T=5):
 def test_spec_id_parses_back_and_bad_fields_are_refused():
     s = FastGatedDeltaRuleSpec()
     assert s.id == ID and specs.get(ID) == s and specs.resolve("gated_delta_rule", ID) == s
-    assert specs.from_id("gated_delta_rule.fast.c64.v16.w8.sbf16.lsm1.v2") == FastGatedDeltaRuleSpec(block_dv=16,
-                                                                                                    num_warps=8)
-    assert specs.from_id("gated_delta_rule.fast.c64.v32.w4.stf32.lsm1.v2") is None  # no tf32 state format (yet)
+    assert specs.from_id("gated_delta_rule.fast.c64.v16.w4.sbf16.lsm1.v2") == FastGatedDeltaRuleSpec(block_dv=16,
+                                                                                                    num_warps=4)
+    assert specs.from_id("gated_delta_rule.fast.c64.v32.w8.stf32.lsm1.v2") is None  # no tf32 state format (yet)
     with pytest.raises(hal.SpecError, match="state_format"):
         FastGatedDeltaRuleSpec(state_format="tf32")
     with pytest.raises(hal.SpecError, match="power of two >= 16"):
