@@ -86,3 +86,14 @@ def test_stock_chunk_form_fails_L2():
 @needs_interpreter
 def test_restarted_chunk_grid_fails_L2_in_the_interpreter():
     assert "wrong variant caught" in run_checks("gdn-fast-restart", script=CHECKS)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                    reason="the lint compiles kernels; under TRITON_INTERPRET=1 they are interpreter objects")
+def test_fast_lint_finds_tensor_cores_in_the_kernel():
+    """Compiled for sm_90 (no GPU needed) the fast GDN kernel's dots reach wgmma, and no float atomic is used."""
+    pytest.importorskip("triton")
+    from hal.kernels.checks import fast_lint
+    case, warps, stages = next(c for c in fast_lint.fast_kernels() if c[0].name.startswith("fast_gdn"))
+    assert warps == FastGatedDeltaRuleSpec().num_warps
+    assert fast_lint.lint(case, "sm90", warps, stages) == []
