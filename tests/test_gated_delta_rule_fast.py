@@ -85,7 +85,7 @@ def test_stock_chunk_form_fails_L2():
 
 @needs_interpreter
 def test_restarted_chunk_grid_fails_L2_in_the_interpreter():
-    assert "wrong variant caught" in run_checks("gdn-fast-restart", script=CHECKS)
+    assert "wrong variant caught" in run_checks("gdn-fast-restart", "gdn-fast-wide-head", script=CHECKS)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),

@@ -3,7 +3,7 @@ operands, float32 accumulation), the structure fixed by the spec (hal/spec.py ``
 
 The strict chunked kernel's layout (kernels/triton/gated_delta_rule.py: one program per (sequence, value head,
 state-column tile), the rows from the last chunk boundary laid out by the host, the open chunk carried in the
-state), with five products as dots: KK = K K^T, QK = Qs K^T, W = K S0, Y = Qs S0 (d_k the dot's K) and, over the
+state), with six products as dots: KK = K K^T, QK = Qs K^T, W = K S0, Y = Qs S0 (d_k the dot's K) and, over the
 chunk's rows, o = P U + gamma Y and the state update S = Kd^T U + gamma_L S0. The triangular solve stays the
 strict forward substitution in float32 (its order is the spec's), and so do the log-decay chains.
 
@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hal.errors import UnsupportedError
 from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import strict_math as sm
@@ -32,6 +33,8 @@ from .interpreter_dot import sequential_dot
 from .launch import cdiv, float32_value, launch, next_power_of_2
 
 F32 = torch.float32
+#: largest d_k the kernel's one dot over the padded head dim takes (its [C, d_k] operand tiles in shared memory)
+MAX_DK = 256
 #: the strict spec's d_k tile for the L2 norm's sum of squares (the fast spec takes q / k preparation from it)
 PREP_TILE = 64
 
@@ -140,6 +143,9 @@ def gated_delta_rule(q, k, v, g, beta, scale: float, parts: Parts, cu_seqlens, l
     dev = v.device
     hv, dv = v.shape[2], v.shape[3]
     h, dk = k.shape[2], k.shape[3]
+    if dk > MAX_DK:
+        raise UnsupportedError(f"chunk_gated_delta_rule under {spec.id} (triton): head dim d_k = {dk} > {MAX_DK} "
+                               "(the [chunk, d_k] tiles of one dot); use the strict spec")
     C = spec.chunk
     if cu_seqlens is None:
         lengths = torch.full((q.shape[0],), q.shape[1], dtype=torch.int64)

@@ -8,6 +8,7 @@ gdn-fast-restart: the triton backend with the chunk grid restarted at every call
 call continued from the FLA state after the last token, a fresh grid at its first token) runs the
 gated_delta_rule_fast suite's L2 checks on the quick case: the split checks must fail at cuts that are not a
 multiple of the chunk, the same checks on the real backend pass (the quick conformance run shows every level).
+gdn-fast-wide-head: d_k = 264 (past the kernel's one dot over the padded head dim) is refused by name.
 """
 from __future__ import annotations
 
@@ -60,7 +61,27 @@ def check_restart():
         print(f"{label}: FAIL (not caught: {labels})", flush=True)
 
 
-CHECKS = {"gdn-fast-restart": check_restart}
+def check_wide_head():
+    """d_k past the kernel's one-dot tile is refused by name before any launch."""
+    import hal
+    q = torch.zeros(1, 2, 1, 264, dtype=torch.bfloat16)
+    v = torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)
+    label = "gdn-fast-wide-head[d_k 264 refused]"
+    try:
+        hal.chunk_gated_delta_rule(q, q, v, torch.zeros(1, 2, 1), torch.zeros(1, 2, 1), spec=hal.spec.GDN_FAST,
+                                   backend="triton")
+    except hal.UnsupportedError as e:
+        ok = "d_k = 264 > 256" in str(e)
+    else:
+        ok = False
+    if ok:
+        print(f"{label}: ok", flush=True)
+    else:
+        FAILED.append(label)
+        print(f"{label}: FAIL (not refused by name)", flush=True)
+
+
+CHECKS = {"gdn-fast-restart": check_restart, "gdn-fast-wide-head": check_wide_head}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(CHECKS)
