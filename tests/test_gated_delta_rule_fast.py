@@ -2,8 +2,8 @@
 
 The suite's quick set in the interpreter runs in tests/test_triton_interpreter.py (every level passes); here: the
 spec's id and refusals, every other backend (and hal.jax, and the layer ops) refusing it by name, float32 refused,
-and the negative controls: transformers' chunk form (the stock backend) and the triton kernel with its chunk grid
-restarted at each call both fail the suite's L2 checks. Full run: ``TRITON_INTERPRET=1 hal conformance run
+and the negative controls: transformers' chunk form (the stock backend), the triton kernel with its chunk grid
+restarted at each call and the kernel with P kept past the diagonal all fail the suite's L2 checks. Full run: ``TRITON_INTERPRET=1 hal conformance run
 --backend triton --device cpu --ops gated_delta_rule_fast`` (every case)."""
 from __future__ import annotations
 
@@ -84,8 +84,10 @@ def test_stock_chunk_form_fails_L2():
 
 
 @needs_interpreter
-def test_restarted_chunk_grid_fails_L2_in_the_interpreter():
-    assert "wrong variant caught" in run_checks("gdn-fast-restart", "gdn-fast-wide-head", script=CHECKS)
+def test_wrong_kernels_fail_L2_in_the_interpreter():
+    """The chunk grid restarted at each call, and P not zeroed past the diagonal: both caught by the suite's L2."""
+    out = run_checks("gdn-fast-restart", "gdn-fast-causal-mask", "gdn-fast-wide-head", script=CHECKS)
+    assert out.count("wrong variant caught") == 2
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),

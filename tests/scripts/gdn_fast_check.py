@@ -8,6 +8,8 @@ gdn-fast-restart: the triton backend with the chunk grid restarted at every call
 call continued from the FLA state after the last token, a fresh grid at its first token) runs the
 gated_delta_rule_fast suite's L2 checks on the quick case: the split checks must fail at cuts that are not a
 multiple of the chunk, the same checks on the real backend pass (the quick conformance run shows every level).
+gdn-fast-causal-mask: the kernel with P's entries past the diagonal kept (a later row read by an earlier one, only
+when it is present) fails the same L2 checks.
 gdn-fast-wide-head: d_k = 264 (past the kernel's one dot over the padded head dim) is refused by name.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _variants
 import torch  # noqa: E402
 
 from hal.backends.triton import TritonBackend  # noqa: E402
@@ -61,6 +64,25 @@ def check_restart():
         print(f"{label}: FAIL (not caught: {labels})", flush=True)
 
 
+def check_causal_mask():
+    """A kernel whose P keeps the entries past the diagonal (f_ij = 1 there, so P_ij = QK_ij for j > i: a later
+    row leaks into an earlier row's output, but only when that row is present): the split and decode checks catch
+    it, since a cut removes the later rows."""
+    from _variants import kernel_variant
+    from hal.kernels.triton import fast_gated_delta_rule as fg
+    fam = suites.get("gated_delta_rule_fast")
+    case = next(c for c in fam.cases() if c.id == fam.quick[0])
+    with kernel_variant(fg, "_fast_chunked_item", "tl.where(ri[:, None] == ri[None, :], QK, 0.0)",
+                        "tl.where(ri[:, None] == ri[None, :], QK, F * QK)"):
+        labels = _l2(TritonBackend(), case)
+    label = "gdn-fast-causal-mask[P not zeroed past the diagonal]"
+    if any(lab.startswith(("split-sweep/", "decode/")) for lab in labels):
+        print(f"{label}: ok (wrong variant caught: {len(labels)} L2 failures, first {labels[0]})", flush=True)
+    else:
+        FAILED.append(label)
+        print(f"{label}: FAIL (not caught: {labels})", flush=True)
+
+
 def check_wide_head():
     """d_k past the kernel's one-dot tile is refused by name before any launch."""
     import hal
@@ -81,7 +103,8 @@ def check_wide_head():
         print(f"{label}: FAIL (not refused by name)", flush=True)
 
 
-CHECKS = {"gdn-fast-restart": check_restart, "gdn-fast-wide-head": check_wide_head}
+CHECKS = {"gdn-fast-restart": check_restart, "gdn-fast-causal-mask": check_causal_mask,
+          "gdn-fast-wide-head": check_wide_head}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(CHECKS)
