@@ -715,8 +715,9 @@ def _gdn_fast_cases(s: Shapes, dev: str, gdn_inputs, hf_chunk, hf_recurrent) -> 
             qx, kx = widen(q), widen(k)
             stock = None if hf_chunk is None else (
                 lambda: hf_chunk(qx, kx, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))
-            return ((lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,
-                                                        use_qk_l2norm_in_kernel=True, **tri)), stock, [q, k, v, g, beta])
+            ours = lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,  # noqa: E731
+                                                      use_qk_l2norm_in_kernel=True, **tri)
+            return ours, stock, [q, k, v, g, beta]
         out.append(Case(f"gdn_chunked/fast/T{T}", "gdn_chunked", "fast", f"B1 T{T} H{H}/{HV} d{d} bf16", build,
                         flops=2.0 * 5 * T * HV * d * d, stock_name=GDN_STOCK_CHUNK, target=fla_chunk,
                         target_name="FLA chunk_gated_delta_rule"))

@@ -99,3 +99,29 @@ def test_fast_lint_finds_tensor_cores_in_the_kernel():
     case, warps, stages = next(c for c in fast_lint.fast_kernels() if c[0].name.startswith("fast_gdn"))
     assert warps == FastGatedDeltaRuleSpec().num_warps
     assert fast_lint.lint(case, "sm90", warps, stages) == []
+
+
+def test_gpu_perf_rows_time_fla_when_it_imports(monkeypatch):
+    """The fast GDN gpu_perf rows call FLA's kernels (value-head-expanded q / k, the L2 norm in kernel) when ``fla``
+    imports; without it the target is None (the row then says "no FLA: no ratio": the dry run shows it)."""
+    import sys
+    import types
+
+    from benchmarks import gpu_perf
+    seen = []
+    fake = types.ModuleType("fla.ops.gated_delta_rule")
+    fake.chunk_gated_delta_rule = lambda q, k, v, g, beta, **kw: seen.append(("chunk", q.shape, k.shape, kw))
+    fake.fused_recurrent_gated_delta_rule = lambda q, k, v, g, beta, **kw: seen.append(("step", q.shape, kw))
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", fake)
+    case = next(c for c in gpu_perf.cases(gpu_perf.TINY, "cpu") if c.id.startswith("gdn_chunked/fast/"))
+    _, _, tensors = case.build(0)
+    case.target(tensors)()
+    H, HV = gpu_perf.TINY.gdn[:2]
+    assert seen and seen[0][0] == "chunk" and seen[0][1][2] == HV and seen[0][2][2] == HV
+    assert seen[0][3]["use_qk_l2norm_in_kernel"] is True
+    monkeypatch.delitem(sys.modules, "fla.ops.gated_delta_rule")
+    monkeypatch.setitem(sys.modules, "fla", None)  # import fla fails
+    case = next(c for c in gpu_perf.cases(gpu_perf.TINY, "cpu") if c.id.startswith("gdn_chunked/fast/"))
+    assert case.target(case.build(0)[2]) is None

@@ -39,11 +39,6 @@ MAX_DK = 256
 PREP_TILE = 64
 
 
-@triton.jit
-def _bf16(x):
-    return sm.round_to_bf16(x)
-
-
 @triton.jit(do_not_specialize=["n_rows", "lmax", "n_work", "n1", "n2"])  # counts that change per call: no recompiles
 def _fast_chunked_kernel(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n_work, n1, n2,
                          H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
@@ -92,12 +87,13 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
         F = sm.exp(A)
         gamma = sm.exp(Gm)
         fL = _row(F, ri, L, 0)                              # f_Lj over j (the state update's decays)
-        kb = _bf16(tl.load(KR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))  # absent rows, pad: +0.0
+        # absent rows and d_k's padding load +0.0
+        kb = sm.round_to_bf16(tl.load(KR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))
         coef = F * tl.dot(kb, tl.trans(kb))                 # f_ij KK_ij (used for j < i); the dot from +0.0
-        qb = _bf16(tl.load(QR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))
+        qb = sm.round_to_bf16(tl.load(QR + qk[:, None] + dk[None, :], mask=qk_mask, other=0.0))
         QK = tl.dot(qb, tl.trans(kb))
         P = tl.where(ri[:, None] > ri[None, :], F * QK, tl.where(ri[:, None] == ri[None, :], QK, 0.0))
-        s0b = _bf16(tl.load(S + s_tile, mask=s_mask, other=0.0))
+        s0b = sm.round_to_bf16(tl.load(S + s_tile, mask=s_mask, other=0.0))
         vt = tl.load(VR + gv[:, None] * DV + dv[None, :], mask=rm[:, None] & dm[None, :], other=0.0)
         X = tl.fma(-gamma[:, None], tl.dot(kb, s0b), vt)    # x_i = v_i - gamma_i (S0^T k_i)
         o_acc = gamma[:, None] * tl.dot(qb, s0b)            # gamma_i (S0^T qs_i)
@@ -113,7 +109,7 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
             X = tl.where(ri[:, None] > j, tl.fma(-_row(coef, ri, j, 1)[:, None], u_j[None, :], X), X)
         # rows past the present ones are +0.0 in U already; non-finite values are flagged, zeroed for the dot
         u_ok = tl.where((U == U) & (tl.abs(U) != float("inf")), U, 0.0)
-        Ot = tl.dot(_bf16(P), _bf16(u_ok), o_acc)
+        Ot = tl.dot(sm.round_to_bf16(P), sm.round_to_bf16(u_ok), o_acc)
         Ot = tl.where(bad != 0, float("nan"), Ot)
         r_abs = a + ri
         new = (r_abs >= opened) & (r_abs < total)
@@ -128,7 +124,7 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
             kd = tl.where(ri[:, None] <= L, kd, 0.0)
             u_L = tl.where(ri[:, None] <= L, U, 0.0)
             S0 = tl.load(S + s_tile, mask=s_mask, other=0.0)
-            St = tl.dot(tl.trans(_bf16(kd)), _bf16(u_L), S0 * _scalar(gamma, ri, L))
+            St = tl.dot(tl.trans(sm.round_to_bf16(kd)), sm.round_to_bf16(u_L), S0 * _scalar(gamma, ri, L))
             tl.debug_barrier()  # every read of S0 above happens before it is overwritten
             St = sm.canonical_nan(St)
             if WANT_FINAL & last_here:
