@@ -140,9 +140,11 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
     description = ("strict specs as Triton kernels (explicit fma chains, lsm1 exp/log, fusion off); CUDA, or CPU "
                    "through TRITON_INTERPRET=1 for verification")
     launch_on = staticmethod(_on)
-    policies = (STRICT, FAST)  # fast: matmul / linear on tensor cores (FastMatmulSpec, docs/fast_policy.md)
+    policies = (STRICT, FAST)  # fast: matmul / linear, attention, gated delta rule on tensor cores (docs/fast_policy.md)
     #: fast-policy conformance suites and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
-    fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}), "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
+    fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}),
+                   "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"}),
+                   "gated_delta_rule_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
 
     def supports(self, op, spec, dtype, device):
         reasons = super().supports(op, spec, dtype, device)

@@ -23,7 +23,11 @@ def _gdn_backward():
     return gdn_backward
 
 
-def _gdn():
+def _gdn(spec):
+    """The strict chunked / serial kernels, or the tensor-core ones for a FastGatedDeltaRuleSpec."""
+    if spec.policy == "fast":
+        from hal.kernels.triton import fast_gated_delta_rule
+        return fast_gated_delta_rule
     from hal.kernels.triton import gated_delta_rule
     return gated_delta_rule
 
@@ -47,7 +51,7 @@ class SequenceOps:
     # both op names compute the one spec's bits (the spec, not the op, picks serial or chunked)
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         with self.launch_on(v):
-            return _gdn().gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
+            return _gdn(spec).gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)
 
     def fused_recurrent_gated_delta_rule(self, q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final):
         return self.chunk_gated_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, l2, spec, want_final)

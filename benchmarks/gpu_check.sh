@@ -61,12 +61,15 @@ step gdn-train "${GDN_TRAIN_TIMEOUT:-180}" gdn_train.txt "$PY" -m benchmarks.gdn
   --T 512 4096 --repeats 3 --no-recurrent
 # The exact (integer) matmul policy: GPU bits vs the CPU reference, then speed vs cuBLAS bf16.
 step exact "${EXACT_TIMEOUT:-60}" exact.txt "$PY" -m benchmarks.exact --gpu
-# The fast policy (tensor cores, FastMatmulSpec / FastAttentionSpec): matmul batch invariance in raw bits on the
-# device, speed vs cuBLAS and flash-attn / SDPA; then the fast conformance families (L0-L3 + A, no L4).
+# The fast policy (tensor cores, FastMatmulSpec / FastAttentionSpec / FastGatedDeltaRuleSpec): matmul batch
+# invariance in raw bits on the device, speed vs cuBLAS and flash-attn / SDPA; then the fast conformance families
+# (L0-L3 + A, no L4).
 step fast-lint 60 fast_lint.txt "$PY" -m hal.kernels.checks.fast_lint
 step fast "${FAST_TIMEOUT:-90}" fast.txt "$PY" -m benchmarks.fast_bench --csv "$OUT/fast.csv"
-step conformance-fast "${FAST_CONF_TIMEOUT:-60}" conformance_fast.txt "$PY" -m hal.cli conformance run \
-  --backend triton --device cuda --ops matmul_fast attention_fast --quick --json "$OUT/conformance_fast.json"
+# (gated_delta_rule_fast: the fast GDN kernel's compile and its quick case's ~40 calls, hence 60 -> 120 s)
+step conformance-fast "${FAST_CONF_TIMEOUT:-120}" conformance_fast.txt "$PY" -m hal.cli conformance run \
+  --backend triton --device cuda --ops matmul_fast attention_fast gated_delta_rule_fast --quick \
+  --json "$OUT/conformance_fast.json"
 # End to end: the RL sampler/trainer example on CUDA (lockstep ops are served by the triton backend).
 step rl-parity "${RL_TIMEOUT:-90}" rl_parity.txt "$PY" -m examples.rl_parity --device cuda
 # JAX (hal.jax) on XLA:GPU.

@@ -266,6 +266,10 @@ class Case:
     flops: float = 0.0          # the op's arithmetic, 2 per multiply-add (0: a memory-bound row)
     stock_name: str = ""
     via_launch_path: bool = True
+    #: a second comparison beside stock: ``target(tensors)`` (the build's inputs) -> a thunk, or None when its
+    #: library is absent (the row then says ``target_note``, no ratio); ``target_name`` names it
+    target: Callable | None = None
+    target_name: str = ""
 
 
 def _randn(shape, dtype, device, seed, scale=1.0):
@@ -294,6 +298,8 @@ class Shapes:
     page: int
     gdn: tuple          # (H, HV, d, T, decode batch)
     sms: int            # programs below this count are "too few" (CPU: a stand-in)
+    gdn_fast_T: tuple = (4096, 16384)   # the fast GDN rows' prefill lengths
+    gdn_fast_B: tuple = (1, 8, 64)      # ... and decode batches
 
 
 QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, decode_rows=(1, 8, 64, 256),
@@ -301,7 +307,7 @@ QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, d
                   attn_T=(2048, 8192), decode_batches=(8, 64), ctx=4096, page=16, gdn=(16, 32, 128, 4096, 32), sms=132)
 TINY = Shapes(hidden=64, inter=96, hq=4, hkv=2, d=32, vocab=300, decode_rows=(2,), prefill_rows=(24,),
               norm_rows=(3,), vocab_rows=(3,), logprob_rows=(3,), attn_T=(24,), decode_batches=(2,), ctx=32, page=16,
-              gdn=(1, 2, 16, 24, 1), sms=4)
+              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,))
 
 
 def hf_rms_norm(x, w, eps):
@@ -626,8 +632,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                                                               use_qk_l2norm_in_kernel=True, **tri)),
                 stock, [q, k, v, g, beta, S])
     out.append(Case(f"gdn_decode/strict/B{nb}", "gdn_decode", "strict", f"B{nb} 1 token H{H}/{HV} d{d} bf16",
-                    build_decode, flops=2.0 * 3 * nb * HV * d * d,
-                    stock_name="transformers torch_recurrent_gated_delta_rule"))
+                    build_decode, flops=2.0 * 3 * nb * HV * d * d, stock_name=GDN_STOCK_RECURRENT))
 
     def build_chunk(seed):
         q, k, v, g, beta = gdn_inputs(seed, 1, t_gdn)
@@ -637,8 +642,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
         return ((lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,
                                                     use_qk_l2norm_in_kernel=True, **tri)), stock, [q, k, v, g, beta])
     out.append(Case(f"gdn_chunked/strict/T{t_gdn}", "gdn_chunked", "strict", f"B1 T{t_gdn} H{H}/{HV} d{d} bf16",
-                    build_chunk, flops=2.0 * 5 * t_gdn * HV * d * d,
-                    stock_name="transformers torch_chunk_gated_delta_rule"))
+                    build_chunk, flops=2.0 * 5 * t_gdn * HV * d * d, stock_name=GDN_STOCK_CHUNK))
 
     def build_chunk_one_dot(seed):  # the row above with one dot per d_k tile (64 lanes; the path before)
         from hal.kernels.triton import gated_delta_rule as tri_gdn
@@ -649,7 +653,9 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     # the explicit chains was measured before (docs/gpu_h200/2026-12-04d: dots 1.27x, kept)
     out.append(Case(f"gdn_chunked/strict/T{t_gdn}/one_dot", "gdn_chunked", "strict",
                     f"B1 T{t_gdn} H{H}/{HV} d{d} bf16, one 64-lane dot per d_k tile", build_chunk_one_dot,
-                    flops=2.0 * 5 * t_gdn * HV * d * d, stock_name="transformers torch_chunk_gated_delta_rule"))
+                    flops=2.0 * 5 * t_gdn * HV * d * d, stock_name=GDN_STOCK_CHUNK))
+
+    out += _gdn_fast_cases(s, dev, gdn_inputs, torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
 
     for T in s.attn_T:
         for policy in ("strict", "fast"):
@@ -701,6 +707,85 @@ def cases(s: Shapes, dev: str) -> list[Case]:
     rows = s.prefill_rows[0]
     out.append(Case(f"apply_rotary/strict/T{rows}", "apply_rotary", "strict", f"T{rows} H{s.hq} D{s.d} bf16",
                     build_rot, stock_name="HF rotate_half (torch)"))
+    return out
+
+
+GDN_STOCK_CHUNK = "transformers torch_chunk_gated_delta_rule (pure-torch reference, not FLA)"
+GDN_STOCK_RECURRENT = "transformers torch_recurrent_gated_delta_rule (pure-torch reference, not FLA)"
+#: the fast GDN decode rows' position in the open chunk (a decode step recomputes the rows since the boundary)
+GDN_FAST_DECODE_ROW = 32
+
+
+def _fla_gdn():
+    """FLA's (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule), or None when fla does not import (the
+    device has no network: its wheel must travel with the command)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception:
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def _gdn_fast_cases(s: Shapes, dev: str, gdn_inputs, hf_chunk, hf_recurrent) -> list[Case]:
+    """``gdn_chunked/fast/T*`` and ``gdn_decode/fast/B*`` (FastGatedDeltaRuleSpec, Qwen3-Next / Qwen3.5 GDN heads):
+    stock is transformers' pure-torch reference, the target FLA's Triton kernels (``target_*``; "no FLA: no
+    ratio" when fla does not import). Decode: one token per sequence at row GDN_FAST_DECODE_ROW of the open chunk
+    (the state object of a prefill of that many tokens), FLA from its bare state."""
+    import hal
+    from hal.spec import FastGatedDeltaRuleSpec
+    spec = FastGatedDeltaRuleSpec()
+    H, HV, d = s.gdn[:3]
+    tri = dict(backend="triton", spec=spec)
+    fla = _fla_gdn()
+    widen = lambda x: x.repeat_interleave(HV // H, dim=2)  # noqa: E731  value head j reads q/k head j // (HV / H)
+    out = []
+
+    def fla_chunk(tensors):
+        if fla is None:
+            return None
+        q, k, v, g, beta = tensors
+        qx, kx = widen(q), widen(k)
+        return lambda: fla[0](qx, kx, v, g, beta, scale=d ** -0.5, use_qk_l2norm_in_kernel=True)
+
+    def fla_step(tensors):
+        if fla is None:
+            return None
+        q, k, v, g, beta, S = tensors
+        qx, kx = widen(q), widen(k)
+        return lambda: fla[1](qx, kx, v, g, beta, scale=d ** -0.5, initial_state=S, output_final_state=True,
+                              use_qk_l2norm_in_kernel=True)
+
+    for T in s.gdn_fast_T:
+        def build(seed, T=T):
+            q, k, v, g, beta = gdn_inputs(seed, 1, T)
+            qx, kx = widen(q), widen(k)
+            stock = None if hf_chunk is None else (
+                lambda: hf_chunk(qx, kx, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))
+            ours = lambda: hal.chunk_gated_delta_rule(q, k, v, g, beta, d ** -0.5, None, True,  # noqa: E731
+                                                      use_qk_l2norm_in_kernel=True, **tri)
+            return ours, stock, [q, k, v, g, beta]
+        out.append(Case(f"gdn_chunked/fast/T{T}", "gdn_chunked", "fast", f"B1 T{T} H{H}/{HV} d{d} bf16", build,
+                        flops=2.0 * 5 * T * HV * d * d, stock_name=GDN_STOCK_CHUNK, target=fla_chunk,
+                        target_name="FLA chunk_gated_delta_rule"))
+    r = GDN_FAST_DECODE_ROW
+    for nb in s.gdn_fast_B:
+        def build_decode(seed, nb=nb):
+            q0, k0, v0, g0, b0 = gdn_inputs(seed + 500, nb, r)
+            _, st = hal.chunk_gated_delta_rule(q0, k0, v0, g0, b0, d ** -0.5, None, "state",
+                                               use_qk_l2norm_in_kernel=True, **tri)
+            q, k, v, g, beta = gdn_inputs(seed, nb, 1)
+            S = st.final_state
+            qx, kx = widen(q), widen(k)
+            stock = None if hf_recurrent is None else (
+                lambda: hf_recurrent(qx, kx, v, g=g, beta=beta, initial_state=S, output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True))
+            return ((lambda: hal.fused_recurrent_gated_delta_rule(q, k, v, g, beta, d ** -0.5, st, "state",
+                                                                  use_qk_l2norm_in_kernel=True, **tri)),
+                    stock, [q, k, v, g, beta, S])
+        out.append(Case(f"gdn_decode/fast/B{nb}", "gdn_decode", "fast",
+                        f"B{nb} 1 token at chunk row {r} H{H}/{HV} d{d} bf16", build_decode,
+                        flops=2.0 * 3 * nb * HV * d * d, stock_name=GDN_STOCK_RECURRENT, target=fla_step,
+                        target_name="FLA fused_recurrent_gated_delta_rule"))
     return out
 
 
@@ -827,10 +912,13 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
     row["bytes"], row["flops"] = nbytes, case.flops
     n = _n_sets(nbytes, cuda, case.flops, ceil)
     sets = [(ours0, stock0, path0, eager0)]
+    targets = [case.target(tensors0)] if case.target else []
     for i in range(1, n):
-        o, st, _ = case.build(i)
+        o, st, tens = case.build(i)
         p, e = launch_path_of(case, o)
         sets.append((o, st, p, e))
+        if case.target:
+            targets.append(case.target(tens))
     row["sets"], row["touched_MB"] = n, n * nbytes / 1e6
     kernels = log.items
     row["kernels"] = [k["kernel"] for k in kernels]
@@ -852,6 +940,15 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
         row["stock_s"], row["stock_method"], row["ratio"] = ts, smethod, ts / t
     else:
         row["stock_s"], row["ratio"] = None, None
+    if case.target:  # the row's target beside stock (FLA for the fast GDN rows), timed as stock is
+        row["target"] = case.target_name
+        targets = targets[:len(sets)]
+        if all(x is not None for x in targets):
+            tt, tmethod, _ = clock.per_call(targets, capture=case.via_launch_path)
+            row["target_s"], row["target_method"], row["target_ratio"] = tt, tmethod, tt / t
+        else:
+            row["target_s"], row["target_ratio"] = None, None
+            row["target_note"] = f"no {case.target_name.split()[0]}: no ratio"
     row["GBps"] = nbytes / t / 1e9
     row["mem_frac"] = row["GBps"] / ceil["copy_GBps"]
     if case.flops:
@@ -869,7 +966,8 @@ def measure(case: Case, args, clock: Clock, ceil: dict) -> tuple[dict, list]:
 
 
 OPS_FIELDS = ["triton", "id", "shape", "ratio", "ours_s", "stock_s", "bytes", "flops", "GBps", "TFLOPs", "frac",
-              "ceiling", "sets", "touched_MB", "method", "bits", "kernels", "grids", "n_regs", "n_spills", "error"]
+              "ceiling", "sets", "touched_MB", "method", "bits", "kernels", "grids", "n_regs", "n_spills", "error",
+              "target", "target_ratio", "target_s", "target_note"]
 
 
 def _fmt_row(r: dict) -> str:
@@ -879,7 +977,15 @@ def _fmt_row(r: dict) -> str:
     return (f"{r['id']:<34} {ratio:>9} ours {r['ours_s'] * 1e6:10.1f} us  stock "
             f"{(r['stock_s'] or 0) * 1e6:10.1f} us  {r['frac'] * 100:5.1f}% of {r['ceiling']}  sets {r['sets']:>2}  "
             f"bits {r['bits'][:40]}  kernels {','.join(r['kernels'])}  regs {r['n_regs']} spills {r['n_spills']}  "
-            f"[triton {TRITON}, {r['method'][:20]}]")
+            f"[triton {TRITON}, {r['method'][:20]}]" + _fmt_target(r))
+
+
+def _fmt_target(r: dict) -> str:
+    if not r.get("target"):
+        return ""
+    if r.get("target_ratio") is None:
+        return f"  vs {r['target']}: {r.get('target_note', 'no ratio')}"
+    return f"  vs {r['target']}: {r['target_ratio']:.3f}x ({r['target_s'] * 1e6:.1f} us)"
 
 
 def stage_ops(args, out: Out, deadline: float) -> None:

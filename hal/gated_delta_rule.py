@@ -488,7 +488,8 @@ class _Contract:
 for _name, _kernel in (("chunk_gated_delta_rule", _chunk_kernel),
                        ("fused_recurrent_gated_delta_rule", _fused_recurrent_kernel)):
     register(OpRecord(_name, "gated_delta_rule", contract=getattr(_Contract, _name),
-                      suites=(("gated_delta_rule", (specs.STRICT,)),), torch_ops=(TorchOp(
+                      suites=(("gated_delta_rule", (specs.STRICT,)), ("gated_delta_rule_fast", (specs.FAST,))),
+                      torch_ops=(TorchOp(
         _name, None, _kernel,
         "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, Tensor? initial_state, "
         "str? state_spec, int[] state_layout, Tensor? state_position, Tensor? state_S, Tensor? open_k, "

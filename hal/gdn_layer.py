@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import spec as specs, validate as val
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .op_call import needs_grad, resolve
 from .ops_registry import TORCH_OP, route, routing
 from .torch_ops import HelperOp, OpBackward, OpRecord, TorchOp, fake_grads, register
@@ -56,6 +56,14 @@ class _RecomputeFn(torch.autograd.Function):
         return (None, None, None, *res, *[None] * len(ctx.rest))
 
 
+def _strict_companion(op, s):
+    """The layer ops are the strict spec's companions: a fast gated delta rule spec has none (refused by name, never
+    run as the strict bits under a fast id)."""
+    if s.policy != specs.STRICT:
+        raise UnsupportedError(f"{op}: spec {s.id} is {s.policy}; the layer ops have strict bits only (pass the "
+                               f"strict spec, e.g. {specs.DEFAULTS['gated_delta_rule'].id}, or none)")
+
+
 def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
     """Qwen3-Next gates: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, float32.
 
@@ -76,6 +84,7 @@ def gdn_gating(A_log, a, dt_bias, b, *, spec=None, backend=None):
         raise InputError("gdn_gating: float64 (oracle) needs float64 for every input")
     dtype = F64 if True in f64 else a.dtype
     s, impl = resolve("gdn_gating", spec, backend, dtype, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+    _strict_companion("gdn_gating", s)
 
     def fwd():
         return impl.gdn_gating(A_log, a, dt_bias, b, s)
@@ -122,6 +131,7 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
         raise InputError("gdn_causal_conv1d: float64 (oracle) needs float64 x, weight and bias")
     tensors = dict(x=x, weight=weight, **({"bias": bias} if bias is not None else {}))
     s, impl = resolve("gdn_causal_conv1d", spec, backend, x.dtype, **tensors)
+    _strict_companion("gdn_causal_conv1d", s)
     if x.shape[1] == 0:
         st = conv_state.clone() if conv_state is not None else x.new_zeros((n, K - 1, D))
         return x.new_zeros(x.shape), st

@@ -616,6 +616,8 @@ class GatedDeltaRuleSpec(OpSpec):
     """
 
     family: ClassVar[str] = "gated_delta_rule"
+    #: fast GDN has its own fields (operand formats, column tile, warps): FastGatedDeltaRuleSpec
+    policies: ClassVar[tuple[str, ...]] = (STRICT,)
     variant: str = "chunked"
     chunk: int = tile(64)
     dk_tile: int = tile(64)
@@ -680,6 +682,84 @@ class GatedDeltaRuleSpec(OpSpec):
             "S = gamma_L * S0, then for j = 0..L: S = fma(kd_j, u_j, S), kd_j = f_Lj * k_j (j < L), kd_L = k_L",
             "absent rows (after the last token) are never read by an earlier row: a partial chunk's rows "
             "have the bits of the full chunk's rows",
+        ]
+
+
+# ---------------------------------------------------------------- gated delta rule, fast (tensor cores)
+
+#: How the carried float32 state enters the products with k and q (S0^T k, S0^T qs): rounded to bfloat16 (as FLA
+#: does). Each format is its own id ("s" + the name); tf32 / tf32x3 would be further entries with their own budgets.
+GDN_FAST_STATE_FORMATS = ("bf16",)
+
+
+@dataclass(frozen=True)
+class FastGatedDeltaRuleSpec(OpSpec):
+    """Gated delta rule, chunked form, its products on tensor cores (``tl.dot``, bf16 operands, float32
+    accumulation); everything that decides bits outside an instruction fixed here.
+
+    The strict chunked spec's structure (a grid of ``chunk`` rows anchored at absolute position 0, a row
+    reading rows <= itself only, the float32 state materialised at chunk boundaries and the open chunk's rows
+    carried), so any split of a sequence into calls gives the bits of one call on one GPU model (L0-L3); no L4.
+    Written out in :meth:`describe`; kernels/triton/fast_gated_delta_rule.py; docs/gated_delta_rule.md.
+    """
+
+    family: ClassVar[str] = "gated_delta_rule"
+    policies: ClassVar[tuple[str, ...]] = (FAST,)
+    #: the state object's form (hal/gated_delta_rule.py): a chunk grid, the open chunk's rows carried
+    variant: ClassVar[str] = "chunked"
+    policy: str = FAST
+    version: int = 2
+    chunk: int = tile(64)       # rows per chunk = rows of every row tile (also for decode: the dots' M and K)
+    block_dv: int = tile(32)    # state columns per program (the dots' N)
+    num_warps: int = tile(8)    # sm_90 static profile: 8 warps spill 248 B per thread, 4 warps 424 B (32 columns)
+    state_format: str = "bf16"  # the state's operand format in S0^T k and S0^T qs
+
+    def _validate(self):
+        _check_dot_tiles(self, "chunk", "block_dv")
+        if self.state_format not in GDN_FAST_STATE_FORMATS:
+            raise SpecError(f"FastGatedDeltaRuleSpec.state_format must be one of {GDN_FAST_STATE_FORMATS}, "
+                            f"got {self.state_format!r}")
+
+    def _id_parts(self):
+        return [f"c{self.chunk}", f"v{self.block_dv}", f"w{self.num_warps}", f"s{self.state_format}", MATH_VERSION]
+
+    @classmethod
+    def _fields_from_id(cls, parts):
+        *tiles, state = _math(parts)
+        if not state.startswith("s"):
+            raise ValueError(f"{state!r} is not s<state format>")
+        return dict(_tiles(tiles, chunk="c", block_dv="v", num_warps="w"), state_format=state[1:])
+
+    def describe(self):
+        c = self.chunk
+        return [
+            "policy fast: the GPU's matrix unit does the products and the sums inside an instruction; what "
+            "decides the bits outside it is fixed here. Same GPU model + same Triton version + same spec => "
+            "same bits (L0-L3); across GPU models, vendors or Triton versions nothing is promised (no L4)",
+            "dtypes: q, k, v bfloat16 or float16 (float32 refused, not silently rounded); g, beta any float dtype, "
+            "widened to float32; value head j reads q/k head j // (HV / H); scale = float32(scale or d_k ** -0.5)",
+            "q, k widened to float32, optional L2 norm and qs = q * scale exactly as the strict spec "
+            "(gated_delta_rule.strict.chunked.c64.d64.lsm1.v2, its d_k reduction order)",
+            f"chunks of {c} rows anchored at absolute position 0; every row tile is {c} rows (decode too: the tile "
+            "is part of the bits); rows past the last present row are zero and never reach a present row except "
+            "as a product equal to zero inside a dot; the state S0 (float32) is materialised only at chunk "
+            "boundaries, the open chunk's rows (k after the L2 norm, v, g, beta) are carried and recomputed",
+            f"program: one (sequence, value head, {self.block_dv} state columns), {self.num_warps} warps; d_k "
+            "zero-padded to a power of two >= 16 (one dot over it)",
+            "log-decays, gamma_i, f_ij: the strict chunked spec's chains from row i downward and lsm1 exp",
+            "KK = dot(bf16(K), bf16(K)^T), QK = dot(bf16(Qs), bf16(K)^T) [C, C]; W = dot(bf16(K), "
+            f"{self.state_format}(S0)), Y = dot(bf16(Qs), {self.state_format}(S0)) [C, columns]: each one tl.dot "
+            "from +0.0, float32 accumulation",
+            "x_i = fma(-gamma_i, W_i, v_i); triangular solve by forward substitution in increasing j in float32: "
+            "u_j = beta_j * x_j, then x_i = fma(-(f_ij * KK_ij), u_j, x_i) for i > j (the strict spec's order)",
+            "o = dot(bf16(P), bf16(U'), gamma * Y): P_ij = f_ij * QK_ij (j < i), QK_ii (j = i), +0.0 (j > i); "
+            "U' = U with non-finite values and absent rows set to +0.0; o_i[c] is the canonical NaN when some "
+            "u_j[c], j <= i, is not finite; rounded once to v's dtype",
+            "state after row L (L = C-1 at a boundary, the last token for a final state): "
+            "S = dot(bf16(Kd)^T, bf16(U_L), gamma_L * S0) with Kd_j = f_Lj * k_j (j < L), k_L (j = L), rows "
+            "j > L of Kd and U_L +0.0; the state carried across chunks is this float32 S",
+            "every NaN output and state value is the canonical NaN (float32 0x7FC00000, bfloat16 0x7FC0, "
+            "float16 0x7E00)",
         ]
 
 
@@ -781,7 +861,7 @@ def get(spec_id: str) -> OpSpec:
 
 #: Every spec class an id can name (:func:`from_id` parses their ids).
 CLASSES = (MatmulSpec, FastMatmulSpec, FastMatmulV3Spec, ExactMatmulSpec, RMSNormSpec, SoftmaxSpec, TokenLogprobsSpec,
-           AttentionSpec, FastAttentionSpec, GatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
+           AttentionSpec, FastAttentionSpec, GatedDeltaRuleSpec, FastGatedDeltaRuleSpec, ElementwiseSpec, RotarySpec)
 _PARSED: dict[str, OpSpec | None] = {}
 
 
@@ -848,6 +928,9 @@ register(FastAttentionSpec())  # tensor cores (triton backend): docs/fast_policy
 register(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4))  # small tiles: CI, many blocks/splits
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
+#: the fast policy's gated delta rule spec (tensor cores, triton backend; docs/gated_delta_rule.md): what a fast switch
+#: passes as ``spec=`` to chunk_gated_delta_rule / fused_recurrent_gated_delta_rule (its id works as well)
+GDN_FAST = register(FastGatedDeltaRuleSpec())
 register(ElementwiseSpec(), default=True)
 register(RotarySpec(), default=True)
 

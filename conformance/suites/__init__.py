@@ -18,6 +18,7 @@ MODULES = {
     "attention": "hal.conformance.suites.attention",
     "attention_fast": "hal.conformance.suites.attention_fast",
     "gated_delta_rule": "hal.conformance.suites.gated_delta_rule",
+    "gated_delta_rule_fast": "hal.conformance.suites.gated_delta_rule_fast",
     "gdn_layer": "hal.conformance.suites.gdn_layer",
     "elementwise": "hal.conformance.suites.elementwise",
     "rotary": "hal.conformance.suites.rotary",

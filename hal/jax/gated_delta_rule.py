@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from hal import spec as specs
-from hal.errors import InputError
+from hal.errors import InputError, UnsupportedError
 
 from . import strict_math as sm
 from ._api import strict_op
@@ -367,6 +367,15 @@ def _start_state(initial_state, spec, n: int, layout) -> tuple[GatedDeltaRuleSta
     return st, False
 
 
+def strict_spec(spec):
+    """The call's gated delta rule spec; a fast one (tensor cores, the triton backend's) is refused by name."""
+    s = specs.resolve("gated_delta_rule", spec)
+    if s.policy != specs.STRICT:
+        raise UnsupportedError(f"hal.jax: spec {s.id} is {s.policy} (tensor cores on the triton backend); JAX runs "
+                               f"the strict gated delta rule specs only, e.g. {specs.DEFAULTS['gated_delta_rule'].id}")
+    return s
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, max_seqlen=None, spec=None):
     """Gated delta rule over q, k [B, T, H, d_k], v [B, T, HV, d_v], g, beta [B, T, HV] (hal.chunk_gated_delta_rule).
@@ -378,7 +387,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     the float32 state after the last token (``output_final_state=True``), or a GatedDeltaRuleState
     (``"state"``, or True when ``initial_state`` is a GatedDeltaRuleState).
     """
-    s = specs.resolve("gated_delta_rule", spec)
+    s = strict_spec(spec)
     layout = _check(q, k, v, g, beta)
     if output_final_state not in (False, True, "state"):
         raise InputError(f"output_final_state must be False, True or 'state', got {output_final_state!r}")

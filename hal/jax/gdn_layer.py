@@ -6,11 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hal import spec as specs
-
 from . import strict_math as sm
 from ._api import strict_op
 from .elementwise import sigmoid_f, silu_f, softplus_f
+from .gated_delta_rule import strict_spec
 from .ops import checked_format
 
 F32 = jnp.float32
@@ -31,7 +30,7 @@ def _gating(A_log, a, dt_bias, b, spec=None):
 
 def gdn_gating(A_log, a, dt_bias, b, *, spec=None):
     """A_log, dt_bias [HV]; a, b [..., HV] -> (g, beta) float32 [..., HV]."""
-    return _gating(A_log, a, dt_bias, b, spec=specs.resolve("gated_delta_rule", spec))
+    return _gating(A_log, a, dt_bias, b, spec=strict_spec(spec))
 
 
 def _windows(x, conv_state, kw: int, cu):
@@ -85,4 +84,4 @@ def gdn_causal_conv1d(x, weight, bias=None, conv_state=None, activation="silu", 
     conv_state [N, K-1, D] in x's dtype -> (y like x, new conv_state: the last K-1 inputs)."""
     cu = None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens)
     return _conv(x, weight, bias, conv_state, activation=activation, cu=cu,
-                 spec=specs.resolve("gated_delta_rule", spec))
+                 spec=strict_spec(spec))

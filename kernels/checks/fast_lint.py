@@ -96,9 +96,17 @@ def fast_kernels():
     out = []
     for dt in ("bf16", "fp16"):
         out.append((fast_matmul_case(fm.launch_of_spec(s), dt), s.num_warps, s.num_stages))
+    from hal.spec import FastGatedDeltaRuleSpec
+    from ..triton import fast_gated_delta_rule as fg
+    from .seq_lint_cases import _sig
+    g = FastGatedDeltaRuleSpec()
+    consts = dict(H=16, HV=32, DK=128, DV=128, C=g.chunk, BDK=128, BDV=g.block_dv, WANT_FINAL=True, NPU=False)
+    types = {"OPENED": "*i32", "TOTAL": "*i32", **{n: "i32" for n in ("n_rows", "lmax", "n_work", "n1", "n2")}}
+    sig = {k: v for k, v in _sig(fg._fast_chunked_kernel, types, "*fp32").items() if k not in consts}
+    # Qwen3-Next / Qwen3.5 GDN heads (16 q/k, 32 value heads, d 128); launched without num_stages: Triton's 3
+    out.append((KernelCase("fast_gdn_chunked[H16/32,d128]", fg._fast_chunked_kernel, sig, consts), g.num_warps, 3))
     from hal.spec import FastAttentionSpec
     from ..triton import fast_attention as fa
-    from .seq_lint_cases import _sig
     a = FastAttentionSpec()
     i32 = "i32"
     types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
