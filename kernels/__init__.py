@@ -1,2 +1,25 @@
 """Compute kernels. ``kernels.reference`` is the readable definition of every strict spec;
-``kernels.oracle`` holds the float64 oracles used for the accuracy level A."""
+``kernels.oracle`` holds the float64 oracles used for the accuracy level A.
+
+Installed, this folder is ``hal.kernels``. Imported as the top-level name ``kernels`` (Python run from a clone's
+root puts this folder on the path ahead of site-packages), the caller means another distribution: Hugging Face's
+``kernels``, which transformers >= 5.25 requires and imports. That one is loaded in this module's place, so a
+clone's root does not shadow it; without it the import fails as it would outside the clone.
+"""
+if __name__ == "kernels":
+    def _load_the_other_kernels():
+        import importlib.machinery
+        import importlib.util
+        import os
+        import sys
+        clone = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != clone]
+        spec = importlib.machinery.PathFinder.find_spec("kernels", path)
+        if spec is None:
+            raise ModuleNotFoundError("No module named 'kernels' (outside lockstep's clone: lockstep's own kernels "
+                                      "are hal.kernels)", name="kernels")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kernels"] = module  # importlib returns this entry to the importer
+        spec.loader.exec_module(module)
+
+    _load_the_other_kernels()

@@ -1,0 +1,124 @@
+"""hal/integrations/transformers/mirrored.py: the per-release check that the transformers functions lockstep mirrors
+are unchanged from a release the HF tests ran on (issue 51)."""
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import transformers  # noqa: E402
+
+import hal  # noqa: E402
+from hal.integrations import transformers as lt  # noqa: E402
+from hal.integrations._versions import release  # noqa: E402
+from hal.integrations.transformers import mirrored  # noqa: E402
+from hal.integrations.transformers.mirrored_table import TABLE, TESTED  # noqa: E402
+
+ATTENTION = "models/llama/modeling_llama.py:LlamaAttention.forward"
+
+
+def _installed_text(path):
+    import os
+    with open(os.path.join(mirrored.transformers_dir(), path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_table_holds_for_the_installed_release():
+    """Every mirrored function of the installed release hashes as its table entry says (CI's main env: 5.25; the
+    vLLM env: 5.17), and check_version passes on it with no override."""
+    rel = ".".join(map(str, release(transformers.__version__)))
+    assert rel in TABLE, f"transformers {transformers.__version__} has no table entry (regenerate mirrored_table.py)"
+    assert mirrored.installed_hashes() == TABLE[rel]["hashes"]
+    assert mirrored.MISSING not in set(TABLE[TESTED[-1]]["hashes"].values())  # the newest defines every function
+    assert lt.check_version() == transformers.__version__
+
+
+def test_every_mirrored_function_is_found_in_a_tested_release():
+    for name in mirrored.MIRRORED:
+        assert any(TABLE[r]["hashes"][name] != mirrored.MISSING for r in TESTED), name
+
+
+def test_hash_ignores_docstrings_comments_and_blank_lines_but_not_code():
+    path, qualname = ATTENTION.split(":")
+    text = _installed_text(path)
+    base = mirrored.source_hash(text, qualname)
+    head = "    def forward(\n"
+    assert text.count(head) >= 1
+    cls = text.index("class LlamaAttention")
+    at = text.index(head, cls) + len(head)
+    commented = text[:at] + "        # a comment\n\n" + text[at:]
+    assert mirrored.source_hash(commented, qualname) == base
+    body = text.index("    ) -> ", at)
+    body = text.index("\n", body) + 1
+    changed = text[:body] + "        hidden_states = hidden_states * 1\n" + text[body:]
+    assert mirrored.source_hash(changed, qualname) != base  # the negative control: one line of code is caught
+
+
+def test_a_changed_mirrored_function_is_refused_by_name():
+    """The negative control of the whole check: the installed release's hashes with one function's source changed
+    are refused, naming the release and that function; the unchanged hashes pass."""
+    hashes = mirrored.installed_hashes()
+    mirrored.check_sources("5.99.0", hashes)
+    path, qualname = ATTENTION.split(":")
+    text = _installed_text(path)
+    at = text.index("\n", text.index("    ) -> ", text.index("class LlamaAttention"))) + 1
+    hashes[ATTENTION] = mirrored.source_hash(text[:at] + "        hidden_states = -hidden_states\n" + text[at:],
+                                             qualname)
+    with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.99\.0: 1 function\(s\) lockstep mirrors "
+                                                   r"differ (.|\n)*\n  - models/llama/modeling_llama\.py:"
+                                                   r"LlamaAttention\.forward$") as e:
+        mirrored.check_sources("5.99.0", hashes)
+    assert e.value.reasons == [ATTENTION]
+
+
+# the releases of the range whose every mirrored function equals its source in a tested release (docs/integrations.md)
+COVERED = {"5.17", "5.24", "5.25"}
+
+
+@pytest.mark.parametrize("rel", sorted(TABLE, key=lambda r: int(r.split(".")[1])))
+def test_each_release_of_the_table_is_covered_or_refused_by_name(rel):
+    names = mirrored.differing(TABLE[rel]["hashes"], TABLE, TESTED)
+    assert (not names) == (rel in COVERED)
+    if names:
+        with pytest.raises(hal.UnsupportedError, match=rf"^transformers {TABLE[rel]['version']}: {len(names)} "
+                                                       rf"function\(s\) (.|\n)*  - {re.escape(names[0])}(\n|$)"):
+            mirrored.check_sources(TABLE[rel]["version"], TABLE[rel]["hashes"])
+
+
+@pytest.mark.parametrize("version", ["5.16.2", "5.26.0", "6.0.0", "4.57.1"])
+def test_a_release_outside_the_range_is_refused_by_name(monkeypatch, version):
+    monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
+    monkeypatch.setattr(transformers, "__version__", version)
+    with pytest.raises(hal.UnsupportedError, match=rf"^transformers {version} is not supported by lockstep's "
+                                                   r"integration \(tested: >=5\.17,<5\.26\)"):
+        lt.check_version()
+    assert lt.check_version(allow_untested=True) == version
+    monkeypatch.setenv("LOCKSTEP_HF_ANY_VERSION", "1")
+    assert lt.check_version() == version
+
+
+def test_the_override_skips_the_source_check(monkeypatch):
+    monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
+    changed = dict(mirrored.installed_hashes(), **{ATTENTION: "0" * 16})
+    monkeypatch.setattr(mirrored, "_installed_hashes_cached", lambda root: changed)
+    with pytest.raises(hal.UnsupportedError, match="LlamaAttention.forward"):
+        lt.check_version()
+    with pytest.raises(hal.UnsupportedError, match="LlamaAttention.forward"):
+        lt.register()
+    assert lt.check_version(allow_untested=True) == transformers.__version__
+    monkeypatch.setenv("LOCKSTEP_HF_ANY_VERSION", "1")
+    assert lt.check_version() == transformers.__version__
+
+
+def test_the_table_regenerates_from_dumps(tmp_path):
+    """The tool's round trip: a dump of the installed release written into a table reads back as that table."""
+    import json
+    import runpy
+    dump = tmp_path / "x.json"
+    dump.write_text(json.dumps({"version": transformers.__version__, "hashes": mirrored.installed_hashes()}))
+    rel = ".".join(map(str, release(transformers.__version__)))
+    text = mirrored._write_table([str(dump)], [rel])
+    out = tmp_path / "table.py"
+    out.write_text(text)
+    ns = runpy.run_path(str(out))
+    assert ns["TESTED"] == (rel,) and ns["TABLE"][rel]["hashes"] == TABLE[rel]["hashes"]
