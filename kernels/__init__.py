@@ -3,8 +3,9 @@
 
 Installed, this folder is ``hal.kernels``. Imported as the top-level name ``kernels`` (Python run from a clone's
 root puts this folder on the path ahead of site-packages), the caller means another distribution: Hugging Face's
-``kernels``, which transformers >= 5.25 requires and imports. That one is loaded in this module's place, so a
-clone's root does not shadow it; without it the import fails as it would outside the clone.
+``kernels``, which transformers >= 5.25 requires and imports. When one is installed it is loaded in this module's
+place, so a clone's root does not shadow it; when none is, this module stays (no ``__version__``: transformers'
+availability check reads it as "not installed", as before).
 """
 if __name__ == "kernels":
     def _load_the_other_kernels():
@@ -16,10 +17,10 @@ if __name__ == "kernels":
         path = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != clone]
         spec = importlib.machinery.PathFinder.find_spec("kernels", path)
         if spec is None:
-            raise ModuleNotFoundError("No module named 'kernels' (outside lockstep's clone: lockstep's own kernels "
-                                      "are hal.kernels)", name="kernels")
+            return
         module = importlib.util.module_from_spec(spec)
         sys.modules["kernels"] = module  # importlib returns this entry to the importer
         spec.loader.exec_module(module)
 
     _load_the_other_kernels()
+    del _load_the_other_kernels

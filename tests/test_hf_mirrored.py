@@ -6,8 +6,6 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import transformers  # noqa: E402
-
 import hal  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations._versions import release  # noqa: E402
@@ -26,16 +24,19 @@ def _installed_text(path):
 def test_the_table_holds_for_the_installed_release():
     """Every mirrored function of the installed release hashes as its table entry says (CI's main env: 5.25; the
     vLLM env: 5.17), and check_version passes on it with no override."""
+    import transformers  # (not at module level: transformers 5.25 replaces its sys.modules entry on some imports)
     rel = ".".join(map(str, release(transformers.__version__)))
     assert rel in TABLE, f"transformers {transformers.__version__} has no table entry (regenerate mirrored_table.py)"
     assert mirrored.installed_hashes() == TABLE[rel]["hashes"]
-    assert mirrored.MISSING not in set(TABLE[TESTED[-1]]["hashes"].values())  # the newest defines every function
+    assert mirrored.MISSING not in set(TABLE[TESTED["model"][-1]]["hashes"].values())  # the newest defines all
     assert lt.check_version() == transformers.__version__
 
 
 def test_every_mirrored_function_is_found_in_a_tested_release():
+    assert set(TESTED) == set(mirrored.PARTS)
     for name in mirrored.MIRRORED:
-        assert any(TABLE[r]["hashes"][name] != mirrored.MISSING for r in TESTED), name
+        assert any(TABLE[r]["hashes"][name] != mirrored.MISSING for r in TESTED[mirrored.part_of(name)]), name
+    assert {mirrored.part_of(n) for n in mirrored.MIRRORED} == set(mirrored.PARTS)
 
 
 def test_hash_ignores_docstrings_comments_and_blank_lines_but_not_code():
@@ -58,35 +59,66 @@ def test_a_changed_mirrored_function_is_refused_by_name():
     """The negative control of the whole check: the installed release's hashes with one function's source changed
     are refused, naming the release and that function; the unchanged hashes pass."""
     hashes = mirrored.installed_hashes()
-    mirrored.check_sources("5.99.0", hashes)
+    mirrored.check_sources("5.99.0", "model", hashes)
+    mirrored.check_sources("5.99.0", "engine", hashes)
     path, qualname = ATTENTION.split(":")
     text = _installed_text(path)
     at = text.index("\n", text.index("    ) -> ", text.index("class LlamaAttention"))) + 1
     hashes[ATTENTION] = mirrored.source_hash(text[:at] + "        hidden_states = -hidden_states\n" + text[at:],
                                              qualname)
-    with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.99\.0: 1 function\(s\) lockstep mirrors "
-                                                   r"differ (.|\n)*\n  - models/llama/modeling_llama\.py:"
-                                                   r"LlamaAttention\.forward$") as e:
-        mirrored.check_sources("5.99.0", hashes)
+    with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.99\.0: 1 function\(s\) of its model code "
+                                                   r"that lockstep mirrors differ (.|\n)*\n  - models/llama/"
+                                                   r"modeling_llama\.py:LlamaAttention\.forward$") as e:
+        mirrored.check_sources("5.99.0", "model", hashes)
     assert e.value.reasons == [ATTENTION]
+    mirrored.check_sources("5.99.0", "engine", hashes)  # the engine's functions are checked apart
 
 
-# the releases of the range whose every mirrored function equals its source in a tested release (docs/integrations.md)
-COVERED = {"5.17", "5.24", "5.25"}
+# per part, the releases of the range whose every mirrored function of that part equals its source in a release
+# that part was tested on (docs/integrations.md lists them)
+COVERED = {"model": {"5.17", "5.20", "5.24", "5.25"}, "engine": {"5.21", "5.22", "5.23", "5.24", "5.25"}}
 
 
+@pytest.mark.parametrize("part", mirrored.PARTS)
 @pytest.mark.parametrize("rel", sorted(TABLE, key=lambda r: int(r.split(".")[1])))
-def test_each_release_of_the_table_is_covered_or_refused_by_name(rel):
-    names = mirrored.differing(TABLE[rel]["hashes"], TABLE, TESTED)
-    assert (not names) == (rel in COVERED)
+def test_each_release_of_the_table_is_covered_or_refused_by_name(rel, part):
+    names = mirrored.differing(TABLE[rel]["hashes"], TABLE, TESTED, part)
+    assert (not names) == (rel in COVERED[part])
     if names:
         with pytest.raises(hal.UnsupportedError, match=rf"^transformers {TABLE[rel]['version']}: {len(names)} "
                                                        rf"function\(s\) (.|\n)*  - {re.escape(names[0])}(\n|$)"):
-            mirrored.check_sources(TABLE[rel]["version"], TABLE[rel]["hashes"])
+            mirrored.check_sources(TABLE[rel]["version"], part, TABLE[rel]["hashes"])
+    else:
+        mirrored.check_sources(TABLE[rel]["version"], part, TABLE[rel]["hashes"])
+
+
+def test_an_untested_engine_is_refused_by_name_and_a_patched_model_still_runs():
+    """On a release whose engine functions were not tested (5.17's), lt.patch works, and building the engine for a
+    patched model is refused with the engine's check's message; an unpatched model's engine is HF's own."""
+    from hal.integrations.transformers import engine_install
+    from hal.integrations.transformers.testing import tiny_model
+    refusal = None
+    try:
+        mirrored.check_sources("5.17.0", "engine", TABLE["5.17"]["hashes"])
+    except hal.UnsupportedError as e:
+        refusal = e
+    assert refusal is not None and "continuous-batching engine" in str(refusal)
+    lt.register()
+
+    class Manager:
+        def __init__(self, model, *args, **kwargs):
+            self.model = model
+    engine_install._install_refusal(Manager, refusal)
+    model, other = tiny_model("llama"), tiny_model("llama")
+    with lt.patch(model):
+        with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.17\.0: .* continuous-batching engine"):
+            Manager(model)
+        assert Manager(other).model is other
 
 
 @pytest.mark.parametrize("version", ["5.16.2", "5.26.0", "6.0.0", "4.57.1"])
 def test_a_release_outside_the_range_is_refused_by_name(monkeypatch, version):
+    import transformers
     monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
     monkeypatch.setattr(transformers, "__version__", version)
     with pytest.raises(hal.UnsupportedError, match=rf"^transformers {version} is not supported by lockstep's "
@@ -98,6 +130,7 @@ def test_a_release_outside_the_range_is_refused_by_name(monkeypatch, version):
 
 
 def test_the_override_skips_the_source_check(monkeypatch):
+    import transformers
     monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
     changed = dict(mirrored.installed_hashes(), **{ATTENTION: "0" * 16})
     monkeypatch.setattr(mirrored, "_installed_hashes_cached", lambda root: changed)
@@ -114,11 +147,13 @@ def test_the_table_regenerates_from_dumps(tmp_path):
     """The tool's round trip: a dump of the installed release written into a table reads back as that table."""
     import json
     import runpy
+
+    import transformers
     dump = tmp_path / "x.json"
     dump.write_text(json.dumps({"version": transformers.__version__, "hashes": mirrored.installed_hashes()}))
     rel = ".".join(map(str, release(transformers.__version__)))
-    text = mirrored._write_table([str(dump)], [rel])
+    text = mirrored._write_table([str(dump)], {"model": (rel,), "engine": (rel,)})
     out = tmp_path / "table.py"
     out.write_text(text)
     ns = runpy.run_path(str(out))
-    assert ns["TESTED"] == (rel,) and ns["TABLE"][rel]["hashes"] == TABLE[rel]["hashes"]
+    assert ns["TESTED"] == {"model": (rel,), "engine": (rel,)} and ns["TABLE"][rel]["hashes"] == TABLE[rel]["hashes"]

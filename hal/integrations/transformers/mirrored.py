@@ -5,12 +5,15 @@ The per-instance forwards (modules.py), the engine's forward step (engine.py) an
 release may change one of them (a new kwarg, another op order) and lockstep would compute other bits without a
 word. So each function in :data:`MIRRORED` is hashed from the installed release's source (:func:`source_hash`:
 read from its file, never imported: seconds for all of them) and must equal that function's hash in a release CI
-tests (``mirrored_table.TABLE``); a differing one is refused by name (:func:`check_sources`).
+tests (``mirrored_table.TABLE``); a differing one is refused by name (:func:`check_sources`). The model code is
+checked at ``lt.register`` / ``lt.patch``; the continuous-batching engine's functions when a lockstep model's engine
+is built (engine_install.py), so a release whose engine was not tested still patches models.
 
 Regenerate the table after installing each release of the supported range in its own environment::
 
     python -m hal.integrations.transformers.mirrored --dump > /tmp/5.25.json   # in each release's environment
     python -m hal.integrations.transformers.mirrored --write /tmp/5.*.json     # writes mirrored_table.py
+        [--tested-model 5.17,5.24,5.25 --tested-engine 5.24,5.25]              # the releases each part ran on
 
 (``--dump`` reads only the transformers sources, so a ``pip install --no-deps transformers==5.N.*`` venv is
 enough.) See docs/integrations.md.
@@ -66,6 +69,13 @@ MIRRORED = tuple(
        f"{_CB}/offloading_manager.py:OffloadingManager.offload_requests"])
 
 MISSING = "missing"  # the hash of a function the installed release does not define
+PARTS = ("model", "engine")  # checked apart: a release's model code may be tested while its engine is not
+
+
+def part_of(name: str) -> str:
+    """"engine" for the continuous-batching engine's functions (checked when a lockstep model's engine is built),
+    "model" for the rest (checked at lt.register / lt.patch)."""
+    return "engine" if name.startswith(_CB + "/") else "model"
 
 
 def _find(tree: ast.Module, qualname: str):
@@ -140,24 +150,27 @@ def installed_hashes(root: str | None = None) -> dict[str, str]:
     return out
 
 
-def differing(hashes: dict[str, str], table: dict, tested) -> list[str]:
-    """The names whose hash in ``hashes`` equals that name's hash in none of the ``tested`` releases of ``table``
-    (``{"5.25": {name: hash}}``; a function that is missing in a tested release must be missing here too)."""
-    return [name for name in MIRRORED
-            if hashes.get(name) not in {table[r]["hashes"].get(name) for r in tested if r in table}]
+def differing(hashes: dict[str, str], table: dict, tested: dict, part: str) -> list[str]:
+    """The names of ``part`` whose hash in ``hashes`` equals that name's hash in none of the releases
+    ``tested[part]`` of ``table`` (``{"5.25": {"hashes": {name: hash}}}``)."""
+    return [name for name in MIRRORED if part_of(name) == part
+            and hashes.get(name) not in {table[r]["hashes"].get(name) for r in tested[part] if r in table}]
 
 
-def check_sources(version: str, hashes: dict[str, str] | None = None, hint: str = "") -> None:
+def check_sources(version: str, part: str = "model", hashes: dict[str, str] | None = None, hint: str = "") -> None:
     """Refuse (UnsupportedError, naming the release and each function) an installed transformers whose mirrored
-    functions differ from every release the HF tests ran on; ``hashes`` defaults to the installed release's
-    (computed once per process); ``hint`` ends the message (what the caller may do)."""
+    functions of ``part`` ("model": the forwards; "engine": the continuous-batching engine's) differ from every
+    release that part was tested on; ``hashes`` defaults to the installed release's (computed once per process);
+    ``hint`` ends the message (what the caller may do)."""
     from .mirrored_table import TABLE, TESTED
-    names = differing(hashes if hashes is not None else _installed_hashes_cached(transformers_dir()), TABLE, TESTED)
+    names = differing(hashes if hashes is not None else _installed_hashes_cached(transformers_dir()), TABLE, TESTED,
+                      part)
     if names:  # the names follow the message, one a line (UnsupportedError's reasons)
+        what = "model code" if part == "model" else "continuous-batching engine"
         raise UnsupportedError(
-            f"transformers {version}: {len(names)} function(s) lockstep mirrors differ from their source in every "
-            f"release lockstep is tested with ({', '.join(TESTED)}); lockstep's forwards may compute other bits on "
-            f"this release.{hint} Differing:", names)
+            f"transformers {version}: {len(names)} function(s) of its {what} that lockstep mirrors differ from their "
+            f"source in every release lockstep tested it with ({', '.join(TESTED[part])}); lockstep may compute "
+            f"other bits on this release.{hint} Differing:", names)
 
 
 @lru_cache(maxsize=4)
@@ -165,16 +178,17 @@ def _installed_hashes_cached(root: str) -> dict:
     return installed_hashes(root)
 
 
-def _write_table(dumps: list[str], tested: list[str]) -> str:
+def _write_table(dumps: list[str], tested: dict) -> str:
     rows = [json.load(open(p)) for p in dumps]
     rows.sort(key=lambda r: tuple(int(x) for x in r["version"].split(".")[:2]))
     table = {".".join(r["version"].split(".")[:2]): {"version": r["version"], "hashes": r["hashes"]} for r in rows}
-    missing = [t for t in tested if t not in table]
+    missing = [t for part in tested.values() for t in part if t not in table]
     if missing:
         raise SystemExit(f"no dump for the tested release(s) {missing}")
     lines = ['"""Generated by ``python -m hal.integrations.transformers.mirrored --write`` (see mirrored.py): the '
              'source hash\nof each function lockstep mirrors, per transformers release. Do not edit by hand."""',
-             "", f"TESTED = {tuple(tested)!r}  # the releases the full HF integration tests ran on (docs/integrations.md)", "",
+             "", "# per part, the releases the HF integration tests of that part ran on (docs/integrations.md)",
+             f"TESTED = {tested!r}", "",
              "TABLE = {"]
     for rel, row in table.items():
         lines.append(f"    {rel!r}: {{\"version\": {row['version']!r}, \"hashes\": {{")
@@ -191,14 +205,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", action="store_true", help="print the installed release's hashes as JSON")
     ap.add_argument("--root", help="a transformers package folder to read instead of the installed one")
     ap.add_argument("--write", nargs="+", metavar="DUMP", help="write mirrored_table.py from --dump outputs")
-    ap.add_argument("--tested", default="5.17,5.25", help="the releases CI tests (default: 5.17,5.25)")
+    ap.add_argument("--tested-model", default="5.17,5.24,5.25", help="the releases the model code was tested on")
+    ap.add_argument("--tested-engine", default="5.24,5.25", help="the releases the engine was tested on")
     args = ap.parse_args(argv)
     if args.dump:
         root = args.root or transformers_dir()
         print(json.dumps({"version": _version_of(root), "hashes": installed_hashes(root)}, indent=1))
         return 0
     if args.write:
-        text = _write_table(args.write, [t.strip() for t in args.tested.split(",")])
+        tested = {"model": tuple(t.strip() for t in args.tested_model.split(",")),
+                  "engine": tuple(t.strip() for t in args.tested_engine.split(","))}
+        text = _write_table(args.write, tested)
         out = os.path.join(os.path.dirname(__file__), "mirrored_table.py")
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)
