@@ -50,11 +50,13 @@ def _model_file(cls: str) -> str:
 
 
 #: "file under transformers/:qualified name" of every function lockstep mirrors (re-implements) or whose contract
-#: its hooks rely on: the mirrored classes' forwards; each model's decoder layer (how it calls them, and the GDN
+#: its hooks rely on: the mirrored classes' forwards; the rotary classes' inv_freq (lockstep's rotary and the vLLM
+#: shim read that buffer); each model's decoder layer (how it calls them, and the GDN
 #: position hook); the mask builder lockstep's mask function calls; the engine's forward step (mirrored by
 #: engine._LockstepStep) and the entry points engine_install.py and engine.attach wrap.
 MIRRORED = tuple(
     [f"{_model_file(c)}:{c}.forward" for c in _MIRRORED_CLASSES]
+    + [f"{_model_file(c)}:{c}.compute_default_rope_parameters" for c in _MIRRORED_CLASSES if "RotaryEmbedding" in c]
     + ["models/qwen3_next/modeling_qwen3_next.py:Qwen3NextGatedDeltaNet.fix_query_key_value_ordering"]
     + [f"{_model_file(p)}:{p}DecoderLayer.forward" for p in _MODEL_DIRS]
     + ["masking_utils.py:sdpa_mask"]
