@@ -49,7 +49,18 @@ HARD_ORDER = [3, 1, 0, 2]
 # Gated DeltaNet hybrids (Qwen3-Next): block sharing is refused (a shared prefix skips the tokens a GDN state
 # is built from), and the engine pages only the attention layers, so fewer blocks are needed to offload
 GDN_EASY = EASY
-GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=4)
+
+
+def _gdn_hard_blocks() -> int:
+    """transformers 5.25's scheduler needs 6 blocks to put a prefill chunk beside two decode rows (with 4 or 5 it
+    admits one request at a time, and runs out of blocks at 4); up to 5.24, 6 blocks are enough not to offload."""
+    from importlib.metadata import version
+
+    from hal.integrations._versions import release
+    return 6 if release(version("transformers")) >= (5, 25) else 4
+
+
+GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=_gdn_hard_blocks())
 
 
 def gen_config(do_sample=False, new=NEW, **kw):

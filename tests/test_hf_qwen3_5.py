@@ -37,6 +37,18 @@ def prompts(seed=2, lengths=LENGTHS, vocab=VOCAB):
 # ---------------------------------------------------------------- the HF GDN path (FLA or torch) is never taken
 
 
+def _closure(fn) -> dict:
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+
+
+def _unwrap_hub_func(fn):
+    """transformers >= 5.25 (which requires Hugging Face's kernels) wraps each hub-replaceable function in a
+    kernels ``Func`` module whose forward calls HF's wrapper (its closure's ``func``); earlier: the wrapper itself."""
+    if isinstance(fn, torch.nn.Module):
+        return _closure(type(fn).forward)["func"]
+    return fn
+
+
 def test_fla_absent_and_hf_gdn_kernels_never_called(monkeypatch):
     """transformers binds Qwen3.5's gated delta rule to FLA (and its conv to causal_conv1d) when they import.
     Neither is installed here; and under the patch none of HF's GDN functions runs at all: made to raise,
@@ -45,8 +57,7 @@ def test_fla_absent_and_hf_gdn_kernels_never_called(monkeypatch):
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                  "causal_conv1d_update"):
-        impl = dict(zip(getattr(mq, name).__code__.co_freevars,
-                        (c.cell_contents for c in getattr(mq, name).__closure__)))["implementation"]
+        impl = _closure(_unwrap_hub_func(getattr(mq, name)))["implementation"]
         assert impl.__module__ == mq.__name__, f"{name} is bound to {impl.__module__}, not HF's torch fallback"
 
         def refuse(*a, _name=name, **k):

@@ -105,6 +105,24 @@ def test_another_kernels_distribution_coexists_with_lockstep(wheel, tmp_path):
     assert float(total) == 12.0
 
 
+def test_a_clones_root_does_not_shadow_another_kernels_distribution(tmp_path):
+    """Python run from the clone's root has the repository's kernels/ folder on its path ahead of site-packages;
+    ``import kernels`` there must be the other distribution when one is installed (transformers >= 5.25 imports
+    Hugging Face's), not lockstep's folder (issue 51)."""
+    other = _throwaway_kernels(tmp_path)
+    code = "import kernels; print(kernels.WHO, kernels.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**env, "PYTHONPATH": str(other)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("the other kernels distribution " + str(other)), r.stdout
+    r = subprocess.run([sys.executable, "-S", "-c", "import kernels; print(kernels.__file__, hasattr(kernels, "
+                        "'__version__'))"], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    # -S: no site-packages, so no other kernels anywhere: the folder stays, with no version (transformers' check:
+    # not installed)
+    assert r.returncode == 0 and r.stdout.split() == [str(ROOT / "kernels" / "__init__.py"), "False"], r.stderr
+
+
 def test_qwen3_next_reference_checks_do_not_need_transformers():
     """With transformers unimportable, the Qwen3-Next test module still collects (and runs) the checks
     of lockstep's own pieces; only the checks against transformers skip."""

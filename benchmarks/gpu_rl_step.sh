@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One RL step end to end on the GPU (benchmarks/gpu_rl_step.py, issue 51): transformers' continuous-batching engine
+# samples, a micro-batched teacher-forced trainer computes the log-probs, a GRPO-style loss and its backward; lockstep
+# and stock in the same run, the recorded log-prob bits compared. An alternate perf script for a lent GPU's time
+# (like benchmarks/gpu_sweep.sh): one call of at most 5 minutes. Nothing installed; no network (the image's torch,
+# Triton and transformers; lockstep's range starts at the image's transformers 5.17).
+#
+#   bash benchmarks/gpu_rl_step.sh OUT_DIR          (the device call's timeout_s = 300)
+#   bash benchmarks/gpu_rl_step.sh --dry-run OUT    (CPU: the same code at tiny shapes)
+#
+# POLICY=fast runs lockstep under lt.patch(model, policy="fast") (refused by name while lt.patch has no policy).
+# rl_step.txt: the table (tokens/s per phase and step, lockstep / stock ratios, log-prob bits differing, peak memory).
+set -u
+cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/check_steps.sh
+source benchmarks/check_steps.sh
+perf_setup "$0" gpu-rl-step-out "$@"
+POLICY="${POLICY:-strict}"
+if [ -n "$DRY" ]; then
+  unset TRITON_INTERPRET  # the tiny CPU run uses lockstep's CPU kernels, as the tests do
+  RL=("$PY" -m benchmarks.gpu_rl_step --device cpu --tiny --out "$OUT" --policy "$POLICY")
+else
+  RL=("$PY" -m benchmarks.gpu_rl_step --device cuda --out "$OUT" --policy "$POLICY")
+fi
+step rl-env 20 rl_env.txt "$PY" -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+step rl-step 260 rl_step.txt "${RL[@]}" --budget 240
+log "done"
+cat "$OUT/log.txt"
+cat "$OUT/rl_env.txt" "$OUT/rl_step.txt" 2>/dev/null

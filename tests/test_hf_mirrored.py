@@ -1,0 +1,159 @@
+"""hal/integrations/transformers/mirrored.py: the per-release check that the transformers functions lockstep mirrors
+are unchanged from a release the HF tests ran on (issue 51)."""
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import hal  # noqa: E402
+from hal.integrations import transformers as lt  # noqa: E402
+from hal.integrations._versions import release  # noqa: E402
+from hal.integrations.transformers import mirrored  # noqa: E402
+from hal.integrations.transformers.mirrored_table import TABLE, TESTED  # noqa: E402
+
+ATTENTION = "models/llama/modeling_llama.py:LlamaAttention.forward"
+
+
+def _installed_text(path):
+    import os
+    with open(os.path.join(mirrored.transformers_dir(), path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_table_holds_for_the_installed_release():
+    """Every mirrored function of the installed release hashes as its table entry says (CI's main env: 5.25; the
+    vLLM env: 5.17), and check_version passes on it with no override."""
+    import transformers  # (not at module level: transformers 5.25 replaces its sys.modules entry on some imports)
+    rel = ".".join(map(str, release(transformers.__version__)))
+    assert rel in TABLE, f"transformers {transformers.__version__} has no table entry (regenerate mirrored_table.py)"
+    assert mirrored.installed_hashes() == TABLE[rel]["hashes"]
+    assert mirrored.MISSING not in set(TABLE[TESTED["model"][-1]]["hashes"].values())  # the newest defines all
+    assert lt.check_version() == transformers.__version__
+
+
+def test_every_mirrored_function_is_found_in_a_tested_release():
+    assert set(TESTED) == set(mirrored.PARTS)
+    for name in mirrored.MIRRORED:
+        assert any(TABLE[r]["hashes"][name] != mirrored.MISSING for r in TESTED[mirrored.part_of(name)]), name
+    assert {mirrored.part_of(n) for n in mirrored.MIRRORED} == set(mirrored.PARTS)
+
+
+def test_hash_ignores_docstrings_comments_and_blank_lines_but_not_code():
+    path, qualname = ATTENTION.split(":")
+    text = _installed_text(path)
+    base = mirrored.source_hash(text, qualname)
+    head = "    def forward(\n"
+    assert text.count(head) >= 1
+    cls = text.index("class LlamaAttention")
+    at = text.index(head, cls) + len(head)
+    commented = text[:at] + "        # a comment\n\n" + text[at:]
+    assert mirrored.source_hash(commented, qualname) == base
+    body = text.index("    ) -> ", at)
+    body = text.index("\n", body) + 1
+    changed = text[:body] + "        hidden_states = hidden_states * 1\n" + text[body:]
+    assert mirrored.source_hash(changed, qualname) != base  # the negative control: one line of code is caught
+
+
+def test_a_changed_mirrored_function_is_refused_by_name():
+    """The negative control of the whole check: the installed release's hashes with one function's source changed
+    are refused, naming the release and that function; the unchanged hashes pass."""
+    hashes = mirrored.installed_hashes()
+    mirrored.check_sources("5.99.0", "model", hashes)
+    engine_tested = not mirrored.differing(hashes, TABLE, TESTED, "engine")  # 5.25's engine yes, 5.17's no
+    path, qualname = ATTENTION.split(":")
+    text = _installed_text(path)
+    at = text.index("\n", text.index("    ) -> ", text.index("class LlamaAttention"))) + 1
+    hashes[ATTENTION] = mirrored.source_hash(text[:at] + "        hidden_states = -hidden_states\n" + text[at:],
+                                             qualname)
+    with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.99\.0: 1 function\(s\) of its model code "
+                                                   r"that lockstep mirrors differ (.|\n)*\n  - models/llama/"
+                                                   r"modeling_llama\.py:LlamaAttention\.forward$") as e:
+        mirrored.check_sources("5.99.0", "model", hashes)
+    assert e.value.reasons == [ATTENTION]
+    assert (not mirrored.differing(hashes, TABLE, TESTED, "engine")) == engine_tested  # the engine: checked apart
+
+
+# per part, the releases of the range whose every mirrored function of that part equals its source in a release
+# that part was tested on (docs/integrations.md lists them)
+COVERED = {"model": {"5.17", "5.20", "5.24", "5.25"}, "engine": {"5.21", "5.22", "5.23", "5.24", "5.25"}}
+
+
+@pytest.mark.parametrize("part", mirrored.PARTS)
+@pytest.mark.parametrize("rel", sorted(TABLE, key=lambda r: int(r.split(".")[1])))
+def test_each_release_of_the_table_is_covered_or_refused_by_name(rel, part):
+    names = mirrored.differing(TABLE[rel]["hashes"], TABLE, TESTED, part)
+    assert (not names) == (rel in COVERED[part])
+    if names:
+        with pytest.raises(hal.UnsupportedError, match=rf"^transformers {TABLE[rel]['version']}: {len(names)} "
+                                                       rf"function\(s\) (.|\n)*  - {re.escape(names[0])}(\n|$)"):
+            mirrored.check_sources(TABLE[rel]["version"], part, TABLE[rel]["hashes"])
+    else:
+        mirrored.check_sources(TABLE[rel]["version"], part, TABLE[rel]["hashes"])
+
+
+def test_an_untested_engine_is_refused_by_name_and_a_patched_model_still_runs():
+    """On a release whose engine functions were not tested (5.17's), lt.patch works, and building the engine for a
+    patched model is refused with the engine's check's message; an unpatched model's engine is HF's own."""
+    from hal.integrations.transformers import engine_install
+    from hal.integrations.transformers.testing import tiny_model
+    refusal = None
+    try:
+        mirrored.check_sources("5.17.0", "engine", TABLE["5.17"]["hashes"])
+    except hal.UnsupportedError as e:
+        refusal = e
+    assert refusal is not None and "continuous-batching engine" in str(refusal)
+    lt.register()
+
+    class Manager:
+        def __init__(self, model, *args, **kwargs):
+            self.model = model
+    engine_install._install_refusal(Manager, refusal)
+    model, other = tiny_model("llama"), tiny_model("llama")
+    with lt.patch(model):
+        with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.17\.0: .* continuous-batching engine"):
+            Manager(model)
+        assert Manager(other).model is other
+
+
+@pytest.mark.parametrize("version", ["5.16.2", "5.26.0", "6.0.0", "4.57.1"])
+def test_a_release_outside_the_range_is_refused_by_name(monkeypatch, version):
+    import transformers
+    monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
+    monkeypatch.setattr(transformers, "__version__", version)
+    with pytest.raises(hal.UnsupportedError, match=rf"^transformers {version} is not supported by lockstep's "
+                                                   r"integration \(tested: >=5\.17,<5\.26\)"):
+        lt.check_version()
+    assert lt.check_version(allow_untested=True) == version
+    monkeypatch.setenv("LOCKSTEP_HF_ANY_VERSION", "1")
+    assert lt.check_version() == version
+
+
+def test_the_override_skips_the_source_check(monkeypatch):
+    import transformers
+    monkeypatch.delenv("LOCKSTEP_HF_ANY_VERSION", raising=False)
+    changed = dict(mirrored.installed_hashes(), **{ATTENTION: "0" * 16})
+    monkeypatch.setattr(mirrored, "_installed_hashes_cached", lambda root: changed)
+    with pytest.raises(hal.UnsupportedError, match="LlamaAttention.forward"):
+        lt.check_version()
+    with pytest.raises(hal.UnsupportedError, match="LlamaAttention.forward"):
+        lt.register()
+    assert lt.check_version(allow_untested=True) == transformers.__version__
+    monkeypatch.setenv("LOCKSTEP_HF_ANY_VERSION", "1")
+    assert lt.check_version() == transformers.__version__
+
+
+def test_the_table_regenerates_from_dumps(tmp_path):
+    """The tool's round trip: a dump of the installed release written into a table reads back as that table."""
+    import json
+    import runpy
+
+    import transformers
+    dump = tmp_path / "x.json"
+    dump.write_text(json.dumps({"version": transformers.__version__, "hashes": mirrored.installed_hashes()}))
+    rel = ".".join(map(str, release(transformers.__version__)))
+    text = mirrored._write_table([str(dump)], {"model": (rel,), "engine": (rel,)})
+    out = tmp_path / "table.py"
+    out.write_text(text)
+    ns = runpy.run_path(str(out))
+    assert ns["TESTED"] == {"model": (rel,), "engine": (rel,)} and ns["TABLE"][rel]["hashes"] == TABLE[rel]["hashes"]
