@@ -12,15 +12,14 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
 def _rows(folder, name):
     with open(os.path.join(folder, name)) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def test_shell_script_parses():
-    for script in ("gpu_check_8min.sh", "gpu_verify.sh", "gpu_sweep.sh", "check_steps.sh"):
-
-    for script in ("gpu_check_8min.sh", "gpu_sweep.sh", "gpu_rl_step.sh", "check_steps.sh"):
+    for script in ("gpu_check_8min.sh", "gpu_verify.sh", "gpu_sweep.sh", "gpu_rl_step.sh", "check_steps.sh"):
         r = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
