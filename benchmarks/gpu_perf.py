@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -447,6 +448,34 @@ def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
     return out
 
 
+@functools.cache
+def _exact_probe(dev: str) -> None:
+    """kernels/exact/probe.py on this device, once per process: the Triton products kernel (one program's K, and
+    split-K) and torch._int_mm with K pieces must each give exactly 127**2 x K; AssertionError names what did not."""
+    from hal.kernels.exact import probe
+    paths = {"triton": probe.triton_sums, "triton split-K 3": lambda a, w: probe.triton_sums(a, w, split_k=3),
+             "torch._int_mm": probe.int_mm_sums}
+    problems = [f"{name}: {p}" for name, sums in paths.items() for p in probe.accumulation_problems(sums, dev)]
+    if problems:
+        raise AssertionError("int8 accumulation is not exact, the path is not admitted: " + "; ".join(problems))
+
+
+def _exact_probe_case(dev: str) -> "Case":
+    """Row exact_probe/int8/K..: raises unless _exact_probe passes; times the Triton products kernel over one full
+    int32 piece of extreme digits against torch._int_mm on the same digits."""
+    from hal.kernels.exact import probe
+    k = probe.PROBE_K[0]
+
+    def build(seed):
+        _exact_probe(dev)
+        a, w = probe.probe_inputs(k, dev)
+        return (lambda: probe.triton_sums(a, w)), (lambda: probe.int_mm_sums(a, w)), [a, w]
+    return Case(f"exact_probe/int8/K{k}", "linear", "exact", f"digits 127 M{probe.PROBE_ROWS} K{k} N{probe.PROBE_COLS} "
+                "s1, probe Ks " + ",".join(map(str, probe.PROBE_K)), build,
+                flops=2.0 * probe.PROBE_ROWS * k * probe.PROBE_COLS, stock_name="torch._int_mm (int8 -> int32)",
+                via_launch_path=False)
+
+
 def cases(s: Shapes, dev: str) -> list[Case]:
     import hal
     from hal.spec import ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec
@@ -463,16 +492,28 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                 x = _randn((m, h), bf, dev, 1000 * seed + 1)
                 w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
                 stock = lambda: F.linear(x, w)  # noqa: E731
-                if policy == "exact":
-                    from hal.kernels.exact import triton_matmul as tx
+                if policy == "exact":  # the triton backend's exact path, the weight prepared once (hal.exact_weight)
                     spec = ExactMatmulSpec()
-                    ew = hal.exact_weight(w, spec=spec, backend="reference" if dev == "cpu" else None)
-                    return (lambda: tx.exact_linear_triton(x, ew, None, spec)), stock, [x, w]
+                    ew = hal.exact_weight(w, spec=spec, **tri)
+                    return (lambda: hal.linear(x, ew, spec=spec, **tri)), stock, [x, w]
                 spec = FastMatmulSpec() if policy == "fast" else None
                 return (lambda: hal.linear(x, w, spec=spec, **tri)), stock, [x, w]
             out.append(Case(f"linear/{policy}/M{m}", "linear", policy, f"M{m} K{h} N{h} bf16", build,
-                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
-                            via_launch_path=policy != "exact"))
+                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    # the exact path's earlier torch glue around the same products kernel (host syncs: timed eagerly, by events), so
+    # one run compares it with the slicing / finish kernels above; then the int8 accumulation probe
+    for m in sorted({s.decode_rows[0], s.prefill_rows[-1]}):
+        def build(seed, m=m):
+            from hal.kernels.exact import triton_matmul as tx
+            x = _randn((m, h), bf, dev, 1000 * seed + 1)
+            w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+            spec = ExactMatmulSpec()
+            ew = hal.exact_weight(w, spec=spec, **tri)
+            return (_with_constants(tx, lambda: hal.linear(x, ew, spec=spec, **tri), {"GLUE": "torch"}),
+                    (lambda: F.linear(x, w)), [x, w])
+        out.append(Case(f"linear/exact-torch-glue/M{m}", "linear", "exact", f"M{m} K{h} N{h} bf16 GLUE=torch", build,
+                        flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    out.append(_exact_probe_case(dev))
 
     # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
     # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine
