@@ -12,15 +12,17 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   matmul with TF32 off (the strict kernels' arithmetic runs on fp32 FMA units; this is the measured bound).
 * ``ops`` (ops.jsonl, ops.csv, kernels.jsonl): every op at Qwen3-8B shapes (hidden 4096, 32/8 heads, head dim
   128, vocab 151,936; GDN rows at Qwen3-Next's 16/32 heads, d 128) under each policy the triton backend has
-  (strict; fast for linear and attention; exact for linear, its Triton kernel called directly), against stock
+  (strict; fast for linear and attention; exact for linear, its earlier torch glue beside it, and the int8
+  accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
+  accumulate exactly on this device), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the
   time per call is the median replay / sets. Memory-bound rows rotate enough input sets (>= 128 MB touched
   per replay) that the 60 MB L2 does not serve them. Per row: bytes (inputs + outputs) and FLOPs, the
   fraction of the measured ceilings, each launched Triton kernel (grid, programs, warps, registers, spills,
   shared memory; on CUDA also its SASS counts from ``kernels/checks/sass_profile``) and raw-bit equality of
-  every set's replay against its eager call. A call that cannot be captured (the exact policy's direct call
-  reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
+  every set's replay against its eager call. A call that cannot be captured (the exact policy's earlier torch
+  glue reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
 * ``profile`` (profile.jsonl, profile.txt): ``torch.profiler`` over the worst rows (lowest ratio): device
   time per kernel and the share of torch ops (copies, fills, cuBLAS) around the Triton kernels.
 * ``ncu`` (ncu.jsonl, ncu_0.csv): Nsight Compute on the three worst kernels (one ncu run over one ``--run-case``

@@ -8,10 +8,12 @@
   values is caught;
 * nosync: the path reads no tensor value on the host (no aten._local_scalar_dense: bool(), .item(), .tolist()),
   so its launches can be captured in a CUDA graph; the earlier torch glue (glue="torch") is caught by the same check;
+* replay: launch_path's replay of hal.linear with a prepared weight reads nothing on the host and skips the
+  weight's staleness check (the eager call's), same bits;
 * probe: the int8 accumulation probe (kernels/exact/probe.py) passes the Triton kernel and torch._int_mm and
   catches three inexact accumulators.
 
-Run: TRITON_INTERPRET=1 python tests/scripts/exact_triton_path_check.py [slicer] [bits] [nosync] [probe]
+Run: TRITON_INTERPRET=1 python tests/scripts/exact_triton_path_check.py [slicer] [bits] [nosync] [replay] [probe]
 Each check prints "<name>: ok" or "<name>: FAIL ...".
 """
 from __future__ import annotations
@@ -171,7 +173,51 @@ def check_probe() -> list[str]:
     return bad
 
 
-CHECKS = {"slicer": check_slicer, "bits": check_bits, "nosync": check_nosync, "probe": check_probe}
+def check_replay() -> list[str]:
+    """backends/triton.launch_path over hal.linear(spec=exact) with a prepared weight: the replay gives the eager
+    call's bits, reads nothing on the host and does not check the weight's staleness again (a hash compared on the
+    host, on a GPU a sync); the eager call does check it (the control) and still refuses a stale weight."""
+    import hal
+    from hal.backends.triton import launch_path
+    bad = []
+    spec = ExactMatmulSpec(slices=3)
+    x, w = _hostile(4, 64, torch.bfloat16, 70), _hostile(6, 64, torch.bfloat16, 71)
+    b = torch.randn(6).to(torch.bfloat16)
+    ew = hal.exact_weight(w, spec=spec, backend="triton")
+    checks, real = [], prepared.ExactWeight.is_fresh
+
+    def counted(self, name="weight"):
+        checks.append(name)
+        return real(self, name)
+    prepared.ExactWeight.is_fresh = counted
+    try:
+        replay, eager = launch_path(lambda: hal.linear(x, ew, b, spec=spec, backend="triton"))
+        eager_checks = len(checks)
+        with _HostReads() as replay_reads:
+            again = replay()
+            again = replay()
+        replay_checks = len(checks) - eager_checks
+    finally:
+        prepared.ExactWeight.is_fresh = real
+    if replay.ops != ("linear",) or not same_bits(eager, again):
+        bad.append(f"replay {replay.ops}: bits differ from the eager call")
+    if not same_bits(eager, core.exact_linear(x, w, b, 3, products_int_mm)):
+        bad.append("eager: bits differ from core.exact_linear")
+    if replay_reads.reads or replay_checks:
+        bad.append(f"replay: {replay_reads.reads} host reads, {replay_checks} staleness checks")
+    if not eager_checks:
+        bad.append("control: the eager call's staleness check was not seen")
+    w.data[0, 0] += 1
+    try:
+        hal.linear(x, ew, b, spec=spec, backend="triton")
+        bad.append("a stale prepared weight was not refused by the eager call")
+    except hal.InputError:
+        pass
+    return bad
+
+
+CHECKS = {"slicer": check_slicer, "bits": check_bits, "nosync": check_nosync, "probe": check_probe,
+          "replay": check_replay}
 
 if __name__ == "__main__":
     failed = False
