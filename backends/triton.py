@@ -171,7 +171,7 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
         return super().claimed_levels(suite, spec)
 
     def exact_slice(self, weight, slices):
-        """The exact policy's slicing kernel (hal.exact_weight prepares CUDA weights with it; core.slice_rows's bits)."""
+        """The exact policy's slicing kernel (hal.exact_weight prepares CUDA weights with it): core.slice_rows's bits."""
         with self.launch_on(weight):
             return _exact().prepared_slices(weight, slices)
 

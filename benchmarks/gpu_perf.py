@@ -453,11 +453,15 @@ def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
 @functools.cache
 def _exact_probe(dev: str) -> None:
     """kernels/exact/probe.py on this device, once per process: the Triton products kernel (one program's K, and
-    split-K) and torch._int_mm with K pieces must each give exactly 127**2 x K; AssertionError names what did not."""
+    split-K) and torch._int_mm with K pieces must each give exactly 127**2 x K, the one-pass diagonal kernel its
+    exact limbs at its int32 bound (s = 4); AssertionError names what did not."""
     from hal.kernels.exact import probe
     paths = {"triton": probe.triton_sums, "triton split-K 3": lambda a, w: probe.triton_sums(a, w, split_k=3),
              "torch._int_mm": probe.int_mm_sums}
     problems = [f"{name}: {p}" for name, sums in paths.items() for p in probe.accumulation_problems(sums, dev)]
+    from hal.kernels.exact import triton_matmul as tx
+    problems += [f"triton diagonal kernel: {p}" for p in
+                 probe.diagonal_problems(lambda da, dw: tx.limbs(da, dw, products="diagonal"), dev)]
     if problems:
         raise AssertionError("int8 accumulation is not exact, the path is not admitted: " + "; ".join(problems))
 
@@ -504,17 +508,19 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
     # the exact path's earlier torch glue around the same products kernel (host syncs: timed eagerly, by events), so
     # one run compares it with the slicing / finish kernels above; then the int8 accumulation probe
-    for m in sorted({s.decode_rows[0], s.prefill_rows[-1]}):
-        def build(seed, m=m):
-            from hal.kernels.exact import triton_matmul as tx
-            x = _randn((m, h), bf, dev, 1000 * seed + 1)
-            w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
-            spec = ExactMatmulSpec()
-            ew = hal.exact_weight(w, spec=spec, **tri)
-            return (_with_constants(tx, lambda: hal.linear(x, ew, spec=spec, **tri), {"GLUE": "torch"}),
-                    (lambda: F.linear(x, w)), [x, w])
-        out.append(Case(f"linear/exact-torch-glue/M{m}", "linear", "exact", f"M{m} K{h} N{h} bf16 GLUE=torch", build,
-                        flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    # and the first products kernel (a K pass per slice pair) in place of the one-pass diagonal kernel
+    for variant, constants in (("exact-torch-glue", {"GLUE": "torch"}), ("exact-pairs", {"PRODUCTS": "pairs"})):
+        for m in sorted({s.decode_rows[0], s.prefill_rows[-1]}):
+            def build(seed, m=m, constants=constants):
+                from hal.kernels.exact import triton_matmul as tx
+                x = _randn((m, h), bf, dev, 1000 * seed + 1)
+                w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+                spec = ExactMatmulSpec()
+                ew = hal.exact_weight(w, spec=spec, **tri)
+                return (_with_constants(tx, lambda: hal.linear(x, ew, spec=spec, **tri), constants),
+                        (lambda: F.linear(x, w)), [x, w])
+            out.append(Case(f"linear/{variant}/M{m}", "linear", "exact", f"M{m} K{h} N{h} bf16 {constants}", build,
+                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
     out.append(_exact_probe_case(dev))
 
     # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:

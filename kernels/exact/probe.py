@@ -64,3 +64,22 @@ def triton_sums(a: torch.Tensor, w: torch.Tensor, block=None, split_k: int = 1) 
     from . import triton_matmul
     hi, lo = triton_matmul.limbs(a, w, block, split_k)
     return (hi << 28) + lo
+
+
+#: K of the diagonal probe: past the one-pass kernel's piece at s = 4 (INT32_SAFE_K // 4: a diagonal adds 4 products
+#: a term), so it runs as two pieces, the first at the int32 bound
+DIAGONAL_K = INT32_SAFE_K // 4 + 8
+
+
+def diagonal_problems(limbs, device, s: int = 4) -> list[str]:
+    """``limbs(da [s, M, K], dw [s, N, K]) -> (hi, lo)`` (core.combine's layout) with every digit at its extreme over
+    DIAGONAL_K: the exact limbs, or what differs. Every diagonal of the one-pass kernel reaches s x 127**2 x K per
+    piece."""
+    from .core import combine
+    a, w = probe_inputs(DIAGONAL_K, device)
+    da, dw = a.expand(s, -1, -1).contiguous(), w.expand(s, -1, -1).contiguous()
+    p = probe_want(DIAGONAL_K, device).expand(s, s, -1, -1)
+    want = combine(p, s)
+    got = limbs(da, dw)
+    return [f"s{s} K = {DIAGONAL_K}: {name} limb differs ({int((g != e).sum())} outputs)"
+            for name, g, e in zip(("hi", "lo"), got, want) if not torch.equal(g, e)]

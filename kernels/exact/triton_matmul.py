@@ -9,12 +9,16 @@ CUDA graph:
 * ``_slice_kernel``: a block of rows per program, two passes over K (the row exponent E, a maximum;
   then the s int8 digit planes) and the row's non-finite flag, written on the device (core.slice_rows
   turns it into a Python bool, a host sync);
-* ``_limbs_kernel``: for each slice pair (t, u) a K loop of int8 x int8 ``tl.dot`` with int32
-  accumulation (exact: a program never sums more than 131,072 products of |.| <= 127**2), the int32
-  sums shifted into the two int64 limbs (``core.combine``'s layout); programs of a split-K grid add
-  their limbs with integer ``atomic_add`` (one split: a plain store) -- exact and associative, so the
-  block sizes, the split count and the order the atomics land in cannot change a bit. Under
-  ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy integer matmul, exact as well;
+* ``_diagonal_limbs_kernel`` (default, ``PRODUCTS``): one K loop; each step loads the s digit tiles of A and of W
+  once and adds the s**2 int8 x int8 ``tl.dot`` products into one int32 accumulator per diagonal t + u (2s - 1;
+  exact: a program's K range is at most 131,072 // s, so a diagonal never sums more than 131,072 products of
+  |.| <= 127**2), then shifts them into the two int64 limbs (``core.combine``'s layout, grouped);
+  ``_limbs_kernel`` (``PRODUCTS = "pairs"``, the first kernel) runs a K loop per slice pair instead. Longer K runs
+  as more programs along the grid's third axis (never refused); programs that share a tile add their limbs with
+  integer ``atomic_add`` (one piece: a plain store) -- exact and associative, so the block sizes, the split count
+  and the order the atomics land in cannot change a bit. Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy
+  integer matmul, exact as well (and it does not wrap at 2**31: an int32 overflow shows only on a device, which
+  is why kernels/exact/probe.py runs there);
 * ``_finish_kernel``: per output tile the round-to-odd float64 of the limbs times 2**(Ea + Eb - 2(7s-1))
   (core.to_f64_odd), the one rounding to the output dtype, the special values of non-finite inputs,
   the bias, the temperature (token_logprobs' logits) and the canonical NaN. The special values are a
@@ -133,6 +137,101 @@ def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
 
 
 @triton.jit
+def _plane(ptr, t: tl.constexpr, s_plane, offs, mask):
+    return tl.load(ptr + t * s_plane + offs, mask=mask, other=0)
+
+
+@triton.jit
+def _diagonal_limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
+                           sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
+                           S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr):
+    """_limbs_kernel's limbs in one K pass: each K step loads the S digit tiles of A and of W once and adds the S**2
+    int8 products into one int32 accumulator per diagonal d = t + u (2S - 1 of them: G_d = sum_{t+u=d} A_t W_u^T).
+    A diagonal sums up to S products a term, so a program's K range is at most INT32_SAFE_K // S (launcher);
+    the limbs are then core.combine's, grouped: S = sum_d G_d * 2**(7(2S - 2 - d)), the same integers."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    g0 = tl.zeros((BM, BN), dtype=tl.int32)
+    g1 = tl.zeros((BM, BN), dtype=tl.int32)
+    g2 = tl.zeros((BM, BN), dtype=tl.int32)
+    g3 = tl.zeros((BM, BN), dtype=tl.int32)
+    g4 = tl.zeros((BM, BN), dtype=tl.int32)
+    g5 = tl.zeros((BM, BN), dtype=tl.int32)
+    g6 = tl.zeros((BM, BN), dtype=tl.int32)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        km = rk < k_hi
+        a_offs = rm[:, None] * sa_m + rk[None, :] * sa_k
+        a_mask = (rm[:, None] < M) & km[None, :]
+        w_offs = rk[:, None] * sw_k + rn[None, :] * sw_n
+        w_mask = km[:, None] & (rn[None, :] < N)
+        a0 = _plane(a_ptr, 0, sa_s, a_offs, a_mask)
+        w0 = _plane(w_ptr, 0, sw_s, w_offs, w_mask)
+        g0 = tl.dot(a0, w0, g0, out_dtype=tl.int32)
+        if S > 1:
+            a1 = _plane(a_ptr, 1, sa_s, a_offs, a_mask)
+            w1 = _plane(w_ptr, 1, sw_s, w_offs, w_mask)
+            g1 = tl.dot(a0, w1, g1, out_dtype=tl.int32)
+            g1 = tl.dot(a1, w0, g1, out_dtype=tl.int32)
+            g2 = tl.dot(a1, w1, g2, out_dtype=tl.int32)
+        if S > 2:
+            a2 = _plane(a_ptr, 2, sa_s, a_offs, a_mask)
+            w2 = _plane(w_ptr, 2, sw_s, w_offs, w_mask)
+            g2 = tl.dot(a0, w2, g2, out_dtype=tl.int32)
+            g2 = tl.dot(a2, w0, g2, out_dtype=tl.int32)
+            g3 = tl.dot(a1, w2, g3, out_dtype=tl.int32)
+            g3 = tl.dot(a2, w1, g3, out_dtype=tl.int32)
+            g4 = tl.dot(a2, w2, g4, out_dtype=tl.int32)
+        if S > 3:
+            a3 = _plane(a_ptr, 3, sa_s, a_offs, a_mask)
+            w3 = _plane(w_ptr, 3, sw_s, w_offs, w_mask)
+            g3 = tl.dot(a0, w3, g3, out_dtype=tl.int32)
+            g3 = tl.dot(a3, w0, g3, out_dtype=tl.int32)
+            g4 = tl.dot(a1, w3, g4, out_dtype=tl.int32)
+            g4 = tl.dot(a3, w1, g4, out_dtype=tl.int32)
+            g5 = tl.dot(a2, w3, g5, out_dtype=tl.int32)
+            g5 = tl.dot(a3, w2, g5, out_dtype=tl.int32)
+            g6 = tl.dot(a3, w3, g6, out_dtype=tl.int32)
+    hi = tl.zeros((BM, BN), dtype=tl.int64)
+    lo = tl.zeros((BM, BN), dtype=tl.int64)
+    hi, lo = _add_diagonal(hi, lo, g0, 0, S, DIGIT, LIMB)
+    if S > 1:
+        hi, lo = _add_diagonal(hi, lo, g1, 1, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g2, 2, S, DIGIT, LIMB)
+    if S > 2:
+        hi, lo = _add_diagonal(hi, lo, g3, 3, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g4, 4, S, DIGIT, LIMB)
+    if S > 3:
+        hi, lo = _add_diagonal(hi, lo, g5, 5, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g6, 6, S, DIGIT, LIMB)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None] * N + rn[None, :]
+    if ATOMIC:  # several programs share this tile (K pieces / split-K): integer adds, exact in any order
+        tl.atomic_add(hi_ptr + offs, hi, mask=mask)
+        tl.atomic_add(lo_ptr + offs, lo, mask=mask)
+    else:
+        tl.store(hi_ptr + offs, hi, mask=mask)
+        tl.store(lo_ptr + offs, lo, mask=mask)
+
+
+@triton.jit
+def _add_diagonal(hi, lo, g, d: tl.constexpr, S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr):
+    """(hi, lo) + G_d * 2**(7(2S - 2 - d)) in core.combine's limb layout."""
+    shift: tl.constexpr = DIGIT * (2 * S - 2 - d)
+    if shift >= LIMB:
+        hi += g.to(tl.int64) * (1 << (shift - LIMB))
+    else:
+        lo += g.to(tl.int64) * (1 << shift)
+    return hi, lo
+
+
+@triton.jit
 def _classes(bits):
     """float32 bits -> (NaN, +inf, -inf, zero, > 0, < 0): the sign tests include the infinities and exclude
     NaN and zeros (core.special_flags' classes, read on the bits: no float compare a flush could change)."""
@@ -229,6 +328,11 @@ def _finish_kernel(hi_ptr, lo_ptr, ea_ptr, eb_ptr, rbad_ptr, cbad_ptr, x_ptr, w_
 #: (the earlier torch glue around the same products kernel; host syncs). benchmarks/gpu_perf.py times both
 GLUE = "kernels"
 
+#: the products kernel limbs() runs by default: "diagonal" (_diagonal_limbs_kernel: one K pass, 2s - 1 int32
+#: accumulators) or "pairs" (_limbs_kernel: a K pass per slice pair, the first kernel). Same integers; not yet timed
+#: on a GPU (benchmarks/gpu_perf.py has both)
+PRODUCTS = "diagonal"
+
 #: the GPU blocks: products tile (BM, BN, BK); the finish's output tile and the K step of its special-value pass (a
 #: [BM, BN, BKS] block of classes); rows per program and K step of the slicer. Speed only: no block changes a bit
 _PRODUCTS_BLOCK = (32, 32, 32)
@@ -273,21 +377,27 @@ def prepared_slices(w: torch.Tensor, s: int) -> core.Sliced:
     return sliced._replace(finite=not bool(bad.any()))
 
 
-def limbs(da: torch.Tensor, dw: torch.Tensor, block=None, split_k: int = 1, **launch):
+def limbs(da: torch.Tensor, dw: torch.Tensor, block=None, split_k: int = 1, products: str | None = None,
+          **launch):
     """Digits da [s, M, K], dw [s, N, K] (int8) -> limbs (hi, lo) [M, N] int64 (core.combine's); ``block``: the
-    products tile (BM, BN, BK), default _blocks'."""
+    products tile (BM, BN, BK), default _blocks'; ``products``: the kernel, default PRODUCTS ("diagonal": one K
+    pass, an int32 accumulator per diagonal; "pairs": a K pass per slice pair). Any K: longer K runs as pieces
+    (programs along the grid's third axis) whose int32 sums stay exact, added in int64."""
     s, m, k = da.shape
     n = dw.shape[1]
     bm, bn, bk = block or _blocks(m, n, k)[0]
-    per = min(-(-k // split_k), core.INT32_SAFE_K) if k else 1  # any split point; int32 sums stay exact
+    diagonal = (products or PRODUCTS) == "diagonal"
+    bound = core.INT32_SAFE_K // s if diagonal else core.INT32_SAFE_K  # a diagonal adds up to s products a term
+    per = min(-(-k // split_k), bound) if k else 1  # any split point; int32 sums stay exact
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, per))
     alloc = torch.zeros if grid[2] != 1 else torch.empty  # one split stores every element; K = 0 stores none
     hi = alloc((m, n), dtype=torch.int64, device=da.device)
     lo = alloc((m, n), dtype=torch.int64, device=da.device)
     if 0 in (m, n, k):
         return hi, lo
-    _limbs_kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
-                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, ATOMIC=grid[2] > 1, **launch)
+    kernel = _diagonal_limbs_kernel if diagonal else _limbs_kernel
+    kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
+                 S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, ATOMIC=grid[2] > 1, **launch)
     return hi, lo
 
 

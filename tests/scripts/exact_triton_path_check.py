@@ -1,5 +1,7 @@
 """The exact policy's Triton path (kernels/exact/triton_matmul.py) under the interpreter, checks by name:
 
+* diagonal: the one-pass products kernel (int32 accumulator per diagonal) against the per-pair one and core.combine,
+  and at its bound; a missing diagonal term as the caught control;
 * slicer: the slicing kernel's digits, exponents and non-finite row flags are core.slice_rows's, every dtype,
   s = 2..4, subnormals, +-0, NaN/inf, rows without a finite non-zero; round-to-nearest digits are caught;
 * bits: the device-side path (slicing kernel, products, finish kernel with the special values selected per tile)
@@ -13,7 +15,7 @@
 * probe: the int8 accumulation probe (kernels/exact/probe.py) passes the Triton kernel and torch._int_mm and
   catches three inexact accumulators.
 
-Run: TRITON_INTERPRET=1 python tests/scripts/exact_triton_path_check.py [slicer] [bits] [nosync] [replay] [probe]
+Run: TRITON_INTERPRET=1 python tests/scripts/exact_triton_path_check.py [NAME ...] (default: every check)
 Each check prints "<name>: ok" or "<name>: FAIL ...".
 """
 from __future__ import annotations
@@ -216,7 +218,39 @@ def check_replay() -> list[str]:
     return bad
 
 
-CHECKS = {"slicer": check_slicer, "bits": check_bits, "nosync": check_nosync, "probe": check_probe,
+def check_diagonal() -> list[str]:
+    """The one-pass products kernel (an int32 accumulator per diagonal t + u) gives the per-pair kernel's limbs and
+    core.combine's, s = 1..4, any block and split; every digit at +-127 over two pieces (the first at the diagonal's
+    int32 bound: kernels/exact/probe.diagonal_problems) exact. Control: the kernel told S = 3 on 4 planes (a
+    diagonal's terms missing) is caught. (The interpreter's int32 dot does not wrap -- one piece past the bound
+    came out exact here -- so an overflow itself shows only on a device: the probe row of benchmarks/gpu_perf.py.)"""
+    from hal.kernels.exact import probe
+    bad = []
+    for s in (1, 2, 3, 4):
+        g = torch.Generator().manual_seed(s)
+        for m, n, k, block, split in ((5, 7, 300, None, 1), (3, 9, 1000, (16, 16, 32), 3)):
+            da = torch.randint(-127, 128, (s, m, k), generator=g, dtype=torch.int8)
+            dw = torch.randint(-127, 128, (s, n, k), generator=g, dtype=torch.int8)
+            pairs = tx.limbs(da, dw, block, split, products="pairs")
+            diag = tx.limbs(da, dw, block, split, products="diagonal")
+            want = core.combine(torch.einsum("tmk,unk->tumn", da.long(), dw.long()), s)
+            if not (all(map(torch.equal, pairs, want)) and all(map(torch.equal, diag, want))):
+                bad.append(f"s{s} {m}x{k}x{n} block {block} split {split}")
+    bad += probe.diagonal_problems(lambda da, dw: tx.limbs(da, dw, products="diagonal"), "cpu")
+
+    def three_planes(da, dw):
+        hi, lo = (torch.zeros(da.shape[1], dw.shape[1], dtype=torch.int64) for _ in range(2))
+        tx._diagonal_limbs_kernel[(1, 1, 1)](da, dw, hi, lo, da.shape[1], dw.shape[1], da.shape[2], da.shape[2],
+                                             *da.stride(), *dw.stride(), S=3, DIGIT=core.DIGIT, LIMB=core.LIMB,
+                                             BM=32, BN=16, BK=2048, ATOMIC=False)
+        return hi, lo
+    if not probe.diagonal_problems(three_planes, "cpu"):
+        bad.append("control: a missing diagonal term was not caught")
+    return bad
+
+
+CHECKS = {"diagonal": check_diagonal, "slicer": check_slicer, "bits": check_bits, "nosync": check_nosync,
+          "probe": check_probe,
           "replay": check_replay}
 
 if __name__ == "__main__":
