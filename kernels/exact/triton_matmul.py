@@ -351,8 +351,10 @@ def _blocks(m: int, n: int, k: int):
     if not _interpreting():
         return _PRODUCTS_BLOCK, _FINISH_BLOCK, _SPECIAL_K, _SLICE_BLOCK
     p2 = lambda v, lo, hi: max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))  # noqa: E731
-    bm, bn = p2(m, 16, 64), p2(n, 16, 64)
-    return (bm, bn, p2(k, 32, 2048)), (bm, bn), p2(k, 8, 64), (p2(m, 1, 16), p2(k, 16, 4096))
+    bm, bn = p2(m, 16, 64), p2(n, 16, 256)
+    bk_slice = p2(k, 16, 4096)
+    return ((bm, bn, p2(k, 32, 2048)), (bm, bn), p2(k, 8, max(8, (1 << 18) // (bm * bn))),
+            (p2(m, 1, max(1, (1 << 16) // bk_slice)), bk_slice))
 
 
 def slice_rows(x: torch.Tensor, s: int) -> tuple[core.Sliced, torch.Tensor]:
