@@ -18,7 +18,8 @@ import torch
 from hal import fp_env
 from hal.backend import LEVELS, Backend
 from hal.backend import tokens_per_row
-from hal.spec import FAST, STRICT
+from hal.kernels.exact.prepared import ExactWeight
+from hal.spec import EXACT, FAST, STRICT
 
 from hal.kernels.triton.versions import (MIN_TRITON, installed_triton, interpreter_too_old, interpreting,  # noqa: F401
                                          version_text)
@@ -34,8 +35,16 @@ def _kernel(module: str):
     return importlib.import_module(f"hal.kernels.triton.{module}")
 
 
+def _exact():
+    """kernels/exact/triton_matmul.py: the exact policy's slicing, int8 products and finish kernels."""
+    return importlib.import_module("hal.kernels.exact.triton_matmul")
+
+
 def _matmul_kernels(spec):
-    """kernels/triton/matmul.py (strict) or fast_matmul.py (tensor cores, FastMatmulSpec)."""
+    """kernels/triton/matmul.py (strict), fast_matmul.py (tensor cores, FastMatmulSpec) or the exact policy's
+    kernels (kernels/exact/triton_matmul.py: int8 tl.dot, ExactMatmulSpec)."""
+    if spec.policy == EXACT:
+        return _exact()
     return _kernel("fast_matmul" if spec.policy == FAST else "matmul")
 
 
@@ -140,7 +149,10 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
     description = ("strict specs as Triton kernels (explicit fma chains, lsm1 exp/log, fusion off); CUDA, or CPU "
                    "through TRITON_INTERPRET=1 for verification")
     launch_on = staticmethod(_on)
-    policies = (STRICT, FAST)  # fast: matmul / linear, attention, gated delta rule on tensor cores (docs/fast_policy.md)
+    # fast: matmul / linear, attention, gated delta rule on tensor cores (docs/fast_policy.md); exact: matmul / linear
+    # and token_logprobs' logits as int8 tl.dot kernels (kernels/exact/triton_matmul.py, docs/exact_matmul.md)
+    policies = (STRICT, FAST, EXACT)
+    reads_exact_weight = True  # the exact kernels read a prepared weight's int8 planes
     #: fast-policy conformance suites and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
     fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}),
                    "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"}),
@@ -161,6 +173,8 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
     def claimed_levels(self, suite, spec):
         if spec.policy == FAST:
             return self.fast_levels.get(suite, frozenset()) if suite in self.suites else frozenset()
+        if spec.policy == EXACT:  # integer sums: the reference's bits, every level (L4's goldens included)
+            return frozenset(LEVELS) if suite in self.suites else frozenset()
         return super().claimed_levels(suite, spec)
 
     def fast_fingerprint(self, device) -> dict:
@@ -173,6 +187,11 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
         else:  # only reached under TRITON_INTERPRET=1 (supports refuses CPU otherwise)
             where = {"device": f"triton interpreter on {_cpu_name()}", "compute_capability": None}
         return {**where, "triton": metadata.version("triton")}
+
+    def exact_slice(self, weight, slices):
+        """The exact policy's slicing kernel (hal.exact_weight prepares CUDA weights with it): core.slice_rows's bits."""
+        with self.launch_on(weight):
+            return _exact().prepared_slices(weight, slices)
 
     def unavailable_reason(self) -> str | None:
         version = installed_triton()
@@ -217,7 +236,8 @@ def launch_path(call):
     The eager call is the validation step: hal checks every argument there, values included (cu_seqlens,
     cache_seqlens, block tables, token ids read on the host). The returned thunk skips those checks, which is
     what the caller asks for by using it: a replay trusts whatever values the same input tensors hold then
-    (a CUDA graph's static inputs), and runs only the backend's kernels and host arithmetic on shapes (none of
+    (a CUDA graph's static inputs; a prepared ``hal.ExactWeight`` is not checked for staleness again), and runs only
+    the backend's kernels and host arithmetic on shapes (none of
     hal's own torch ops around them, e.g. the KV-cache append of ``flash_attn_with_kvcache``). Returns
     ``(replay, result)``: ``replay()`` gives the last backend call's result, ``result`` is the eager call's;
     ``replay.ops`` names the backend ops it repeats.
@@ -228,7 +248,9 @@ def launch_path(call):
 
     def recorder(name):
         def method(self, *args, **kwargs):
-            recorded.append((self, real[name], args, kwargs))
+            # a prepared exact weight is replayed as the eager call checked it (its staleness check hashes on the host)
+            replay_args = tuple(a.trusted() if isinstance(a, ExactWeight) else a for a in args)
+            recorded.append((self, real[name], replay_args, kwargs))
             ops.append(name)
             return real[name](self, *args, **kwargs)
         return method

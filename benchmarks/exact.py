@@ -149,7 +149,7 @@ def gpu_rows(s_values=(3, 4)):
         out.append((shape, "cuBLAS bf16 F.linear", t_cublas, 1.0))
         for s in s_values:
             spec = ExactMatmulSpec(slices=s)
-            ew = hal.exact_weight(w, spec=spec)  # no backend serves exact on CUDA: the core's slicer
+X
             wd = ew.sliced
             da = core.slice_rows(x, s).digits
             best = None
@@ -168,6 +168,9 @@ def gpu_rows(s_values=(3, 4)):
             t_all = median_time(lambda: tx.exact_linear_triton(x, ew, None, spec, block, split,
                                                                num_warps=warps, num_stages=stages), sync=sync)
             out.append((shape, f"exact s{s} triton end to end (slice x, kernel, round)", t_all, t_all / t_cublas))
+            t_glue = median_time(lambda: tx.exact_linear_triton(x, ew, None, spec, block, split, glue="torch",
+                                                                num_warps=warps, num_stages=stages), sync=sync)
+            out.append((shape, f"exact s{s} triton end to end, earlier torch glue", t_glue, t_glue / t_cublas))
     return out
 
 

@@ -12,15 +12,17 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   matmul with TF32 off (the strict kernels' arithmetic runs on fp32 FMA units; this is the measured bound).
 * ``ops`` (ops.jsonl, ops.csv, kernels.jsonl): every op at Qwen3-8B shapes (hidden 4096, 32/8 heads, head dim
   128, vocab 151,936; GDN rows at Qwen3-Next's 16/32 heads, d 128) under each policy the triton backend has
-  (strict; fast for linear and attention; exact for linear, its Triton kernel called directly), against stock
+  (strict; fast for linear and attention; exact for linear, its earlier torch glue beside it, and the int8
+  accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
+  accumulate exactly on this device), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the
   time per call is the median replay / sets. Memory-bound rows rotate enough input sets (>= 128 MB touched
   per replay) that the 60 MB L2 does not serve them. Per row: bytes (inputs + outputs) and FLOPs, the
   fraction of the measured ceilings, each launched Triton kernel (grid, programs, warps, registers, spills,
   shared memory; on CUDA also its SASS counts from ``kernels/checks/sass_profile``) and raw-bit equality of
-  every set's replay against its eager call. A call that cannot be captured (the exact policy's direct call
-  reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
+  every set's replay against its eager call. A call that cannot be captured (the exact policy's earlier torch
+  glue reads values on the host) is timed eagerly by CUDA events, its stock too (the row's ``method`` says so).
 * ``profile`` (profile.jsonl, profile.txt): ``torch.profiler`` over the worst rows (lowest ratio): device
   time per kernel and the share of torch ops (copies, fills, cuBLAS) around the Triton kernels.
 * ``ncu`` (ncu.jsonl, ncu_0.csv): Nsight Compute on the three worst kernels (one ncu run over one ``--run-case``
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -476,6 +479,38 @@ def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
     return out
 
 
+@functools.cache
+def _exact_probe(dev: str) -> None:
+    """kernels/exact/probe.py on this device, once per process: the Triton products kernel (one program's K, and
+    split-K) and torch._int_mm with K pieces must each give exactly 127**2 x K, the one-pass diagonal kernel its
+    exact limbs at its int32 bound (s = 4); AssertionError names what did not."""
+    from hal.kernels.exact import probe
+    paths = {"triton": probe.triton_sums, "triton split-K 3": lambda a, w: probe.triton_sums(a, w, split_k=3),
+             "torch._int_mm": probe.int_mm_sums}
+    problems = [f"{name}: {p}" for name, sums in paths.items() for p in probe.accumulation_problems(sums, dev)]
+    from hal.kernels.exact import triton_matmul as tx
+    problems += [f"triton diagonal kernel: {p}" for p in
+                 probe.diagonal_problems(lambda da, dw: tx.limbs(da, dw, products="diagonal"), dev)]
+    if problems:
+        raise AssertionError("int8 accumulation is not exact, the path is not admitted: " + "; ".join(problems))
+
+
+def _exact_probe_case(dev: str) -> "Case":
+    """Row exact_probe/int8/K..: raises unless _exact_probe passes; times the Triton products kernel over one full
+    int32 piece of extreme digits against torch._int_mm on the same digits."""
+    from hal.kernels.exact import probe
+    k = probe.PROBE_K[0]
+
+    def build(seed):
+        _exact_probe(dev)
+        a, w = probe.probe_inputs(k, dev)
+        return (lambda: probe.triton_sums(a, w)), (lambda: probe.int_mm_sums(a, w)), [a, w]
+    return Case(f"exact_probe/int8/K{k}", "linear", "exact", f"digits 127 M{probe.PROBE_ROWS} K{k} N{probe.PROBE_COLS} "
+                "s1, probe Ks " + ",".join(map(str, probe.PROBE_K)), build,
+                flops=2.0 * probe.PROBE_ROWS * k * probe.PROBE_COLS, stock_name="torch._int_mm (int8 -> int32)",
+                via_launch_path=False)
+
+
 def cases(s: Shapes, dev: str) -> list[Case]:
     import hal
     from hal.spec import ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec
@@ -495,11 +530,10 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                 x = _randn((m, h), bf, dev, 1000 * seed + 1)
                 w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
                 stock = lambda: F.linear(x, w)  # noqa: E731
-                if policy == "exact":
-                    from hal.kernels.exact import triton_matmul as tx
+                if policy == "exact":  # the triton backend's exact path, the weight prepared once (hal.exact_weight)
                     spec = ExactMatmulSpec()
-                    ew = hal.exact_weight(w, spec=spec, backend="reference" if dev == "cpu" else None)
-                    return (lambda: tx.exact_linear_triton(x, ew, None, spec)), stock, [x, w]
+                    ew = hal.exact_weight(w, spec=spec, **tri)
+                    return (lambda: hal.linear(x, ew, spec=spec, **tri)), stock, [x, w]
                 if policy == "fast-v2":  # the spec selects the path (no module constant: the replay replays it)
                     spec = FastMatmulSpec()
                     return _with_constants(kfm, lambda: hal.linear(x, w, spec=spec, **tri), {}), stock, [x, w]
@@ -508,8 +542,24 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"linear/{policy}/M{m}", "linear", policy.split("-")[0],
                             f"M{m} K{h} N{h} bf16" + (" (FastMatmulSpec v2)" if policy == "fast-v2" else
                                                       " (FastMatmulV3Spec)" if policy == "fast" else ""), build,
+                            flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    # the exact path's earlier torch glue around the same products kernel (host syncs: timed eagerly, by events), so
+    # one run compares it with the slicing / finish kernels above; then the int8 accumulation probe
+    # and the first products kernel (a K pass per slice pair) in place of the one-pass diagonal kernel
+    for variant, constants in (("exact-torch-glue", {"GLUE": "torch"}), ("exact-pairs", {"PRODUCTS": "pairs"})):
+        for m in sorted({s.decode_rows[0], s.prefill_rows[-1]}):
+            def build(seed, m=m, constants=constants):
+                from hal.kernels.exact import triton_matmul as tx
+                x = _randn((m, h), bf, dev, 1000 * seed + 1)
+                w = _randn((h, h), bf, dev, 1000 * seed + 2, h ** -0.5)
+                spec = ExactMatmulSpec()
+                ew = hal.exact_weight(w, spec=spec, **tri)
+                return (_with_constants(tx, lambda: hal.linear(x, ew, spec=spec, **tri), constants),
+                        (lambda: F.linear(x, w)), [x, w])
+            out.append(Case(f"linear/{variant}/M{m}", "linear", "exact", f"M{m} K{h} N{h} bf16 {constants}", build,
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
-                            via_launch_path=policy != "exact"))
+                            via_launch_path=variant != "exact-torch-glue"))  # the old glue reads values on the host
+    out.append(_exact_probe_case(dev))
 
     # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
     # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine

@@ -8,7 +8,7 @@ kernel module is imported) and every level the backend claims must pass against 
 
 Full run (every case; slow, ~1 h on 2 cores):
     TRITON_INTERPRET=1 python -m hal.cli conformance run --backend triton --device cpu \
-        --ops matmul rms_norm softmax token_logprobs
+        --ops matmul rms_norm softmax token_logprobs matmul_exact token_logprobs_exact
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 from _triton_seq_run import ROOT, interpreter_env, needs_interpreter, run_quick_conformance  # noqa: E402
 
 SUITES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast",  # matmul_fast: no L4, ~15 s
-          "gated_delta_rule_fast"]  # no L4; ~30 s of CPU (90 s on 2 busy cores)
+          "gated_delta_rule_fast",  # no L4; ~30 s of CPU (90 s on 2 busy cores)
+          "matmul_exact", "token_logprobs_exact"]  # the exact policy's kernels, L4's shared goldens included
 # elementwise / rotary: their bits are checked by tests/test_triton_elementwise.py in seconds; the suite's quick
 # sets (~1-3 min each here) run with LOCKSTEP_FULL=1
 if os.environ.get("LOCKSTEP_FULL", "") not in ("", "0"):

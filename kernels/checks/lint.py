@@ -284,7 +284,7 @@ def strict_kernels(full: bool = False, npu: bool = False) -> list[KernelCase]:
         cases.append(KernelCase(
             f"softmax.split_max[{dt}]", softmax._chunk_max_kernel,
             {**_ptrs(dt, "x_ptr"), "m_ptr": "*fp32", "p_ptr": "*i32", "z_ptr": "*i32",
-             **_ints("R", "n", "n_chunks", "n_work", "n1")},
+             **_ints("R", "n", "sx", "n_chunks", "n_work", "n1")},
             {"CH": 2 * bc, "BR": 4 if npu else 1, "BC": 512 if npu else bc, "NPU": npu}, divisible=("n",)))
         cases.append(KernelCase(
             f"softmax.split_sum[{dt}]", softmax.tile_sums_kernel,

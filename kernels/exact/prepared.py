@@ -46,13 +46,14 @@ class ExactWeight:
     The stamp is keyed per process: an ExactWeight unpickled in another process is refused by name.
     """
 
-    __slots__ = ("source", "spec", "layout", "sliced", "_stamp", "_checked")
+    __slots__ = ("source", "spec", "layout", "sliced", "_stamp", "_checked", "_trusted")
 
     def __init__(self, source: torch.Tensor, spec, layout: str, sliced: core.Sliced, source_stamp=None):
         """``source_stamp``: the stamp of the bits ``sliced`` was cut from (default: ``source``'s now)."""
         self.source, self.spec, self.layout, self.sliced = source, spec, layout, sliced
         self._stamp = stamp_of(source) if source_stamp is None else source_stamp
         self._checked = False
+        self._trusted = False
 
     def over(self, source: torch.Tensor) -> "ExactWeight":
         """The same slices and stamp over another tensor object with the same values (a new view of the
@@ -64,6 +65,14 @@ class ExactWeight:
         weight and hands it straight to one op (the op and its kernel would hash the same bits again)."""
         ew = self.over(self.source)
         ew._checked = True
+        return ew
+
+    def trusted(self) -> "ExactWeight":
+        """A copy that never checks again: for a launch path's replay (backends/triton.launch_path), which repeats
+        an eager call that checked this weight and reads no value on the host (a hash compare would); a replay
+        trusts its inputs as they are then, as it does every other input's values."""
+        ew = self.over(self.source)
+        ew._trusted = True
         return ew
 
     def is_fresh(self, name: str = "weight") -> bool:
@@ -98,6 +107,8 @@ class ExactWeight:
                 f"dtype={self.dtype}, device={self.device})")
 
     def check_fresh(self, name: str = "weight") -> None:
+        if self._trusted:
+            return
         if self._checked:
             self._checked = False
             return

@@ -1,16 +1,33 @@
-"""Exact matmul slice products as one Triton kernel: int8 ``tl.dot`` -> int32, any tile config, split-K.
+"""The exact matmul policy as Triton kernels: slicing, int8 ``tl.dot`` -> int32 products, the finish.
 
-Self-contained (imports triton; never imported by ``import hal``) so that a Triton backend can call
-:func:`exact_linear_triton` / :func:`exact_matmul_triton`. Slicing and the final rounding are the
-shared torch code of ``hal.kernels.exact.core`` (it runs on the tensors' device); the kernel
-computes the wide accumulator limbs (hi, lo) of every output tile:
+Self-contained (imports triton; never imported by ``import hal``); the triton backend serves the exact
+specs through :func:`linear` / :func:`matmul` (backends/triton.py), the benchmark calls
+:func:`exact_linear_triton` directly. The bits are ``hal.kernels.exact.core``'s (the same integer recipe,
+step by step); three launches, none of which reads a value on the host, so a call can be replayed in a
+CUDA graph:
 
-* for each slice pair (t, u) a K loop of int8 x int8 ``tl.dot`` with int32 accumulation (exact: a
-  program never sums more than 131,072 products of |.| <= 127**2);
-* the int32 sums are shifted into the int64 limbs (``core.combine``'s layout);
-* programs of a split-K grid add their limbs with integer ``atomic_add`` (one split: a plain store) -- exact and
-  associative, so the block sizes, the split count and the order the atomics land in cannot change
-  a bit. Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy integer matmul, exact as well.
+* ``_slice_kernel``: a block of rows per program, two passes over K (the row exponent E, a maximum;
+  then the s int8 digit planes) and the row's non-finite flag, written on the device (core.slice_rows
+  turns it into a Python bool, a host sync);
+* ``_diagonal_limbs_kernel`` (default, ``PRODUCTS``): one K loop; each step loads the s digit tiles of A and of W
+  once and adds the s**2 int8 x int8 ``tl.dot`` products into one int32 accumulator per diagonal t + u (2s - 1;
+  exact: a program's K range is at most 131,072 // s, so a diagonal never sums more than 131,072 products of
+  |.| <= 127**2), then shifts them into the two int64 limbs (``core.combine``'s layout, grouped);
+  ``_limbs_kernel`` (``PRODUCTS = "pairs"``, the first kernel) runs a K loop per slice pair instead. Longer K runs
+  as more programs along the grid's third axis (never refused); programs that share a tile add their limbs with
+  integer ``atomic_add`` (one piece: a plain store) -- exact and associative, so the block sizes, the split count
+  and the order the atomics land in cannot change a bit. Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy
+  integer matmul, exact as well (and it does not wrap at 2**31: an int32 overflow shows only on a device, which
+  is why kernels/exact/probe.py runs there);
+* ``_finish_kernel``: per output tile the round-to-odd float64 of the limbs times 2**(Ea + Eb - 2(7s-1))
+  (core.to_f64_odd), the one rounding to the output dtype, the special values of non-finite inputs,
+  the bias, the temperature (token_logprobs' logits) and the canonical NaN. The special values are a
+  branch inside the tile: a tile whose rows and columns all hold finite values (per-row / per-column
+  flags from the slicer) skips them; any other tile classifies the products of its rows and columns
+  over K (NaN, +inf, -inf: core.special_flags' rules) and selects the IEEE value where one applies.
+
+``glue="torch"`` keeps the earlier path (core's torch slicing and finish around the same products
+kernel, host syncs included) selectable, for the benchmark's comparison.
 """
 from __future__ import annotations
 
@@ -18,8 +35,65 @@ import torch
 import triton
 import triton.language as tl
 
+from hal.kernels.triton import strict_math as sm
+from hal.kernels.triton.dtypes import tl_dtype
+
 from . import core
 from .prepared import unpack
+
+NO_EXP = tl.constexpr(core._NO_EXP)
+
+
+@triton.jit
+def _fields(bits):
+    """float32 bits -> (finite, integer mantissa m, scale exponent q with |x| = m * 2**q, floor(log2|x|) or
+    NO_EXP for 0 and non-finite values): core._fields. The leading bit of a subnormal's m from the exponent
+    field of float32(m), exact for m < 2**24."""
+    field = (bits >> 23) & 0xFF
+    frac = bits & 0x7FFFFF
+    finite = field != 0xFF
+    normal = (field != 0) & finite
+    m = tl.where(normal, frac | 0x800000, tl.where(finite, frac, 0))
+    q = tl.where(normal, field, 1) - 150
+    lead = ((m.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.where(m != 0, q + lead, NO_EXP)
+    return finite, m, q, e
+
+
+@triton.jit
+def _slice_kernel(x_ptr, d_ptr, e_ptr, bad_ptr, R, K, sx_r, sx_k, sd_s, sd_r,
+                  S: tl.constexpr, DIGIT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """Rows of x [R, K] -> digits [S, R, K] int8, exponents E [R] int64, non-finite flags [R] int8."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sx_r
+    big = tl.full([BR, BK], NO_EXP, tl.int32)
+    bad = tl.zeros([BR, BK], dtype=tl.int32)
+    for k0 in range(0, K, BK):  # pass 1: E = the maximum exponent (order-free), the non-finite flag
+        ks = k0 + tl.arange(0, BK)
+        ok = row_ok[:, None] & (ks < K)[None, :]
+        bits = sm.widen(tl.load(x_rows + ks[None, :] * sx_k, mask=ok, other=0.0)).to(tl.int32, bitcast=True)
+        finite, m, q, e = _fields(bits)
+        big = tl.maximum(big, tl.where(ok, e, NO_EXP))
+        bad = tl.maximum(bad, (ok & ~finite).to(tl.int32))
+    big_r = tl.max(big, axis=1)
+    ex = tl.where(big_r == NO_EXP, 0, big_r).to(tl.int64)
+    tl.store(e_ptr + rows, ex, mask=row_ok)
+    tl.store(bad_ptr + rows, tl.max(bad, axis=1).to(tl.int8), mask=row_ok)
+    d_rows = d_ptr + rows.to(tl.int64)[:, None] * sd_r
+    for k0 in range(0, K, BK):  # pass 2: |T| = m * 2**(q + 7s - 1 - E) truncated, cut into S digits
+        ks = k0 + tl.arange(0, BK)
+        ok = row_ok[:, None] & (ks < K)[None, :]
+        bits = sm.widen(tl.load(x_rows + ks[None, :] * sx_k, mask=ok, other=0.0)).to(tl.int32, bitcast=True)
+        finite, m, q, e = _fields(bits)
+        d = q.to(tl.int64) + (DIGIT * S - 1) - ex[:, None]
+        d = tl.minimum(tl.maximum(d, -40), DIGIT * S)
+        m64 = m.to(tl.int64)
+        mag = tl.where(d >= 0, m64 << tl.maximum(d, 0), m64 >> tl.maximum(-d, 0))
+        neg = (bits < 0) & (mag != 0)
+        for t in tl.static_range(S):
+            dg = (mag >> (DIGIT * (S - 1 - t))) & 127
+            tl.store(d_rows + t * sd_s + ks[None, :], tl.where(neg, -dg, dg).to(tl.int8), mask=ok)
 
 
 @triton.jit
@@ -62,43 +136,341 @@ def _limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
         tl.store(lo_ptr + offs, lo, mask=mask)
 
 
-def limbs(da: torch.Tensor, dw: torch.Tensor, block=(32, 32, 32), split_k: int = 1, **launch):
-    """Digits da [s, M, K], dw [s, N, K] (int8) -> limbs (hi, lo) [M, N] int64 (core.combine's)."""
-    s, m, k = da.shape
-    n = dw.shape[1]
-    bm, bn, bk = block
-    hi = torch.zeros((m, n), dtype=torch.int64, device=da.device)
-    lo = torch.zeros_like(hi)
-    if 0 in (m, n, k):
-        return hi, lo
-    per = min(-(-k // split_k), core.INT32_SAFE_K)  # any split point; int32 sums stay exact
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, per))
-    _limbs_kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
-                        S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, ATOMIC=grid[2] > 1, **launch)
+@triton.jit
+def _plane(ptr, t: tl.constexpr, s_plane, offs, mask):
+    return tl.load(ptr + t * s_plane + offs, mask=mask, other=0)
+
+
+@triton.jit
+def _diagonal_limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
+                           sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
+                           S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr):
+    """_limbs_kernel's limbs in one K pass: each K step loads the S digit tiles of A and of W once and adds the S**2
+    int8 products into one int32 accumulator per diagonal d = t + u (2S - 1 of them: G_d = sum_{t+u=d} A_t W_u^T).
+    A diagonal sums up to S products a term, so a program's K range is at most INT32_SAFE_K // S (launcher);
+    the limbs are then core.combine's, grouped: S = sum_d G_d * 2**(7(2S - 2 - d)), the same integers."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    g0 = tl.zeros((BM, BN), dtype=tl.int32)
+    g1 = tl.zeros((BM, BN), dtype=tl.int32)
+    g2 = tl.zeros((BM, BN), dtype=tl.int32)
+    g3 = tl.zeros((BM, BN), dtype=tl.int32)
+    g4 = tl.zeros((BM, BN), dtype=tl.int32)
+    g5 = tl.zeros((BM, BN), dtype=tl.int32)
+    g6 = tl.zeros((BM, BN), dtype=tl.int32)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        km = rk < k_hi
+        a_offs = rm[:, None] * sa_m + rk[None, :] * sa_k
+        a_mask = (rm[:, None] < M) & km[None, :]
+        w_offs = rk[:, None] * sw_k + rn[None, :] * sw_n
+        w_mask = km[:, None] & (rn[None, :] < N)
+        a0 = _plane(a_ptr, 0, sa_s, a_offs, a_mask)
+        w0 = _plane(w_ptr, 0, sw_s, w_offs, w_mask)
+        g0 = tl.dot(a0, w0, g0, out_dtype=tl.int32)
+        if S > 1:
+            a1 = _plane(a_ptr, 1, sa_s, a_offs, a_mask)
+            w1 = _plane(w_ptr, 1, sw_s, w_offs, w_mask)
+            g1 = tl.dot(a0, w1, g1, out_dtype=tl.int32)
+            g1 = tl.dot(a1, w0, g1, out_dtype=tl.int32)
+            g2 = tl.dot(a1, w1, g2, out_dtype=tl.int32)
+        if S > 2:
+            a2 = _plane(a_ptr, 2, sa_s, a_offs, a_mask)
+            w2 = _plane(w_ptr, 2, sw_s, w_offs, w_mask)
+            g2 = tl.dot(a0, w2, g2, out_dtype=tl.int32)
+            g2 = tl.dot(a2, w0, g2, out_dtype=tl.int32)
+            g3 = tl.dot(a1, w2, g3, out_dtype=tl.int32)
+            g3 = tl.dot(a2, w1, g3, out_dtype=tl.int32)
+            g4 = tl.dot(a2, w2, g4, out_dtype=tl.int32)
+        if S > 3:
+            a3 = _plane(a_ptr, 3, sa_s, a_offs, a_mask)
+            w3 = _plane(w_ptr, 3, sw_s, w_offs, w_mask)
+            g3 = tl.dot(a0, w3, g3, out_dtype=tl.int32)
+            g3 = tl.dot(a3, w0, g3, out_dtype=tl.int32)
+            g4 = tl.dot(a1, w3, g4, out_dtype=tl.int32)
+            g4 = tl.dot(a3, w1, g4, out_dtype=tl.int32)
+            g5 = tl.dot(a2, w3, g5, out_dtype=tl.int32)
+            g5 = tl.dot(a3, w2, g5, out_dtype=tl.int32)
+            g6 = tl.dot(a3, w3, g6, out_dtype=tl.int32)
+    hi = tl.zeros((BM, BN), dtype=tl.int64)
+    lo = tl.zeros((BM, BN), dtype=tl.int64)
+    hi, lo = _add_diagonal(hi, lo, g0, 0, S, DIGIT, LIMB)
+    if S > 1:
+        hi, lo = _add_diagonal(hi, lo, g1, 1, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g2, 2, S, DIGIT, LIMB)
+    if S > 2:
+        hi, lo = _add_diagonal(hi, lo, g3, 3, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g4, 4, S, DIGIT, LIMB)
+    if S > 3:
+        hi, lo = _add_diagonal(hi, lo, g5, 5, S, DIGIT, LIMB)
+        hi, lo = _add_diagonal(hi, lo, g6, 6, S, DIGIT, LIMB)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None] * N + rn[None, :]
+    if ATOMIC:  # several programs share this tile (K pieces / split-K): integer adds, exact in any order
+        tl.atomic_add(hi_ptr + offs, hi, mask=mask)
+        tl.atomic_add(lo_ptr + offs, lo, mask=mask)
+    else:
+        tl.store(hi_ptr + offs, hi, mask=mask)
+        tl.store(lo_ptr + offs, lo, mask=mask)
+
+
+@triton.jit
+def _add_diagonal(hi, lo, g, d: tl.constexpr, S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr):
+    """(hi, lo) + G_d * 2**(7(2S - 2 - d)) in core.combine's limb layout."""
+    shift: tl.constexpr = DIGIT * (2 * S - 2 - d)
+    if shift >= LIMB:
+        hi += g.to(tl.int64) * (1 << (shift - LIMB))
+    else:
+        lo += g.to(tl.int64) * (1 << shift)
     return hi, lo
 
 
+@triton.jit
+def _classes(bits):
+    """float32 bits -> (NaN, +inf, -inf, zero, > 0, < 0): the sign tests include the infinities and exclude
+    NaN and zeros (core.special_flags' classes, read on the bits: no float compare a flush could change)."""
+    a = bits & 0x7FFFFFFF
+    nan = a > 0x7F800000
+    inf = a == 0x7F800000
+    zero = a == 0
+    value = ~nan & ~zero
+    return nan, inf & (bits > 0), inf & (bits < 0), zero, value & (bits > 0), value & (bits < 0)
+
+
+@triton.jit
+def _special_codes(x_ptr, w_ptr, rm, rn, M, N, K, sx_m, sx_k, sw_n, sw_k,
+                   BM: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr):
+    """[BM, BN] int32: 1 where sum_k x[m,k] * w[n,k] is NaN (a NaN product -- NaN input, inf * 0 -- or +inf
+    meets -inf), 2 where it is +inf, 3 where -inf, 0 where the finite value stands (core.apply_specials)."""
+    nan = tl.zeros([BM, BN], dtype=tl.int32)
+    pinf = tl.zeros([BM, BN], dtype=tl.int32)
+    ninf = tl.zeros([BM, BN], dtype=tl.int32)
+    for k0 in range(0, K, BKS):
+        ks = k0 + tl.arange(0, BKS)
+        xa = tl.load(x_ptr + rm.to(tl.int64)[:, None] * sx_m + ks[None, :] * sx_k,
+                     mask=(rm < M)[:, None] & (ks < K)[None, :], other=0.0)
+        wa = tl.load(w_ptr + rn.to(tl.int64)[:, None] * sw_n + ks[None, :] * sw_k,
+                     mask=(rn < N)[:, None] & (ks < K)[None, :], other=0.0)
+        an, ap, am, az, apos, aneg = _classes(sm.widen(xa).to(tl.int32, bitcast=True)[:, None, :])
+        wn, wp, wm, wz, wpos, wneg = _classes(sm.widen(wa).to(tl.int32, bitcast=True)[None, :, :])
+        n3 = an | wn | ((ap | am) & wz) | (az & (wp | wm))
+        p3 = (ap & wpos) | (am & wneg) | (apos & wp) | (aneg & wm)
+        m3 = (ap & wneg) | (am & wpos) | (apos & wm) | (aneg & wp)
+        nan = tl.maximum(nan, tl.max(n3.to(tl.int32), axis=2))
+        pinf = tl.maximum(pinf, tl.max(p3.to(tl.int32), axis=2))
+        ninf = tl.maximum(ninf, tl.max(m3.to(tl.int32), axis=2))
+    nan = nan | (pinf & ninf)
+    return tl.where(nan > 0, 1, tl.where(pinf > 0, 2, tl.where(ninf > 0, 3, 0)))
+
+
+@triton.jit
+def _round_odd_f32(v):
+    """float64 -> float32 rounded to odd (core._round_odd_f32)."""
+    t = v.to(tl.float32)
+    back = t.to(tl.float64)
+    bits = t.to(tl.int32, bitcast=True) - (tl.abs(back) > tl.abs(v)).to(tl.int32)
+    return tl.where(back == v, bits, bits | 1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _finish_kernel(hi_ptr, lo_ptr, ea_ptr, eb_ptr, rbad_ptr, cbad_ptr, x_ptr, w_ptr, b_ptr, out_ptr,
+                   M, N, K, sx_m, sx_k, sw_n, sw_k, so_m, temp,
+                   S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_TEMP: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr):
+    """Limbs (hi, lo) [M, N] -> out [M, N] (row stride so_m): core.to_f64_odd, core.finish, the temperature."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = (rm < M)[:, None] & (rn < N)[None, :]
+    offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+    hi = tl.load(hi_ptr + offs, mask=ok, other=0)
+    lo = tl.load(lo_ptr + offs, mask=ok, other=0)
+    carry = lo >> LIMB  # lo = carry * 2**LIMB + r, 0 <= r < 2**LIMB (an arithmetic shift is the floor)
+    r = lo - (carry << LIMB)
+    # round to odd in float64 (core._round_odd_f64): one rounding of the sum, TwoSum's exact error
+    a = (hi + carry).to(tl.float64) * (1 << LIMB)
+    b = r.to(tl.float64)
+    s = a + b
+    bv = s - a
+    err = (a - (s - bv)) + (b - bv)
+    bits = s.to(tl.int64, bitcast=True)
+    to_odd = (err != 0) & ((bits & 1) == 0)
+    step = tl.where((err > 0) == (s > 0), 1, -1).to(tl.int64)
+    v = tl.where(to_odd, bits + step, bits).to(tl.float64, bitcast=True)
+    ea = tl.load(ea_ptr + rm, mask=rm < M, other=0)
+    eb = tl.load(eb_ptr + rn, mask=rn < N, other=0)
+    q = ea[:, None] + eb[None, :] - 2 * (DIGIT * S - 1)
+    v = v * ((q + 1023) << 52).to(tl.float64, bitcast=True)  # 2**q, exact (no float64 over/underflow)
+    if HAS_BIAS or OUT_DTYPE == tl.float32:
+        y = v.to(tl.float32)  # the one rounding (float32 output, or the dot before the bias)
+    else:
+        y = _round_odd_f32(v)  # float32 keeps >= 2 extra bits: round_out's RNE then rounds once
+    rbad = tl.load(rbad_ptr + rm, mask=rm < M, other=0)
+    cbad = tl.load(cbad_ptr + rn, mask=rn < N, other=0)
+    if tl.max(rbad.to(tl.int32), axis=0) + tl.max(cbad.to(tl.int32), axis=0) > 0:  # a non-finite input here
+        code = _special_codes(x_ptr, w_ptr, rm, rn, M, N, K, sx_m, sx_k, sw_n, sw_k, BM, BN, BKS)
+        y = tl.where(code == 1, float("nan"),
+                     tl.where(code == 2, float("inf"), tl.where(code == 3, float("-inf"), y)))
+    if HAS_BIAS:  # one float32 addition after the rounded dot
+        y = y + sm.widen(tl.load(b_ptr + rn, mask=rn < N, other=0.0))[None, :]
+    if HAS_TEMP:
+        y = sm.div(y, temp)
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * so_m + rn[None, :], sm.round_out(y, OUT_DTYPE), mask=ok)
+
+
+#: the path exact_linear_triton takes by default: "kernels" (slicing and finish kernels, no host read) or "torch"
+#: (the earlier torch glue around the same products kernel; host syncs). benchmarks/gpu_perf.py times both
+GLUE = "kernels"
+
+#: the products kernel limbs() runs by default: "diagonal" (_diagonal_limbs_kernel: one K pass, 2s - 1 int32
+#: accumulators) or "pairs" (_limbs_kernel: a K pass per slice pair, the first kernel). Same integers; not yet timed
+#: on a GPU (benchmarks/gpu_perf.py has both)
+PRODUCTS = "diagonal"
+
+#: the GPU blocks: products tile (BM, BN, BK); the finish's output tile and the K step of its special-value pass (a
+#: [BM, BN, BKS] block of classes); rows per program and K step of the slicer. Speed only: no block changes a bit
+_PRODUCTS_BLOCK = (32, 32, 32)
+_FINISH_BLOCK, _SPECIAL_K = (32, 32), 8
+_SLICE_BLOCK = (4, 256)
+
+
+def _interpreting() -> bool:
+    from hal.kernels.triton.versions import interpreting
+    return interpreting()
+
+
+def _blocks(m: int, n: int, k: int):
+    """(products block, finish block, special K step, slicer block): the GPU's, or in the interpreter few large
+    programs (it pays per operation, not per element)."""
+    if not _interpreting():
+        return _PRODUCTS_BLOCK, _FINISH_BLOCK, _SPECIAL_K, _SLICE_BLOCK
+    p2 = lambda v, lo, hi: max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))  # noqa: E731
+    bm, bn = p2(m, 16, 64), p2(n, 16, 256)
+    bk_slice = p2(k, 16, 4096)
+    return ((bm, bn, p2(k, 32, 2048)), (bm, bn), p2(k, 8, max(8, (1 << 18) // (bm * bn))),
+            (p2(m, 1, max(1, (1 << 16) // bk_slice)), bk_slice))
+
+
+def slice_rows(x: torch.Tensor, s: int) -> tuple[core.Sliced, torch.Tensor]:
+    """x [R, K] -> (its slices, int8 [R] non-finite flags) on the device, no host sync: core.slice_rows's
+    digits and exponents (its ``finite`` field is left True: the flags say it per row)."""
+    if x.dtype not in core.DTYPES:
+        raise core.InputError(f"the exact policy takes float32, bfloat16 or float16 inputs, got {x.dtype}")
+    r, k = x.shape
+    digits = torch.empty((s, r, k), dtype=torch.int8, device=x.device)
+    exp = torch.empty(r, dtype=torch.int64, device=x.device)
+    bad = torch.empty(r, dtype=torch.int8, device=x.device)
+    if r:
+        br, bk = _blocks(r, 1, k)[3]
+        _slice_kernel[(triton.cdiv(r, br),)](x, digits, exp, bad, r, k, *x.stride(), *digits.stride()[:2],
+                                             S=s, DIGIT=core.DIGIT, BR=br, BK=bk)
+    return core.Sliced(digits, exp, True), bad
+
+
+def prepared_slices(w: torch.Tensor, s: int) -> core.Sliced:
+    """core.slice_rows's result (its ``finite`` a Python bool: one host read, at preparation) from the kernel."""
+    sliced, bad = slice_rows(w, s)
+    return sliced._replace(finite=not bool(bad.any()))
+
+
+def limbs(da: torch.Tensor, dw: torch.Tensor, block=None, split_k: int = 1, products: str | None = None,
+          **launch):
+    """Digits da [s, M, K], dw [s, N, K] (int8) -> limbs (hi, lo) [M, N] int64 (core.combine's); ``block``: the
+    products tile (BM, BN, BK), default _blocks'; ``products``: the kernel, default PRODUCTS ("diagonal": one K
+    pass, an int32 accumulator per diagonal; "pairs": a K pass per slice pair). Any K: longer K runs as pieces
+    (programs along the grid's third axis) whose int32 sums stay exact, added in int64."""
+    s, m, k = da.shape
+    n = dw.shape[1]
+    bm, bn, bk = block or _blocks(m, n, k)[0]
+    diagonal = (products or PRODUCTS) == "diagonal"
+    bound = core.INT32_SAFE_K // s if diagonal else core.INT32_SAFE_K  # a diagonal adds up to s products a term
+    per = min(-(-k // split_k), bound) if k else 1  # any split point; int32 sums stay exact
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, per))
+    alloc = torch.zeros if grid[2] != 1 else torch.empty  # one split stores every element; K = 0 stores none
+    hi = alloc((m, n), dtype=torch.int64, device=da.device)
+    lo = alloc((m, n), dtype=torch.int64, device=da.device)
+    if 0 in (m, n, k):
+        return hi, lo
+    kernel = _diagonal_limbs_kernel if diagonal else _limbs_kernel
+    kernel[grid](da, dw, hi, lo, m, n, k, per, *da.stride(), *dw.stride(),
+                 S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, BM=bm, BN=bn, BK=bk, ATOMIC=grid[2] > 1, **launch)
+    return hi, lo
+
+
+def weight_slices(weight, spec) -> tuple[torch.Tensor, core.Sliced, torch.Tensor]:
+    """A weight argument (a tensor, sliced here, or a fresh ``ExactWeight`` of ``spec``) -> (weight [N, K], its
+    slices, int8 [N] non-finite flags of its channels)."""
+    w, sw = unpack(weight, spec)
+    if sw is None:
+        sw, bad = slice_rows(w, spec.slices)
+        return w, sw, bad
+    if sw.finite:  # read at preparation
+        return w, sw, torch.zeros(w.shape[0], dtype=torch.int8, device=w.device)
+    return w, sw, (~torch.isfinite(w).all(-1)).to(torch.int8)
+
+
+def linear_sliced(x2: torch.Tensor, w: torch.Tensor, sw: core.Sliced, wbad: torch.Tensor, bias, s: int,
+                  out: torch.Tensor, temperature: float = 1.0, block=None, split_k: int = 1,
+                  **launch) -> torch.Tensor:
+    """out [M, N] (any row stride) = x2 [M, K] . w [N, K] under the exact policy with s slices, given the
+    weight's slices and channel flags (weight_slices): slice x2, the products, the finish. Returns ``out``."""
+    sa, xbad = slice_rows(x2, s)
+    hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
+    m, n, k = x2.shape[0], w.shape[0], x2.shape[1]
+    if m and n:
+        _, (bm, bn), bks, _ = _blocks(m, n, k)
+        _finish_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+            hi, lo, sa.exp, sw.exp, xbad, wbad, x2, w, bias if bias is not None else hi, out,
+            m, n, k, *x2.stride(), *w.stride(), out.stride(0), float(temperature),
+            S=s, DIGIT=core.DIGIT, LIMB=core.LIMB, HAS_BIAS=bias is not None, HAS_TEMP=temperature != 1.0,
+            OUT_DTYPE=tl_dtype(out.dtype), BM=bm, BN=bn, BKS=bks)
+    return out
+
+
 def exact_linear_triton(x: torch.Tensor, weight, bias: torch.Tensor | None, spec,
-                        block=(32, 32, 32), split_k: int = 1, **launch) -> torch.Tensor:
+                        block=None, split_k: int = 1, out_dtype: torch.dtype | None = None,
+                        glue: str | None = None, **launch) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias) under an ExactMatmulSpec; the reference's bits.
 
-    ``weight``: a tensor (sliced here) or a prepared ``ExactWeight`` (the kernel reads its int8
-    planes through their strides); ``launch``: Triton launch options (num_warps, num_stages). No
-    choice here changes a bit.
+    ``weight``: a tensor (sliced here) or a prepared ``ExactWeight`` (the kernels read its int8 planes
+    through their strides); ``out_dtype``: other than x's (float32 logits); ``launch``: Triton launch options
+    of the products kernel (num_warps, num_stages). No choice of block, split or launch changes a bit.
+    ``glue``: default GLUE; "torch" is the earlier path, core's torch slicing and finish around the same products
+    kernel (host syncs: not graph-capturable), kept for the benchmark's comparison.
     """
     s = spec.slices
-    w, sw = unpack(weight, spec)
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
-    sa = core.slice_rows(x2, s)
-    sw = sw if sw is not None else core.slice_rows(w, s)
-    hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
-    v = core.to_f64_odd(hi, lo, core.scale_exponent(sa.exp, sw.exp, s))
-    flags = None if sa.finite and sw.finite else core.special_flags(x2, w)
-    out = core.finish(v, flags, bias, x.dtype)
+    out_dtype = out_dtype or x.dtype
+    if (glue or GLUE) == "torch":
+        w, sw = unpack(weight, spec)
+        sa = core.slice_rows(x2, s)
+        sw = sw if sw is not None else core.slice_rows(w, s)
+        hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
+        v = core.to_f64_odd(hi, lo, core.scale_exponent(sa.exp, sw.exp, s))
+        flags = None if sa.finite and sw.finite else core.special_flags(x2, w)
+        return core.finish(v, flags, bias, out_dtype).reshape(*x.shape[:-1], w.shape[0])
+    w, sw, wbad = weight_slices(weight, spec)
+    out = torch.empty((x2.shape[0], w.shape[0]), dtype=out_dtype, device=x.device)
+    linear_sliced(x2, w, sw, wbad, bias, s, out, 1.0, block, split_k, **launch)
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 
-def exact_matmul_triton(a: torch.Tensor, b: torch.Tensor, spec, block=(32, 32, 32), split_k: int = 1):
+def exact_matmul_triton(a: torch.Tensor, b: torch.Tensor, spec, block=None, split_k: int = 1, **kw):
     """a [..., M, K] @ b [K, N] under an ExactMatmulSpec."""
-    return exact_linear_triton(a, b.transpose(0, 1), None, spec, block, split_k)
+    return exact_linear_triton(a, b.transpose(0, 1), None, spec, block, split_k, **kw)
+
+
+def linear(x, weight, bias, spec, out_dtype=None):
+    """The triton backend's exact linear (kernels/exact/cpu.py's signature)."""
+    return exact_linear_triton(x, weight, bias, spec, out_dtype=out_dtype)
+
+
+def matmul(a, b, spec):
+    return exact_matmul_triton(a, b, spec)

@@ -147,15 +147,16 @@ def _softmax_kernel(x_ptr, out_ptr, R, n, n_tiles, n_work, MODE: tl.constexpr, T
 
 
 @triton.jit(do_not_specialize=["R", "n_work", "n1"])
-def _chunk_max_kernel(x_ptr, m_ptr, p_ptr, z_ptr, R, n, n_chunks, n_work, n1, CH: tl.constexpr, BR: tl.constexpr,
-                      BC: tl.constexpr, NPU: tl.constexpr):
-    """Per (row block, column chunk of CH): (max, poisoned, has +0.0) of the chunk (common.row_max) -> [R, n_chunks]
-    (max is exact in any grouping; chunk_stats_kernel combines them)."""
+def _chunk_max_kernel(x_ptr, m_ptr, p_ptr, z_ptr, R, n, sx, n_chunks, n_work, n1, CH: tl.constexpr, BR: tl.constexpr,
+                     BC: tl.constexpr, NPU: tl.constexpr):
+    """Per (row block, column chunk of CH): (max, poisoned, has +0.0) of the chunk (common.row_max) of rows
+    x_ptr[row * sx : row * sx + n] -> [R, n_chunks] (max is exact in any grouping; chunk_stats_kernel combines them).
+    Shared with token_logprobs (its exact logits, kept)."""
     for item in range(tl.program_id(0), n_work, tl.num_programs(0)):  # persistent (launch.py)
         rows = (item % n1) * BR + tl.arange(0, BR)  # row block fastest: the row blocks of one chunk run together
         row_ok = rows < R
         c = item // n1
-        base = rows.to(tl.int64) * n
+        base = rows.to(tl.int64) * sx
         cols = tl.arange(0, BC)
         # elementwise across the loop, one reduction after it (no cross-warp reduction per block); common.row_max's
         # rules: NaN ignored by the max, NaN / +inf poison, +0.0 noted
@@ -392,7 +393,7 @@ def _run_split(x2: torch.Tensor, out: torch.Tensor, spec, mode: int, reg: bool) 
     m, bad, pz, shift, empty, parts = ws
     s = workspace("softmax sum", (rows,), torch.float32, dev)
     out_dtype = tl_dtype(x2.dtype)
-    launch(_chunk_max_kernel, (n_chunks, cdiv(rows, br)), x2, m, bad, pz, rows, n, n_chunks, CH=ch, BR=br, BC=bc,
+    launch(_chunk_max_kernel, (n_chunks, cdiv(rows, br)), x2, m, bad, pz, rows, n, n, n_chunks, CH=ch, BR=br, BC=bc,
            persistent=True)
     run_chunk_stats(ws, rows, n_chunks)
     launch(tile_sums_kernel, (cdiv(n_tiles, ntb), cdiv(rows, sbr)), x2, shift, parts, rows, n, n, sp, n_tiles,

@@ -217,6 +217,8 @@ def _round16(n: int) -> int:
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
                    spec) -> torch.Tensor:
     """float32 log p(tokens[n] | hidden[n]) for hidden [..., H], weight [V, H], tokens [...] int."""
+    if spec.matmul is not None:
+        return _exact_token_logprobs(hidden, weight, tokens, temperature, spec)
     lead, hdim = hidden.shape[:-1], hidden.shape[-1]
     h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim).contiguous()
     w = weight.contiguous()
@@ -261,6 +263,60 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
             launch(_max_kernel, (n_chunks, cdiv(n, br)), hg, w, logits, m, bad, pz, n, vocab, hdim, h2.stride(0),
                    w.stride(0), sl, temp, n_chunks, HAS_TEMP=has_temp, KT=kt, BR=br, NTB=ntb, VT=vt, VTP=vtp,
                    VEC=16 // w.element_size(), WORDS=words, num_warps=warps, persistent=True)
+        softmax.run_chunk_stats(ws, n, n_chunks)
+        launch(softmax.tile_sums_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp,
+               n_tiles, VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, ROW_PAD=True, REG=interpreter_layout(), persistent=True)
+        launch(_finish_kernel, (cdiv(n, fbr),), logits, tok[r0:r0 + n], shift, empty, parts, out[r0:r0 + n], n, sl,
+               sp, n_tiles, BR=fbr, num_warps=fwarps, persistent=True)
+    return out.reshape(lead)
+
+
+#: vocab entries per exact-logits step: its int64 limbs are 16 bytes per (row, entry), [group rows, this] at a time
+EXACT_VOCAB_TILE = 8192
+
+
+def _exact_token_logprobs(hidden, weight, tokens, temperature, spec):
+    """token_logprobs with exact logits (``spec.matmul``, an ExactMatmulSpec): pass 1 is the exact policy's kernels
+    (hal.kernels.exact.triton_matmul: the dot rounded once to float32, then the one correctly rounded division by the
+    temperature) written straight into the kept logits, a vocab tile at a time; their chunk maxima are softmax.py's
+    chunk-max pass over the kept rows; passes 2-4 are the strict path's. ``weight``: a tensor (sliced once per call)
+    or a prepared ExactWeight (its slices read a vocab tile at a time)."""
+    from hal.kernels.exact import core, triton_matmul as tx
+    mm = spec.matmul
+    core.check_k("hidden", hidden.shape[-1])
+    lead, hdim = hidden.shape[:-1], hidden.shape[-1]
+    h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim)
+    w, sw, wbad = tx.weight_slices(weight, mm)
+    tok = tokens.reshape(-1).to(torch.int64).contiguous()
+    rows, vocab = h2.shape[0], w.shape[0]
+    dev = hidden.device
+    out = torch.empty(rows, dtype=torch.float32, device=dev)
+    if rows == 0:
+        return out.reshape(lead)
+    vt = spec.vocab_tile
+    n_tiles = max(1, cdiv(vocab, vt))
+    sl, sp = _round16(vocab), _round16(n_tiles)
+    group = min(rows, max(16, _LOGITS_SCRATCH_BYTES // (4 * sl) // 16 * 16))
+    br, ntb, _ = _blocks(group, n_tiles)
+    sbr, sntb = _sum_blocks(group, n_tiles, br, ntb)
+    fbr, fwarps = _finish_blocks(br)
+    mbc = min(4096 if interpreter_layout() else 1024, next_power_of_2(max(vocab, 1)))  # chunk-max lanes
+    mbr = min(16, next_power_of_2(group)) if interpreter_layout() else 1
+    mch = mbc if interpreter_layout() else 4 * mbc
+    n_chunks = cdiv(vocab, mch)
+    logits = workspace("token_logprobs logits", (group, sl), torch.float32, dev)
+    ws = softmax.split_scratch("token_logprobs", group, n_chunks, sp, dev)
+    m, bad, pz, shift, empty, parts = ws
+    vtp = next_power_of_2(vt)
+    temp = float(temperature)
+    for r0 in range(0, rows, group):
+        n = min(group, rows - r0)
+        hg = h2[r0:r0 + n]
+        for v0 in range(0, vocab, EXACT_VOCAB_TILE):
+            v1 = min(vocab, v0 + EXACT_VOCAB_TILE)
+            tx.linear_sliced(hg, w[v0:v1], sw.rows(v0, v1), wbad[v0:v1], None, mm.slices, logits[:n, v0:v1], temp)
+        launch(softmax._chunk_max_kernel, (n_chunks, cdiv(n, mbr)), logits, m, bad, pz, n, vocab, sl, n_chunks,
+               CH=mch, BR=mbr, BC=mbc, persistent=True)
         softmax.run_chunk_stats(ws, n, n_chunks)
         launch(softmax.tile_sums_kernel, (cdiv(n_tiles, sntb), cdiv(n, sbr)), logits, shift, parts, n, vocab, sl, sp,
                n_tiles, VT=vt, VTP=vtp, BR=sbr, NTB=sntb, VEC=4, ROW_PAD=True, REG=interpreter_layout(), persistent=True)

@@ -1,0 +1,85 @@
+"""Admission probe of an int8 path for the exact policy: does it accumulate int8 x int8 exactly?
+
+The exact policy's bits rest on one property of whatever computes the slice products: every sum of int8 x
+int8 products over K is exact (int32 per piece of at most core.INT32_SAFE_K terms, pieces added in int64).
+Some paths do not hold it: Triton's int8 mma is ``.satfinite`` (an overflow clamps instead of wrapping),
+some vendor GEMMs scale the int32 accumulator in float32 in their epilogue (exact only below 2**24), some CPU
+kernels saturate int16 intermediates (vpmaddubsw). The probe puts every digit at its extreme (127, and
+-127 x 127 in a second row) over a full piece and just past it, and over two pieces and a bit (a sum no
+int32 holds: the pieces must be added in int64), and wants exactly 127**2 x K in every output. A path is
+admitted on a device only when the probe finds nothing (benchmarks/gpu_perf.py runs it there first).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .core import INT32_SAFE_K
+
+#: K of each probe: a full int32 piece, just past it (two pieces), past 2**31 in total; multiples of 8
+#: (torch._int_mm on CUDA needs K and N multiples of 8)
+PROBE_K = (INT32_SAFE_K, INT32_SAFE_K + 8, 2 * INT32_SAFE_K + 8)
+PROBE_ROWS, PROBE_COLS = 32, 8   # rows > 16: CUDA torch._int_mm's minimum
+
+#: a path: digits a [1, M, K], w [1, N, K] (int8) -> the exact sums [M, N] (int64)
+Sums = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def probe_inputs(k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Digits a [1, 32, k] (127; row 1 all -127) and w [1, 8, k] (127): every product at its extreme."""
+    a = torch.full((1, PROBE_ROWS, k), 127, dtype=torch.int8, device=device)
+    a[0, 1] = -127
+    return a, torch.full((1, PROBE_COLS, k), 127, dtype=torch.int8, device=device)
+
+
+def probe_want(k: int, device) -> torch.Tensor:
+    want = torch.full((PROBE_ROWS, PROBE_COLS), 127 * 127 * k, dtype=torch.int64, device=device)
+    want[1] = -127 * 127 * k
+    return want
+
+
+def accumulation_problems(sums: Sums, device, ks=PROBE_K) -> list[str]:
+    """What the path got wrong at each probe K (empty: it accumulates exactly)."""
+    problems = []
+    for k in ks:
+        a, w = probe_inputs(k, device)
+        got = sums(a, w).to(torch.int64)
+        want = probe_want(k, device)
+        if not torch.equal(got, want):
+            wrong = (got != want).nonzero()[0].tolist()
+            problems.append(f"K = {k}: output {wrong} is {int(got[tuple(wrong)])}, exactly {int(want[tuple(wrong)])} "
+                            f"(127**2 x K{', negated' if wrong[0] == 1 else ''})")
+    return problems
+
+
+def int_mm_sums(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """torch._int_mm, K cut into pieces (kernels/exact/cpu.py products_int_mm): the cpu backend's path."""
+    from .cpu import products_int_mm
+    return products_int_mm(a, w)[0, 0]
+
+
+def triton_sums(a: torch.Tensor, w: torch.Tensor, block=None, split_k: int = 1) -> torch.Tensor:
+    """The Triton products kernel (kernels/exact/triton_matmul.py): with one slice S = hi * 2**28 + lo is the sum."""
+    from . import triton_matmul
+    hi, lo = triton_matmul.limbs(a, w, block, split_k)
+    return (hi << 28) + lo
+
+
+#: K of the diagonal probe: past the one-pass kernel's piece at s = 4 (INT32_SAFE_K // 4: a diagonal adds 4 products
+#: a term), so it runs as two pieces, the first at the int32 bound
+DIAGONAL_K = INT32_SAFE_K // 4 + 8
+
+
+def diagonal_problems(limbs, device, s: int = 4) -> list[str]:
+    """``limbs(da [s, M, K], dw [s, N, K]) -> (hi, lo)`` (core.combine's layout) with every digit at its extreme over
+    DIAGONAL_K: the exact limbs, or what differs. Every diagonal of the one-pass kernel reaches s x 127**2 x K per
+    piece."""
+    from .core import combine
+    a, w = probe_inputs(DIAGONAL_K, device)
+    da, dw = a.expand(s, -1, -1).contiguous(), w.expand(s, -1, -1).contiguous()
+    p = probe_want(DIAGONAL_K, device).expand(s, s, -1, -1)
+    want = combine(p, s)
+    got = limbs(da, dw)
+    return [f"s{s} K = {DIAGONAL_K}: {name} limb differs ({int((g != e).sum())} outputs)"
+            for name, g, e in zip(("hi", "lo"), got, want) if not torch.equal(g, e)]
