@@ -14,6 +14,7 @@ layer's gating, conv1d and SwiGLU's silu_mul against their stock torch formulas.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -155,12 +156,11 @@ def _best_seconds(fn, min_calls=5, min_seconds=0.3):
     return best
 
 
-def read_bandwidth() -> float:
-    """Bytes per second of reading a 256 MiB float32 buffer (beyond the caches) with sixteen-lane vector
-    loads on torch's thread count (hal's cpu pool): the ceiling of a kernel that streams a weight."""
+@functools.lru_cache(maxsize=1)
+def _reader():
+    """A compiled read of a 256 MiB float32 buffer (beyond the caches) with sixteen-lane vector loads."""
     import numpy as np
     from numba import njit
-    from hal.kernels.cpu import pool
     from hal.kernels.cpu.simd import vadd, vload16, vstore16, vzero16
 
     @njit(nogil=True)
@@ -174,9 +174,16 @@ def read_bandwidth() -> float:
                 a6, a7 = vadd(a6, vload16(buf, i + 96)), vadd(a7, vload16(buf, i + 112))
         vstore16(out, 16 * (lo % 64), vadd(vadd(vadd(a0, a1), vadd(a2, a3)), vadd(vadd(a4, a5), vadd(a6, a7))))
 
-    buf, out = np.ones(64 << 20, np.float32), np.zeros(16 * 64, np.float32)
+    return read, np.ones(64 << 20, np.float32), np.zeros(16 * 64, np.float32)
+
+
+def read_bandwidth(min_seconds: float = 1.0) -> float:
+    """Bytes per second of reading a 256 MiB float32 buffer with sixteen-lane vector loads on torch's
+    thread count (hal's cpu pool): the ceiling of a kernel that streams a weight from memory."""
+    from hal.kernels.cpu import pool
+    read, buf, out = _reader()
     chunks = buf.size // 16384
-    return buf.nbytes / _best_seconds(lambda i: pool.run(read, chunks, buf, out, parallel=True), 5, 1.0)
+    return buf.nbytes / _best_seconds(lambda i: pool.run(read, chunks, buf, out, parallel=True), 5, min_seconds)
 
 
 def linear_report(quick: bool) -> list[dict]:
@@ -184,7 +191,8 @@ def linear_report(quick: bool) -> list[dict]:
     float32 ``F.linear`` (the strict spec's products are float32 fmas: its rate is the bar) and stock bf16
     ``F.linear`` (oneDNN: AVX512-BF16 / AMX dot products, not an fma chain: the stock engine's speed).
     GFLOP/s = 2 M N K / fastest call; GB/s = the weight's bytes / fastest call; ratio = strict / MKL float32
-    rate; for up to 8 rows, the share of :func:`read_bandwidth` the strict linear streams its weight at."""
+    rate; for up to 8 rows, the share of :func:`read_bandwidth` (measured again just before the row: the load
+    of a shared machine moves it) the strict linear streams its weight at."""
     import numpy as np
     rows = (1, 8, 64) if quick else ENGINE_ROWS
     shapes = ENGINE_LINEARS[::2] if quick else ENGINE_LINEARS
@@ -192,7 +200,7 @@ def linear_report(quick: bool) -> list[dict]:
     bw = read_bandwidth()
     print(f"threads {torch.get_num_threads()}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
           f"(1 / 5 / 15 min); measured read bandwidth {bw / 1e9:.1f} GB/s", flush=True)
-    print(f"{'linear':<8} {'M':>4} {'K':>5} {'N':>6} {'dtype':<5} | {'strict GF/s':>11} {'GB/s':>6} {'of bw':>6} | "
+    print(f"{'linear':<8} {'M':>4} {'K':>5} {'N':>6} {'dtype':<5} | {'strict GF/s':>11} {'GB/s':>6} {'of bw':>11} | "
           f"{'MKL fp32 GF/s':>13} | {'stock bf16 GF/s':>15} | {'strict / MKL':>12}")
     out = []
     for name, k, n in shapes:
@@ -207,6 +215,7 @@ def linear_report(quick: bool) -> list[dict]:
                     continue
                 x = torch.randn(m, k, generator=g).to(dt)
                 x32, x16 = x.float(), x.bfloat16()
+                row_bw = read_bandwidth(0.3) if m <= 8 else float("nan")
                 t = _best_seconds(lambda i: hal.linear(x, ws[i % len(ws)], backend=B))
                 t_mkl = _best_seconds(lambda i: F.linear(x32, w32[i % len(w32)]))
                 t_bf16 = _best_seconds(lambda i: F.linear(x16, w16[i % len(w16)]))
@@ -214,10 +223,10 @@ def linear_report(quick: bool) -> list[dict]:
                 row = dict(linear=name, M=m, K=k, N=n, dtype=str(dt).removeprefix("torch."),
                            strict_gflops=flop / t / 1e9, strict_gbps=wbytes / t / 1e9,
                            mkl_fp32_gflops=flop / t_mkl / 1e9, stock_bf16_gflops=flop / t_bf16 / 1e9,
-                           ratio=t_mkl / t, of_bandwidth=(wbytes / t) / bw if m <= 8 else float("nan"),
+                           ratio=t_mkl / t, read_gbps=row_bw / 1e9, of_bandwidth=(wbytes / t) / row_bw,
                            threads=torch.get_num_threads(), load1=load[0])
                 out.append(row)
-                share = f"{row['of_bandwidth']:6.0%}" if m <= 8 else f"{'':>6}"
+                share = f"{row['of_bandwidth']:4.0%} of {row_bw / 1e9:4.1f}" if m <= 8 else f"{'':>11}"
                 print(f"{name:<8} {m:>4} {k:>5} {n:>6} {row['dtype'][:5]:<5} | {row['strict_gflops']:11.1f} "
                       f"{row['strict_gbps']:6.1f} {share} | {row['mkl_fp32_gflops']:13.1f} | "
                       f"{row['stock_bf16_gflops']:15.1f} | {row['ratio']:11.2f}x", flush=True)
