@@ -155,7 +155,7 @@ def test_linear_operand_packing_edges(dt):
 
 # the streaming kernel (matmul._stream_*, up to _STREAM_ROWS x rows on the weight as stored): row counts
 # inside and past a group of four, N under and off its 32-row tasks, K off its 64-byte blocks (32 bf16 /
-# 16 float32 steps), their halves and its span (_SPAN = 64 steps), tiles ending inside a block or a span
+# 16 float32 steps), their halves and its span (_SPAN steps), tiles ending inside a block or a span
 # and longer than a span
 STREAM_SHAPES = [((1, 1, 1), 64), ((1, 200, 70), 64), ((3, 33, 31), 7), ((4, 97, 33), 48), ((5, 130, 65), 100),
                  ((8, 81, 32), 16), ((7, 64, 96), 64), ((2, 300, 40), 256)]

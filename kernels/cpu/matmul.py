@@ -200,7 +200,7 @@ def _gemm_into(A, B, nk, C, T, bias, xpacked):
 
 _SN = 32  # outputs (weight rows) per streaming task: two sixteen-lane vectors, two chains per x row
 _STREAM_ROWS = 8  # up to this many x rows (decode) linear streams the weight once for all of them
-_SPAN = 64  # steps of the 32 weight rows widened at a time: 8 KiB of float32, in L1
+_SPAN = 32  # steps of the 32 weight rows widened at a time: 4 KiB of float32, in L1
 
 
 @njit(inline="always", cache=True)
@@ -331,7 +331,7 @@ def _stream_rows(x, K, r, last, wbuf, steps, k, acc):
 def _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot):
     """Every row of x (x: [M, K] float32 flat, M <= _STREAM_ROWS) against 32 weight rows from blk * 32
     (b: [N, K] as stored, flat): 32 chains per x row in the lanes of two vectors, each advanced in k order.
-    Up to _SPAN steps of the 32 rows are widened and transposed once into wbuf (8 KiB, in L1), then the
+    Up to _SPAN steps of the 32 rows are widened and transposed once into wbuf (4 KiB, in L1), then the
     rows of x run over it four at a time (eight chains in registers, one broadcast x value per row and
     step): the weight is read from memory once per call, whatever M. Weight rows past N are clamped
     (computed, never stored)."""
