@@ -282,34 +282,7 @@ def vstore16(typingctx, arr, i, v):
     return types.none(arr, i, v), codegen
 
 
-def _wide8(builder, dtype, ptr):
-    """Eight elements at ptr widened exactly to float32 (as vload_wide)."""
-    if dtype == types.float32:
-        return builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4)
-    bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=2)
-    if dtype == types.int16:
-        i32 = ir.VectorType(ir.IntType(32), LANES)
-        return builder.bitcast(builder.shl(builder.zext(bits, i32), ir.Constant(i32, [16] * LANES)), _VEC)
-    return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), _VEC)
-
-
 _JOIN = ir.Constant(_I32X16, list(range(2 * LANES)))
-
-
-@intrinsic
-def vload2_wide(typingctx, arr, i, j):
-    """arr.flat[i : i + 8] widened (float32 as is, bf16 / fp16 bits as :func:`vload_wide`) in lanes 0-7 and
-    arr.flat[j : j + 8] in lanes 8-15 (unchecked): two rows' eight k steps in one register."""
-    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer) and isinstance(j, types.Integer)
-            and arr.dtype in (types.float32, types.int16, types.uint16)):
-        return None
-    dtype = arr.dtype
-
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        lo, hi = (_wide8(builder, dtype, builder.gep(data, [k])) for k in (args[1], args[2]))
-        return builder.shuffle_vector(lo, hi, _JOIN)
-    return f32x16(arr, i, j), codegen
 
 
 @intrinsic
@@ -380,3 +353,65 @@ def transpose8x2(r0, r1, r2, r3, r4, r5, r6, r7):
     u4, u5, u6, u7 = _lo64x2(t4, t6), _hi64x2(t4, t6), _lo64x2(t5, t7), _hi64x2(t5, t7)
     return (_lo128x2(u0, u4), _lo128x2(u1, u5), _lo128x2(u2, u6), _lo128x2(u3, u7),
             _hi128x2(u0, u4), _hi128x2(u1, u5), _hi128x2(u2, u6), _hi128x2(u3, u7))
+
+
+@intrinsic
+def vload16_wide(typingctx, arr, i):
+    """arr.flat[i : i + 16] widened exactly to float32 (unchecked): float32 as is, fp16 bits (uint16) by
+    ``fpext`` (bf16 weights are read as words: :func:`vload2_words`)."""
+    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer)
+            and arr.dtype in (types.float32, types.uint16)):
+        return None
+    dtype = arr.dtype
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.gep(data, [args[1]])
+        if dtype == types.float32:
+            return builder.load(builder.bitcast(ptr, _VEC16.as_pointer()), align=4)
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 2 * LANES).as_pointer()), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 2 * LANES)), _VEC16)
+    return f32x16(arr, i), codegen
+
+
+def _butterfly(d: int, high: bool):
+    """Stage ``d`` of the 16x16 transpose: rows (a, b) = (i, i + d) swap their off-diagonal d x d blocks."""
+    n = 2 * LANES
+    mask = [(j + d if not j & d else n + j) if high else (j if not j & d else n + j - d) for j in range(n)]
+
+    @intrinsic
+    def stage(typingctx, a, b):
+        if not (a == f32x16 and b == f32x16):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(_I32X16, mask))
+        return f32x16(f32x16, f32x16), codegen
+    return stage
+
+
+_B1L, _B1H, _B2L, _B2H = _butterfly(1, False), _butterfly(1, True), _butterfly(2, False), _butterfly(2, True)
+_B4L, _B4H, _B8L, _B8H = _butterfly(4, False), _butterfly(4, True), _butterfly(8, False), _butterfly(8, True)
+
+
+@njit(inline="always", cache=True)
+def transpose16(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15):
+    """The 16x16 transpose of sixteen row vectors: lane i of result j is lane j of row i (four stages of
+    block swaps, 64 shuffles, moves only: any bit pattern)."""
+    r0, r1, r2, r3 = _B1L(r0, r1), _B1H(r0, r1), _B1L(r2, r3), _B1H(r2, r3)
+    r4, r5, r6, r7 = _B1L(r4, r5), _B1H(r4, r5), _B1L(r6, r7), _B1H(r6, r7)
+    r8, r9, r10, r11 = _B1L(r8, r9), _B1H(r8, r9), _B1L(r10, r11), _B1H(r10, r11)
+    r12, r13, r14, r15 = _B1L(r12, r13), _B1H(r12, r13), _B1L(r14, r15), _B1H(r14, r15)
+    r0, r2, r1, r3 = _B2L(r0, r2), _B2H(r0, r2), _B2L(r1, r3), _B2H(r1, r3)
+    r4, r6, r5, r7 = _B2L(r4, r6), _B2H(r4, r6), _B2L(r5, r7), _B2H(r5, r7)
+    r8, r10, r9, r11 = _B2L(r8, r10), _B2H(r8, r10), _B2L(r9, r11), _B2H(r9, r11)
+    r12, r14, r13, r15 = _B2L(r12, r14), _B2H(r12, r14), _B2L(r13, r15), _B2H(r13, r15)
+    r0, r4, r1, r5 = _B4L(r0, r4), _B4H(r0, r4), _B4L(r1, r5), _B4H(r1, r5)
+    r2, r6, r3, r7 = _B4L(r2, r6), _B4H(r2, r6), _B4L(r3, r7), _B4H(r3, r7)
+    r8, r12, r9, r13 = _B4L(r8, r12), _B4H(r8, r12), _B4L(r9, r13), _B4H(r9, r13)
+    r10, r14, r11, r15 = _B4L(r10, r14), _B4H(r10, r14), _B4L(r11, r15), _B4H(r11, r15)
+    r0, r8, r1, r9 = _B8L(r0, r8), _B8H(r0, r8), _B8L(r1, r9), _B8H(r1, r9)
+    r2, r10, r3, r11 = _B8L(r2, r10), _B8H(r2, r10), _B8L(r3, r11), _B8H(r3, r11)
+    r4, r12, r5, r13 = _B8L(r4, r12), _B8H(r4, r12), _B8L(r5, r13), _B8H(r5, r13)
+    r6, r14, r7, r15 = _B8L(r6, r14), _B8H(r6, r14), _B8L(r7, r15), _B8H(r7, r15)
+    return r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15
