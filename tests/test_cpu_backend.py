@@ -153,7 +153,7 @@ def test_linear_operand_packing_edges(dt):
         same(f"matmul {m}x{k}x{n}", *both(hal.matmul, x, w.t(), spec=spec))
 
 
-# the streaming kernel (matmul._stream_*, up to _STREAM_ROWS x rows on the weight as stored): row counts
+# the decode kernels on the weight as stored (one row: matmul._dots_*; 2 to _STREAM_ROWS rows: _stream_*): row counts
 # inside and past a group of four, N under and off its 32-row tasks, K off its 64-byte blocks (32 bf16 /
 # 16 float32 steps), their halves and its span (_SPAN steps), tiles ending inside a block or a span
 # and longer than a span
@@ -209,7 +209,7 @@ def test_linear_streaming_bits(dt):
 # ------------------------------------------------------------------ invariances (by construction; shown)
 
 def test_linear_row_alone_equals_row_in_batch():
-    # one row streams the weight as stored (as up to 8 do), a batch of 33 rows runs the gemm with
+    # one row runs the one-row kernel on the weight as stored (2-8 rows stream it), a batch of 33 rows the gemm with
     # x packed, a batch of 100 rows the gemm with the weight packed: same bits for every row
     g = torch.Generator().manual_seed(1)
     x, w = randn(g, 100, 300), randn(g, 70, 300)
@@ -443,12 +443,13 @@ def test_parallel_and_serial_drivers_same_bits(monkeypatch):
         for name, fn, args in (("gemm nk", km._gemm_into, (a2, w2, True)),
                                ("gemm nk, x packed", km._gemm_into, (w2, a2, True)),
                                ("gemm kn", km._gemm_into, (a2, wt2, False)),
-                               ("stream", km._stream_into, (km._widened(a2[:3]), w2))):
+                               ("stream", km._stream_into, (km._widened(a2[:3]), w2)),
+                               ("dots", km._dots_into, (a2[:3], w2))):
             xpacked = name.endswith("x packed")  # C^T = W . x^T inside, then transposed
             outs = []
             for par, t in ((True, 64), (False, 64), (False, 32)):
                 monkeypatch.setattr(km, "parallel_worth", lambda work, par=par: par)
-                out = np.zeros((3 if name == "stream" else 70, 300), np.float32)
+                out = np.zeros((3 if name in ("stream", "dots") else 70, 300), np.float32)
                 fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None

@@ -13,7 +13,9 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
   operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
   with more rows than the weight, the weight is packed. matmul packs B.
-* ``_stream_*``: linear with up to 8 rows (decode), on the weight as stored ([N, K], bf16 / fp16 / float32
+* ``_dots_*``: linear with one row, on the weight as stored: eight output columns are eight chains in the
+  lanes of one vector (eight k steps of eight weight rows transposed in registers).
+* ``_stream_*``: linear with 2 to 8 rows (decode), on the weight as stored ([N, K], bf16 / fp16 / float32
   read in place): a task owns 32 weight rows, whose 32 chains per x row run in the lanes of two
   sixteen-float vectors (simd.py's f32x16). A span of k steps of the 32 rows is widened and transposed
   in registers into a small float32 buffer in L1 (bf16 as 32-bit words, split after the transpose),
@@ -35,8 +37,8 @@ from numba.extending import overload
 from . import pool
 from .host import F32, finish, raw
 from .pool import parallel_worth
-from .simd import (bf16_even, bf16_odd, transpose8x2, transpose16, vadd, vcanon, vfma, vload, vload16,
-                   vload16_wide, vload2_words, vsplat, vsplat16, vstore, vstore16, vzero)
+from .simd import (bf16_even, bf16_odd, transpose8, transpose8x2, transpose16, vadd, vcanon, vfma, vload,
+                   vload16, vload16_wide, vload2_words, vload_wide, vsplat, vsplat16, vstore, vstore16, vzero)
 from .strict_math import ZERO, canon, widen
 
 _L = 16  # panel width: two eight-float vectors per row
@@ -194,6 +196,77 @@ def _gemm_into(A, B, nk, C, T, bias, xpacked):
              bias, xpacked, parallel=par)
     if xpacked:
         pool.run(_transpose_blocks, (C.shape[0] + _L - 1) // _L, CT, C, parallel=par)
+
+
+@njit(inline="always", cache=True)
+def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
+    """Step k of eight weight rows (row offsets o0..o7) as one vector, through tmp (a tile's last
+    1-7 steps, when the tile is not a multiple of eight)."""
+    tmp[0], tmp[1], tmp[2], tmp[3] = widen(b[o0 + k]), widen(b[o1 + k]), widen(b[o2 + k]), widen(b[o3 + k])
+    tmp[4], tmp[5], tmp[6], tmp[7] = widen(b[o4 + k]), widen(b[o5 + k]), widen(b[o6 + k]), widen(b[o7 + k])
+    return vload(tmp, 0)
+
+
+@njit(cache=True)  # not inlined, as _gemm_task
+def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
+    """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
+    k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
+    step is one vector fma in k order (the lanes never meet)."""
+    nnb = (N + 7) // 8
+    m = blk // nnb
+    n0 = (blk % nnb) * 8
+    # unsigned offsets: no negative-index wraparound in the inner loop; rows past N are clamped
+    # (computed, never stored)
+    uk, last = uint64(K), N - 1
+    ra = uint64(m) * uk
+    o0, o1, o2, o3 = uint64(n0) * uk, uint64(min(n0 + 1, last)) * uk, uint64(min(n0 + 2, last)) * uk, uint64(min(n0 + 3, last)) * uk
+    o4, o5, o6, o7 = uint64(min(n0 + 4, last)) * uk, uint64(min(n0 + 5, last)) * uk, uint64(min(n0 + 6, last)) * uk, uint64(min(n0 + 7, last)) * uk
+    tot = vzero()
+    for k0 in range(0, K, T):
+        k1 = min(k0 + T, K)
+        acc = vzero()
+        kk = k0
+        while kk + 8 <= k1:
+            k = uint64(kk)
+            w0, w1, w2, w3, w4, w5, w6, w7 = transpose8(
+                vload_wide(b, o0 + k), vload_wide(b, o1 + k), vload_wide(b, o2 + k), vload_wide(b, o3 + k),
+                vload_wide(b, o4 + k), vload_wide(b, o5 + k), vload_wide(b, o6 + k), vload_wide(b, o7 + k))
+            x = ra + k
+            acc = vfma(vsplat(widen(a[x])), w0, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(1)])), w1, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(2)])), w2, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(3)])), w3, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(4)])), w4, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(5)])), w5, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(6)])), w6, acc)
+            acc = vfma(vsplat(widen(a[x + uint64(7)])), w7, acc)
+            kk += 8
+        while kk < k1:
+            k = uint64(kk)
+            acc = vfma(vsplat(widen(a[ra + k])), _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp), acc)
+            kk += 1
+        tot = vadd(tot, acc)
+    vstore(tmp, 0, tot)
+    for i in range(min(8, N - n0)):  # + bias once, after the K reduction
+        v = tmp[i]
+        if bias.shape[0] > 0:
+            v += bias[n0 + i]
+        c[m * N + n0 + i] = canon(v)
+
+
+@njit(nogil=True, cache=True)
+def _dots_tasks(a, b, c, M, N, K, T, bias, lo, hi):
+    tmp = np.empty(8, np.float32)
+    for blk in range(lo, hi):
+        _dots_task(a, b, c, M, N, K, T, bias, blk, tmp)
+
+
+def _dots_into(A, B, C, T, bias):
+    """C = A . B^T + bias for B [N, K] as stored: tasks of one row by eight columns, split over threads."""
+    M, K = A.shape
+    N = B.shape[0]
+    pool.run(_dots_tasks, M * ((N + 7) // 8), A.ravel(), B.ravel(), C.ravel(), M, N, K, T, bias,
+             parallel=parallel_worth(C.size * K))
 
 
 # ---------------------------------------------------------------- few rows: the weight streamed as stored
@@ -424,11 +497,17 @@ def _widened(a2: np.ndarray) -> np.ndarray:
 
 
 def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
-    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`. Up to _STREAM_ROWS rows
-    (decode) stream the weight as stored (:func:`_stream_into`); more run the gemm."""
+    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`. One row runs
+    :func:`_dots_into`, 2 to _STREAM_ROWS rows (decode) stream the weight as stored (:func:`_stream_into`),
+    more run the gemm."""
     m = a2.shape[0]
     if m > _STREAM_ROWS:
         return _gemm(a2, b_nk, True, t, bias)
+    if m == 1:  # one row: eight chains in a vector, no buffer (faster from memory than streaming at one row)
+        out = np.zeros((m, b_nk.shape[0]), np.float32)
+        if out.size:
+            _dots_into(a2, b_nk, out, t, bias)
+        return out
     out = np.empty((m, b_nk.shape[0]), np.float32)  # every element is stored
     if out.size:
         _stream_into(_widened(a2), b_nk, out, t, bias)
