@@ -2,6 +2,7 @@
 
     python -m benchmarks.run --ops cpu --threads 1 2 --plot     # ratios at 1 and 2 threads + PNG
     python -m benchmarks.cpu --first-call                        # first call vs steady state
+    python -m benchmarks.cpu --linear [--threads 1 2] [--quick]  # strict linear vs MKL float32, per vLLM shape
 
 Shapes follow issue 9's table: linear decode (M=1, K=N=4096, fp32 and bf16) and 16x256x256 /
 128x1024x1024, rms_norm / softmax / log_softmax / token_logprobs at V=32k, attention decode
@@ -13,6 +14,7 @@ layer's gating, conv1d and SwiGLU's silu_mul against their stock torch formulas.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -130,6 +132,111 @@ def rows(quick: bool):
     return _linear_rows() + _foundation_rows(quick) + _attention_rows(quick) + _gdn_rows(quick)
 
 
+# ---------------------------------------------------------------- the strict linear at the engine's shapes
+
+#: (name, K, N) of the linears of benchmarks/vllm_throughput.py's Llama-shaped model (hidden 1024, 16 heads
+#: of 64, 4 KV heads, MLP 2816, vocab 32000)
+ENGINE_LINEARS = (("qkv", 1024, 1536), ("o", 1024, 1024), ("gate_up", 1024, 2 * 2816), ("down", 2816, 1024),
+                  ("lm_head", 1024, 32000))
+ENGINE_ROWS = (1, 2, 4, 8, 16, 64, 512)  # decode batches up to prefill blocks
+LM_HEAD_ROWS = 64  # the engine computes logits for the sampled positions only: a few rows per step
+_ROTATE_BYTES = 96 << 20  # each call reads its weight from memory, as in the engine (~180 MB of weights a step)
+
+
+def _best_seconds(fn, min_calls=5, min_seconds=0.3):
+    """The fastest of at least ``min_calls`` calls (and ``min_seconds`` of calls): on a machine shared with
+    other jobs the fastest call is the one least disturbed. ``fn(i)`` gets the call number."""
+    fn(0)
+    best, calls, start = float("inf"), 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        fn(calls)
+        best = min(best, time.perf_counter() - t0)
+        calls += 1
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def _reader():
+    """A compiled read of a 256 MiB float32 buffer (beyond the caches) with sixteen-lane vector loads."""
+    import numpy as np
+    from numba import njit
+    from hal.kernels.cpu.simd import vadd, vload16, vstore16, vzero16
+
+    @njit(nogil=True)
+    def read(buf, out, lo, hi):  # chunks of 64 KiB; eight independent sums hide the add latency
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vzero16()
+        for c in range(lo, hi):
+            for i in range(c * 16384, (c + 1) * 16384, 128):
+                a0, a1 = vadd(a0, vload16(buf, i)), vadd(a1, vload16(buf, i + 16))
+                a2, a3 = vadd(a2, vload16(buf, i + 32)), vadd(a3, vload16(buf, i + 48))
+                a4, a5 = vadd(a4, vload16(buf, i + 64)), vadd(a5, vload16(buf, i + 80))
+                a6, a7 = vadd(a6, vload16(buf, i + 96)), vadd(a7, vload16(buf, i + 112))
+        vstore16(out, 16 * (lo % 64), vadd(vadd(vadd(a0, a1), vadd(a2, a3)), vadd(vadd(a4, a5), vadd(a6, a7))))
+
+    return read, np.ones(64 << 20, np.float32), np.zeros(16 * 64, np.float32)
+
+
+def read_bandwidth(min_seconds: float = 1.0) -> float:
+    """Bytes per second of reading a 256 MiB float32 buffer with sixteen-lane vector loads on torch's
+    thread count (hal's cpu pool): the ceiling of a kernel that streams a weight from memory."""
+    from hal.kernels.cpu import pool
+    read, buf, out = _reader()
+    chunks = buf.size // 16384
+    return buf.nbytes / _best_seconds(lambda i: pool.run(read, chunks, buf, out, parallel=True), 5, min_seconds)
+
+
+def linear_report(quick: bool) -> list[dict]:
+    """Per engine shape and row count, bf16 and float32: the strict linear on the cpu backend beside MKL's
+    float32 ``F.linear`` (the strict spec's products are float32 fmas: its rate is the bar) and stock bf16
+    ``F.linear`` (oneDNN: AVX512-BF16 / AMX dot products, not an fma chain: the stock engine's speed).
+    GFLOP/s = 2 M N K / fastest call; GB/s = the weight's bytes / fastest call; ratio = strict / MKL float32
+    rate; for up to 8 rows, the share of :func:`read_bandwidth` (measured again just before the row: the load
+    of a shared machine moves it) the strict linear streams its weight at."""
+    import numpy as np
+    rows = (1, 8, 64) if quick else ENGINE_ROWS
+    shapes = ENGINE_LINEARS[::2] if quick else ENGINE_LINEARS
+    load = os.getloadavg()
+    bw = read_bandwidth()
+    print(f"threads {torch.get_num_threads()}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+          f"(1 / 5 / 15 min); measured read bandwidth {bw / 1e9:.1f} GB/s", flush=True)
+    print(f"{'linear':<8} {'M':>4} {'K':>5} {'N':>6} {'dtype':<5} | {'strict GF/s':>11} {'GB/s':>6} {'of bw':>11} | "
+          f"{'MKL fp32 GF/s':>13} | {'stock bf16 GF/s':>15} | {'strict / MKL':>12}")
+    out = []
+    for name, k, n in shapes:
+        for dt in (torch.bfloat16, torch.float32):
+            copies = max(1, _ROTATE_BYTES // (n * k * dt.itemsize))
+            g = torch.Generator().manual_seed(0)
+            ws = [torch.randn(n, k, generator=g).to(dt) for _ in range(copies)]
+            w32 = ws if dt == torch.float32 else [w.float() for w in ws[:max(1, copies // 2)]]
+            w16 = ws if dt == torch.bfloat16 else [w.bfloat16() for w in ws[:copies * 2]]
+            for m in rows:
+                if name == "lm_head" and m > LM_HEAD_ROWS:
+                    continue
+                x = torch.randn(m, k, generator=g).to(dt)
+                x32, x16 = x.float(), x.bfloat16()
+                row_bw = read_bandwidth(0.3) if m <= 8 else float("nan")
+                t = _best_seconds(lambda i: hal.linear(x, ws[i % len(ws)], backend=B))
+                t_mkl = _best_seconds(lambda i: F.linear(x32, w32[i % len(w32)]))
+                t_bf16 = _best_seconds(lambda i: F.linear(x16, w16[i % len(w16)]))
+                flop, wbytes = 2 * m * n * k, n * k * dt.itemsize
+                row = dict(linear=name, M=m, K=k, N=n, dtype=str(dt).removeprefix("torch."),
+                           strict_gflops=flop / t / 1e9, strict_gbps=wbytes / t / 1e9,
+                           mkl_fp32_gflops=flop / t_mkl / 1e9, stock_bf16_gflops=flop / t_bf16 / 1e9,
+                           ratio=t_mkl / t, read_gbps=row_bw / 1e9, of_bandwidth=(wbytes / t) / row_bw,
+                           threads=torch.get_num_threads(), load1=load[0])
+                out.append(row)
+                share = f"{row['of_bandwidth']:4.0%} of {row_bw / 1e9:4.1f}" if m <= 8 else f"{'':>11}"
+                print(f"{name:<8} {m:>4} {k:>5} {n:>6} {row['dtype'][:5]:<5} | {row['strict_gflops']:11.1f} "
+                      f"{row['strict_gbps']:6.1f} {share} | {row['mkl_fp32_gflops']:13.1f} | "
+                      f"{row['stock_bf16_gflops']:15.1f} | {row['ratio']:11.2f}x", flush=True)
+            del ws, w32, w16
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; read bandwidth measured again: "
+          f"{read_bandwidth() / 1e9:.1f} GB/s")
+    return out
+
+
 def _first_call_child():
     """Run in a fresh process: the first call of each row (numba loads or compiles), then steady state."""
     from benchmarks.run import median_time
@@ -156,8 +263,16 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--first-call", action="store_true")
     p.add_argument("--child", action="store_true")
+    p.add_argument("--linear", action="store_true", help="the strict linear vs MKL float32 at the engine's shapes")
+    p.add_argument("--threads", nargs="*", type=int, default=None, help="with --linear: thread counts")
+    p.add_argument("--quick", action="store_true", help="with --linear: a few shapes and row counts")
     a = p.parse_args()
     if a.child:
         _first_call_child()
+    elif a.linear:
+        torch.set_grad_enabled(False)
+        for threads in a.threads or [torch.get_num_threads()]:
+            torch.set_num_threads(threads)
+            linear_report(a.quick)
     else:
         first_call_report()

@@ -131,9 +131,8 @@ def test_token_logprobs_bits(n, h, v, dt, temp, ht, vt, seed):
 
 
 # the gemm's operand choice and panel edges (matmul._gemm): x packed (M <= N) with one and two
-# 16-row panels, the weight packed (M > N) with a short last panel, exact multiples, M at the
-# switch to the one-row kernel (_FEW_ROWS; its eight-step blocks and 1-7 step tails, N not a
-# multiple of 8), 3-D x, K not a multiple of the tile or of 8
+# 16-row panels, the weight packed (M > N) with a short last panel, exact multiples, M on both sides
+# of the switch to the streaming kernel (_STREAM_ROWS), 3-D x, K not a multiple of the tile or of 8
 PACKING_SHAPES = [((4, 37, 5), 7), ((16, 64, 16), 64), ((17, 70, 33), 16), ((1, 9, 21), 64),
                   ((1, 150, 19), 64), ((2, 33, 40), 64), ((40, 65, 20), 64), ((9, 130, 8), 64)]
 
@@ -154,10 +153,63 @@ def test_linear_operand_packing_edges(dt):
         same(f"matmul {m}x{k}x{n}", *both(hal.matmul, x, w.t(), spec=spec))
 
 
+# the decode kernels on the weight as stored (one row: matmul._dots_*; 2 to _STREAM_ROWS rows: _stream_*): row counts
+# inside and past a group of four, N under and off its 32-row tasks, K off its 64-byte blocks (32 bf16 /
+# 16 float32 steps), their halves and its span (_SPAN steps), tiles ending inside a block or a span
+# and longer than a span
+STREAM_SHAPES = [((1, 1, 1), 64), ((1, 200, 70), 64), ((3, 33, 31), 7), ((4, 97, 33), 48), ((5, 130, 65), 100),
+                 ((8, 81, 32), 16), ((7, 64, 96), 64), ((2, 300, 40), 256)]
+
+
+def _stream_operands(g, m, k, n, dt):
+    """x, w, bias with -0.0, subnormal values and products, NaN and +-inf at chosen places."""
+    x, w, b = randn(g, m, k), randn(g, n, k), randn(g, n, scale=4.0)
+    sub = torch.finfo(dt).tiny / 4  # a subnormal of the dtype
+    x[0, 0], w[0, 0] = -0.0, -0.0
+    w[n - 1, k - 1] = sub
+    w[(n - 1) // 2] = -0.0  # a row of -0.0 products: the chain from +0.0 stays +0.0
+    if k > 2:
+        x[0, 1], w[:, 1] = 1e-20, 1e-20  # a subnormal float32 product (16-bit inputs: whatever they hold)
+        x[m - 1, 2] = sub
+    if k > 4 and n > 2:  # specials in a few columns (and, with two rows or more, in the last row only)
+        w[1, 3] = float("nan")
+        w[n - 1, 4] = -float("inf")
+        if m > 1:
+            x[m - 1, 4] = float("inf")  # inf in a row's chain; inf * -0.0 = NaN in the -0.0 row's
+    return x.to(dt), w.to(dt), b.to(dt)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+def test_linear_streaming_bits(dt):
+    from hal.kernels.cpu import matmul as km
+    g = torch.Generator().manual_seed(12)
+    for (m, k, n), tile in STREAM_SHAPES:
+        assert m <= km._STREAM_ROWS
+        x, w, b = _stream_operands(g, m, k, n, dt)
+        spec = MatmulSpec(k_tile=tile)
+        for bias in (None, b):
+            same(f"linear {m}x{k}x{n} k{tile}", *both(hal.linear, x, w, bias, spec=spec))
+        # the kernel's float32 chains before the output rounding (which hides most float32 ulps of a
+        # 16-bit result): the float32 reference on the exactly widened inputs
+        ref32 = hal.linear(x.float(), w.float(), b.float(), spec=spec, backend="reference")
+        same(f"float32 chains {m}x{k}x{n} k{tile}",
+             ref32, torch.from_numpy(km.dot_rows_nk(km.raw(x), km.raw(w), tile, km.raw(b.float()))))
+    # negative controls, caught by the same comparison of the kernel's float32 output (16-bit inputs are
+    # widened exactly, so the float32 reference on the widened inputs is the kernel's own chain): the
+    # streaming kernel run at another tile, and MKL's float32 product (another summation order)
+    x, w, _ = _stream_operands(g, 3, 200, 70, dt)
+    ref = canon(hal.linear(x.float(), w.float(), backend="reference"))
+    got = np.empty((3, 70), np.float32)
+    for tile, agrees in ((64, True), (32, False)):
+        km._stream_into(km._widened(km.raw(x)), km.raw(w), got, tile, km._NO_BIAS)
+        assert (first_divergence(f"tile {tile}", ref, torch.from_numpy(got)) is None) == agrees
+    assert first_divergence("mkl", ref, canon(torch.nn.functional.linear(x.float(), w.float()))) is not None
+
+
 # ------------------------------------------------------------------ invariances (by construction; shown)
 
 def test_linear_row_alone_equals_row_in_batch():
-    # one row runs the one-row kernel on the weight as stored, a batch of 33 rows the gemm with
+    # one row runs the one-row kernel on the weight as stored (2-8 rows stream it), a batch of 33 rows the gemm with
     # x packed, a batch of 100 rows the gemm with the weight packed: same bits for every row
     g = torch.Generator().manual_seed(1)
     x, w = randn(g, 100, 300), randn(g, 70, 300)
@@ -391,12 +443,13 @@ def test_parallel_and_serial_drivers_same_bits(monkeypatch):
         for name, fn, args in (("gemm nk", km._gemm_into, (a2, w2, True)),
                                ("gemm nk, x packed", km._gemm_into, (w2, a2, True)),
                                ("gemm kn", km._gemm_into, (a2, wt2, False)),
+                               ("stream", km._stream_into, (km._widened(a2[:3]), w2)),
                                ("dots", km._dots_into, (a2[:3], w2))):
             xpacked = name.endswith("x packed")  # C^T = W . x^T inside, then transposed
             outs = []
             for par, t in ((True, 64), (False, 64), (False, 32)):
                 monkeypatch.setattr(km, "parallel_worth", lambda work, par=par: par)
-                out = np.zeros((3 if name == "dots" else 70, 300), np.float32)
+                out = np.zeros((3 if name in ("stream", "dots") else 70, 300), np.float32)
                 fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None

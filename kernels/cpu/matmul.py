@@ -13,9 +13,14 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
   operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
   with more rows than the weight, the weight is packed. matmul packs B.
-* ``_dots_*``: B is [N, K] (the weight as stored); eight output columns are eight chains in the
-  lanes of one vector (eight k steps of eight weight rows transposed in registers). For linear
-  with one row (decode), where a 16-column panel of x would be mostly padding.
+* ``_dots_*``: linear with one row, on the weight as stored: eight output columns are eight chains in the
+  lanes of one vector (eight k steps of eight weight rows transposed in registers).
+* ``_stream_*``: linear with 2 to 8 rows (decode), on the weight as stored ([N, K], bf16 / fp16 / float32
+  read in place): a task owns 32 weight rows, whose 32 chains per x row run in the lanes of two
+  sixteen-float vectors (simd.py's f32x16). A span of k steps of the 32 rows is widened and transposed
+  in registers into a small float32 buffer in L1 (bf16 as 32-bit words, split after the transpose),
+  then every x row (widened to float32 on the host: M x K values) runs over it, four rows at a time
+  with eight chains in registers: the weight is read from memory once per call, whatever M.
 
 Each phase is one compiled kernel over a range of tasks, split over threads by pool.run when the
 product is large enough (pool.parallel_worth: handing ranges to threads costs tens of microseconds).
@@ -26,20 +31,19 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, uint64
+from numba import njit, types, uint64
+from numba.extending import overload
 
 from . import pool
 from .host import F32, finish, raw
 from .pool import parallel_worth
-from .simd import transpose8, vadd, vcanon, vfma, vload, vload_wide, vsplat, vstore, vzero
+from .simd import (bf16_even, bf16_odd, transpose8, transpose8x2, transpose16, vadd, vcanon, vfma, vload,
+                   vload16, vload16_wide, vload2_words, vload_wide, vsplat, vsplat16, vstore, vstore16, vzero)
 from .strict_math import ZERO, canon, widen
 
 _L = 16  # panel width: two eight-float vectors per row
 _R = 8  # rows per task: 16 accumulator vectors (+2 panel vectors, a broadcast) of AVX-512's 32 registers
 _PB = 16  # panels per task (256 columns): a task's panels stay in L2 while its rows pass over them
-_FEW_ROWS = 2  # below this many rows (decode) linear runs on the weight as stored: at 2 rows the gemm
-# (x padded to a 16-row panel) was 2.4x faster than eight scalar chains at K = N = 4096 and even at 256;
-# against the transposed-vector _dots about even (at 256 the gemm ~30% slower, at 4096 about the same)
 
 
 @njit(inline="always", cache=True)
@@ -265,6 +269,203 @@ def _dots_into(A, B, C, T, bias):
              parallel=parallel_worth(C.size * K))
 
 
+# ---------------------------------------------------------------- few rows: the weight streamed as stored
+
+_SN = 32  # outputs (weight rows) per streaming task: two sixteen-lane vectors, two chains per x row
+_STREAM_ROWS = 8  # up to this many x rows (decode) linear streams the weight once for all of them
+_SPAN = 32  # steps of the 32 weight rows widened at a time: 4 KiB of float32, in L1
+
+
+@njit(inline="always", cache=True)
+def _fill_words(b, o, k, wbuf, w):
+    """bf16: sixteen steps of a row are eight 32-bit words; transposed as words, split into floats after."""
+    for g in range(2):
+        q = 16 * g
+        w0, w1, w2, w3, w4, w5, w6, w7 = transpose8x2(
+            vload2_words(b, o[q] + k, o[q + 8] + k), vload2_words(b, o[q + 1] + k, o[q + 9] + k),
+            vload2_words(b, o[q + 2] + k, o[q + 10] + k), vload2_words(b, o[q + 3] + k, o[q + 11] + k),
+            vload2_words(b, o[q + 4] + k, o[q + 12] + k), vload2_words(b, o[q + 5] + k, o[q + 13] + k),
+            vload2_words(b, o[q + 6] + k, o[q + 14] + k), vload2_words(b, o[q + 7] + k, o[q + 15] + k))
+        vstore16(wbuf, w + 0 * _SN + q, bf16_even(w0))
+        vstore16(wbuf, w + 1 * _SN + q, bf16_odd(w0))
+        vstore16(wbuf, w + 2 * _SN + q, bf16_even(w1))
+        vstore16(wbuf, w + 3 * _SN + q, bf16_odd(w1))
+        vstore16(wbuf, w + 4 * _SN + q, bf16_even(w2))
+        vstore16(wbuf, w + 5 * _SN + q, bf16_odd(w2))
+        vstore16(wbuf, w + 6 * _SN + q, bf16_even(w3))
+        vstore16(wbuf, w + 7 * _SN + q, bf16_odd(w3))
+        vstore16(wbuf, w + 8 * _SN + q, bf16_even(w4))
+        vstore16(wbuf, w + 9 * _SN + q, bf16_odd(w4))
+        vstore16(wbuf, w + 10 * _SN + q, bf16_even(w5))
+        vstore16(wbuf, w + 11 * _SN + q, bf16_odd(w5))
+        vstore16(wbuf, w + 12 * _SN + q, bf16_even(w6))
+        vstore16(wbuf, w + 13 * _SN + q, bf16_odd(w6))
+        vstore16(wbuf, w + 14 * _SN + q, bf16_even(w7))
+        vstore16(wbuf, w + 15 * _SN + q, bf16_odd(w7))
+
+
+def _line_words(b, o, k, wbuf, w):
+    _fill_words(b, o, k, wbuf, w)
+    _fill_words(b, o, k + uint64(16), wbuf, w + 16 * _SN)
+
+
+def _line_wide(b, o, k, wbuf, w):
+    """float32 / fp16: a row's 16 steps (float32: one cache line, read by one load) widened, 16 rows at a
+    time, one 16 x 16 transpose (two 8 x 8 halves per line, as bf16 does, measured 10-40 % slower: the
+    rows, 4 KiB apart at K = 1024, share one L1 set, and a line read in two halves is read twice)."""
+    for q in range(0, _SN, 16):
+        t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15 = transpose16(
+            vload16_wide(b, o[q] + k), vload16_wide(b, o[q + 1] + k), vload16_wide(b, o[q + 2] + k),
+            vload16_wide(b, o[q + 3] + k), vload16_wide(b, o[q + 4] + k), vload16_wide(b, o[q + 5] + k),
+            vload16_wide(b, o[q + 6] + k), vload16_wide(b, o[q + 7] + k), vload16_wide(b, o[q + 8] + k),
+            vload16_wide(b, o[q + 9] + k), vload16_wide(b, o[q + 10] + k), vload16_wide(b, o[q + 11] + k),
+            vload16_wide(b, o[q + 12] + k), vload16_wide(b, o[q + 13] + k), vload16_wide(b, o[q + 14] + k),
+            vload16_wide(b, o[q + 15] + k))
+        vstore16(wbuf, w + 0 * _SN + q, t0)
+        vstore16(wbuf, w + 1 * _SN + q, t1)
+        vstore16(wbuf, w + 2 * _SN + q, t2)
+        vstore16(wbuf, w + 3 * _SN + q, t3)
+        vstore16(wbuf, w + 4 * _SN + q, t4)
+        vstore16(wbuf, w + 5 * _SN + q, t5)
+        vstore16(wbuf, w + 6 * _SN + q, t6)
+        vstore16(wbuf, w + 7 * _SN + q, t7)
+        vstore16(wbuf, w + 8 * _SN + q, t8)
+        vstore16(wbuf, w + 9 * _SN + q, t9)
+        vstore16(wbuf, w + 10 * _SN + q, t10)
+        vstore16(wbuf, w + 11 * _SN + q, t11)
+        vstore16(wbuf, w + 12 * _SN + q, t12)
+        vstore16(wbuf, w + 13 * _SN + q, t13)
+        vstore16(wbuf, w + 14 * _SN + q, t14)
+        vstore16(wbuf, w + 15 * _SN + q, t15)
+
+
+def _stream_block(b, o, k, wbuf, w):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(_stream_block, inline="always")
+def _stream_block_for(b, o, k, wbuf, w):
+    """wbuf[w + j * _SN + l] = the weight's row o[l] (element offsets of the task's 32 rows) at step k + j,
+    widened to float32, for a block of :func:`_block_steps` steps: 64 bytes of each row, so that each
+    cache line of a row is read whole at once (the 32 rows, 2-4 KiB apart at K = 1024, share few L1
+    sets: a line left half read was evicted before its second half was used). Two rows per register,
+    8x8 transposes in each 256-bit half (moves only)."""
+    return _line_words if b.dtype == types.int16 else _line_wide
+
+
+def _block_steps(b):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(_block_steps, inline="always")
+def _block_steps_for(b):
+    """Steps per block: 64 bytes of a row (32 bf16 steps, 16 float32 steps; fp16 is widened as float32,
+    16 steps: 32 bytes)."""
+    steps = 32 if b.dtype == types.int16 else 16
+    return lambda b: steps
+
+
+@njit(inline="always", cache=True)
+def _stream_steps(b, o, k, steps, wbuf, w):
+    """As :func:`_stream_block` for ``steps`` steps, one value at a time (a tile's last steps)."""
+    for j in range(steps):
+        for l in range(_SN):
+            wbuf[w + j * _SN + l] = widen(b[o[l] + k + uint64(j)])
+
+
+@njit(inline="always", cache=True)
+def _stream_rows(x, K, r, last, wbuf, steps, k, acc):
+    """Four rows of x from r (clamped at ``last``: computed, never stored) over ``steps`` steps of the
+    32 widened weight rows in wbuf: eight chains in registers, each step two weight vectors, four
+    broadcast x values, eight fmas; the chains' partials come from and go back to acc."""
+    uk = uint64(K)
+    x0, x1 = uint64(r) * uk + k, uint64(min(r + 1, last)) * uk + k
+    x2, x3 = uint64(min(r + 2, last)) * uk + k, uint64(min(r + 3, last)) * uk + k
+    o = r * _SN
+    a0, a1, a2, a3 = vload16(acc, o), vload16(acc, o + 16), vload16(acc, o + 32), vload16(acc, o + 48)
+    a4, a5, a6, a7 = vload16(acc, o + 64), vload16(acc, o + 80), vload16(acc, o + 96), vload16(acc, o + 112)
+    for j in range(steps):
+        lo, hi = vload16(wbuf, j * _SN), vload16(wbuf, j * _SN + 16)
+        uj = uint64(j)
+        s = vsplat16(x[x0 + uj])
+        a0, a1 = vfma(s, lo, a0), vfma(s, hi, a1)
+        s = vsplat16(x[x1 + uj])
+        a2, a3 = vfma(s, lo, a2), vfma(s, hi, a3)
+        s = vsplat16(x[x2 + uj])
+        a4, a5 = vfma(s, lo, a4), vfma(s, hi, a5)
+        s = vsplat16(x[x3 + uj])
+        a6, a7 = vfma(s, lo, a6), vfma(s, hi, a7)
+    vstore16(acc, o, a0)
+    vstore16(acc, o + 16, a1)
+    vstore16(acc, o + 32, a2)
+    vstore16(acc, o + 48, a3)
+    vstore16(acc, o + 64, a4)
+    vstore16(acc, o + 80, a5)
+    vstore16(acc, o + 96, a6)
+    vstore16(acc, o + 112, a7)
+
+
+@njit(cache=True)  # not inlined, as _gemm_task
+def _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot):
+    """Every row of x (x: [M, K] float32 flat, M <= _STREAM_ROWS) against 32 weight rows from blk * 32
+    (b: [N, K] as stored, flat): 32 chains per x row in the lanes of two vectors, each advanced in k order.
+    Up to _SPAN steps of the 32 rows are widened and transposed once into wbuf (4 KiB, in L1), then the
+    rows of x run over it four at a time (eight chains in registers, one broadcast x value per row and
+    step): the weight is read from memory once per call, whatever M. Weight rows past N are clamped
+    (computed, never stored)."""
+    n0 = blk * _SN
+    uk = uint64(K)
+    kb = _block_steps(b)
+    for l in range(_SN):
+        o[l] = uint64(min(n0 + l, N - 1)) * uk
+    for i in range(M * _SN):
+        tot[i] = ZERO
+    for k0 in range(0, K, T):
+        k1 = min(k0 + T, K)
+        for i in range(_STREAM_ROWS * _SN):
+            acc[i] = ZERO
+        for s0 in range(k0, k1, _SPAN):  # a tile's chains go on across spans (partials kept in acc)
+            s1 = min(s0 + _SPAN, k1)
+            kk = s0
+            while kk < s1:
+                steps = min(kb, s1 - kk)
+                if steps == kb:
+                    _stream_block(b, o, uint64(kk), wbuf, (kk - s0) * _SN)
+                else:
+                    _stream_steps(b, o, uint64(kk), steps, wbuf, (kk - s0) * _SN)
+                kk += steps
+            for r in range(0, M, 4):
+                _stream_rows(x, K, r, M - 1, wbuf, s1 - s0, uint64(s0), acc)
+        for i in range(M * _SN):
+            tot[i] += acc[i]
+    has_bias = bias.shape[0] > 0
+    for m in range(M):
+        for l in range(min(_SN, N - n0)):
+            v = tot[m * _SN + l]
+            if has_bias:
+                v += bias[n0 + l]  # once, after the K reduction
+            c[m * N + n0 + l] = canon(v)
+
+
+@njit(nogil=True, cache=True)
+def _stream_tasks(x, M, b, N, K, T, bias, c, lo, hi):
+    o = np.empty(_SN, np.uint64)
+    wbuf = np.empty(_SPAN * _SN, np.float32)
+    acc = np.empty(_STREAM_ROWS * _SN, np.float32)
+    tot = np.empty(_STREAM_ROWS * _SN, np.float32)
+    for blk in range(lo, hi):
+        _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot)
+
+
+def _stream_into(x32, B, C, T, bias):
+    """C = x . B^T + bias for x [M <= _STREAM_ROWS, K] float32 and B [N, K] as stored: tasks of 32
+    weight rows, split over threads."""
+    M, K = x32.shape
+    N = B.shape[0]
+    pool.run(_stream_tasks, (N + _SN - 1) // _SN, x32.ravel(), M, B.ravel(), N, K, T, bias, C.ravel(),
+             parallel=parallel_worth(C.size * K))
+
+
 _NO_BIAS = np.empty(0, np.float32)
 
 
@@ -285,14 +486,31 @@ def dot_rows_kn(a2: np.ndarray, b_kn: np.ndarray, t: int, bias: np.ndarray = _NO
     return _gemm(a2, b_kn, False, t, bias)
 
 
+def _widened(a2: np.ndarray) -> np.ndarray:
+    """A C-contiguous float32 copy of raw operand values (bf16 / fp16 bits widened exactly, as ``widen``);
+    float32 as it is. For the few x rows of the streaming kernel: M x K values against its M x N x K."""
+    if a2.dtype == np.float32:
+        return np.ascontiguousarray(a2)
+    if a2.dtype == np.int16:  # bf16: its bits are a float32's high half
+        return (a2.astype(np.int32) << 16).view(np.float32)
+    return a2.view(np.float16).astype(np.float32)  # fp16: every value is a float32 (exact)
+
+
 def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
-    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`."""
+    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`. One row runs
+    :func:`_dots_into`, 2 to _STREAM_ROWS rows (decode) stream the weight as stored (:func:`_stream_into`),
+    more run the gemm."""
     m = a2.shape[0]
-    if m >= _FEW_ROWS:
+    if m > _STREAM_ROWS:
         return _gemm(a2, b_nk, True, t, bias)
-    out = np.zeros((m, b_nk.shape[0]), np.float32)
+    if m == 1:  # one row: eight chains in a vector, no buffer (faster from memory than streaming at one row)
+        out = np.zeros((m, b_nk.shape[0]), np.float32)
+        if out.size:
+            _dots_into(a2, b_nk, out, t, bias)
+        return out
+    out = np.empty((m, b_nk.shape[0]), np.float32)  # every element is stored
     if out.size:
-        _dots_into(a2, b_nk, out, t, bias)
+        _stream_into(_widened(a2), b_nk, out, t, bias)
     return out
 
 
