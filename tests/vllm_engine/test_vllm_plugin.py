@@ -267,6 +267,8 @@ def test_refusals_by_name(models, tmp_path):
         # an engine-level custom logits processor (stock applies it; lockstep's sampler would never run it)
         "logits_processors": (path, "float32", dict(logits_processors=["ban_token_processor:BanToken"])),
         "enable_prompt_embeds": (path, "float32", dict(enable_prompt_embeds=True)),
+        # an engine argument declared "refused unless vLLM's default" (hal/integrations/vllm/engine_args.py)
+        "use_fp64_gumbel=True": (path, "float32", dict(use_fp64_gumbel=True)),
     }
     refused_requests = {"min_p": dict(min_p=0.1), "penalties": dict(presence_penalty=0.5),
                         "penalties ": dict(frequency_penalty=0.5), "penalties  ": dict(repetition_penalty=1.2),
@@ -298,6 +300,22 @@ def test_refusals_by_name(models, tmp_path):
     (v2,) = run_engines(tmp_path, [dict(model=path, dtype=case[1], batches=[])],
                         env=dict(VLLM_USE_V2_MODEL_RUNNER="1"), name="v2")
     assert "UnsupportedError" in v2.get("error", "") and "VLLM_USE_V2_MODEL_RUNNER" in v2["error"], v2
+
+
+def test_every_engine_argument_is_declared():
+    """vLLM's EngineArgs fields, walked in a vLLM process, against the plugin's declaration (engine_args.py: checked,
+    scheduling, no bits, refused unless default): none is left unnamed, none declared twice, none declared that vLLM
+    does not have (a stale entry)."""
+    from hal.integrations.vllm import engine_args as ea
+    code = "import dataclasses; from vllm.engine.arg_utils import EngineArgs as E\n" \
+           "print(' '.join(f.name for f in dataclasses.fields(E)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fields = set(out.stdout.split())
+    groups = (ea.CHECKED, ea.SCHEDULING, ea.NO_BITS, ea.REFUSED_UNLESS_DEFAULT)
+    assert sum(map(len, groups)) == len(ea.DECLARED), "a field declared in two groups"
+    assert len(fields) > 200 and fields - ea.DECLARED == set() and ea.DECLARED - fields == set(), \
+        (sorted(fields - ea.DECLARED), sorted(ea.DECLARED - fields))
 
 
 def test_switch_values_other_than_documented_are_refused(monkeypatch):

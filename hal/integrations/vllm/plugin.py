@@ -275,7 +275,7 @@ def install() -> None:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from . import gdn, layers, sampler, weights
+    from . import engine_args, gdn, layers, sampler, weights
 
     for name, cls in layers.OOT_CUSTOM_OPS.items():
         CustomOp.register_oot(cls, name=name)
@@ -293,6 +293,7 @@ def install() -> None:
     @functools.wraps(create)
     def create_engine_config(self, *args_, **kwargs):
         check_switches()
+        engine_args.check(self)
         asked = self.enable_prefix_caching  # None: left at vLLM's default (create() fills it in)
         cfg = create(self, *args_, **kwargs)
         cfg = gdn.prefix_caching_policy(self, asked, cfg, lambda args: create(args, *args_, **kwargs))
