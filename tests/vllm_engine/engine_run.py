@@ -5,12 +5,17 @@ lockstep's plugin is process-wide, so plugin-on and stock engines never share a 
 
 SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
-"import_hal": bool, "record_steps": bool, "between": [[batch index, action]]}]}.
+"import_hal": bool, "record_steps": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
 log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
 type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
 nonzero compilation counters; empty for an eager engine). An engine that fails to start records the error for the
 run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+
+"during" changes the weights while a batch runs (:func:`_midflight`): "raw" / "optimizer" / "collective" from a step
+hook inside ``generate`` (the engine core's schedule of that step), "reload_weights" / "admission" between the steps
+of a batch driven step by step through ``llm.llm_engine`` (an RPC, or a new request admitted after a raw write); it
+records the outputs' finish and stop reasons and any error the action or the call raised.
 """
 from __future__ import annotations
 
@@ -63,13 +68,103 @@ def _act(llm, action):
     elif kind == "extension":  # a worker extension's own method (how verl / OpenRLHF sync weights)
         llm.collective_rpc("lockstep_test_load", args=(os.path.join(arg, "model.safetensors"),))
     elif kind == "colocated":  # a trainer in this process calls the in-process engine's model directly (TRL, verl)
-        from safetensors.torch import load_file
-        worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-        worker.model_runner.model.load_weights(load_file(os.path.join(arg, "model.safetensors")).items())
+        _load_raw(_model(llm), arg)
     elif kind == "reset_prefix_cache":
         llm.reset_prefix_cache()
     else:
         raise ValueError(kind)
+
+
+def _model(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+
+
+def _load_raw(model, path):
+    """vLLM's own loader: its weight loaders write with ``param.data.copy_`` (no version counter moves)."""
+    from safetensors.torch import load_file
+    model.load_weights(load_file(os.path.join(path, "model.safetensors")).items())
+
+
+def _optimizer_step(model, path):
+    """An optimizer step that moves every weight without touching a version counter (as fused AdamW does): its
+    step writes the new checkpoint's values, so the result is a checkpoint the trainer can load."""
+    import torch
+
+    class Load(torch.optim.Optimizer):
+        def __init__(self):
+            super().__init__(list(model.parameters()), {})
+
+        def step(self, closure=None):
+            _load_raw(model, path)
+
+    Load().step()
+
+
+def _collective_load(model, path):
+    """New weights arriving through a collective into ``p.data`` (a broadcast from the trainer's rank, as verl's and
+    OpenRLHF's syncs do; no version counter moves): each parameter's new value is scattered into it over vLLM's own
+    one-rank process group."""
+    import torch
+    import torch.distributed as dist
+    old = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _load_raw(model, path)  # the new values in vLLM's layout (merged QKV, gate-up), then the old ones back
+    new = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.data.copy_(old[n])
+            dist.scatter(p.data, [new[n]], src=0)
+
+
+def _summary(r) -> dict:
+    o = r.outputs[0]
+    return dict(id=r.request_id, tokens=list(o.token_ids), finish=str(o.finish_reason), stop=o.stop_reason,
+                bits=[bits(d[t].logprob) for d, t in zip(o.logprobs or [], o.token_ids)], cached=r.num_cached_tokens)
+
+
+def _midflight(llm, group, params, action, at_step) -> dict:
+    """Change the weights while ``group`` runs (module docstring); every output and error of the batch."""
+    from vllm.inputs import TokensPrompt
+    kind, arg = action
+    model = _model(llm)
+    if kind in ("raw", "optimizer", "collective"):  # from a step hook inside generate (the engine core's schedule)
+        from hal.integrations.vllm import plugin
+        seen = []
+
+        def hook(step):
+            seen.append(step)
+            if len(seen) == at_step:
+                dict(raw=_load_raw, optimizer=_optimizer_step, collective=_collective_load)[kind](model, arg)
+
+        plugin.STEP_HOOKS.append(hook)
+        try:
+            res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
+            return dict(outputs=[_summary(r) for r in res])
+        except Exception as e:
+            return dict(call_error=_error(e))
+        finally:
+            plugin.STEP_HOOKS.remove(hook)
+    engine, done, out = llm.llm_engine, [], {}
+    for i, (p, sp) in enumerate(zip(group, params)):
+        engine.add_request(f"mid{i}", TokensPrompt(prompt_token_ids=p), sp)
+    for _ in range(at_step):
+        done += [r for r in engine.step() if r.finished]
+    try:
+        if kind == "reload_weights":
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": arg})
+        elif kind == "admission":  # a raw write while requests run, then a new request is admitted
+            _load_raw(model, arg)
+            engine.add_request("admitted", TokensPrompt(prompt_token_ids=group[0]), params[0])
+        else:
+            raise ValueError(kind)
+    except Exception as e:
+        out["action_error"] = _error(e)
+    for _ in range(200):  # bounded: a request the core never admitted would keep the front end waiting forever
+        if not engine.has_unfinished_requests():
+            break
+        done += [r for r in engine.step() if r.finished]
+    else:
+        out["stuck"] = engine.get_num_unfinished_requests()
+    return dict(out, outputs=[_summary(r) for r in sorted(done, key=lambda r: r.request_id)])
 
 
 def _from_json(kwargs: dict) -> dict:
@@ -105,12 +200,16 @@ def run_one(run) -> dict:
     stop = _steps_recorder(steps) if run.get("record_steps") else None
     llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
     between = {int(i): a for i, a in run.get("between", [])}
+    during = {int(i): (a, k) for i, a, k in run.get("during", [])}
     try:
         batches = []
         for b, group in enumerate(run["batches"]):
             if b in between:
                 _act(llm, between[b])
             sampling = (run.get("sampling") or [None] * len(run["batches"]))[b] or [GREEDY] * len(group)
+            if b in during:
+                batches.append(_midflight(llm, group, [SamplingParams(**_from_json(s)) for s in sampling], *during[b]))
+                continue
             try:
                 res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group],
                                    [SamplingParams(**_from_json(s)) for s in sampling], use_tqdm=False)

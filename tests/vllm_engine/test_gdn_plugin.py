@@ -184,3 +184,32 @@ def test_text_only_stand_in_serves_no_vision():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "refused:" in out.stdout and "torchvision is not installed" in out.stdout, out.stdout
+
+
+def test_checkpoint_saved_in_another_dtype_than_the_engine_runs(tmp_path):
+    """A checkpoint stored in another dtype than the engine runs, every covered architecture: float32 checkpoints
+    served in bfloat16 (RL trainers' float32 master weights) and bfloat16 ones served in float32, each against the
+    lt.patch trainer loaded the way a user loads it (``from_pretrained(checkpoint, dtype=<engine dtype>)``: every
+    parameter rounded to the model dtype); then a float32 sync (``reload_weights``) into the bf16 Qwen3.5 engine.
+    vLLM creates the GDN layers' ``A_log`` in float32 whatever the model dtype: without lockstep's rounding through
+    the model dtype, the float32 checkpoints' hybrids record other log-probs than the trainer on most tokens."""
+    prompts = PROMPTS[:3]
+    cases = [(k, ckpt, run) for k in tiny.KINDS + tiny_gdn.KINDS for ckpt, run in (("float32", "bfloat16"),
+                                                                                    ("bfloat16", "float32"))]
+
+    def save(kind, dtype, path, seed=0):
+        return (tiny.save_tiny if kind in tiny.KINDS else tiny_gdn.save_tiny_gdn)(kind, dtype, path, seed=seed)
+
+    paths = {c: save(c[0], c[1], tmp_path / "-".join(c)) for c in cases}
+    synced = save("qwen3_5", "float32", tmp_path / "qwen3_5-sync", seed=1)
+    runs = [dict(model=paths[c], dtype=c[2], batches=[prompts] * (2 if c == ("qwen3_5", "float32", "bfloat16") else 1))
+            for c in cases]
+    runs[cases.index(("qwen3_5", "float32", "bfloat16"))]["between"] = [[1, ["reload_weights", synced]]]
+    results = gdn_engines(tmp_path, runs)
+    wrong = {}
+    for c, res in zip(cases, results):
+        wrong[c] = differing(paths[c], c[2], prompts, outputs(res))
+        if c == ("qwen3_5", "float32", "bfloat16"):
+            wrong["float32 sync into bfloat16"] = differing(synced, c[2], prompts, outputs(res, 1))
+    print(wrong)
+    assert all(v == (0, 0) for v in wrong.values()), wrong

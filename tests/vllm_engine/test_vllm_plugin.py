@@ -264,6 +264,11 @@ def test_refusals_by_name(models, tmp_path):
         "tensor/pipeline/data parallel sizes 2/1/1": (path, "float32", dict(tensor_parallel_size=2)),
         "tensor/pipeline/data parallel sizes 1/2/1": (path, "float32", dict(pipeline_parallel_size=2)),
         "sliding-window attention": (str(window), "float32", {}),
+        # an engine-level custom logits processor (stock applies it; lockstep's sampler would never run it)
+        "logits_processors": (path, "float32", dict(logits_processors=["ban_token_processor:BanToken"])),
+        "enable_prompt_embeds": (path, "float32", dict(enable_prompt_embeds=True)),
+        # an engine argument declared "refused unless vLLM's default" (hal/integrations/vllm/engine_args.py)
+        "use_fp64_gumbel=True": (path, "float32", dict(use_fp64_gumbel=True)),
     }
     refused_requests = {"min_p": dict(min_p=0.1), "penalties": dict(presence_penalty=0.5),
                         "penalties ": dict(frequency_penalty=0.5), "penalties  ": dict(repetition_penalty=1.2),
@@ -273,16 +278,61 @@ def test_refusals_by_name(models, tmp_path):
                         "min_tokens": dict(min_tokens=2),
                         "allowed_token_ids": dict(allowed_token_ids=[1, 2, 3]), "bad_words": dict(bad_words=["a"]),
                         "structured outputs": dict(structured_outputs=dict(choice=["a", "b"]))}
+    # prompt token ids outside the vocabulary (160): in vLLM's padded embedding rows (192), and past them; the first
+    # with prompt_logprobs (its targets are the prompt's own ids)
+    bad_prompts = {"(2, 170)": ([1, 2, 170, 4], dict(prompt_logprobs=1)), "(1, 300)": ([5, 300, 6], {})}
     runs = [dict(model=m, dtype=d, engine=e, batches=[]) for m, d, e in refused_engines.values()]
-    runs.append(dict(model=path, dtype=case[1], batches=[PROMPTS[:1]] * (len(refused_requests) + 1),
-                     sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests.values()] + [None]))
+    runs.append(dict(model=path, dtype=case[1],
+                     batches=[PROMPTS[:1]] * len(refused_requests) + [[p] for p, _ in bad_prompts.values()]
+                     + [PROMPTS[:1]],
+                     sampling=[[{**dict(max_tokens=4, logprobs=0), **r}] for r in refused_requests.values()]
+                     + [[dict(max_tokens=4, logprobs=0, **r)] for _, r in bad_prompts.values()] + [None]))
     *engines, requests = run_engines(tmp_path, runs)
     for res, name in zip(engines, refused_engines):
         assert "UnsupportedError" in res.get("error", "") and name in res["error"], (name, res)
         assert "batches" not in res, name  # the engine never started
     for b, name in zip(requests["batches"], refused_requests):
         assert "UnsupportedError" in b.get("error", "") and name.strip() in b["error"], (name, b)
+    for b, name in zip(requests["batches"][len(refused_requests):], bad_prompts):
+        assert "InputError" in b.get("error", "") and "prompt_token_ids" in b["error"] and name in b["error"], (name, b)
     assert differing(path, case[1], PROMPTS[:1], requests["batches"][-1]["outputs"]) == (0, 0)
+    # vLLM's second-generation model runner (its own switch): refused by lockstep's name before vLLM builds anything
+    (v2,) = run_engines(tmp_path, [dict(model=path, dtype=case[1], batches=[])],
+                        env=dict(VLLM_USE_V2_MODEL_RUNNER="1"), name="v2")
+    assert "UnsupportedError" in v2.get("error", "") and "VLLM_USE_V2_MODEL_RUNNER" in v2["error"], v2
+
+
+def test_every_engine_argument_is_declared():
+    """vLLM's EngineArgs fields, walked in a vLLM process, against the plugin's declaration (engine_args.py: checked,
+    scheduling, no bits, refused unless default): none is left unnamed, none declared twice, none declared that vLLM
+    does not have (a stale entry)."""
+    from hal.integrations.vllm import engine_args as ea
+    code = "import dataclasses; from vllm.engine.arg_utils import EngineArgs as E\n" \
+           "print(' '.join(f.name for f in dataclasses.fields(E)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fields = set(out.stdout.split())
+    groups = (ea.CHECKED, ea.SCHEDULING, ea.NO_BITS, ea.REFUSED_UNLESS_DEFAULT)
+    assert sum(map(len, groups)) == len(ea.DECLARED), "a field declared in two groups"
+    assert len(fields) > 200 and fields - ea.DECLARED == set() and ea.DECLARED - fields == set(), \
+        (sorted(fields - ea.DECLARED), sorted(ea.DECLARED - fields))
+
+
+def test_switch_values_other_than_documented_are_refused(monkeypatch):
+    """LOCKSTEP_VLLM: 1 on, 0 or unset off; any other value ("true", "yes", "on", "2") raises naming the variable and
+    the accepted values, so a user who meant "on" never gets stock vLLM without a word (this process: no vLLM)."""
+    from hal.errors import InputError
+    from hal.integrations import vllm as plugin_switch
+    monkeypatch.setattr(plugin_switch, "_forced", None)
+    for value, on in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv("LOCKSTEP_VLLM", value)
+        assert plugin_switch.enabled() is on, value
+    monkeypatch.delenv("LOCKSTEP_VLLM")
+    assert plugin_switch.enabled() is False
+    for value in ("true", "yes", "on", "2", "True"):
+        monkeypatch.setenv("LOCKSTEP_VLLM", value)
+        with pytest.raises(InputError, match=f"LOCKSTEP_VLLM='{value}'"):
+            plugin_switch.enabled()
 
 
 def test_colocated_engines_after_import_hal(models, tmp_path):
@@ -395,3 +445,48 @@ def test_weight_paths_evict_the_prefix_cache(path_kind, models, tmp_path):
     if path_kind == "reload_weights":  # negative control: stock vLLM serves blocks computed with the old weights
         (stock,) = run_engines(tmp_path, runs, plugin=False, name="stock")
         assert sum(o["cached"] for o in outputs(stock, 1)) >= 32 * len(long_prompts)
+
+
+def test_weight_change_while_requests_run_is_refused_and_leaves_the_engine_consistent(models, tmp_path):
+    """A weight change while requests run, through each path (from a step hook inside generate's steps: a raw
+    ``param.data.copy_`` load, an optimizer step that moves no version counter, a collective into ``p.data``;
+    between the steps of a batch driven step by step: ``collective_rpc("reload_weights")``, a new request admitted
+    after a raw write): every request that ran across the change is finished with an error the caller sees (generate
+    raises; step by step, finish reason "error" with lockstep's stop reason), none goes on; the admitted request
+    finishes on the new weights (the front end never waits for it); the next generate of the same prompts reads no
+    prefix block of the old weights (0 cached tokens) and gives the new weights' trainer's bits. Without the fix: the
+    requests go on (tokens of two weights), the old weights' blocks are served after a refused step or RPC, and the
+    request admitted after the write is never run (stuck). One engine, the weights going A -> B -> A -> ..."""
+    from hal.integrations.vllm.weights import WEIGHTS_CHANGED
+    case = ("llama", "bfloat16")
+    a, b = models[case], tiny.save_tiny("llama", "bfloat16", tmp_path / "other", seed=1)
+    long_prompts = [p for p in PROMPTS if len(p) > 32]
+    changes = [("raw", b), ("optimizer", a), ("reload_weights", b), ("admission", a), ("collective", b)]
+    during = [[2 * i + 1, [kind, path], 3] for i, (kind, path) in enumerate(changes)]
+    runs = [dict(model=a, dtype=case[1], batches=[long_prompts] * (2 * len(changes) + 1), during=during,
+                 engine=dict(enable_prefix_caching=True))]
+    (res,) = run_engines(tmp_path, runs)
+    assert "error" not in res, res.get("trace", res.get("error"))
+    assert differing(a, case[1], long_prompts, outputs(res, 0)) == (0, 0)
+    for i, (kind, path) in enumerate(changes):
+        mid, after = res["batches"][2 * i + 1], outputs(res, 2 * i + 2)
+        assert "stuck" not in mid, (kind, mid)
+        if kind in ("raw", "optimizer", "collective"):  # generate itself raises, naming the refusal
+            err = mid.get("call_error", {}).get("error", "")
+            assert "UnsupportedError" in err and "weights changed while they ran" in err, (kind, mid)
+        else:
+            ran = [o for o in mid["outputs"] if o["id"].startswith("mid")]
+            assert len(ran) == len(long_prompts), (kind, mid)
+            assert all(o["finish"] == "error" and o["stop"] == WEIGHTS_CHANGED for o in ran), (kind, ran)
+            if kind == "reload_weights":  # the RPC that changed the weights under running requests says so
+                assert "UnsupportedError" in mid.get("action_error", {}).get("error", ""), mid
+            else:  # the admission never raises; the admitted request runs on the new weights
+                assert "action_error" not in mid, mid
+                (admitted,) = [o for o in mid["outputs"] if o["id"] == "admitted"]
+                assert admitted["finish"] == "length" and admitted["cached"] == 0, admitted
+                assert differing(path, case[1], long_prompts[:1], [admitted]) == (0, 0), kind
+        # no block of the old weights is read (after "admission", the admitted request's own blocks, computed on the
+        # new weights, may be: the bits below say they are the new weights')
+        fresh = after[1:] if kind == "admission" else after
+        assert all(o["cached"] == 0 for o in fresh), (kind, [o["cached"] for o in after])
+        assert differing(path, case[1], long_prompts, after) == (0, 0), kind

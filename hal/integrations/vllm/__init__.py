@@ -16,14 +16,22 @@ from __future__ import annotations
 import os
 
 ENV = "LOCKSTEP_VLLM"
+ENV_VALUES = {"1": True, "0": False, "": False}  # the switch's accepted values; anything else is refused by name
 _forced: bool | None = None  # set by enable(): wins over the environment
 
 
 def enabled() -> bool:
-    """Whether lockstep's plugin is on in this process (``enable()``, else ``LOCKSTEP_VLLM=1``)."""
+    """Whether lockstep's plugin is on in this process (``enable()``, else ``LOCKSTEP_VLLM=1``; ``0`` or unset:
+    off). Any other value (``true``, ``yes``, ``on``, ...) raises InputError naming the variable: a user who meant
+    "on" must not get stock vLLM without a word."""
     if _forced is not None:
         return _forced
-    return os.environ.get(ENV, "") == "1"
+    value = os.environ.get(ENV, "")
+    if value.strip() not in ENV_VALUES:
+        from ...errors import InputError
+        raise InputError(f"{ENV}={value!r}: lockstep's vLLM plugin is switched by {ENV}=1 (on) or {ENV}=0 / unset "
+                         "(off); no other value is accepted, so the plugin is neither silently off nor on")
+    return ENV_VALUES[value.strip()]
 
 
 def enable(on: bool = True) -> None:

@@ -91,6 +91,19 @@ def check_config(cfg) -> None:
                         "itself; leave head_dtype at the model dtype)")
     if mc.quantization is not None or cfg.quant_config is not None:
         problems.append(f"quantization={mc.quantization!r}")
+    try:
+        from .weights import trainer_convention
+        trainer_convention()
+    except UnsupportedError as e:
+        problems.append(str(e))
+    if mc.logits_processors:
+        problems.append(f"logits_processors={mc.logits_processors!r} (custom logits processors: lockstep's sampler "
+                        "draws from and records its own logits, so a processor would never run)")
+    if mc.enable_prompt_embeds:
+        problems.append("enable_prompt_embeds (the trainer scores token ids, not embeddings)")
+    if cfg.use_v2_model_runner:
+        problems.append("vLLM's second-generation model runner (VLLM_USE_V2_MODEL_RUNNER; none of lockstep's runner "
+                        "hooks run there)")
     if mc.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
         problems.append(f"logprobs_mode={mc.logprobs_mode!r} (raw_logprobs or processed_logprobs)")
     if cfg.cache_config.cache_dtype != "auto":
@@ -155,6 +168,40 @@ def audit_model(model) -> None:
                                "stock bits): " + ", ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""), bad)
 
 
+def audit_logits_processors(runner) -> None:
+    """The runner's logits processors are vLLM's built-in ones only (their parameters are refused at admission): a
+    custom class, configured (``logits_processors=``, refused at engine start) or installed through vLLM's
+    ``vllm.logits_processors`` entry points, would never run under lockstep's sampler."""
+    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS
+    batch = getattr(runner, "input_batch", None)
+    custom = [type(p).__name__ for p in (batch.logitsprocs.all if batch is not None else ())
+              if type(p) not in BUILTIN_LOGITS_PROCESSORS]
+    if custom:
+        raise UnsupportedError("lockstep's vLLM plugin refuses custom logits processors (its sampler draws from and "
+                               "records lockstep's own logits, so they would never run):", custom)
+
+
+def check_switches() -> None:
+    """vLLM switches that decide which code runs, refused before vLLM builds anything (its own refusal of them,
+    where it has one, would not name lockstep)."""
+    import vllm.envs as envs
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        raise UnsupportedError("lockstep's vLLM plugin (LOCKSTEP_VLLM=1) cannot make this engine's bits exact:",
+                               ["VLLM_USE_V2_MODEL_RUNNER=1 (vLLM's second-generation model runner: none of lockstep's "
+                                "runner hooks run there; unset it)"])
+
+
+def check_prompt(prompt_ids, vocab_size: int) -> None:
+    """A prompt's token ids are the model's vocabulary (at admission, before anything computes): vLLM pads its
+    embedding table, so an id in the padded rows would be embedded and served (the trainer cannot score it; past the
+    padding it fails inside the forward). prompt_logprobs score the prompt's own ids, so this covers their targets."""
+    from ...errors import InputError
+    bad = [(i, t) for i, t in enumerate(prompt_ids) if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise InputError(f"prompt_token_ids: {len(bad)} id(s) outside the model's vocabulary [0, {vocab_size}) "
+                         f"(position, id): {bad[:8]}; lockstep's vLLM plugin refuses them at admission")
+
+
 def check_request(params) -> None:
     """Refuse (at admission, naming each) the sampling parameters lockstep cannot record exactly."""
     from vllm.sampling_params import SamplingParams
@@ -216,6 +263,7 @@ def install() -> None:
     check_version()
     check_platform()
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.common.offline import OfflineInferenceMixin
     from vllm.model_executor.custom_op import CustomOp, PluggableLayer
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
@@ -227,7 +275,7 @@ def install() -> None:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from . import gdn, layers, sampler, weights
+    from . import engine_args, gdn, layers, sampler, weights
 
     for name, cls in layers.OOT_CUSTOM_OPS.items():
         CustomOp.register_oot(cls, name=name)
@@ -244,6 +292,8 @@ def install() -> None:
 
     @functools.wraps(create)
     def create_engine_config(self, *args_, **kwargs):
+        check_switches()
+        engine_args.check(self)
         asked = self.enable_prefix_caching  # None: left at vLLM's default (create() fills it in)
         cfg = create(self, *args_, **kwargs)
         cfg = gdn.prefix_caching_policy(self, asked, cfg, lambda args: create(args, *args_, **kwargs))
@@ -261,6 +311,18 @@ def install() -> None:
 
     InputProcessor._validate_params = _validate_params
 
+    validate_input = InputProcessor._validate_model_input
+
+    @functools.wraps(validate_input)
+    def _validate_model_input(self, prompt_input, *args, **kwargs):
+        if prompt_input["type"] == "embeds":
+            raise UnsupportedError("prompt_embeds requests are not supported by lockstep's vLLM plugin (the trainer "
+                                   "scores token ids)")
+        check_prompt(prompt_input["prompt_token_ids"], self.model_config.get_vocab_size())
+        return validate_input(self, prompt_input, *args, **kwargs)
+
+    InputProcessor._validate_model_input = _validate_model_input
+
     load = CPUModelRunner.load_model
 
     @functools.wraps(load)
@@ -268,33 +330,57 @@ def install() -> None:
         check_config(self.vllm_config)
         load(self, *args, **kwargs)
         audit_model(self.model)
-        weights.watch_weights(self.model)
+        audit_logits_processors(self)
+        weights.watch_weights(self.model, self.vllm_config.model_config.dtype)
 
     CPUModelRunner.load_model = load_model
 
     _run_inside(CPUModelRunner, "sample_tokens", sampler.discarded_rows_spare_their_generators)
     _run_inside(CPUModelRunner, "_get_prompt_logprobs_dict", sampler.scoring_prompts)
     CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
+    CPUWorker.lockstep_weights_handled = weights.worker_weights_handled
 
     def checking_weights(fn, when):
+        """EngineCore's method ``fn`` with weights.check_weights at its boundary ``when`` (weights.py)."""
         @functools.wraps(fn)
         def checked(self, *args, **kwargs):
             if when == "admission":  # a full check once per admission burst (the first request after a step)
                 if not self.__dict__.get("_lockstep_admission_checked"):
-                    weights.check_weights(self, full=True)
+                    weights.check_weights(self, full=True, when=when)
                     self.__dict__["_lockstep_admission_checked"] = True
-            elif when == "step":
-                weights.check_weights(self, full=False)
-                self.__dict__["_lockstep_admission_checked"] = False
-            out = fn(self, *args, **kwargs)
+                return fn(self, *args, **kwargs)
             if when == "rpc":
-                weights.check_weights(self, full=True)
-            return out
+                out = fn(self, *args, **kwargs)
+                weights.check_weights(self, full=True, when=when)
+                return out
+            weights.check_weights(self, full=False, when=when)
+            self.__dict__["_lockstep_admission_checked"] = False
+            outputs, executed = fn(self, *args, **kwargs)
+            # before a finishing request's last output leaves the core: a full check (a raw write is seen here)
+            finishing = any(o.finish_reason is not None for eco in (outputs or {}).values() for o in eco.outputs)
+            weights.check_weights(self, full=finishing, when=when, outputs=outputs)
+            return weights.take_error_outputs(self, outputs), executed
         return checked
 
     for name, when in (("step", "step"), ("step_with_batch_queue", "step"), ("add_request", "admission"),
                        ("collective_rpc", "rpc")):
         setattr(EngineCore, name, checking_weights(getattr(EngineCore, name), when))
+
+    run_engine = OfflineInferenceMixin._run_engine
+
+    @functools.wraps(run_engine)
+    def _run_engine(self, *args_, **kwargs):
+        outputs = run_engine(self, *args_, **kwargs)
+        refused = [o.request_id for o in outputs
+                   if any(c.stop_reason == weights.WEIGHTS_CHANGED for c in getattr(o, "outputs", None) or ())]
+        if refused:
+            raise UnsupportedError(f"lockstep's vLLM plugin refused {len(refused)} request(s) of this call: the "
+                                   "model's weights changed while they ran (their KV and tokens would mix two "
+                                   "weights); they are finished, the prefix cache is evicted, and the next call runs "
+                                   "on the new weights. Update weights between generate calls.", refused)
+        return outputs
+
+    OfflineInferenceMixin._run_engine = _run_engine
 
     schedule = Scheduler.schedule
 
