@@ -229,10 +229,36 @@ def switch_torchtitan():
     _differs("switch-torchtitan-strict-negative-control", [("logits", strict, sampled)])
 
 
+def switch_torchtitan_qwen3_5():
+    """TorchTitan's Qwen3.5 converted with LockstepConverter.Config(policy="fast") (the trainer: its GatedDeltaKernel on
+    the fast GDN spec, its conv and gates strict) and the HF Qwen3.5 patched with policy="fast" (the sampler): the
+    same logits' bits; negative control: TorchTitan strict. (Needs torchtitan: tests/titan.)"""
+    from examples import torchtitan_parity as ex
+    from hal.integrations import torchtitan as ltt
+    hf = ex.hf_qwen3_5(torch.bfloat16)
+    trainer = ex.titan_qwen3_5(hf, policy="fast")
+    tokens = torch.tensor([PROMPT])
+    positions = torch.arange(len(PROMPT)).unsqueeze(0)
+    with torch.no_grad(), dispatch_log() as log:
+        trained = ltt.forward(trainer, tokens, positions)
+    rules = {(op, sid, b) for op, sid, b in log if op.endswith("gated_delta_rule")}
+    _check_log("switch-torchtitan-qwen3_5-runs-fast-specs", log)
+    if rules != {("chunk_gated_delta_rule", POLICY_SPECS["fast"]["gated_delta_rule"].id, "triton")}:
+        FAILED.append("switch-torchtitan-qwen3_5-gdn-rule")
+        print(f"switch-torchtitan-qwen3_5-gdn-rule: FAIL {rules}", flush=True)
+    with lt.patch(hf, policy="fast"), torch.no_grad():
+        sampled = hf(tokens).logits
+    _same("switch-torchtitan-qwen3_5", [("logits", trained, sampled)])
+    with torch.no_grad():
+        strict = ltt.forward(ex.titan_qwen3_5(hf), tokens, positions)
+    _differs("switch-torchtitan-qwen3_5-strict-negative-control", [("logits", strict, sampled)])
+
+
 CHECKS = {f.__name__.replace("_", "-"): f for f in (switch_runs_fast_specs, switch_trainer_equals_generate,
                                                      switch_engine_equals_trainer, switch_fingerprint,
                                                      switch_gdn_engine)}
-OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids}  # when named
+OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids,  # when named
+            "switch-torchtitan-qwen3_5": switch_torchtitan_qwen3_5}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem
