@@ -55,11 +55,12 @@ def hf_qwen3(dtype=torch.float32, seed: int = 0, attn: str = "lockstep", tied: b
     return ltt.cast_hf(model, dtype).eval()
 
 
-def _build(cfg, hf_model, lockstep: bool, stock):
-    """TorchTitan's model for ``cfg`` (converted to lockstep unless ``lockstep=False``, ``stock`` modules left
-    alone), in ``hf_model``'s dtype, its weights loaded from ``hf_model`` through TorchTitan's HF adapter."""
+def _build(cfg, hf_model, lockstep: bool, stock, policy: str = "strict"):
+    """TorchTitan's model for ``cfg`` (converted to lockstep under ``policy`` unless ``lockstep=False``, ``stock``
+    modules left alone), in ``hf_model``'s dtype, its weights loaded from ``hf_model`` through TorchTitan's HF
+    adapter."""
     if lockstep:
-        cfg = ltt.LockstepConverter.Config(stock=tuple(stock)).build().convert(cfg)
+        cfg = ltt.LockstepConverter.Config(stock=tuple(stock), policy=policy).build().convert(cfg)
     dtype = next(hf_model.parameters()).dtype
     with torch.random.fork_rng(devices=[]):
         model = cfg.build()
@@ -93,7 +94,7 @@ def hf_qwen3_5(dtype=torch.float32, seed: int = 0, tied: bool = False):
         return ltt.cast_hf(tf.Qwen3_5ForCausalLM(cfg), dtype).eval()
 
 
-def titan_qwen3_5(hf_model, lockstep: bool = True, stock=()):
+def titan_qwen3_5(hf_model, lockstep: bool = True, stock=(), policy: str = "strict"):
     """TorchTitan's Qwen3.5 for ``hf_model``'s config, weights loaded through TorchTitan's Qwen3.5 HF adapter.
 
     One process, no device mesh: TorchTitan's ``partial_dtensor`` SPMD backend (its trainer's
@@ -101,7 +102,7 @@ def titan_qwen3_5(hf_model, lockstep: bool = True, stock=()):
     from torchtitan.distributed.utils import set_spmd_backend
     set_spmd_backend("partial_dtensor")
     cfg = ltt.qwen3_5_config_from_hf(hf_model.config)
-    return _build(cfg, hf_model, lockstep, stock)
+    return _build(cfg, hf_model, lockstep, stock, policy)
 
 
 def pack(prompts, responses):

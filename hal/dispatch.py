@@ -5,7 +5,8 @@ Order of precedence for a call: ``backend=`` argument > innermost ``with hal.use
 automatic choice by the tensors' device.
 
 The policy switch, ``with hal.use(policy="fast")`` (or "exact"): a call given no ``spec=`` runs its family's spec
-under that policy (``hal.spec.POLICY_SPECS``; a family the policy has no spec for keeps its strict default), and a
+under that policy (``hal.spec.POLICY_SPECS``, per op: :func:`switched_spec`; a family the policy has no spec for,
+or an op of the family no suite checks under that spec, keeps its strict default), and a
 call whose spec is the policy's is served only by a backend that claims conformance levels for that op's suite
 on that device (the requested one, else the first by priority that serves the call: the triton backend on CUDA,
 or on CPU under ``TRITON_INTERPRET=1``), refused by name (UnsupportedError naming the policy and the device)
@@ -140,10 +141,23 @@ def policy_in_force() -> str:
     return _policy.get()
 
 
-def call_spec(family: str, spec: OpSpec | str | None) -> OpSpec:
-    """The spec a call of a ``family`` op runs: the given one (object or id), else the family's spec under the
-    policy in force (``hal.spec.policy_spec``: its strict default outside a switch)."""
-    return specs.resolve(family, spec if spec is not None else specs.policy_spec(family, _policy.get()))
+def call_spec(op: str, spec: OpSpec | str | None) -> OpSpec:
+    """The spec a call of public op ``op`` runs: the given one (object or id), else its spec under the policy in
+    force (:func:`switched_spec`: its family's strict default outside a switch)."""
+    from .ops_registry import OPS
+    return specs.resolve(OPS[op], spec if spec is not None else switched_spec(op, _policy.get()))
+
+
+def switched_spec(op: str, policy: str) -> OpSpec:
+    """The spec public op ``op`` runs under ``policy``'s switch: its family's entry of ``hal.spec.POLICY_SPECS``
+    where a conformance suite checks ``op`` under that spec (:func:`suite_of`: the op's record lists the suite),
+    else the family's strict default. So one family entry reaches the ops its spec is made for: under fast the
+    gated delta rule's two ops run the fast GDN spec, the GDN layer ops of the same family (gdn_gating,
+    gdn_causal_conv1d, which refuse a fast spec) stay strict."""
+    from .ops_registry import OPS
+    family = OPS[op]
+    s, default = specs.policy_spec(family, policy), specs.DEFAULTS[family]
+    return s if s is default or suite_of(op, s) is not None else default
 
 
 def requested_backend() -> tuple[str | None, str]:
@@ -301,12 +315,11 @@ def check_policy(policy: str, device: torch.device, dtype: torch.dtype, ops) -> 
     under ``policy`` and, where that spec is the policy's own, the backend that claims it on ``device`` for
     ``dtype`` (:func:`claiming_backend`, refusing by name); strict ops are listed with backend None (dispatched
     per call as ever). ``{op: (spec, backend)}``."""
-    from .ops_registry import OPS
     if policy not in specs.POLICY_SPECS:
         raise InputError(f"policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
     out = {}
     for op in ops:
-        s = specs.policy_spec(OPS[op], policy)
+        s = switched_spec(op, policy)
         out[op] = (s, claiming_backend(op, s, dtype, device, policy=policy) if policy in s.policies_used() else None)
     return out
 
@@ -328,8 +341,9 @@ def fast_fingerprint(device: torch.device | str | None = None, spec_ids: dict[st
     from .ops_registry import OPS
     served = {}
     for family, spec_id in spec_ids.items():  # the backend that claims each fast spec in force (today: triton)
-        op = next(op for op, f in OPS.items() if f == family)
-        served[family] = claiming_backend(op, specs.resolve(family, spec_id), torch.bfloat16, device, backend, FAST)
+        s = specs.resolve(family, spec_id)
+        op = next(op for op, f in OPS.items() if f == family and suite_of(op, s) is not None)  # an op it is for
+        served[family] = claiming_backend(op, s, torch.bfloat16, device, backend, FAST)
     if not served:
         raise UnsupportedError(f"policy 'fast' on device {device}: no fast spec is in force, nothing to fingerprint")
     described = {}

@@ -261,7 +261,7 @@ def _plan(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     dk = layout[2]
     scale = dk ** -0.5 if scale is None else val.scalar("scale", scale, positive=True)
     scale = float(torch.tensor(scale, dtype=F32))  # the spec's scale is a float32 number
-    s = dispatch.call_spec(OPS[op], spec)  # no spec: the policy switch's (hal.use(policy=...))
+    s = dispatch.call_spec(op, spec)  # no spec: the policy switch's (hal.use(policy=...))
     device = dispatch.common_device(dict(q=q, k=k, v=v, g=g, beta=beta))
     parts = _start_parts(initial_state, layout, n, dtype, device, s)
     impl = dispatch.select(op, s, dtype, device, backend)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from .ops_registry import OPS
 
 __all__ = ["resolve", "needs_grad", "backward_dtype"]
 
@@ -18,7 +17,7 @@ def resolve(op: str, spec, backend, dtype: torch.dtype, **tensors):
     """``(spec, backend)`` for a call of ``op`` whose ``tensors`` were validated: the spec resolved against the op's
     family (no spec: the family's spec under the policy in force, ``hal.use(policy=...)``), the backend chosen for the
     tensors' common device (hal/dispatch.py)."""
-    s = dispatch.call_spec(OPS[op], spec)
+    s = dispatch.call_spec(op, spec)
     device = dispatch.common_device(tensors)
     return s, dispatch.select(op, s, dtype, device, backend)
 

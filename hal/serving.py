@@ -280,7 +280,8 @@ class GdnStates:
 
 
 def gdn_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor, conv_bias,
-             chunks, lookup, store, key_dim: int, head_k_dim: int, head_v_dim: int) -> torch.Tensor:
+             chunks, lookup, store, key_dim: int, head_k_dim: int, head_v_dim: int, *, spec=None,
+             backend=None) -> torch.Tensor:
     """One engine step of a Gated DeltaNet layer's sequence part, engine-neutral (plain tensors, two callbacks).
 
     ``mixed [1, tokens, 2 key_dim + value_dim]`` (the conv input, requests packed), the gates ``g, beta
@@ -292,6 +293,8 @@ def gdn_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weig
     Each request runs alone (``hal.gdn_causal_conv1d`` from its conv window, then the gated delta rule from
     its :class:`hal.GatedDeltaRuleState`: the chunked op for a prefill chunk, the recurrent op for one decode
     token after a state, the same bits), so neighbours and where the engine cut the prompt change no bit.
+    ``spec`` / ``backend``: the gated delta rule's (e.g. a fast patch's ``hal.spec.GDN_FAST`` on triton; None: the
+    default spec, dispatched per call); the conv keeps its strict default.
     Returns ``o [1, tokens, HV, dv]`` (rows of no chunk: zeros).
     """
     import hal
@@ -309,7 +312,7 @@ def gdn_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weig
         o, st = rule(yq.reshape(1, m, -1, head_k_dim), yk.reshape(1, m, -1, head_k_dim),
                      yv.reshape(1, m, -1, head_v_dim), g[:, t0:t1], beta[:, t0:t1],
                      initial_state=None if prev is None else prev[1], output_final_state="state",
-                     use_qk_l2norm_in_kernel=True)
+                     use_qk_l2norm_in_kernel=True, spec=spec, backend=backend)
         store(i, start, start + m, conv1, st)
         out[:, t0:t1] = o
     return out

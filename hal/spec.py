@@ -937,13 +937,17 @@ register(RotarySpec(), default=True)
 #: The spec of each op family under a policy switch -- ``hal.use(policy=...)``, ``lt.patch(model, policy=...)``,
 #: TorchTitan's ``LockstepConverter.Config(policy=...)`` (docs/fast_policy.md, "One switch for a whole model").
 #: A family a policy's table leaves out runs its strict default (``DEFAULTS``): under fast, today, every family
-#: but matmul and attention (there is no fast token_logprobs, rms_norm, ... spec). The one home of that choice:
-#: a new fast spec (e.g. fast Gated DeltaNet, ``"gated_delta_rule": ...``) joins its policy's table in one line.
+#: but matmul, attention and gated_delta_rule (there is no fast token_logprobs, rms_norm, ... spec). The one home of
+#: that choice: a new fast spec joins its policy's table in one line. Keyed by family (a spec is a family's), the
+#: entry reaches the family's ops that a conformance suite checks under it (an op's record lists its suites:
+#: ``hal.dispatch.switched_spec``): the gated delta rule's two ops run GDN_FAST, while the GDN layer ops of the
+#: same family (gdn_gating, gdn_causal_conv1d: suite gdn_layer, strict only) keep the strict default.
 POLICY_SPECS: dict[str, dict[str, OpSpec]] = {
     STRICT: {},
     FAST: {
         "matmul": get("matmul.fast.m128.n128.k64.w8.s3.v2"),
         "attention": get("attention.fast.m128.b64.s512.w8.st2.v2"),
+        "gated_delta_rule": GDN_FAST,
     },
     EXACT: {  # the exact matmul with 4 slices (docs/exact_matmul.md), and the token_logprobs whose logits use it
         "matmul": get("matmul.exact.s4.v2"),
@@ -953,8 +957,8 @@ POLICY_SPECS: dict[str, dict[str, OpSpec]] = {
 
 
 def policy_spec(family: str, policy: str) -> OpSpec:
-    """The spec ``family``'s ops run under ``policy``'s switch: the policy's own where its table has one, else the
-    family's strict default."""
+    """The spec of ``family`` under ``policy``'s switch: the policy's own where its table has one, else the family's
+    strict default. Which of the family's ops take it: ``hal.dispatch.switched_spec`` (per op)."""
     if policy not in POLICY_SPECS:
         raise SpecError(f"policy must be one of {tuple(POLICY_SPECS)}, got {policy!r}")
     return POLICY_SPECS[policy].get(family) or DEFAULTS[family]

@@ -188,8 +188,7 @@ def linear(call, x, weight, bias, spec):
     if x.shape[-1] != weight.shape[1]:
         raise UnsupportedError(f"linear: x.shape[-1] ({x.shape[-1]}) != weight.shape[1] ({weight.shape[1]})")
     from . import dispatch, spec as specs
-    from .ops_registry import OPS
-    s = dispatch.call_spec(OPS["linear"], spec)  # no spec: the policy switch's (hal.use(policy=...))
+    s = dispatch.call_spec("linear", spec)  # no spec: the policy switch's (hal.use(policy=...))
     xl, wl = x.to_local(), weight.to_local()
     if s.policy == specs.EXACT:
         bl = None if bias is None else bias.to_local()

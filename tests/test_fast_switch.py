@@ -23,7 +23,8 @@ from hal import dispatch
 from hal.conformance.bits import same_bits
 from hal.errors import InputError, SpecError, UnsupportedError
 from hal.kernels.triton.versions import interpreting
-from hal.spec import DEFAULTS, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec, FastMatmulSpec, policy_spec
+from hal.spec import (DEFAULTS, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec, FastGatedDeltaRuleSpec,
+                      FastMatmulSpec, policy_spec)
 
 from _triton_seq_run import ROOT, needs_interpreter, run_checks
 
@@ -38,7 +39,8 @@ def _xw():
 
 
 def test_policy_table():
-    assert POLICY_SPECS["fast"] == {"matmul": FastMatmulSpec(), "attention": FastAttentionSpec()}
+    assert POLICY_SPECS["fast"] == {"matmul": FastMatmulSpec(), "attention": FastAttentionSpec(),
+                                    "gated_delta_rule": FastGatedDeltaRuleSpec()}
     assert policy_spec("matmul", "fast") == FastMatmulSpec()
     assert policy_spec("token_logprobs", "fast") is DEFAULTS["token_logprobs"]  # no fast token_logprobs spec: strict
     assert policy_spec("rms_norm", "fast") is DEFAULTS["rms_norm"]
@@ -47,6 +49,25 @@ def test_policy_table():
     assert all(policy_spec(f, "strict") is s for f, s in DEFAULTS.items())
     with pytest.raises(SpecError, match="policy must be one of"):
         policy_spec("matmul", "turbo")
+
+
+def test_the_gdn_family_entry_reaches_the_delta_rule_not_the_layer_ops():
+    """One family entry, per op: the delta rule's two ops take the fast GDN spec, the layer ops of the same family
+    (no fast spec: they refuse one) their strict default, under hal.use and check_policy alike."""
+    fast_gdn, strict_gdn = FastGatedDeltaRuleSpec(), DEFAULTS["gated_delta_rule"]
+    for op in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        assert dispatch.switched_spec(op, "fast") == fast_gdn and dispatch.switched_spec(op, "strict") is strict_gdn
+    for op in ("gdn_gating", "gdn_causal_conv1d"):
+        assert dispatch.switched_spec(op, "fast") is strict_gdn
+        assert dispatch.check_policy("fast", torch.device("cpu"), torch.bfloat16, (op,))[op] == (strict_gdn, None)
+    with hal.use(policy="fast"):
+        assert dispatch.call_spec("chunk_gated_delta_rule", None) == fast_gdn
+        assert dispatch.call_spec("gdn_gating", None) is strict_gdn
+        a = torch.linspace(-2, 2, 6).reshape(2, 3)
+        g, beta = hal.gdn_gating(torch.zeros(3), a, torch.zeros(3), a)  # runs strict under the switch
+    assert all(same_bits(x, y) for x, y in zip((g, beta), hal.gdn_gating(torch.zeros(3), a, torch.zeros(3), a)))
+    with pytest.raises(UnsupportedError, match=r"gdn_gating.*gated_delta_rule\.fast"):  # an explicit fast spec: refused
+        hal.gdn_gating(torch.zeros(3), a, torch.zeros(3), a, spec=fast_gdn)
 
 
 def test_use_needs_a_backend_or_a_known_policy():
@@ -175,9 +196,9 @@ def lt():
     return lt
 
 
-def _tiny(dtype=torch.bfloat16):
+def _tiny(dtype=torch.bfloat16, kind="llama"):
     from hal.integrations.transformers.testing import tiny_model
-    return tiny_model("llama", dtype=dtype)
+    return tiny_model(kind, dtype=dtype)
 
 
 def _state(model):
@@ -204,6 +225,35 @@ def test_patch_fast_refused_on_cpu_leaves_the_model_unchanged(lt):
         assert same_bits(m(ids).logits, before_logits)
     with lt.patch(m) as p:  # the model still takes a (strict) patch
         assert p.policy == "strict" and p.fingerprint is None
+
+
+class _ClaimsFastLinearsAndAttention(_ClaimsFast):
+    """Claims the fast matmul and attention suites on CPU, not the fast GDN one: a hybrid's check reaches its rule."""
+
+    def claimed_levels(self, suite, spec):
+        return frozenset({"L0", "L1"}) if suite in ("matmul_fast", "attention_fast") else frozenset()
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        raise AssertionError("never run: the patch is refused before any forward")
+
+
+@no_interpreter
+def test_patch_fast_refuses_a_hybrid_whose_gdn_rule_no_backend_claims(lt):
+    """On CPU without the interpreter, a Qwen3-Next's fast patch is refused by the delta rule's name even where its
+    linears and attention would be served (a stand-in backend claims those): checked up front, the model unchanged."""
+    m = _tiny(kind="qwen3_next")
+    attrs, params = _state(m)
+    fake = _ClaimsFastLinearsAndAttention()
+    hal.register_backend(fake)
+    try:
+        with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu: no backend that claims "
+                                                   r"'gated_delta_rule_fast' can run chunk_gated_delta_rule"):
+            lt.patch(m, policy="fast")
+        attrs_after, params_after = _state(m)
+        assert attrs_after == attrs and all(same_bits(params[n], params_after[n]) for n in params)
+        assert dispatch.check_policy("fast", torch.device("cpu"), torch.bfloat16, ("linear",))["linear"][1] is fake
+    finally:
+        hal.unregister_backend(fake.name)
 
 
 def test_patch_fast_refused_on_stock(lt):
@@ -241,6 +291,6 @@ def test_fast_switch_whole_model_in_interpreter():
     pytest.importorskip("transformers")
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
     names = ("switch-runs-fast-specs", "switch-trainer-equals-generate", "switch-engine-equals-trainer",
-             "switch-fingerprint") + (("switch-gdn-hybrids",) if full else ())
-    out = run_checks(*names, script=SCRIPT)  # ~15 s here (generate, the engine, the fingerprint); full: +25 s
-    assert out.count("wrong variant caught") == 3 and out.count("identical") == 2 + 2 * full
+             "switch-fingerprint", "switch-gdn-engine") + (("switch-gdn-hybrids",) if full else ())
+    out = run_checks(*names, script=SCRIPT)  # ~25 s here (generate, the engines, the fingerprint); full: +15 s
+    assert out.count("wrong variant caught") == 4 + 4 * full and out.count("identical") == 3 + 2 * full

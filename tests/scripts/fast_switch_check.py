@@ -4,8 +4,9 @@ Run in a subprocess by tests/test_fast_switch.py. ``lt.patch(model, policy="fast
 which spec every dispatched op ran under (the fast matmul / attention specs on triton, every other op strict,
 never the stock control); the trainer's teacher-forced forward and the sampler's ``generate`` give the same
 raw bits, with a negative control (the strict-patched model's logits must differ from the fast ones); the
-patch's fingerprint. Usage: python tests/scripts/fast_switch_check.py [CHECK...]; prints "CHECK: ok ..." /
-"CHECK: FAIL ..." lines.
+patch's fingerprint; a Gated DeltaNet hybrid's delta rule on the fast GDN spec (its conv and gates strict) in
+the engine (CI) and in generate / the trainer's forward (switch-gdn-hybrids, LOCKSTEP_FULL=1).
+Usage: python tests/scripts/fast_switch_check.py [CHECK...]; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
 """
 from __future__ import annotations
 
@@ -64,23 +65,31 @@ def _teacher_forced(m, seq):
 
 
 def _off_the_switch(log):
-    """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear or an
-    attention call off the fast table's spec or off triton, another op off its strict spec, anything on stock."""
+    """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear, attention or
+    gated delta rule call off the fast table's spec or off triton, another op (the GDN conv and gates included) off
+    its strict spec, anything on stock."""
     fast = {family: s.id for family, s in POLICY_SPECS["fast"].items()}
     want = {"linear": fast["matmul"], "matmul": fast["matmul"], "flash_attn_varlen_func": fast["attention"],
-            "flash_attn_with_kvcache": fast["attention"]}
+            "flash_attn_with_kvcache": fast["attention"], "chunk_gated_delta_rule": fast["gated_delta_rule"],
+            "fused_recurrent_gated_delta_rule": fast["gated_delta_rule"]}
     return [(op, sid, b) for op, sid, b in log
             if (op in want and (sid, b) != (want[op], "triton")) or (op not in want and ".strict." not in sid)
             or b == "stock"]
 
 
-def _check_log(label, log):
+def _check_log(label, log, gdn=False):
+    """``gdn``: a hybrid's log must also show the delta rule, prefill and decode, and the layer ops (strict)."""
     wrong = _off_the_switch(log)
     linears = sum(op == "linear" for op, _, _ in log)
     attns = sum(op.startswith("flash_attn") for op, _, _ in log)
-    if wrong or not linears or not attns:
+    rules = {op for op, _, _ in log if op.endswith("gated_delta_rule")}
+    layer = {op for op, _, _ in log if op.startswith("gdn_")}
+    missing = gdn and (rules != {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"}
+                       or layer != {"gdn_gating", "gdn_causal_conv1d"})
+    if wrong or not linears or not attns or missing:
         FAILED.append(label)
-        print(f"{label}: FAIL off the switch: {wrong[:4]}; linears={linears} attention={attns}", flush=True)
+        print(f"{label}: FAIL off the switch: {wrong[:4]}; linears={linears} attention={attns} gdn rule={rules} "
+              f"gdn layer={layer}", flush=True)
     else:
         print(f"{label}: ok ({linears} linear and {attns} attention calls on the fast specs; every call ran: "
               f"{sorted(set(log))})", flush=True)
@@ -150,16 +159,49 @@ def switch_fingerprint():
 
 
 def switch_gdn_hybrids():
-    """Qwen3-Next (Gated DeltaNet, MoE router and experts) and Qwen3.5 fast-patched: linears and attention on the fast
-    specs, the Gated DeltaNet strict (no fast spec yet); trainer forward == generate in raw bits. (LOCKSTEP_FULL=1.)"""
+    """Qwen3-Next (Gated DeltaNet, MoE router and experts) and Qwen3.5 fast-patched: linears, attention and the
+    gated delta rule (prefill: chunked, decode: recurrent) on the fast specs, the GDN conv and gates strict; trainer
+    forward == generate in raw bits (the engine: switch-gdn-engine, in CI). Negative controls: a strict patch's delta rule is flagged off the switch; the same fast patch with its delta
+    rule put back on the strict spec gives other logits (so the bits checks see the fast GDN). (LOCKSTEP_FULL=1.)"""
     for kind in ("qwen3_next", "qwen3_5"):
         m = _model(kind)
-        with lt.patch(m, policy="fast"), dispatch_log() as log:
-            seq, sampled = _generate(m)
-            trained = _teacher_forced(m, seq)
-        _check_log(f"switch-runs-fast-specs[{kind}]", log)
+        with lt.patch(m, policy="fast") as p:
+            with dispatch_log() as log:
+                seq, sampled = _generate(m)  # prefill (chunked rule), then one decode step (recurrent rule)
+                trained = _teacher_forced(m, seq)
+            p.switch.gdn = (None, None)  # the wrong variant: this fast patch's delta rule on its strict default
+            strict_rule = _teacher_forced(m, seq)
+        _check_log(f"switch-runs-fast-specs[{kind}]", log, gdn=True)
         _same(f"switch-trainer-equals-generate[{kind}]", [(f"step-{i}", trained[i].float(), sampled[i])
                                                           for i in range(NEW)])
+        _differs(f"switch-gdn-strict-rule-negative-control[{kind}]", [(f"step-{i}", trained[i], strict_rule[i])
+                                                                      for i in range(NEW)])
+        with lt.patch(m), dispatch_log() as strict_log:
+            _teacher_forced(m, seq)
+        if _off_the_switch([e for e in strict_log if e[0].endswith("gated_delta_rule")]):
+            print(f"switch-gdn-log-negative-control[{kind}]: ok (wrong variant caught: a strict patch's delta rule)",
+                  flush=True)
+        else:
+            FAILED.append(f"switch-gdn-log-negative-control[{kind}]")
+            print(f"switch-gdn-log-negative-control[{kind}]: FAIL (wrong variant NOT caught)", flush=True)
+
+
+def switch_gdn_engine():
+    """transformers' continuous-batching engine on a fast-patched Qwen3-Next (chunked prefill over pages of 4, the
+    engine's GDN step per request, decode): its delta rule on the fast spec, each recorded log-prob with the bits of
+    the trainer's teacher-forced lt.token_logprobs; negative control: the same tokens scored strict."""
+    from examples.engine_parity import GDN_HARD, PROMPTS, gen_config, run_engine, teacher_forced
+    m = _model("qwen3_next")
+    prompts = PROMPTS[1:2]
+    with lt.patch(m, policy="fast"), dispatch_log() as log:
+        engine, _, _ = run_engine(m, prompts, GDN_HARD, gen=gen_config(new=NEW))
+    _check_log("switch-gdn-engine-runs-fast-specs", log, gdn=True)
+    with lt.patch(m, policy="fast"):
+        trainer = {i: teacher_forced(m, p, engine[i][0]) for i, p in enumerate(prompts)}
+    _same("switch-gdn-engine-equals-trainer", [(f"prompt-{i}", trainer[i], engine[i][1]) for i in engine])
+    with lt.patch(m):
+        strict = {i: teacher_forced(m, p, engine[i][0]) for i, p in enumerate(prompts)}
+    _differs("switch-gdn-engine-strict-negative-control", [(f"prompt-{i}", strict[i], engine[i][1]) for i in engine])
 
 
 def switch_torchtitan():
@@ -187,9 +229,36 @@ def switch_torchtitan():
     _differs("switch-torchtitan-strict-negative-control", [("logits", strict, sampled)])
 
 
+def switch_torchtitan_qwen3_5():
+    """TorchTitan's Qwen3.5 converted with LockstepConverter.Config(policy="fast") (the trainer: its GatedDeltaKernel on
+    the fast GDN spec, its conv and gates strict) and the HF Qwen3.5 patched with policy="fast" (the sampler): the
+    same logits' bits; negative control: TorchTitan strict. (Needs torchtitan: tests/titan.)"""
+    from examples import torchtitan_parity as ex
+    from hal.integrations import torchtitan as ltt
+    hf = ex.hf_qwen3_5(torch.bfloat16)
+    trainer = ex.titan_qwen3_5(hf, policy="fast")
+    tokens = torch.tensor([PROMPT])
+    positions = torch.arange(len(PROMPT)).unsqueeze(0)
+    with torch.no_grad(), dispatch_log() as log:
+        trained = ltt.forward(trainer, tokens, positions)
+    rules = {(op, sid, b) for op, sid, b in log if op.endswith("gated_delta_rule")}
+    _check_log("switch-torchtitan-qwen3_5-runs-fast-specs", log)
+    if rules != {("chunk_gated_delta_rule", POLICY_SPECS["fast"]["gated_delta_rule"].id, "triton")}:
+        FAILED.append("switch-torchtitan-qwen3_5-gdn-rule")
+        print(f"switch-torchtitan-qwen3_5-gdn-rule: FAIL {rules}", flush=True)
+    with lt.patch(hf, policy="fast"), torch.no_grad():
+        sampled = hf(tokens).logits
+    _same("switch-torchtitan-qwen3_5", [("logits", trained, sampled)])
+    with torch.no_grad():
+        strict = ltt.forward(ex.titan_qwen3_5(hf), tokens, positions)
+    _differs("switch-torchtitan-qwen3_5-strict-negative-control", [("logits", strict, sampled)])
+
+
 CHECKS = {f.__name__.replace("_", "-"): f for f in (switch_runs_fast_specs, switch_trainer_equals_generate,
-                                                     switch_engine_equals_trainer, switch_fingerprint)}
-OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids}  # when named
+                                                     switch_engine_equals_trainer, switch_fingerprint,
+                                                     switch_gdn_engine)}
+OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids,  # when named
+            "switch-torchtitan-qwen3_5": switch_torchtitan_qwen3_5}
 
 if __name__ == "__main__":
     from hal.kernels.triton.launch import interpreter_problem

@@ -1,4 +1,5 @@
-"""``LockstepConverter.Config(policy="fast")``: TorchTitan's linears and varlen attention on the fast specs, the same
+"""``LockstepConverter.Config(policy="fast")``: TorchTitan's linears, varlen attention and (Qwen3.5) gated delta rule
+on the fast specs, the same
 switch as ``lt.patch(hf_model, policy="fast")`` (docs/fast_policy.md): the policy reaches the leaves, an unknown one
 is refused, a forward on a device where no backend claims the fast specs is refused by name; in the Triton
 interpreter the fast TorchTitan trainer and the fast-patched HF sampler give the same logits' bits (negative
@@ -26,6 +27,27 @@ def _fast_titan(hf):
     assert cfg.lm_head.policy == "fast" and cfg.layers[0].attention.inner_attention.policy == "fast"
     assert cfg.layers[0].attention.qkv_linear.wqkv.policy == "fast"
     return cfg
+
+
+def test_converter_policy_reaches_the_qwen3_5_gdn_kernel():
+    from hal.integrations.torchtitan.qwen35_modules import LockstepGatedDeltaKernel
+    hf = ex.hf_qwen3_5(torch.bfloat16)
+    for policy in ("fast", "strict"):
+        cfg = ltt.LockstepConverter.Config(policy=policy).build().convert(ltt.qwen3_5_config_from_hf(hf.config))
+        kernels = [c for c in _configs(cfg) if isinstance(c, LockstepGatedDeltaKernel.Config)]
+        assert kernels and all(k.policy == policy for k in kernels)
+
+
+def _configs(cfg):
+    """Every dataclass config inside ``cfg``."""
+    import dataclasses
+    if isinstance(cfg, list):
+        for c in cfg:
+            yield from _configs(c)
+    elif dataclasses.is_dataclass(cfg):
+        yield cfg
+        for f in dataclasses.fields(cfg):
+            yield from _configs(getattr(cfg, f.name))
 
 
 def test_converter_policy_reaches_the_leaves_and_is_refused_by_name():
@@ -58,9 +80,12 @@ def test_fast_trainer_equals_fast_sampler_in_interpreter():
     script = ROOT / "tests" / "scripts" / "fast_switch_check.py"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, str(script), "switch-torchtitan"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(script), "switch-torchtitan", "switch-torchtitan-qwen3_5"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
     if r.returncode == 3:
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "switch-torchtitan: ok" in r.stdout and "switch-torchtitan-strict-negative-control: ok" in r.stdout
+    # Qwen3.5: its GatedDeltaKernel on the fast GDN spec (the conv and gates strict), trainer == sampler
+    assert "switch-torchtitan-qwen3_5-runs-fast-specs: ok" in r.stdout and "switch-torchtitan-qwen3_5: ok" in r.stdout
+    assert "switch-torchtitan-qwen3_5-strict-negative-control: ok" in r.stdout

@@ -4,7 +4,7 @@
     from hal.integrations import transformers as lt
     cfg = ltt.LockstepConverter.Config().build().convert(ltt.qwen3_config_from_hf(hf_model.config))
     #   or: torchtitan.models.qwen3.model_registry(flavor, converters=[ltt.LockstepConverter.Config()])
-    #   LockstepConverter.Config(policy="fast"): linears + attention on the fast specs (lt.patch(hf_model, policy="fast"))
+    #   LockstepConverter.Config(policy="fast"): linears, attention, the GDN rule on the fast specs (lt.patch(hf_model, policy="fast"))
     trainer = cfg.build()                                  # TorchTitan's own Qwen3 model code
     ltt.load_from_hf(trainer, hf_model)                    # TorchTitan's Qwen3StateDictAdapter.from_hf
     with lt.patch(hf_model):                               # the HF sampler
@@ -108,8 +108,9 @@ def _child_path(kind, path, field):
 def convert(model_config, stock=(), allow_untested: bool = False, policy: str = "strict"):
     """A copy of TorchTitan ``model_config`` whose leaves compute with lockstep's ops.
 
-    ``policy``: "strict" (default), "fast" or "exact", as ``lt.patch(model, policy=...)``: the linears and the
-    varlen attention take their family's spec under it (``hal.spec.POLICY_SPECS``; the other leaves stay strict),
+    ``policy``: "strict" (default), "fast" or "exact", as ``lt.patch(model, policy=...)``: the linears, the varlen
+    attention and Qwen3.5's gated delta rule kernel take their op's spec under it (``hal.spec.POLICY_SPECS``,
+    ``hal.dispatch.switched_spec``; the other leaves, the GDN conv and gates included, stay strict),
     on the backend that claims it for the device and dtype they run on: checked at every eager call (the device is
     not known here), refused by name (UnsupportedError naming the policy and the device).
 

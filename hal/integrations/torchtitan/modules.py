@@ -25,19 +25,20 @@ import hal
 from ... import dispatch
 from ...errors import UnsupportedError
 from ...ops_registry import tracing
-from ...spec import STRICT, policy_spec
+from ...spec import STRICT
 
 
-def switched(policy: str, op: str, family: str, x: torch.Tensor):
+def switched(policy: str, op: str, x: torch.Tensor):
     """``(spec, backend name)`` of a leaf's op under the converter's ``policy`` (``LockstepConverter.Config(policy=)``):
-    strict: (None, None), as without the switch; else the family's spec under the policy on the backend that
+    strict: (None, None), as without the switch; else the op's spec under the policy (hal.dispatch.switched_spec) on
+    the backend that
     claims it for x's device and dtype (hal.dispatch.check_policy: refused by name otherwise, per call, memoized).
     While Dynamo traces: the spec alone (it crosses the torch op as its id; the backend is chosen when the
     graph runs, never stock unless requested)."""
     if policy == STRICT:
         return None, None
     if tracing():
-        return policy_spec(family, policy), None
+        return dispatch.switched_spec(op, policy), None
     spec, backend = dispatch.check_policy(policy, x.device, x.dtype, (op,))[op]
     return spec, None if backend is None else backend.name
 
@@ -57,7 +58,7 @@ class LockstepLinear(Linear):
         self.policy = config.policy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spec, backend = switched(self.policy, "linear", "matmul", x)
+        spec, backend = switched(self.policy, "linear", x)
         return hal.linear(x, self.weight, self.bias, spec=spec, backend=backend)
 
 
@@ -143,7 +144,7 @@ class LockstepVarlenAttention(VarlenAttention):
         q = q_BLNH.reshape(T, -1, q_BLNH.shape[-1])
         k = k_BLNH.reshape(T, -1, k_BLNH.shape[-1])
         v = v_BLNH.reshape(T, -1, v_BLNH.shape[-1])
-        spec, backend = switched(self.policy, "flash_attn_varlen_func", "attention", q)
+        spec, backend = switched(self.policy, "flash_attn_varlen_func", q)
         res = hal.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
                                          return_lse=out_transform is not None, spec=spec, backend=backend)
         if out_transform is None:

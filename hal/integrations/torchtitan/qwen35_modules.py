@@ -26,7 +26,8 @@ from torchtitan.models.qwen3_5.vision_encoder import Qwen35VisionEncoder
 import hal
 from ...errors import UnsupportedError
 from ..transformers import modules as hf_modules
-from .modules import torch_inv_freq
+from ...spec import STRICT
+from .modules import switched, torch_inv_freq
 
 
 class LockstepOffsetRMSNorm(OffsetRMSNorm):
@@ -100,16 +101,21 @@ class LockstepGatedDeltaKernel(GatedDeltaKernel):
 
     @dataclass(kw_only=True, slots=True)
     class Config(GatedDeltaKernel.Config):
-        pass
+        policy: str = STRICT  # the converter's (LockstepConverter.Config(policy=...)): hal.spec.POLICY_SPECS
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.policy = config.policy
 
     def forward(self, xq_BLNK, xk_BLNK, xv_BLNV, g_BLN, beta_BLN, *, cu_seqlens=None, cu_seqlens_cpu=None):
-        rule = {"fla_chunked": hal.chunk_gated_delta_rule,
-                "fla_fused_recurrent": hal.fused_recurrent_gated_delta_rule}.get(self.backend)
-        if rule is None:
+        op = {"fla_chunked": "chunk_gated_delta_rule",
+              "fla_fused_recurrent": "fused_recurrent_gated_delta_rule"}.get(self.backend)
+        if op is None:
             raise UnsupportedError(f"GatedDeltaKernel backend {self.backend!r}: lockstep maps 'fla_chunked' and "
                                    "'fla_fused_recurrent' only")
-        o, _ = rule(xq_BLNK, xk_BLNK, xv_BLNV, g_BLN, beta_BLN, cu_seqlens=cu_seqlens,
-                    use_qk_l2norm_in_kernel=True)
+        spec, backend = switched(self.policy, op, xv_BLNV)  # the conv and gates (LockstepGatedDeltaNet) stay strict
+        o, _ = getattr(hal, op)(xq_BLNK, xk_BLNK, xv_BLNV, g_BLN, beta_BLN, cu_seqlens=cu_seqlens,
+                                use_qk_l2norm_in_kernel=True, spec=spec, backend=backend)
         return o
 
 

@@ -172,6 +172,8 @@ class _Forward(_PatchObject):
             return self.fn(self.mod, *args, mm=p.matmul, **kwargs)
         if self.__lockstep__ == "attention":
             return self.fn(self.mod, *args, attention_choice=p.switch.attention, **kwargs)
+        if self.__lockstep__ == "gdn":
+            return self.fn(self.mod, *args, rule_choice=p.switch.gdn, **kwargs)
         return self.fn(self.mod, *args, **kwargs)
 
 
@@ -397,9 +399,9 @@ def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "ra
           allow_untested: bool = False) -> Patch:
     """Patch ``model`` in place (per-instance forwards); returns a :class:`Patch` with ``revert()``.
 
-    ``policy``: "strict" (default: every op on its strict spec, the same bits on every backend), "fast" (linears
-    and attention on their fast specs, tensor cores: the same bits on one GPU model with one Triton version;
-    every other op strict) or "exact" (linears and the log-prob's logits on the exact matmul, 4 slices):
+    ``policy``: "strict" (default: every op on its strict spec, the same bits on every backend), "fast" (linears,
+    attention and a Gated DeltaNet hybrid's gated delta rule on their fast specs, tensor cores: the same bits on one
+    GPU model with one Triton version; every other op strict, the GDN layer's conv and gates included) or "exact" (linears and the log-prob's logits on the exact matmul, 4 slices):
     ``hal.spec.POLICY_SPECS``. Refused by name (UnsupportedError naming the policy and the device), before
     anything is patched, unless the backend that would run each of the policy's ops claims it on the model's
     device (fast: triton on CUDA, or on CPU under ``TRITON_INTERPRET=1``); ``Patch.fingerprint`` then says

@@ -247,9 +247,10 @@ def gdn_projections(mod, h):
     return torch.cat([x.reshape(1, n, -1) for x in (q, k, v)], dim=-1), z, b, a
 
 
-def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwargs):
+def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, *, rule_choice=(None, None), **kwargs):
     """Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet: every sequence (padded row or packed run) computed
-    as if alone.
+    as if alone. ``rule_choice``: the patch's (spec, backend) of its gated delta rule (policy.PatchPolicy; None,
+    None: the default spec, dispatched per call); the conv and the gates take the strict default always.
 
     Real tokens are gathered into one packed row with ``cu_seqlens`` (padding dropped, packed
     sequences split), so the conv window and the gated-delta-rule chunk grid start at each
@@ -266,9 +267,10 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
                                "(its exact states live in Python objects beside the cache); compile the forward "
                                "with use_cache=False")
     if tracing():
-        return _traced_gated_delta_net(mod, hidden_states, attention_mask, kwargs.get("cu_seq_lens_q"))
+        return _traced_gated_delta_net(mod, hidden_states, attention_mask, kwargs.get("cu_seq_lens_q"), rule_choice)
     if cache is not None and is_engine_cache(cache):  # transformers' continuous-batching engine
-        return _engine_gated_delta_net(mod, hidden_states, gdn_engine_states(cache), kwargs["cu_seq_lens_q"])
+        return _engine_gated_delta_net(mod, hidden_states, gdn_engine_states(cache), kwargs["cu_seq_lens_q"],
+                                       rule_choice)
     B, T, H = hidden_states.shape
     pos = mod.__dict__.get("_lockstep_position_ids")
     runs = _runs(B, T, attention_mask, pos, kwargs.get("cu_seq_lens_q"))
@@ -305,7 +307,7 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
     rule = hal.fused_recurrent_gated_delta_rule if decode else hal.chunk_gated_delta_rule
     o, state = rule(q, k, v, g, beta, initial_state=prev["state"] if prev is not None else None,
                     output_final_state="state" if cache is not None else False, cu_seqlens=cu,
-                    use_qk_l2norm_in_kernel=True)
+                    use_qk_l2norm_in_kernel=True, spec=rule_choice[0], backend=rule_choice[1])
     if cache is not None:
         store[mod.layer_idx] = dict(conv=conv1, state=state, packed=not one_per_row)
         _hf_bookkeeping(mod, cache, mixed, bi, ti, B, T, state if one_per_row else None)
@@ -314,7 +316,7 @@ def gated_delta_net(mod, hidden_states, cache=None, attention_mask=None, **kwarg
     return out.index_put((bi, ti), mod.out_proj(o)[0])
 
 
-def _traced_gated_delta_net(mod, hidden_states, attention_mask, cu_seq_lens_q):
+def _traced_gated_delta_net(mod, hidden_states, attention_mask, cu_seq_lens_q, rule_choice=(None, None)):
     """:func:`gated_delta_net` without a cache, as torch.compile / torch.export trace it: no host read.
 
     Which tokens form which sequence is read from the mask and positions, values only the op's kernel may
@@ -331,7 +333,7 @@ def _traced_gated_delta_net(mod, hidden_states, attention_mask, cu_seq_lens_q):
     g, beta = hal.gdn_gating(mod.A_log, a, mod.dt_bias, b)
     o = packed_conv_and_rule(mixed.reshape(B, T, -1), g.reshape(B, T, -1), beta.reshape(B, T, -1),
                              mod.conv1d.weight.squeeze(1), mod.conv1d.bias, attention_mask, pos, cu_seq_lens_q,
-                             mod.key_dim, mod.head_k_dim, mod.head_v_dim)
+                             mod.key_dim, mod.head_k_dim, mod.head_v_dim, *rule_choice)
     dv = mod.head_v_dim
     out = mod.out_proj(mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(B, T, -1))
     if attention_mask is None:
@@ -344,7 +346,8 @@ def packed_conv_and_rule(mixed, g, beta, conv_weight, conv_bias, attention_mask,
     """The kernel of ``torch.ops.lockstep.hf_gated_delta_net``: the real tokens of ``mixed [B, T, C]`` (the conv
     input) and the gates ``g, beta [B, T, HV]`` packed as :func:`gated_delta_net` packs them (from the mask and
     positions), the conv and the chunk rule over the packed sequences, then ``o [B, T, HV, dv]`` scattered
-    back (zeros at padding). While tracing, the call is that op."""
+    back (zeros at padding). While tracing, the call is that op. ``spec`` / ``backend``: the rule's; the conv takes
+    them only when the spec is strict (its companion), else its strict default (it has no fast spec)."""
     if routing("hf_gated_delta_net", mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids) is TORCH_OP:
         return route("hf_gated_delta_net", mixed, g, beta, conv_weight, conv_bias, attention_mask, position_ids,
                      cu_seq_lens_q, key_dim, head_k_dim, head_v_dim, spec=spec, backend=backend)
@@ -358,8 +361,9 @@ def packed_conv_and_rule(mixed, g, beta, conv_weight, conv_bias, attention_mask,
     ti = torch.cat([torch.arange(t0, t1) for b, t0, t1 in runs]).to(dev)
     cu = torch.tensor([0] + [t1 - t0 for _, t0, t1 in runs], dtype=torch.int64).cumsum(0).to(dev)
     n = int(cu[-1])
+    companion = spec is None or hal.spec.resolve("gated_delta_rule", spec).policy == hal.spec.STRICT
     y, _ = hal.gdn_causal_conv1d(mixed[bi, ti].unsqueeze(0), conv_weight, conv_bias, activation="silu", cu_seqlens=cu,
-                                 spec=spec, backend=backend)
+                                 spec=spec if companion else None, backend=backend if companion else None)
     q, k, v = torch.split(y, [key_dim, key_dim, y.shape[-1] - 2 * key_dim], dim=-1)
     o, _ = hal.chunk_gated_delta_rule(q.reshape(1, n, -1, head_k_dim), k.reshape(1, n, -1, head_k_dim),
                                       v.reshape(1, n, -1, head_v_dim), g[bi, ti].unsqueeze(0), beta[bi, ti].unsqueeze(0),
@@ -367,7 +371,7 @@ def packed_conv_and_rule(mixed, g, beta, conv_weight, conv_bias, attention_mask,
     return out.index_put((bi, ti), o[0])
 
 
-def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
+def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q, rule_choice=(None, None)):
     """One engine step of a GatedDeltaNet layer: ``hidden_states [1, tokens, H]``, requests packed as
     ``cu_seq_lens_q`` says (rows past its end: the engine's padding, zeros out).
 
@@ -390,7 +394,7 @@ def _engine_gated_delta_net(mod, hidden_states, states, cu_seq_lens_q):
     o = gdn_step(mixed, g, beta, mod.conv1d.weight.squeeze(1), mod.conv1d.bias, chunks,
                  lambda row, start: states.lookup(row, mod.layer_idx, start),
                  lambda row, start, end, conv, st: states.store(row, mod.layer_idx, start, end, conv, st),
-                 mod.key_dim, mod.head_k_dim, mod.head_v_dim)
+                 mod.key_dim, mod.head_k_dim, mod.head_v_dim, spec=rule_choice[0], backend=rule_choice[1])
     out = hidden_states.new_zeros((1, hidden_states.shape[1], mod.out_proj.weight.shape[0]))
     if n == 0:
         return out
