@@ -10,8 +10,8 @@
 #   verify-env            env.txt: nvidia-smi, versions
 #   conf-matmul-fast      conformance_matmul_fast.txt/.json: matmul_fast quick set, triton backend
 #   conf-attention-fast   conformance_attention_fast.txt/.json: attention_fast quick set, triton backend
-#   conf-matmul-exact     conformance_matmul_exact.txt/.json: matmul_exact quick set, jax backend (the exact
-#                         policy's backend on CUDA today; triton once the exact issue lands)
+#   conf-matmul-exact     conformance_matmul_exact.txt/.json: matmul_exact quick set, triton backend (it serves the
+#                         exact policy since issue 53's first part: the backend an exact call takes on CUDA)
 #   bits-sweep            bits_sweep.txt, bits_sweep.jsonl: benchmarks/fast_bits_sweep.py (which launch choices
 #                         change a tensor-core dot's float32 accumulator; split-K negative control must be caught)
 #   fast-bench-bits       fast_bench_bits.txt, fast_bench.csv: benchmarks/fast_bench.py's raw-bit rows (rows
@@ -30,10 +30,9 @@ plan_check 150 10 "verify-env:10" \
 
 if [ -z "$DRY" ]; then
   DEV=(--device cuda); SWEEP=(); BENCH=(); PLAN=()
-  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # jax beside torch on one GPU: take memory as needed, not 75 %
   step verify-env "$(limit verify-env)" env.txt bash -c 'nvidia-smi; "$0" -c "import sys, torch, triton; print(sys.version); print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"cuda\", torch.version.cuda); print(torch.cuda.get_device_name())"' "$PY"
 else
-  # CPU stand-ins: the interpreter. matmul_fast's quick set runs (bf16); attention_fast's and the jax exact set's
+  # CPU stand-ins: the interpreter. matmul_fast's quick set runs (bf16); attention_fast's and the exact set's
   # take minutes on CPU, so their stages run --plan (the same suite names, claims and device refusals, nothing run)
   DEV=(--device cpu); SWEEP=(--tiny); BENCH=(--tiny); PLAN=(--plan)
   step verify-env "$(limit verify-env)" env.txt "$PY" -c "import sys, torch, triton; print(sys.version, torch.__version__, triton.__version__, 'CPU dry run')"
@@ -49,7 +48,7 @@ fi
 step conf-attention-fast "$(limit conf-attention-fast)" conformance_attention_fast.txt "${CONF[@]}" "${PLAN[@]}" \
   --backend triton --ops attention_fast --json "$OUT/conformance_attention_fast.json" &
 step conf-matmul-exact "$(limit conf-matmul-exact)" conformance_matmul_exact.txt "${CONF[@]}" "${PLAN[@]}" \
-  --backend jax --ops matmul_exact --json "$OUT/conformance_matmul_exact.json" &
+  --backend triton --ops matmul_exact --json "$OUT/conformance_matmul_exact.json" &
 step bits-sweep "$(limit bits-sweep)" bits_sweep.txt "$PY" -m benchmarks.fast_bits_sweep "${SWEEP[@]}" --out "$OUT" \
   --budget $(( $(limit bits-sweep) - 10 )) &
 wait

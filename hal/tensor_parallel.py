@@ -188,14 +188,16 @@ def linear(call, x, weight, bias, spec):
     if x.shape[-1] != weight.shape[1]:
         raise UnsupportedError(f"linear: x.shape[-1] ({x.shape[-1]}) != weight.shape[1] ({weight.shape[1]})")
     from . import dispatch, spec as specs
-    s = dispatch.call_spec("linear", spec)  # no spec: the policy switch's (hal.use(policy=...))
+    # no spec: the policy switch's (hal.use(policy=...)); while Dynamo traces, the switch cannot be read (a ContextVar)
+    # and a graph outlives the with-block it was traced in, so the gate reads it when the graph runs
+    s = None if spec is None and tracing() else dispatch.call_spec("linear", spec)
     xl, wl = x.to_local(), weight.to_local()
-    if s.policy == specs.EXACT:
+    if s is not None and s.policy == specs.EXACT:
         bl = None if bias is None else bias.to_local()
         out = _RowParallelExact.apply(xl, wl, bl, s, mesh.get_group(0).group_name)
         return _wrap(out, mesh, [Replicate()], (*x.shape[:-1], weight.shape[0]))
     if tracing():  # the opt-in is read when the graph runs (a graph outlives the with-block it was traced in)
-        partials = _FloatPartialsGate.apply(call(xl, wl, None), s.id)
+        partials = _FloatPartialsGate.apply(call(xl, wl, None), "" if s is None else s.id)
     else:
         require_float_partial_sums(s)
         partials = call(xl, wl, None)
@@ -232,8 +234,15 @@ def row_parallel_linear_kernel(x, weight, bias, group_name: str, spec):
 
 
 def float_partials_gate_kernel(partials, spec: str):
-    """``torch.ops.lockstep.float_partials_gate``: ``partials`` if the float partial sums' opt-in is on now."""
-    require_float_partial_sums(_spec(spec))
+    """``torch.ops.lockstep.float_partials_gate``: ``partials`` if the float partial sums' opt-in is on now
+    (``spec`` "": traced without ``spec=``, so the policy switch in force now names the spec)."""
+    from . import dispatch, spec as specs
+    s = dispatch.call_spec("linear", None) if not spec else _spec(spec)
+    if s.policy == specs.EXACT:  # the traced graph sums float partials: it cannot follow an exact switch
+        raise UnsupportedError(f"linear: a RowwiseParallel linear compiled without spec= runs under "
+                               f"hal.use(policy='exact') ({s.id}), but its graph was traced with float partial "
+                               "sums; pass spec= (an ExactMatmulSpec) to the linear it traces")
+    require_float_partial_sums(s)
     return partials.clone()
 
 

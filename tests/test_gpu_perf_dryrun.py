@@ -269,7 +269,7 @@ def verify_dry_run(tmp_path_factory):
 
 def test_verification_call_dry_run(verify_dry_run):
     """gpu_verify.sh --dry-run on CPU: every stage's code runs (matmul_fast's quick set for real, attention_fast and
-    the jax matmul_exact set as --plan), the bits sweep at tiny sizes (saying it answers nothing about a GPU), and
+    the triton matmul_exact set as --plan), the bits sweep at tiny sizes (saying it answers nothing about a GPU), and
     fast_bench's bits rows; the verdict is every stage ok."""
     out, r = verify_dry_run
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -280,7 +280,7 @@ def test_verification_call_dry_run(verify_dry_run):
     recs = json.loads((out / "conformance_matmul_fast.json").read_text())["records"]
     assert recs and all(rec["status"] == "pass" for rec in recs if rec["claimed"])
     assert "plan: triton attention_fast:" in (out / "conformance_attention_fast.txt").read_text()
-    assert "plan: jax matmul_exact:" in (out / "conformance_matmul_exact.txt").read_text()
+    assert "plan: triton matmul_exact:" in (out / "conformance_matmul_exact.txt").read_text()
     from benchmarks import fast_bits_sweep as sweep
     rows = _rows(str(out), "bits_sweep.jsonl")
     assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)
