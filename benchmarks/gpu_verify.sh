@@ -12,6 +12,9 @@
 #   conf-attention-fast   conformance_attention_fast.txt/.json: attention_fast quick set, triton backend
 #   conf-matmul-exact     conformance_matmul_exact.txt/.json: matmul_exact quick set, triton backend (it serves the
 #                         exact policy since issue 53's first part: the backend an exact call takes on CUDA)
+#   conf-gdn-fast         conformance_gdn_fast.txt/.json: gated_delta_rule_fast quick set, triton backend (issue
+#                         50; side by side with the three above, so it adds no time to the plan: it shares their
+#                         105 s and the machine's 16 cores)
 #   bits-sweep            bits_sweep.txt, bits_sweep.jsonl: benchmarks/fast_bits_sweep.py (which launch choices
 #                         change a tensor-core dot's float32 accumulator; split-K negative control must be caught)
 #   fast-bench-bits       fast_bench_bits.txt, fast_bench.csv: benchmarks/fast_bench.py's raw-bit rows (rows
@@ -25,7 +28,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/check_steps.sh
 perf_setup "$0" gpu-verify-out "$@"
 plan_check 150 10 "verify-env:10" \
-  "conf-matmul-fast:105 conf-attention-fast:105 conf-matmul-exact:105 bits-sweep:105" \
+  "conf-matmul-fast:105 conf-attention-fast:105 conf-matmul-exact:105 conf-gdn-fast:105 bits-sweep:105" \
   "fast-bench-bits:25" || exit 1
 
 if [ -z "$DRY" ]; then
@@ -49,6 +52,8 @@ step conf-attention-fast "$(limit conf-attention-fast)" conformance_attention_fa
   --backend triton --ops attention_fast --json "$OUT/conformance_attention_fast.json" &
 step conf-matmul-exact "$(limit conf-matmul-exact)" conformance_matmul_exact.txt "${CONF[@]}" "${PLAN[@]}" \
   --backend triton --ops matmul_exact --json "$OUT/conformance_matmul_exact.json" &
+step conf-gdn-fast "$(limit conf-gdn-fast)" conformance_gdn_fast.txt "${CONF[@]}" "${PLAN[@]}" \
+  --backend triton --ops gated_delta_rule_fast --json "$OUT/conformance_gdn_fast.json" &
 step bits-sweep "$(limit bits-sweep)" bits_sweep.txt "$PY" -m benchmarks.fast_bits_sweep "${SWEEP[@]}" --out "$OUT" \
   --budget $(( $(limit bits-sweep) - 10 )) &
 wait
@@ -57,7 +62,7 @@ step fast-bench-bits "$(limit fast-bench-bits)" fast_bench_bits.txt "$PY" -m ben
 log "done"
 
 # the verdict: every stage rc=0, or the stages that were not reached / failed, by name
-for s in verify-env conf-matmul-fast conf-attention-fast conf-matmul-exact bits-sweep fast-bench-bits; do
+for s in verify-env conf-matmul-fast conf-attention-fast conf-matmul-exact conf-gdn-fast bits-sweep fast-bench-bits; do
   line=$(grep -E "end $s rc=" "$OUT/log.txt" | tail -n 1)
   if [ -z "$line" ]; then echo "$s: not run"
   elif ! grep -q "rc=0 " <<< "$line"; then echo "$s: FAILED (${line#*] })"

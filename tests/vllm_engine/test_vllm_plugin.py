@@ -303,12 +303,12 @@ def test_refusals_by_name(models, tmp_path):
 
 
 def test_every_engine_argument_is_declared():
-    """vLLM's EngineArgs fields, walked in a vLLM process, against the plugin's declaration (engine_args.py: checked,
-    scheduling, no bits, refused unless default): none is left unnamed, none declared twice, none declared that vLLM
-    does not have (a stale entry)."""
+    """vLLM's EngineArgs and AsyncEngineArgs fields (AsyncLLM's adds its own), walked in a vLLM process, against the
+    plugin's declaration (engine_args.py: checked, scheduling, no bits, refused unless default): none is left
+    unnamed, none declared twice, none declared that vLLM does not have (a stale entry)."""
     from hal.integrations.vllm import engine_args as ea
-    code = "import dataclasses; from vllm.engine.arg_utils import EngineArgs as E\n" \
-           "print(' '.join(f.name for f in dataclasses.fields(E)))"
+    code = "import dataclasses; from vllm.engine.arg_utils import AsyncEngineArgs as A, EngineArgs as E\n" \
+           "print(' '.join({f.name for c in (E, A) for f in dataclasses.fields(c)}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     fields = set(out.stdout.split())
