@@ -21,3 +21,17 @@ class BanToken(LogitsProcessor):
 
     def update_state(self, batch_update) -> None:
         pass
+
+
+FORCED = 5
+
+
+class ForceToken(BanToken):
+    """Every row's logits -inf but token FORCED's: under stock vLLM each greedy token is FORCED, a sign no run can
+    show by chance that the processor ran (tests/vllm_engine installs it through vLLM's entry points)."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        forced = logits[:, FORCED].clone()
+        logits.fill_(float("-inf"))
+        logits[:, FORCED] = forced
+        return logits

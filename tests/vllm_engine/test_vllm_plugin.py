@@ -277,7 +277,9 @@ def test_refusals_by_name(models, tmp_path):
                         "skip_reading_prefix_cache=False": dict(prompt_logprobs=1, skip_reading_prefix_cache=False),
                         "min_tokens": dict(min_tokens=2),
                         "allowed_token_ids": dict(allowed_token_ids=[1, 2, 3]), "bad_words": dict(bad_words=["a"]),
-                        "structured outputs": dict(structured_outputs=dict(choice=["a", "b"]))}
+                        "structured outputs": dict(structured_outputs=dict(choice=["a", "b"])),
+                        # vLLM raises it to 0.01 when the SamplingParams is built: the asked value is lost
+                        "temperature=0.01": dict(temperature=0.005), "temperature=0.01 ": dict(temperature=0.01)}
     # prompt token ids outside the vocabulary (160): in vLLM's padded embedding rows (192), and past them; the first
     # with prompt_logprobs (its targets are the prompt's own ids)
     bad_prompts = {"(2, 170)": ([1, 2, 170, 4], dict(prompt_logprobs=1)), "(1, 300)": ([5, 300, 6], {})}
@@ -302,6 +304,48 @@ def test_refusals_by_name(models, tmp_path):
     assert "UnsupportedError" in v2.get("error", "") and "VLLM_USE_V2_MODEL_RUNNER" in v2["error"], v2
 
 
+def test_entry_point_logits_processor_is_refused(models, tmp_path):
+    """A logits processor installed through vLLM's ``vllm.logits_processors`` entry points (no engine argument names
+    it): stock vLLM loads and applies it (every greedy token is the one it forces: the negative control), lockstep's
+    plugin stops the engine at model load naming it (plugin.audit_logits_processors)."""
+    from ban_token_processor import FORCED
+    site = tmp_path / "entry_point_site"  # a distribution's metadata on the path: what `pip install` leaves
+    dist = site / "lockstep_test_force-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lockstep-test-force\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[vllm.logits_processors]\nforce = ban_token_processor:ForceToken\n")
+    env = dict(PYTHONPATH=os.pathsep.join(filter(None, [str(site), str(HERE), os.environ.get("PYTHONPATH")])))
+    run = [dict(model=models[("llama", "float32")], dtype="float32", batches=[PROMPTS[:2]])]
+    (on,) = run_engines(tmp_path, run, env=env, name="entry_point_on")
+    assert "UnsupportedError" in on.get("error", "") and "ForceToken" in on["error"], on
+    (off,) = run_engines(tmp_path, run, plugin=False, env=env, name="entry_point_off")
+    tokens = [t for o in outputs(off) for t in o["tokens"]]
+    assert tokens and set(tokens) == {FORCED}, tokens
+
+
+def test_temperatures_vllm_raises_are_refused():
+    """vLLM's SamplingParams raises a temperature in (0, 0.01) to 0.01 when it is built (a log line only), so a
+    request at 0.01 may have asked any smaller value: (0, 0.01] is refused at admission by name, also when set after
+    the params were built; 0 (greedy) and the values above are served (check_request, in this process: no engine)."""
+    import vllm.sampling_params as vsp
+    from vllm.sampling_params import SamplingParams
+
+    from hal.errors import UnsupportedError
+    from hal.integrations.vllm import plugin
+    assert vsp._MAX_TEMP == plugin.RAISED_TEMPERATURE  # the bound this refusal mirrors is vLLM's own
+    for asked in (1e-6, 0.005, 0.01):
+        p = SamplingParams(temperature=asked)
+        assert p.temperature == 0.01  # what vLLM did with it
+        with pytest.raises(UnsupportedError, match="temperature=0.01"):
+            plugin.check_request(p)
+    later = SamplingParams(temperature=0.5)
+    later.temperature = 0.003  # set after __post_init__: never raised, still refused
+    with pytest.raises(UnsupportedError, match="temperature=0.003"):
+        plugin.check_request(later)
+    for served in (0.0, 0.0101, 0.7, 1.0):
+        plugin.check_request(SamplingParams(temperature=served))  # negative control: served values pass
+
+
 def test_every_engine_argument_is_declared():
     """vLLM's EngineArgs and AsyncEngineArgs fields (AsyncLLM's adds its own), walked in a vLLM process, against the
     plugin's declaration (engine_args.py: checked, scheduling, no bits, refused unless default): none is left
@@ -316,6 +360,37 @@ def test_every_engine_argument_is_declared():
     assert sum(map(len, groups)) == len(ea.DECLARED), "a field declared in two groups"
     assert len(fields) > 200 and fields - ea.DECLARED == set() and ea.DECLARED - fields == set(), \
         (sorted(fields - ea.DECLARED), sorted(ea.DECLARED - fields))
+
+
+def test_each_argument_refused_unless_default_is_refused_by_name():
+    """engine_args.check on EngineArgs and AsyncEngineArgs (in this process: no engine is built): at vLLM's
+    defaults it passes; each REFUSED_UNLESS_DEFAULT field set to another value, alone, is refused naming that field
+    (so none of them is declared but unchecked); a NO_BITS field changed passes (negative control)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+
+    from hal.errors import UnsupportedError
+    from hal.integrations.vllm import engine_args as ea
+
+    class Other:  # equal to no default
+        def __repr__(self):
+            return "<other>"
+
+    for cls in (EngineArgs, AsyncEngineArgs):
+        args = cls(model="/no/such/model")
+        ea.check(args)
+        refused = [f.name for f in dataclasses.fields(args) if f.name in ea.REFUSED_UNLESS_DEFAULT]
+        assert len(refused) == len(ea.REFUSED_UNLESS_DEFAULT), cls  # every declared one is a field of both
+        for name in refused:
+            default = getattr(args, name)
+            setattr(args, name, Other())
+            with pytest.raises(UnsupportedError, match=f"{name}=<other>") as err:
+                ea.check(args)
+            assert len(err.value.reasons) == 1, (name, err.value.reasons)
+            setattr(args, name, default)
+        args.served_model_name = "another-name"
+        ea.check(args)
 
 
 def test_switch_values_other_than_documented_are_refused(monkeypatch):

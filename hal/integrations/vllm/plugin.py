@@ -202,6 +202,11 @@ def check_prompt(prompt_ids, vocab_size: int) -> None:
                          f"(position, id): {bad[:8]}; lockstep's vLLM plugin refuses them at admission")
 
 
+#: vLLM's ``SamplingParams.__post_init__`` raises a temperature in (0, this) to this (its ``_MAX_TEMP``), with a log
+#: line only. A request that reaches admission at this value may have asked any smaller one, so (0, this] is refused.
+RAISED_TEMPERATURE = 0.01
+
+
 def check_request(params) -> None:
     """Refuse (at admission, naming each) the sampling parameters lockstep cannot record exactly."""
     from vllm.sampling_params import SamplingParams
@@ -233,6 +238,11 @@ def check_request(params) -> None:
         problems.append("prompt_logprob_token_ids")
     if p.logprob_token_ids:
         problems.append("logprob_token_ids")
+    if 0 < p.temperature <= RAISED_TEMPERATURE:
+        problems.append(f"temperature={p.temperature} (vLLM raises any temperature below {RAISED_TEMPERATURE} to "
+                        f"{RAISED_TEMPERATURE} when a SamplingParams is built, so the temperature asked is not known "
+                        f"and the recorded log-prob would be at another one: ask 0 (greedy) or above "
+                        f"{RAISED_TEMPERATURE})")
     if p.thinking_token_budget is not None:
         problems.append("thinking_token_budget")
     if getattr(p, "repetition_detection", None) is not None:
