@@ -28,7 +28,7 @@ from hal.errors import UnsupportedError
 from hal.kernels.layout import Parts, gdn_from_padded as from_padded, gdn_to_padded as to_padded
 from hal.kernels.reference.strict_math import canonical_nan
 from . import strict_math as sm
-from .gated_delta_rule import _carry, _prepare, _row, _rows, _scalar, _state_copy
+from .gated_delta_rule import _carry, _decay_chains, _prepare, _row, _rows, _scalar, _state_copy
 from .interpreter_dot import sequential_dot
 from .launch import cdiv, float32_value, launch, next_power_of_2
 
@@ -76,14 +76,7 @@ def _fast_chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lma
         L = tl.minimum(total - 1 - a, C - 1)                # the row a state after this chunk is taken at
         # Every value is computed where it is first needed and its tile dies after its last use (k and S0 are
         # loaded again for the state update): the order changes no bit, it keeps the live tiles few (spills).
-        # log-decay chains from row i downward (the strict spec's): A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
-        A = tl.zeros([C, C], tl.float32)
-        Gm = tl.zeros([C], tl.float32)
-        for d in range(0, present):
-            ok = ri - d >= 0
-            gd = tl.load(GR + (n.to(tl.int64) * n_rows + a + ri - d) * HV + hv, mask=ok, other=0.0)
-            A = tl.where(ri[:, None] - d >= ri[None, :] + 1, A + gd[:, None], A)
-            Gm = tl.where(ok, Gm + gd, Gm)
+        A, Gm = _decay_chains(GR, n, n_rows, a, ri, present, HV, hv, C)  # the strict spec's log-decay chains
         F = sm.exp(A)
         gamma = sm.exp(Gm)
         fL = _row(F, ri, L, 0)                              # f_Lj over j (the state update's decays)

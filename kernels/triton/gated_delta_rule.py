@@ -70,6 +70,20 @@ def _row(x, idx, j, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _decay_chains(GR, n, n_rows, a, ri, present, HV: tl.constexpr, hv, R: tl.constexpr):
+    """The strict spec's log-decay chains of a row tile starting at row ``a`` of sequence ``n`` (the fast spec keeps
+    them): A[i, j] = D[i, i-j-1] (j < i) and Gm[i] = D[i, i], each summed from row i downward, one term at a time."""
+    A = tl.zeros([R, R], tl.float32)
+    Gm = tl.zeros([R], tl.float32)
+    for d in range(0, present):
+        ok = ri - d >= 0
+        gd = tl.load(GR + (n.to(tl.int64) * n_rows + a + ri - d) * HV + hv, mask=ok, other=0.0)
+        A = tl.where(ri[:, None] - d >= ri[None, :] + 1, A + gd[:, None], A)
+        Gm = tl.where(ok, Gm + gd, Gm)
+    return A, Gm
+
+
+@triton.jit
 def _scalar(x, idx, j):
     """Element j of a float32 vector, exact."""
     return tl.sum(tl.where(idx == j, x.to(tl.int32, bitcast=True), 0), axis=0).to(tl.float32, bitcast=True)
@@ -339,14 +353,7 @@ def _chunked_item(QR, KR, VR, GR, BR, S, FIN, O, OPENED, TOTAL, n_rows, lmax, n,
                                                DOT_K)
         else:  # AMD, row tiles under 16, the switch off: the explicit chains
             KK, QK, W, Y = _products_fma(QR, KR, S, qk, s_base, dv, dm, DK, DV, BDV, DT, RT, STAGES)
-        # log-decay chains from row i downward: A[i, j] = D[i, i-j-1] (j < i), Gm[i] = D[i, i]
-        A = tl.zeros([RT, RT], tl.float32)
-        Gm = tl.zeros([RT], tl.float32)
-        for d in range(0, present):
-            ok = ri - d >= 0
-            gd = tl.load(GR + (n.to(tl.int64) * n_rows + a + ri - d) * HV + hv, mask=ok, other=0.0)
-            A = tl.where(ri[:, None] - d >= ri[None, :] + 1, A + gd[:, None], A)
-            Gm = tl.where(ok, Gm + gd, Gm)
+        A, Gm = _decay_chains(GR, n, n_rows, a, ri, present, HV, hv, RT)
         F = sm.exp(A)
         gamma = sm.exp(Gm)
         coef = F * KK
