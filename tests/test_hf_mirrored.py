@@ -22,8 +22,8 @@ def _installed_text(path):
 
 
 def test_the_table_holds_for_the_installed_release():
-    """Every mirrored function of the installed release hashes as its table entry says (CI's main env: 5.25; the
-    vLLM env: 5.17), and check_version passes on it with no override."""
+    """Every mirrored function of the installed release hashes as its table entry says (CI's main env: 5.25, then
+    5.18, 5.19, 5.21 and 5.23 swapped in; the vLLM env: 5.17), and check_version passes on it with no override."""
     import transformers  # (not at module level: transformers 5.25 replaces its sys.modules entry on some imports)
     rel = ".".join(map(str, release(transformers.__version__)))
     assert rel in TABLE, f"transformers {transformers.__version__} has no table entry (regenerate mirrored_table.py)"
@@ -76,7 +76,8 @@ def test_a_changed_mirrored_function_is_refused_by_name():
 
 # per part, the releases of the range whose every mirrored function of that part equals its source in a release
 # that part was tested on (docs/integrations.md lists them)
-COVERED = {"model": {"5.17", "5.20", "5.24", "5.25"}, "engine": {"5.21", "5.22", "5.23", "5.24", "5.25"}}
+COVERED = {"model": {"5.17", "5.18", "5.19", "5.20", "5.21", "5.22", "5.23", "5.24", "5.25"},
+           "engine": {"5.21", "5.22", "5.23", "5.24", "5.25"}}
 
 
 @pytest.mark.parametrize("part", mirrored.PARTS)
@@ -157,3 +158,57 @@ def test_the_table_regenerates_from_dumps(tmp_path):
     out.write_text(text)
     ns = runpy.run_path(str(out))
     assert ns["TESTED"] == {"model": (rel,), "engine": (rel,)} and ns["TABLE"][rel]["hashes"] == TABLE[rel]["hashes"]
+
+
+# ---------------------------------------------------------------- the mirror computes the installed release's math
+# The source hashes say a release's mirrored functions are ones a test ran on; this says lockstep's forwards compute
+# what the installed release's own HF forwards compute, on every architecture: a prompt batch with a left-padded
+# row, then one cached decode step (HF's cache contract: the attention's and the Gated DeltaNet's). Not a bit check:
+# lockstep's kernels round differently from torch's (float32 logits of magnitude ~3 differ by ~2e-6), so the bound
+# sits well above rounding and far below what a wrong mirror gives (the negative controls below: >= 1e-2).
+
+MATH_ATOL = 1e-4
+ALL_KINDS = ("llama", "qwen2", "qwen3", "mistral", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+def _prompt_and_step_logits(model):
+    """Logits at the prompt batch's real tokens and at one cached decode step after it."""
+    import torch
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 128, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0  # row 1 left-padded
+    nxt = torch.randint(1, 128, (2, 1), generator=g)
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        step = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1),
+                     past_key_values=first.past_key_values, use_cache=True)
+    return first.logits[mask.bool()], step.logits
+
+
+def _gap_to_stock(kind):
+    """Largest |patched - stock| logit over the prompt and the decode step (the same weights, stock on sdpa)."""
+    from hal.integrations.transformers.testing import tiny_model
+    lt.register()
+    patched = tiny_model(kind)
+    with lt.patch(patched):
+        ours = _prompt_and_step_logits(patched)
+    theirs = _prompt_and_step_logits(tiny_model(kind, attn_implementation="sdpa"))
+    return max(float((a - b).abs().max()) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_the_patched_model_computes_the_installed_releases_math(kind):
+    assert _gap_to_stock(kind) < MATH_ATOL
+
+
+def test_negative_control_a_wrong_rotary_or_gdn_mirror_is_caught(monkeypatch):
+    """A rotary mirror at twice the frequencies (an inv_freq read wrong; a shift of every position would be
+    invisible: attention sees relative positions), and a Gated DeltaNet mirror that misses the cache it is handed
+    (what a renamed kwarg would do), are both caught by the bound above."""
+    from hal.integrations.transformers import modules as M
+    monkeypatch.setitem(lt._FORWARDS, "rotary", lambda mod, x, position_ids: M.rotary(mod, x, 2 * position_ids))
+    assert _gap_to_stock("llama") > 100 * MATH_ATOL
+    monkeypatch.setitem(lt._FORWARDS, "gdn", lambda mod, hidden_states, cache=None, cache_params=None, **kw:
+                        M.gated_delta_net(mod, hidden_states, **kw))
+    assert _gap_to_stock("qwen3_5") > 100 * MATH_ATOL

@@ -13,7 +13,7 @@ Regenerate the table after installing each release of the supported range in its
 
     python -m hal.integrations.transformers.mirrored --dump > /tmp/5.25.json   # in each release's environment
     python -m hal.integrations.transformers.mirrored --write /tmp/5.*.json     # writes mirrored_table.py
-        [--tested-model 5.17,5.24,5.25 --tested-engine 5.24,5.25]              # the releases each part ran on
+        [--tested-model 5.17,5.18,5.19,5.21,5.23,5.24,5.25 --tested-engine 5.24,5.25]   # the releases each part ran on
 
 (``--dump`` reads only the transformers sources, so a ``pip install --no-deps transformers==5.N.*`` venv is
 enough.) See docs/integrations.md.
@@ -207,7 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", action="store_true", help="print the installed release's hashes as JSON")
     ap.add_argument("--root", help="a transformers package folder to read instead of the installed one")
     ap.add_argument("--write", nargs="+", metavar="DUMP", help="write mirrored_table.py from --dump outputs")
-    ap.add_argument("--tested-model", default="5.17,5.24,5.25", help="the releases the model code was tested on")
+    ap.add_argument("--tested-model", default="5.17,5.18,5.19,5.21,5.23,5.24,5.25",
+                    help="the releases the model code was tested on")
     ap.add_argument("--tested-engine", default="5.24,5.25", help="the releases the engine was tested on")
     args = ap.parse_args(argv)
     if args.dump:

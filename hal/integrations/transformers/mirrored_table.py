@@ -2,7 +2,7 @@
 of each function lockstep mirrors, per transformers release. Do not edit by hand."""
 
 # per part, the releases the HF integration tests of that part ran on (docs/integrations.md)
-TESTED = {'model': ('5.17', '5.24', '5.25'), 'engine': ('5.24', '5.25')}
+TESTED = {'model': ('5.17', '5.18', '5.19', '5.21', '5.23', '5.24', '5.25'), 'engine': ('5.24', '5.25')}
 
 TABLE = {
     '5.17': {"version": '5.17.0', "hashes": {
