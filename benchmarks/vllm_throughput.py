@@ -59,7 +59,7 @@ def step_linears(c: dict, name: str, w: dict) -> list[tuple[int, int, int, int]]
             (w["n"], h, c["vocab_size"], 1)]
 
 
-def linear_seconds(engine: str, shapes, reps: int = 3) -> float:
+def linear_seconds(engine: str, shapes, reps: int = 5) -> float:
     """Seconds one step's linears (:func:`step_linears`) take: per shape the best of ``reps`` timed calls (after
     one warm-up), times its count. ``engine``: "lockstep" (``hal.linear``, bf16, the strict default spec),
     "stock" (torch's bf16 ``F.linear``) or "float32" (torch's float32 ``F.linear``)."""

@@ -111,9 +111,8 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
     plans = []
     for i in range(n):
         s = row_sampling(md, i, vocab)
-        greedy_scores = logits[i:i + 1].float()
         if s is None:
-            tokens[i] = torch.argmax(greedy_scores[0])
+            tokens[i] = torch.argmax(logits[i].float())
             plans.append((Sampling(), None))
             continue
         scores = sampling_scores(logits[i:i + 1], s.temperature)
@@ -129,13 +128,18 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
         ids = torch.empty(n, 1 + top, dtype=torch.int64)
         recorded = torch.empty(n, 1 + top, dtype=torch.float32)
         ids[:, 0] = tokens
-        for i, (s, scores) in enumerate(plans):
-            if mode == "raw_logprobs" or scores is None:
-                s, scores = Sampling(), logits[i:i + 1].float()  # temperature 1, full vocabulary
-            own = None if head_logits is None else head_logits[i:i + 1]
-            recorded[i, 0], ids[i, 1:], recorded[i, 1:] = (
-                x[0] for x in top_logprobs(head, hidden[i:i + 1], tokens[i:i + 1], top, s, scores=scores,
-                                           head_logits=own))
+        # the rows recorded at temperature 1 over the full vocabulary (raw_logprobs, greedy rows) in one call: one
+        # pass over the LM head for all of them (each row's values are the bits it has alone: top_logprobs)
+        full = [i for i, (_, scores) in enumerate(plans) if mode == "raw_logprobs" or scores is None]
+        groups = [(full, Sampling(), None)] if full else []
+        alone = set(range(n)).difference(full)  # processed rows: each under its own distribution
+        groups += [([i], s, scores) for i, (s, scores) in enumerate(plans) if i in alone]
+        for rows, s, scores in groups:
+            at = torch.tensor(rows)
+            own = None if head_logits is None else head_logits[at]
+            recorded[at, 0], ids[at, 1:], recorded[at, 1:] = top_logprobs(
+                head, hidden[at], tokens[at], top, s, scores=logits[at].float() if scores is None else scores,
+                head_logits=own)
         logprobs_tensors = LogprobsTensors(ids.to(torch.int32), recorded, rank_of(logits, tokens))
     return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=logprobs_tensors)
 
