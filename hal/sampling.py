@@ -8,7 +8,9 @@
   plain tensors (LM-head weight, hidden rows, tokens), so an engine without a transformers model records
   what ``lt.token_logprobs`` recomputes; :func:`kept_logprobs` and :func:`renormalise_kept` are its parts;
 * :func:`top_logprobs`: a row's N most probable tokens (an engine's ``logprobs=N`` alternatives) in one
-  total order, with their recorded log-probs (the same function's bits).
+  total order, with their recorded log-probs (the same function's bits);
+* :func:`head_logits_are_the_logprobs_dot` / :func:`logits_logprobs`: where an engine's LM head already gives the
+  float32 logits ``hal.token_logprobs`` reduces, its value from them (the LM head run once per token).
 
 Engine-neutral: imports neither transformers nor vLLM.
 """
@@ -19,11 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
-from .ops import linear, softmax, token_logprobs
+from . import validate as v
+from .dispatch import call_spec
+from .errors import InputError, UnsupportedError
+from .ops import linear, log_softmax, softmax, token_logprobs
+from .spec import STRICT, MatmulSpec, SoftmaxSpec, TokenLogprobsSpec
 
 __all__ = ["Sampling", "sampling_scores", "kept_set", "kept_scores", "renormalise_kept", "kept_logprobs",
-           "recorded_logprobs", "top_logprobs"]
+           "recorded_logprobs", "top_logprobs", "head_logits_are_the_logprobs_dot", "logits_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,46 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: S
     return renormalise_kept(lp[:, :per_row], lp.reshape(-1).index_select(0, flat), counts.tolist()).reshape(shape)
 
 
+def head_logits_are_the_logprobs_dot(dtype: torch.dtype, matmul_spec=None, spec=None) -> bool:
+    """Whether ``hal.linear(hidden, lm_head_weight, spec=matmul_spec)`` of ``dtype`` operands gives, bit for bit,
+    the float32 logits ``hal.token_logprobs(..., spec=spec)`` reduces: float32 operands (the linear's output is then
+    its float32 accumulation, unrounded), both strict, and the linear's K tiles the token_logprobs spec's hidden
+    tiles (the same fma chains, the same order of partials: the two specs' words). A bf16 / fp16 head rounds its
+    logits to its dtype: those are not the recorded value's logits (the log-prob must be recomputed)."""
+    m, s = call_spec("linear", matmul_spec), call_spec("token_logprobs", spec)
+    return (dtype == torch.float32 and isinstance(m, MatmulSpec) and m.policy == STRICT
+            and isinstance(s, TokenLogprobsSpec) and s.policy == STRICT and s.matmul is None
+            and m.k_tile == s.hidden_tile)
+
+
+def logits_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, *, spec=None,
+                    backend=None) -> torch.Tensor:
+    """``hal.token_logprobs(hidden, lm_head_weight, tokens, temperature, spec=spec)``'s bits from ``logits [n, V]``,
+    the float32 logits its dot gives for those rows (where :func:`head_logits_are_the_logprobs_dot`: the engine's
+    own LM head), so the head runs once for the token and its log-prob. ``tokens [n]``, or ``[n, K]`` (K tokens
+    per row). The spec's words, op by op: ``logits / temperature`` (correctly rounded; skipped when it is 1), then
+    ``hal.log_softmax`` with the spec's vocab tile: ``(x - M) - log(S)``, the token's entry."""
+    s = call_spec("token_logprobs", spec)
+    if not isinstance(s, TokenLogprobsSpec) or s.policy != STRICT or s.matmul is not None:
+        raise UnsupportedError(f"logits_logprobs: token_logprobs spec {s.id} is not the strict float32 chain; "
+                               "its logits are not an LM head linear's (call hal.token_logprobs)")
+    v.tensor("logits", logits, ndim=2)
+    if logits.dtype != torch.float32:
+        raise InputError(f"logits_logprobs takes the float32 logits of the log-prob's dot, got {logits.dtype} "
+                         "(rounded logits are not the recorded value's)")
+    v.integer("tokens", tokens)
+    t = tokens.to(torch.int64)
+    if t.shape[0] != logits.shape[0] or t.ndim not in (1, 2):
+        raise InputError(f"logits_logprobs: tokens must be [n] or [n, K] for logits {tuple(logits.shape)}, "
+                         f"got {tuple(tokens.shape)}")
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= logits.shape[1]):
+        raise InputError(f"tokens must be in [0, {logits.shape[1]}) (the vocabulary)")
+    temperature = v.scalar("temperature", temperature, positive=True, reciprocal=True)
+    scores = logits if temperature == 1.0 else sampling_scores(logits, temperature)
+    lsm = log_softmax(scores, -1, spec=SoftmaxSpec(tile=s.vocab_tile), backend=backend)
+    return lsm.gather(1, t.reshape(t.shape[0], -1)).reshape(t.shape)
+
+
 def _head_scores(lm_head_weight, hidden, sampling, matmul_spec, backend) -> torch.Tensor:
     """:func:`sampling_scores` of the logits a lockstep LM head computes for ``hidden``'s rows."""
     with torch.no_grad():
@@ -179,7 +224,8 @@ def _head_scores(lm_head_weight, hidden, sampling, matmul_spec, backend) -> torc
 
 def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, *,
                       spec=None, matmul_spec=None, scores: torch.Tensor | None = None,
-                      backend=None, kept: torch.Tensor | None = None) -> torch.Tensor:
+                      backend=None, kept: torch.Tensor | None = None,
+                      head_logits: torch.Tensor | None = None) -> torch.Tensor:
     """THE recorded log-prob: float32 ``log p(tokens | hidden)`` under ``sampling``, from plain tensors.
 
     ``lm_head_weight [V, H]`` (or its ``hal.exact_weight``), ``hidden [..., H]`` (the rows the LM head
@@ -189,8 +235,14 @@ def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor
     ``scores`` -- the engine's :func:`sampling_scores` of the logits it sampled from, else
     ``hal.linear(hidden, lm_head_weight, spec=matmul_spec)``'s (the logits a lockstep LM head computes).
     ``spec``: the token_logprobs spec whose dot is ``matmul_spec``'s (hal.integrations.transformers.matmul.logprobs_spec).
+    ``head_logits``: the float32 logits of ``hidden``'s rows where the engine's LM head gave them
+    (:func:`head_logits_are_the_logprobs_dot`): the values come from them (:func:`logits_logprobs`), the same bits
+    without a second pass over the LM head.
     """
     def lp(h, t, temperature):
+        if head_logits is not None:  # t: one token per row of h, or K (t.ndim == h.ndim)
+            rows = t.reshape(head_logits.shape[0], -1) if t.ndim == h.ndim else t.reshape(-1)
+            return logits_logprobs(head_logits, rows, temperature, spec=spec, backend=backend).reshape(t.shape)
         return token_logprobs(h, lm_head_weight, t, temperature, spec=spec, backend=backend)
 
     if not sampling.filters:
@@ -201,7 +253,8 @@ def recorded_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor
 
 
 def top_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, count: int, sampling: Sampling, *,
-                 spec=None, matmul_spec=None, scores: torch.Tensor | None = None, backend=None):
+                 spec=None, matmul_spec=None, scores: torch.Tensor | None = None, backend=None,
+                 head_logits: torch.Tensor | None = None):
     """``(recorded [n], top_ids [n, count], top_logprobs [n, count])`` for hidden rows ``[n, H]`` and ``tokens [n]``:
     :func:`recorded_logprobs` of each row's token, and the row's ``count`` most probable tokens with theirs
     (one call of it: the same bits each token has asked alone, so a trainer recomputes them for those ids).
@@ -212,6 +265,7 @@ def top_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, cou
     are the tokens sampling ranks highest whatever the rounding of the logits (bf16 logits tie often); the
     recorded log-prob orders tokens tied on the score, so the returned values descend. A token outside the kept
     set has probability 0 under ``sampling``: log-prob -inf (top-k / top-p keep fewer than ``count``).
+    ``head_logits``: as in :func:`recorded_logprobs`.
     """
     h = hidden.reshape(-1, hidden.shape[-1])
     t = tokens.reshape(-1).to(torch.int64)
@@ -225,7 +279,8 @@ def top_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, cou
     kept = kept_set(scores, sampling.top_k, sampling.top_p) if sampling.filters else None
     ranked = scores if kept is None else scores.masked_fill(~kept, float("-inf"))
     if count == 0 or n == 0:
-        lp = recorded_logprobs(lm_head_weight, h, t, sampling, spec=spec, scores=scores, backend=backend, kept=kept)
+        lp = recorded_logprobs(lm_head_weight, h, t, sampling, spec=spec, scores=scores, backend=backend, kept=kept,
+                               head_logits=head_logits)
         return lp, t.new_empty((n, count)), lp.new_empty((n, count))
     # candidates: every token ranked at or above the count-th score (its ties included), ascending id per row
     cand = ranked >= ranked.topk(count, dim=-1).values[:, -1:]
@@ -240,7 +295,7 @@ def top_logprobs(lm_head_weight, hidden: torch.Tensor, tokens: torch.Tensor, cou
     scored = real if kept is None else real & kept.gather(1, cand_ids)  # outside the kept set: -inf, not asked
     asked = torch.where(scored, cand_ids, t.reshape(-1, 1))
     lp = recorded_logprobs(lm_head_weight, h, torch.cat([t.reshape(-1, 1), asked], 1), sampling, spec=spec,
-                           scores=scores, backend=backend, kept=kept)
+                           scores=scores, backend=backend, kept=kept, head_logits=head_logits)
     cand_lp = lp[:, 1:].masked_fill(~scored, float("-inf"))
     cand_score = ranked.gather(1, cand_ids).masked_fill(~real, float("-inf"))
     # the total order by stable sorts, least significant key first: the id (ascending already; padding last),

@@ -5,11 +5,12 @@ lockstep's plugin is process-wide, so plugin-on and stock engines never share a 
 
 SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
-"import_hal": bool, "record_steps": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
+"import_hal": bool, "record_steps": bool, "count_head_passes": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
 log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
 type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
-nonzero compilation counters; empty for an eager engine). An engine that fails to start records the error for the
+nonzero compilation counters; empty for an eager engine). "count_head_passes": how often the LM head ran
+("head_passes": the logits processor's calls, and the recorded values' own ``token_logprobs`` calls). An engine that fails to start records the error for the
 run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 
 "during" changes the weights while a batch runs (:func:`_midflight`): "raw" / "optimizer" / "collective" from a step
@@ -42,6 +43,29 @@ def _steps_recorder(steps: list):
     fn = steps.append
     plugin.STEP_HOOKS.append(fn)
     return lambda: plugin.STEP_HOOKS.remove(fn)
+
+
+def _head_pass_counter():
+    """Counts the passes over the LM head: the logits processor's (vLLM's logits) and ``hal.token_logprobs``'
+    calls from the recorded-value path (each runs the head over its rows again). Returns (counts, undo)."""
+    from hal import sampling
+    from hal.integrations.vllm import layers
+    counts = dict(logits=0, recorded=0)
+    forward, token_logprobs = layers.LockstepLogitsProcessor.forward, sampling.token_logprobs
+
+    def counted_forward(*a, **k):
+        counts["logits"] += 1
+        return forward(*a, **k)
+
+    def counted_token_logprobs(*a, **k):
+        counts["recorded"] += 1
+        return token_logprobs(*a, **k)
+
+    layers.LockstepLogitsProcessor.forward, sampling.token_logprobs = counted_forward, counted_token_logprobs
+
+    def undo():
+        layers.LockstepLogitsProcessor.forward, sampling.token_logprobs = forward, token_logprobs
+    return counts, undo
 
 
 def _step_summary(steps) -> dict:
@@ -198,6 +222,7 @@ def run_one(run) -> dict:
         setattr(compilation_counter, counter, 0)
     steps: list = []
     stop = _steps_recorder(steps) if run.get("record_steps") else None
+    head, uncount = _head_pass_counter() if run.get("count_head_passes") else (None, None)
     llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
     between = {int(i): a for i, a in run.get("between", [])}
     during = {int(i): (a, k) for i, a, k in run.get("during", [])}
@@ -223,10 +248,14 @@ def run_one(run) -> dict:
         out = dict(batches=batches, compiles={k: v for k, v in vars(compilation_counter).items() if v})
         if stop is not None:
             out["steps"] = _step_summary(steps)
+        if head is not None:
+            out["head_passes"] = dict(head)
         return out
     finally:
         if stop is not None:
             stop()
+        if uncount is not None:
+            uncount()
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()

@@ -15,7 +15,9 @@ Bit-for-bit with the patched HF model, op by op (transformers/modules.py):
   positions, ``hal.apply_rotary`` on the half-split (NeoX / ``rotate_half``) pairs.
 * SiLU-mul: ``hal.silu_mul(gate, up)`` on the two halves of the merged gate-up output.
 * the LM head: ``hal.linear`` over the real vocabulary rows (vLLM pads the head); the hidden rows are kept
-  for the sampler, which records ``hal.token_logprobs`` of them (sampler.py).
+  for the sampler, which records ``hal.token_logprobs`` of them (sampler.py) -- from the head's own logits where
+  they are that op's float32 logits (a float32 head: ``hal.sampling.head_logits_are_the_logprobs_dot``), so the
+  head runs once per token; a bf16 / fp16 head's logits are rounded, and the log-prob runs the head again.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 
 import hal
 from ...errors import UnsupportedError
+from ...sampling import head_logits_are_the_logprobs_dot
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -108,15 +111,17 @@ class HiddenRows:
     vLLM's runner calls ``compute_logits(hidden[logits_indices])`` and hands only the logits to the sampler;
     the recorded log-prob is ``hal.token_logprobs`` of the hidden rows (the LM head accumulated in float32),
     not a function of the rounded logits, so the logits processor files its inputs here under the logits
-    tensor's identity (a weak reference: an entry dies with its logits)."""
+    tensor's identity (a weak reference: an entry dies with its logits). ``head_logits``: the float32 logits
+    ``hal.token_logprobs`` reduces, where the head gave them (a copy: vLLM may mask the logits it samples
+    from in place, a recorded value is the head's), else None."""
 
     def __init__(self):
         self._rows: dict[int, tuple] = {}
 
-    def remember(self, logits, hidden, head_weight) -> None:
+    def remember(self, logits, hidden, head_weight, head_logits=None) -> None:
         for key in [k for k, (ref, *_) in self._rows.items() if ref() is None]:
             del self._rows[key]
-        self._rows[id(logits)] = (weakref.ref(logits), hidden, head_weight)
+        self._rows[id(logits)] = (weakref.ref(logits), hidden, head_weight, head_logits)
 
     def find(self, logits):
         entry = self._rows.get(id(logits))
@@ -124,7 +129,7 @@ class HiddenRows:
             raise UnsupportedError("lockstep's vLLM sampler got logits that lockstep's logits processor did not "
                                    "compute (a vLLM path that bypasses model.compute_logits); refusing to record "
                                    "log-probs it cannot define from the hidden rows")
-        return entry[1], entry[2]
+        return entry[1:]
 
 
 HIDDEN = HiddenRows()
@@ -143,7 +148,8 @@ class LockstepLogitsProcessor(LogitsProcessor):
                                    "is not supported by lockstep's vLLM plugin")
         weight = lm_head.weight[: self.org_vocab_size]  # vLLM pads the head to a multiple of 64 rows
         logits = hal.linear(hidden_states, weight)
-        HIDDEN.remember(logits, hidden_states, weight)
+        own = logits.clone() if head_logits_are_the_logprobs_dot(weight.dtype) else None
+        HIDDEN.remember(logits, hidden_states, weight, own)
         return logits
 
 

@@ -1,6 +1,8 @@
 """vLLM's sampler on lockstep's bits: the tokens come from lockstep's logits and kept set, and the recorded
 log-prob is ``hal.sampling.recorded_logprobs`` of the hidden row the LM head saw (what ``lt.token_logprobs``
-gives a trainer), never ``log_softmax`` of vLLM's rounded logits.
+gives a trainer), never ``log_softmax`` of vLLM's rounded logits. A float32 head's logits are that value's own
+float32 logits: the value comes from them, the LM head run once per token (layers.py, ``HiddenRows``); a bf16 /
+fp16 head rounds its logits, and the recorded value runs the head again from the hidden row.
 
 Per row (request) of the step:
 
@@ -103,15 +105,14 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
     if mode not in ("raw_logprobs", "processed_logprobs"):
         raise UnsupportedError(f"logprobs_mode={mode!r} is not supported by lockstep's vLLM plugin "
                                "(raw_logprobs or processed_logprobs)")
-    hidden, head = HIDDEN.find(logits)
+    hidden, head, head_logits = HIDDEN.find(logits)
     n, vocab = logits.shape
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
     plans = []
     for i in range(n):
         s = row_sampling(md, i, vocab)
-        greedy_scores = logits[i:i + 1].float()
         if s is None:
-            tokens[i] = torch.argmax(greedy_scores[0])
+            tokens[i] = torch.argmax(logits[i].float())
             plans.append((Sampling(), None))
             continue
         scores = sampling_scores(logits[i:i + 1], s.temperature)
@@ -127,11 +128,18 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
         ids = torch.empty(n, 1 + top, dtype=torch.int64)
         recorded = torch.empty(n, 1 + top, dtype=torch.float32)
         ids[:, 0] = tokens
-        for i, (s, scores) in enumerate(plans):
-            if mode == "raw_logprobs" or scores is None:
-                s, scores = Sampling(), logits[i:i + 1].float()  # temperature 1, full vocabulary
-            recorded[i, 0], ids[i, 1:], recorded[i, 1:] = (
-                x[0] for x in top_logprobs(head, hidden[i:i + 1], tokens[i:i + 1], top, s, scores=scores))
+        # the rows recorded at temperature 1 over the full vocabulary (raw_logprobs, greedy rows) in one call: one
+        # pass over the LM head for all of them (each row's values are the bits it has alone: top_logprobs)
+        full = [i for i, (_, scores) in enumerate(plans) if mode == "raw_logprobs" or scores is None]
+        groups = [(full, Sampling(), None)] if full else []
+        alone = set(range(n)).difference(full)  # processed rows: each under its own distribution
+        groups += [([i], s, scores) for i, (s, scores) in enumerate(plans) if i in alone]
+        for rows, s, scores in groups:
+            at = torch.tensor(rows)
+            own = None if head_logits is None else head_logits[at]
+            recorded[at, 0], ids[at, 1:], recorded[at, 1:] = top_logprobs(
+                head, hidden[at], tokens[at], top, s, scores=logits[at].float() if scores is None else scores,
+                head_logits=own)
         logprobs_tensors = LogprobsTensors(ids.to(torch.int32), recorded, rank_of(logits, tokens))
     return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=logprobs_tensors)
 
@@ -157,8 +165,9 @@ class PromptScorer:
 
     @staticmethod
     def gather_logprobs(logits, num_logprobs, token_ids):
-        hidden, head = HIDDEN.find(logits)
-        lp, top_ids, top_lp = top_logprobs(head, hidden, token_ids, num_logprobs, Sampling(), scores=logits.float())
+        hidden, head, head_logits = HIDDEN.find(logits)
+        lp, top_ids, top_lp = top_logprobs(head, hidden, token_ids, num_logprobs, Sampling(), scores=logits.float(),
+                                           head_logits=head_logits)
         return LogprobsTensors(torch.cat([token_ids.reshape(-1, 1), top_ids], 1).to(torch.int32),
                                torch.cat([lp.reshape(-1, 1), top_lp], 1), rank_of(logits, token_ids))
 
