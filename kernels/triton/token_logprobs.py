@@ -17,6 +17,9 @@ The kept logits are the values the LM head's chains computed, stored and reloade
 same order as computing them again (which the sum pass and the finish used to do), so the same bits at half the
 LM-head work. Each logit is the hidden-tiled fma chain of common.dot_k_tiled, written for a 3-D tile; temperature
 (when != 1) is one correctly rounded division.
+
+A spec with a ``matmul`` (exact or fast logits: _matmul_token_logprobs) replaces pass 1 by that policy's matmul kernels
+writing the kept logits, then takes softmax.py's chunk-max pass and passes 2-4 as above.
 """
 from __future__ import annotations
 
