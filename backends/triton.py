@@ -164,8 +164,8 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
         reasons = super().supports(op, spec, dtype, device)
         fast = FAST in spec.policies_used()  # a fast spec, or a token_logprobs spec whose logits' dot is one
         if fast and dtype not in FAST_DTYPES:
-            reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} "
-                           f"(spec {spec.id}; float32 is refused rather than run as tf32: use the strict spec, or cast)")
+            reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} (spec "
+                           f"{spec.id}; float32 is refused rather than run as tf32: use the strict spec, or cast)")
         dot = getattr(spec, "matmul", None) or spec  # the spec whose tensor-core dot runs
         if fast and getattr(dot, "version", 2) == 3 and device.type == "cuda" and \
                 torch.cuda.is_available() and torch.cuda.get_device_capability(device) != (9, 0):

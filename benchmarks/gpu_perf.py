@@ -12,8 +12,8 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   matmul with TF32 off (the strict kernels' arithmetic runs on fp32 FMA units; this is the measured bound).
 * ``ops`` (ops.jsonl, ops.csv, kernels.jsonl): every op at Qwen3-8B shapes (hidden 4096, 32/8 heads, head dim
   128, vocab 151,936; GDN rows at Qwen3-Next's 16/32 heads, d 128) under each policy the triton backend has
-  (strict; fast for linear, attention and token_logprobs' logits; exact for linear, its earlier torch glue beside it, and the int8
-  accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
+  (strict; fast for linear, attention and token_logprobs' logits; exact for linear, its earlier torch glue beside
+  it, and the int8 accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
   accumulate exactly on this device), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the

@@ -961,7 +961,8 @@ register(RotarySpec(), default=True)
 #: TorchTitan's ``LockstepConverter.Config(policy=...)`` (docs/fast_policy.md, "One switch for a whole model").
 #: A family a policy's table leaves out runs its strict default (``DEFAULTS``): under fast, today, every family
 #: but matmul, attention, gated_delta_rule and token_logprobs (its logits; its log-softmax stays strict): there is
-#: no fast rms_norm, softmax, ... spec. The one home of that choice: a new fast spec joins its policy's table in one line. Keyed by family (a spec is a family's), the
+#: no fast rms_norm, softmax, ... spec. The one home of that choice: a new fast spec joins its policy's table in one
+#: line. Keyed by family (a spec is a family's), the
 #: entry reaches the family's ops that a conformance suite checks under it (an op's record lists its suites:
 #: ``hal.dispatch.switched_spec``): the gated delta rule's two ops run GDN_FAST, while the GDN layer ops of the
 #: same family (gdn_gating, gdn_causal_conv1d: suite gdn_layer, strict only) keep the strict default.

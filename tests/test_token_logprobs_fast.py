@@ -46,7 +46,8 @@ def test_spec_id_round_trips_and_names_the_matmul():
     assert "same bits on every backend" not in words  # the strict words' L4 promise does not hold for fast logits
     # ids that name no fast matmul (a bad field, a strict matmul's form, an unknown version) parse to nothing
     for bad in ("token_logprobs.strict.fast-m100-n128-k64-w8-s3-v2.v256.lsm1.v2",
-                "token_logprobs.strict.fast-k64-v2.v256.lsm1.v2", "token_logprobs.strict.fast-strict-k64-v2.v256.lsm1.v2",
+                "token_logprobs.strict.fast-k64-v2.v256.lsm1.v2",
+                "token_logprobs.strict.fast-strict-k64-v2.v256.lsm1.v2",
                 "token_logprobs.strict.fast-m128-n128-k64-w8-s3-v9.v256.lsm1.v2"):
         assert specs.from_id(bad) is None, bad
     # the strict and exact ids are unchanged
@@ -107,8 +108,8 @@ def test_hal_jax_refuses_a_fast_spec_by_name():
 def test_an_exact_weight_is_refused_under_the_fast_spec():
     h, w, t = _inputs()
     prepared = hal.exact_weight(w, spec=ExactMatmulSpec(slices=4))
-    with pytest.raises(InputError, match=re.escape(f"holds slices for matmul.exact.s4.v2, but the call's spec {ID} does "
-                                                   "not use the exact policy")):
+    with pytest.raises(InputError, match=re.escape(f"holds slices for matmul.exact.s4.v2, but the call's spec {ID} "
+                                                   "does not use the exact policy")):
         hal.token_logprobs(h, prepared, t, spec=SPEC, backend="stock")
 
 

@@ -58,7 +58,8 @@ def fast_matmul_case(launch, dt: str, logits: bool = False) -> KernelCase:
     tdt = {"bf16": tl.bfloat16, "fp16": tl.float16}[dt]
     sig = {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr"), **_ptrs("fp32" if logits else dt, "out_ptr"),
            **_ints("M", "N", "K", "sa_m", "sb_n", "so_m", "n_programs"), "temp": "fp32"}
-    consts = {"HAS_BIAS": not logits, "HAS_TEMP": logits, "OUT_DTYPE": tl.float32 if logits else tdt, "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
+    consts = {"HAS_BIAS": not logits, "HAS_TEMP": logits, "OUT_DTYPE": tl.float32 if logits else tdt,
+              "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
               "GROUP": fm.GROUP_M, "PERSISTENT": launch.persistent, "TMA": launch.tma, "B_NK": launch.tma,
               "sa_k": 1, "sb_k": 1, "so_n": 1}
     if launch.tma:

@@ -205,8 +205,10 @@ def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype
     n_programs = min(tiles, _sm_count(a2.device)) if lt.persistent else tiles
     a_desc, b_desc, b_nk = _descriptors(a2, b_kn, lt) if lt.tma else (None, None, False)
     args = (a2, b_kn, bias if bias is not None else a2, out, m, n, k,
-            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1), float(temperature))
-    kwargs = dict(HAS_BIAS=bias is not None, HAS_TEMP=temperature != 1.0, OUT_DTYPE=tl_dtype(out_dtype), BM=lt.block_m, BN=lt.block_n,
+            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
+            float(temperature))
+    kwargs = dict(HAS_BIAS=bias is not None, HAS_TEMP=temperature != 1.0, OUT_DTYPE=tl_dtype(out_dtype),
+                  BM=lt.block_m, BN=lt.block_n,
                   BK=lt.block_k, GROUP=GROUP_M, a_desc=a_desc, b_desc=b_desc, n_programs=n_programs,
                   PERSISTENT=lt.persistent, TMA=lt.tma, B_NK=b_nk, num_warps=lt.num_warps, num_stages=lt.num_stages)
     if warmup:

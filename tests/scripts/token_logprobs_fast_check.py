@@ -1,4 +1,4 @@
-"""token_logprobs under a fast matmul spec (TokenLogprobsSpec(matmul=FastMatmulSpec)) in the Triton interpreter, raw bits.
+"""token_logprobs under a fast matmul spec (TokenLogprobsSpec(matmul=FastMatmulSpec)) in the Triton interpreter.
 
 Run in a subprocess with TRITON_INTERPRET=1 by tests/test_token_logprobs_fast.py. In the interpreter ``tl.dot`` is the
 deterministic stand-in of kernels/triton/interpreter_dot.py (per output element: a chain per K tile), so the checks

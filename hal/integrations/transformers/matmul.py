@@ -36,7 +36,8 @@ def logprobs_spec(matmul_spec: specs.OpSpec) -> specs.TokenLogprobsSpec:
     """The token_logprobs spec whose logits use the dot of ``matmul_spec``.
 
     Default strict matmul -> the default token_logprobs spec; ``ExactMatmulSpec(s)`` (or a fast matmul spec) ->
-    ``TokenLogprobsSpec(matmul=matmul_spec)``; a strict ``MatmulSpec(k_tile=t)`` -> ``TokenLogprobsSpec(hidden_tile=t)``.
+    ``TokenLogprobsSpec(matmul=matmul_spec)``; a strict ``MatmulSpec(k_tile=t)`` ->
+    ``TokenLogprobsSpec(hidden_tile=t)``.
     """
     if matmul_spec == specs.DEFAULTS["matmul"]:
         return specs.DEFAULTS["token_logprobs"]
