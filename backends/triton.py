@@ -149,21 +149,25 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
     description = ("strict specs as Triton kernels (explicit fma chains, lsm1 exp/log, fusion off); CUDA, or CPU "
                    "through TRITON_INTERPRET=1 for verification")
     launch_on = staticmethod(_on)
-    # fast: matmul / linear, attention, gated delta rule on tensor cores (docs/fast_policy.md); exact: matmul / linear
+    # fast: matmul / linear, attention, gated delta rule and token_logprobs' logits on tensor cores
+    # (docs/fast_policy.md); exact: matmul / linear
     # and token_logprobs' logits as int8 tl.dot kernels (kernels/exact/triton_matmul.py, docs/exact_matmul.md)
     policies = (STRICT, FAST, EXACT)
     reads_exact_weight = True  # the exact kernels read a prepared weight's int8 planes
     #: fast-policy conformance suites and the levels they hold on one GPU model; never L4 (no cross-vendor bits)
     fast_levels = {"matmul_fast": frozenset({"L0", "L1", "L3", "A"}),
                    "attention_fast": frozenset({"L0", "L1", "L2", "L3", "A"}),
-                   "gated_delta_rule_fast": frozenset({"L0", "L1", "L2", "L3", "A"})}
+                   "gated_delta_rule_fast": frozenset({"L0", "L1", "L2", "L3", "A"}),
+                   "token_logprobs_fast": frozenset({"L0", "L1", "L3", "A"})}
 
     def supports(self, op, spec, dtype, device):
         reasons = super().supports(op, spec, dtype, device)
-        if spec.policy == FAST and dtype not in FAST_DTYPES:
-            reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} "
-                           "(float32 is refused rather than run as tf32: use the strict spec, or cast)")
-        if spec.policy == FAST and getattr(spec, "version", 2) == 3 and device.type == "cuda" and \
+        fast = FAST in spec.policies_used()  # a fast spec, or a token_logprobs spec whose logits' dot is one
+        if fast and dtype not in FAST_DTYPES:
+            reasons.append(f"{self.name}: fast policy runs bfloat16/float16 tensor cores only, not {dtype} (spec "
+                           f"{spec.id}; float32 is refused rather than run as tf32: use the strict spec, or cast)")
+        dot = getattr(spec, "matmul", None) or spec  # the spec whose tensor-core dot runs
+        if fast and getattr(dot, "version", 2) == 3 and device.type == "cuda" and \
                 torch.cuda.is_available() and torch.cuda.get_device_capability(device) != (9, 0):
             cap = "sm_%d%d" % torch.cuda.get_device_capability(device)
             reasons.append(f"{self.name}: {spec.id} names the wgmma instruction family of sm_90; this device is {cap} "
@@ -171,7 +175,7 @@ class TritonBackend(TrainingOps, ElementwiseOps, SequenceOps, FoundationOps, Bac
         return reasons
 
     def claimed_levels(self, suite, spec):
-        if spec.policy == FAST:
+        if FAST in spec.policies_used():
             return self.fast_levels.get(suite, frozenset()) if suite in self.suites else frozenset()
         if spec.policy == EXACT:  # integer sums: the reference's bits, every level (L4's goldens included)
             return frozenset(LEVELS) if suite in self.suites else frozenset()

@@ -12,8 +12,9 @@
 # adds the limits up, plus a 20 s reserve, within the 450 s call before anything runs (2026-12-04d's times
 # in brackets, H200, the 480 s layout):
 #   perf-env      15 s   env.json, ceilings.jsonl: versions; copy bandwidth, bf16 / fp32 (TF32 off) matmul [7 s]
-#   perf-ops-a    55 s   ops.jsonl, ops.csv, kernels.jsonl: rms_norm, softmax family, token_logprobs vs stock,
-#                        CUDA-graph replay over rotated input sets [43 s]
+#   perf-ops-a    55 s   ops.jsonl, ops.csv, kernels.jsonl: rms_norm, softmax family, token_logprobs (strict) vs
+#                        stock, CUDA-graph replay over rotated input sets [43 s]; the fast token_logprobs rows
+#                        (token_logprobs/fast/N8-256) do not fit its budget: a full gpu_perf run measures them
 #   perf-ops-b    90 s   the same files: linear, decode rows 1-256 and prefill 2k / 8k, strict / fast / exact;
 #                        silu_mul, apply_rotary [47 s, before the fast-v2 rows]
 #   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked [74 s]
@@ -46,7 +47,7 @@ fi
 # each python stage stops itself a few seconds before the shell's limit
 step perf-env "$(limit perf-env)" perf_env.txt "${PERF[@]}" --stage env ceilings --budget 8
 step perf-ops-a "$(limit perf-ops-a)" perf_ops_a.txt "${PERF[@]}" --stage ops --budget 46 \
-  --only rms_norm softmax logsumexp token_logprobs
+  --only rms_norm softmax logsumexp token_logprobs/strict
 # the elementwise rows ride with linear: after attention they were starved by the 118 ms prefill row (2026-12-04)
 step perf-ops-b "$(limit perf-ops-b)" perf_ops_b.txt "${PERF[@]}" --stage ops --budget 78 --only linear/ silu_mul \
   apply_rotary

@@ -12,8 +12,8 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   matmul with TF32 off (the strict kernels' arithmetic runs on fp32 FMA units; this is the measured bound).
 * ``ops`` (ops.jsonl, ops.csv, kernels.jsonl): every op at Qwen3-8B shapes (hidden 4096, 32/8 heads, head dim
   128, vocab 151,936; GDN rows at Qwen3-Next's 16/32 heads, d 128) under each policy the triton backend has
-  (strict; fast for linear and attention; exact for linear, its earlier torch glue beside it, and the int8
-  accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
+  (strict; fast for linear, attention and token_logprobs' logits; exact for linear, its earlier torch glue beside
+  it, and the int8 accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
   accumulate exactly on this device), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the
@@ -595,16 +595,22 @@ def cases(s: Shapes, dev: str) -> list[Case]:
             out.append(Case(f"{kind}/strict/R{rows}", kind, "strict", f"{rows}x{s.vocab} bf16", build,
                             stock_name=f"torch.{kind}"))
 
-    for n in s.logprob_rows:
-        def build(seed, n=n):
-            x = _randn((n, h), bf, dev, 1000 * seed + 6)
-            w = _randn((s.vocab, h), bf, dev, 1000 * seed + 7, h ** -0.5)
-            tok = (torch.arange(n, device=dev) * 7919) % s.vocab
-            stock = lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, tok[:, None])  # noqa: E731
-            return (lambda: hal.token_logprobs(x, w, tok, **tri)), stock, [x, w, tok]
-        out.append(Case(f"token_logprobs/strict/N{n}", "token_logprobs", "strict", f"N{n} H{h} V{s.vocab} bf16",
-                        build, flops=2.0 * n * h * s.vocab,  # the LM head once: its float32 logits are kept
-                        stock_name="F.linear + float32 log_softmax + gather"))
+    # strict, and fast: the logits on tensor cores under the fast switch's spec (hal.spec.POLICY_SPECS["fast"]:
+    # FastMatmulSpec's 128 x 128 x 64 launch, float32 accumulator kept), the log-softmax strict (issue 49 item 4)
+    from hal.spec import POLICY_SPECS
+    for policy in ("strict", "fast"):
+        for n in s.logprob_rows:
+            def build(seed, n=n, policy=policy):
+                x = _randn((n, h), bf, dev, 1000 * seed + 6)
+                w = _randn((s.vocab, h), bf, dev, 1000 * seed + 7, h ** -0.5)
+                tok = (torch.arange(n, device=dev) * 7919) % s.vocab
+                stock = lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, tok[:, None])  # noqa: E731
+                spec = POLICY_SPECS["fast"]["token_logprobs"] if policy == "fast" else None
+                return (lambda: hal.token_logprobs(x, w, tok, spec=spec, **tri)), stock, [x, w, tok]
+            out.append(Case(f"token_logprobs/{policy}/N{n}", "token_logprobs", policy, f"N{n} H{h} V{s.vocab} bf16"
+                            + (" (fast logits, strict log-softmax)" if policy == "fast" else ""),
+                            build, flops=2.0 * n * h * s.vocab,  # the LM head once: its float32 logits are kept
+                            stock_name="F.linear + float32 log_softmax + gather"))
 
     # the bet of the words logits on 16 warps at 8 rows (token_logprobs.WORDS_WARPS, Triton < 3.7): the same call on
     # the earlier 8 warps, against the row above (same inputs: the seed is the row's). Set through _with_constants, so

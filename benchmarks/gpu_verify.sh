@@ -15,6 +15,8 @@
 #   conf-gdn-fast         conformance_gdn_fast.txt/.json: gated_delta_rule_fast quick set, triton backend (issue
 #                         50; side by side with the three above, so it adds no time to the plan: it shares their
 #                         105 s and the machine's 16 cores)
+#   conf-tlp-fast         conformance_tlp_fast.txt/.json: token_logprobs_fast quick set (3 small cases), triton
+#                         backend (issue 49 item 4; side by side as conf-gdn-fast: no time added to the plan)
 #   bits-sweep            bits_sweep.txt, bits_sweep.jsonl: benchmarks/fast_bits_sweep.py (which launch choices
 #                         change a tensor-core dot's float32 accumulator; split-K negative control must be caught)
 #   fast-bench-bits       fast_bench_bits.txt, fast_bench.csv: benchmarks/fast_bench.py's raw-bit rows (rows
@@ -28,15 +30,16 @@ cd "$(dirname "$0")/.."
 source benchmarks/check_steps.sh
 perf_setup "$0" gpu-verify-out "$@"
 plan_check 150 10 "verify-env:10" \
-  "conf-matmul-fast:105 conf-attention-fast:105 conf-matmul-exact:105 conf-gdn-fast:105 bits-sweep:105" \
+  "conf-matmul-fast:105 conf-attention-fast:105 conf-matmul-exact:105 conf-gdn-fast:105 conf-tlp-fast:105 bits-sweep:105" \
   "fast-bench-bits:25" || exit 1
 
 if [ -z "$DRY" ]; then
   DEV=(--device cuda); SWEEP=(); BENCH=(); PLAN=()
   step verify-env "$(limit verify-env)" env.txt bash -c 'nvidia-smi; "$0" -c "import sys, torch, triton; print(sys.version); print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"cuda\", torch.version.cuda); print(torch.cuda.get_device_name())"' "$PY"
 else
-  # CPU stand-ins: the interpreter. matmul_fast's quick set runs (bf16); attention_fast's and the exact set's
-  # take minutes on CPU, so their stages run --plan (the same suite names, claims and device refusals, nothing run)
+  # CPU stand-ins: the interpreter. matmul_fast's quick set runs (bf16); attention_fast's, the exact set's, the
+  # fast GDN's and fast token_logprobs' take minutes on CPU (tests/test_triton_interpreter.py runs them), so their
+  # stages run --plan (the same suite names, claims and device refusals, nothing run)
   DEV=(--device cpu); SWEEP=(--tiny); BENCH=(--tiny); PLAN=(--plan)
   step verify-env "$(limit verify-env)" env.txt "$PY" -c "import sys, torch, triton; print(sys.version, torch.__version__, triton.__version__, 'CPU dry run')"
 fi
@@ -54,6 +57,8 @@ step conf-matmul-exact "$(limit conf-matmul-exact)" conformance_matmul_exact.txt
   --backend triton --ops matmul_exact --json "$OUT/conformance_matmul_exact.json" &
 step conf-gdn-fast "$(limit conf-gdn-fast)" conformance_gdn_fast.txt "${CONF[@]}" "${PLAN[@]}" \
   --backend triton --ops gated_delta_rule_fast --json "$OUT/conformance_gdn_fast.json" &
+step conf-tlp-fast "$(limit conf-tlp-fast)" conformance_tlp_fast.txt "${CONF[@]}" "${PLAN[@]}" \
+  --backend triton --ops token_logprobs_fast --json "$OUT/conformance_tlp_fast.json" &
 step bits-sweep "$(limit bits-sweep)" bits_sweep.txt "$PY" -m benchmarks.fast_bits_sweep "${SWEEP[@]}" --out "$OUT" \
   --budget $(( $(limit bits-sweep) - 10 )) &
 wait
@@ -62,7 +67,8 @@ step fast-bench-bits "$(limit fast-bench-bits)" fast_bench_bits.txt "$PY" -m ben
 log "done"
 
 # the verdict: every stage rc=0, or the stages that were not reached / failed, by name
-for s in verify-env conf-matmul-fast conf-attention-fast conf-matmul-exact conf-gdn-fast bits-sweep fast-bench-bits; do
+for s in verify-env conf-matmul-fast conf-attention-fast conf-matmul-exact conf-gdn-fast conf-tlp-fast bits-sweep \
+    fast-bench-bits; do
   line=$(grep -E "end $s rc=" "$OUT/log.txt" | tail -n 1)
   if [ -z "$line" ]; then echo "$s: not run"
   elif ! grep -q "rc=0 " <<< "$line"; then echo "$s: FAILED (${line#*] })"

@@ -450,7 +450,8 @@ for _record in (
                                           formula=_softmax_formula(kind))),))
       for kind, fn in (("softmax", softmax), ("log_softmax", log_softmax), ("logsumexp", logsumexp))),
     OpRecord("token_logprobs", "token_logprobs", contract=_Contract.token_logprobs, sharding=_tp.ROWWISE,
-             suites=(("token_logprobs", (specs.STRICT,)), ("token_logprobs_exact", (specs.STRICT, specs.EXACT))),
+             suites=(("token_logprobs", (specs.STRICT,)), ("token_logprobs_exact", (specs.STRICT, specs.EXACT)),
+                     ("token_logprobs_fast", (specs.STRICT, specs.FAST))),
              torch_ops=(TorchOp("token_logprobs", None, token_logprobs,
                                 "Tensor hidden, Tensor lm_head_weight, Tensor tokens, float temperature", "Tensor",
                                 fake=lambda hidden, w, tokens, temperature, spec, backend: hidden.new_empty(

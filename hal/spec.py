@@ -423,30 +423,38 @@ class TokenLogprobsSpec(OpSpec):
 
     ``matmul`` chooses the logits' dot: None (default) is the strict fma chain tiled by
     ``hidden_tile``; an :class:`ExactMatmulSpec` makes it the exact policy's order-free dot, rounded
-    once to float32 (``hidden_tile`` then does not apply and must keep its default). The id names it:
-    ``token_logprobs.strict.exact-s4.v256.lsm1.v2``.
+    once to float32; a :class:`FastMatmulSpec` / :class:`FastMatmulV3Spec` the fast policy's tensor-core
+    dot, its float32 accumulator kept as the logit (no output rounding). With a matmul ``hidden_tile`` does
+    not apply and must keep its default. The log-softmax is the strict one whatever the dot. The id names
+    the dot: ``token_logprobs.strict.exact-s4.v256.lsm1.v2``,
+    ``token_logprobs.strict.fast-m128-n128-k64-w8-s3-v2.v256.lsm1.v2`` (the fast matmul's id, dashed).
     """
 
     family: ClassVar[str] = "token_logprobs"
     hidden_tile: int = tile(64)
     vocab_tile: int = tile(256)
-    matmul: "ExactMatmulSpec | None" = None
+    matmul: "ExactMatmulSpec | FastMatmulSpec | FastMatmulV3Spec | None" = None
 
     def _validate(self):
         if self.matmul is None:
             return
-        if not isinstance(self.matmul, ExactMatmulSpec):
-            raise SpecError(f"TokenLogprobsSpec.matmul must be None (the strict chain) or an ExactMatmulSpec, "
-                            f"got {self.matmul!r}")
+        if not isinstance(self.matmul, (ExactMatmulSpec, FastMatmulSpec, FastMatmulV3Spec)):
+            raise SpecError(f"TokenLogprobsSpec.matmul must be None (the strict chain), an ExactMatmulSpec, a "
+                            f"FastMatmulSpec or a FastMatmulV3Spec, got {self.matmul!r}")
         if self.hidden_tile != 64:
-            raise SpecError("TokenLogprobsSpec: hidden_tile does not apply with an exact matmul (the exact dot "
-                            "has no order); leave it at its default")
+            raise SpecError(f"TokenLogprobsSpec: hidden_tile does not apply with the matmul {self.matmul.id} (its dot "
+                            "fixes the hidden axis' order, or has none); leave it at its default")
 
     def policies_used(self):
         return super().policies_used() | (self.matmul.policies_used() if self.matmul else frozenset())
 
     def _id_parts(self):
-        dot = f"h{self.hidden_tile}" if self.matmul is None else f"exact-s{self.matmul.slices}"
+        if self.matmul is None:
+            dot = f"h{self.hidden_tile}"
+        elif self.matmul.policy == EXACT:
+            dot = f"exact-s{self.matmul.slices}"
+        else:  # the fast matmul's whole id but its family: policy, fields and version, dashed (one id part)
+            dot = "-".join(self.matmul.id.split(".")[1:])
         return [dot, f"v{self.vocab_tile}", MATH_VERSION]
 
     @classmethod
@@ -454,16 +462,30 @@ class TokenLogprobsSpec(OpSpec):
         parts = _math(parts)
         if parts and parts[0].startswith("exact-"):
             return dict(matmul=ExactMatmulSpec(**_tiles(parts[:1], slices="exact-s")), **_tiles(parts[1:], vocab_tile="v"))
+        if parts and parts[0].startswith(f"{FAST}-"):
+            matmul = from_id(".".join(["matmul", *parts[0].split("-")]))
+            if matmul is None or matmul.policy != FAST:
+                raise ValueError(f"{parts[0]!r} names no fast matmul spec")
+            return dict(matmul=matmul, **_tiles(parts[1:], vocab_tile="v"))
         return _tiles(parts, hidden_tile="h", vocab_tile="v")
 
     def describe(self):
         if self.matmul is None:
             dot = "logits[n, v] = hidden[n] . W[v] in float32: " + _reduction_words("hidden", self.hidden_tile)
-        else:
+        elif self.matmul.policy == EXACT:
             dot = (f"logits[n, v] = hidden[n] . W[v] under {self.matmul.id} (rows of hidden and of W sliced, "
                    "exact integer sum in any order), rounded once to float32: `hal spec show "
                    f"{self.matmul.id}` gives the arithmetic; a NaN/inf input follows its IEEE rule")
+        else:
+            dot = (f"logits[n, v] = hidden[n] . W[v] under {self.matmul.id}: the fast matmul's tensor-core dot "
+                   "(bfloat16 / float16 inputs only, its float32 accumulator and K order; `hal spec show "
+                   f"{self.matmul.id}` gives them), kept as float32: no output rounding (a NaN logit is the "
+                   "canonical one)")
+        fast = self.matmul is not None and self.matmul.policy == FAST
         return [
+            ("policies strict (the log-softmax: IEEE float32 fma, +, -, /, sqrt, lockstep's own exp/log "
+             f"({MATH_VERSION}), no flush-to-zero, canonical NaN) and fast (the logits' dot): same bits on one GPU "
+             "model with one Triton version (L0-L3), nothing across them (no L4)") if fast else
             _policy_words(self.policy),
             dot,
             "temperature: logits / T (correctly rounded division; skipped bit-exactly when T == 1)",
@@ -920,6 +942,7 @@ register(RMSNormSpec(), default=True)
 register(SoftmaxSpec(), default=True)
 register(TokenLogprobsSpec(), default=True)
 register(TokenLogprobsSpec(matmul=ExactMatmulSpec(slices=4)))  # order-free logits (docs/exact_matmul.md)
+register(TokenLogprobsSpec(matmul=FastMatmulSpec()))  # tensor-core logits, strict log-softmax: docs/fast_policy.md
 register(AttentionSpec(), default=True)
 register(AttentionSpec(kv_block=16, kv_split=64))  # small tiles: many blocks/splits at short lengths
 register(AttentionSpec(p_precision="input"))
@@ -937,8 +960,9 @@ register(RotarySpec(), default=True)
 #: The spec of each op family under a policy switch -- ``hal.use(policy=...)``, ``lt.patch(model, policy=...)``,
 #: TorchTitan's ``LockstepConverter.Config(policy=...)`` (docs/fast_policy.md, "One switch for a whole model").
 #: A family a policy's table leaves out runs its strict default (``DEFAULTS``): under fast, today, every family
-#: but matmul, attention and gated_delta_rule (there is no fast token_logprobs, rms_norm, ... spec). The one home of
-#: that choice: a new fast spec joins its policy's table in one line. Keyed by family (a spec is a family's), the
+#: but matmul, attention, gated_delta_rule and token_logprobs (its logits; its log-softmax stays strict): there is
+#: no fast rms_norm, softmax, ... spec. The one home of that choice: a new fast spec joins its policy's table in one
+#: line. Keyed by family (a spec is a family's), the
 #: entry reaches the family's ops that a conformance suite checks under it (an op's record lists its suites:
 #: ``hal.dispatch.switched_spec``): the gated delta rule's two ops run GDN_FAST, while the GDN layer ops of the
 #: same family (gdn_gating, gdn_causal_conv1d: suite gdn_layer, strict only) keep the strict default.
@@ -948,6 +972,7 @@ POLICY_SPECS: dict[str, dict[str, OpSpec]] = {
         "matmul": get("matmul.fast.m128.n128.k64.w8.s3.v2"),
         "attention": get("attention.fast.m128.b64.s512.w8.st2.v2"),
         "gated_delta_rule": GDN_FAST,
+        "token_logprobs": get("token_logprobs.strict.fast-m128-n128-k64-w8-s3-v2.v256.lsm1.v2"),
     },
     EXACT: {  # the exact matmul with 4 slices (docs/exact_matmul.md), and the token_logprobs whose logits use it
         "matmul": get("matmul.exact.s4.v2"),

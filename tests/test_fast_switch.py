@@ -24,7 +24,7 @@ from hal.conformance.bits import same_bits
 from hal.errors import InputError, SpecError, UnsupportedError
 from hal.kernels.triton.versions import interpreting
 from hal.spec import (DEFAULTS, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec, FastGatedDeltaRuleSpec,
-                      FastMatmulSpec, policy_spec)
+                      FastMatmulSpec, TokenLogprobsSpec, policy_spec)
 
 from _triton_seq_run import ROOT, needs_interpreter, run_checks
 
@@ -40,9 +40,10 @@ def _xw():
 
 def test_policy_table():
     assert POLICY_SPECS["fast"] == {"matmul": FastMatmulSpec(), "attention": FastAttentionSpec(),
-                                    "gated_delta_rule": FastGatedDeltaRuleSpec()}
+                                    "gated_delta_rule": FastGatedDeltaRuleSpec(),
+                                    "token_logprobs": TokenLogprobsSpec(matmul=FastMatmulSpec())}
     assert policy_spec("matmul", "fast") == FastMatmulSpec()
-    assert policy_spec("token_logprobs", "fast") is DEFAULTS["token_logprobs"]  # no fast token_logprobs spec: strict
+    assert policy_spec("token_logprobs", "fast").matmul == FastMatmulSpec()  # fast logits, strict log-softmax
     assert policy_spec("rms_norm", "fast") is DEFAULTS["rms_norm"]
     assert policy_spec("matmul", "exact") == ExactMatmulSpec(slices=4)
     assert policy_spec("token_logprobs", "exact").matmul == ExactMatmulSpec(slices=4)
@@ -137,6 +138,7 @@ def test_the_switch_picks_the_backend_that_claims_the_suite():
     assert dispatch.suite_of("linear", FastMatmulSpec()) == "matmul_fast"
     assert dispatch.suite_of("flash_attn_with_kvcache", FastAttentionSpec()) == "attention_fast"
     assert dispatch.suite_of("token_logprobs", policy_spec("token_logprobs", "exact")) == "token_logprobs_exact"
+    assert dispatch.suite_of("token_logprobs", policy_spec("token_logprobs", "fast")) == "token_logprobs_fast"
     fake = _ClaimsFast()
     hal.register_backend(fake)
     try:
@@ -228,13 +230,17 @@ def test_patch_fast_refused_on_cpu_leaves_the_model_unchanged(lt):
 
 
 class _ClaimsFastLinearsAndAttention(_ClaimsFast):
-    """Claims the fast matmul and attention suites on CPU, not the fast GDN one: a hybrid's check reaches its rule."""
+    """Claims the fast matmul, attention and token_logprobs suites on CPU, not the fast GDN one: a hybrid's check
+    reaches its rule."""
 
     def claimed_levels(self, suite, spec):
-        return frozenset({"L0", "L1"}) if suite in ("matmul_fast", "attention_fast") else frozenset()
+        return frozenset({"L0", "L1"}) if suite in ("matmul_fast", "attention_fast", "token_logprobs_fast") \
+            else frozenset()
 
     def flash_attn_varlen_func(self, *args, **kwargs):
         raise AssertionError("never run: the patch is refused before any forward")
+
+    token_logprobs = flash_attn_varlen_func
 
 
 @no_interpreter

@@ -232,7 +232,7 @@ def test_each_call_plan_fits_and_unreached_stages_say_not_run(tmp_path, script, 
     if script == "gpu_verify.sh":
         assert r.returncode == 1 and "verification: FAILED" in r.stdout
         verdict = (tmp_path / "verdict.txt").read_text().splitlines()
-        assert len(verdict) == 7 and all(v.endswith(": not run") for v in verdict), verdict
+        assert len(verdict) == 8 and all(v.endswith(": not run") for v in verdict), verdict
 
 
 def test_summary_names_planned_rows_never_measured(tmp_path):
@@ -274,8 +274,8 @@ def test_verification_call_dry_run(verify_dry_run):
     out, r = verify_dry_run
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert (out / "verdict.txt").read_text().splitlines() == [f"{s}: ok" for s in (
-        "verify-env", "conf-matmul-fast", "conf-attention-fast", "conf-matmul-exact", "conf-gdn-fast", "bits-sweep",
-        "fast-bench-bits")]
+        "verify-env", "conf-matmul-fast", "conf-attention-fast", "conf-matmul-exact", "conf-gdn-fast", "conf-tlp-fast",
+        "bits-sweep", "fast-bench-bits")]
     conf = (out / "conformance_matmul_fast.txt").read_text()
     assert "cases compared per suite and claimed level" in conf and "triton     matmul_fast            L0 " in conf
     recs = json.loads((out / "conformance_matmul_fast.json").read_text())["records"]
@@ -283,6 +283,7 @@ def test_verification_call_dry_run(verify_dry_run):
     assert "plan: triton attention_fast:" in (out / "conformance_attention_fast.txt").read_text()
     assert "plan: triton matmul_exact:" in (out / "conformance_matmul_exact.txt").read_text()
     assert "plan: triton gated_delta_rule_fast:" in (out / "conformance_gdn_fast.txt").read_text()
+    assert "plan: triton token_logprobs_fast:" in (out / "conformance_tlp_fast.txt").read_text()
     from benchmarks import fast_bits_sweep as sweep
     rows = _rows(str(out), "bits_sweep.jsonl")
     assert len(rows) == len(sweep.DTYPES) * len(sweep.CLASSES) * (len(sweep.FACTORS) + len(sweep.table_launches()) + 1)

@@ -242,6 +242,7 @@ def test_matching_logprobs_specs():
     assert hf_matmul.logprobs_spec(hal.spec.DEFAULTS["matmul"]) == hal.spec.DEFAULTS["token_logprobs"]
     assert hf_matmul.logprobs_spec(ExactMatmulSpec(slices=3)).id == "token_logprobs.strict.exact-s3.v256.lsm1.v2"
     assert hf_matmul.logprobs_spec(MatmulSpec(k_tile=32)).id == "token_logprobs.strict.h32.v256.lsm1.v2"
+    assert hf_matmul.logprobs_spec(hal.spec.FastMatmulSpec()) == hal.spec.POLICY_SPECS["fast"]["token_logprobs"]
 
 
 # ---------------------------------------------------------------- (e) bad specs refused before mutation

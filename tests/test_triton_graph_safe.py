@@ -122,7 +122,7 @@ def calls():
     """(name, thunk) of public op calls reaching every Triton backend op."""
     import torch
     import hal
-    from hal.spec import FastMatmulSpec, FastMatmulV3Spec, GatedDeltaRuleSpec
+    from hal.spec import POLICY_SPECS, FastMatmulSpec, FastMatmulV3Spec, GatedDeltaRuleSpec
     g = torch.Generator().manual_seed(0)
 
     def r(*shape, dtype=torch.float32):
@@ -168,6 +168,8 @@ def calls():
         ("log_softmax", lambda: hal.log_softmax(r(4, 300), **tri)),
         ("logsumexp", lambda: hal.logsumexp(r(4, 300), **tri)),
         ("token_logprobs", lambda: hal.token_logprobs(r(5, 64), w, torch.tensor([0, 3, 95, 7, 1]), 0.7, **tri)),
+        ("fast token_logprobs", lambda: hal.token_logprobs(r(5, 64, dtype=bf), w.to(bf), torch.tensor([0, 3, 95, 7, 1]),
+                                                           0.7, spec=POLICY_SPECS["fast"]["token_logprobs"], **tri)),
         ("sigmoid", lambda: hal.sigmoid(r(4, 50), **tri)),
         ("silu", lambda: hal.silu(r(4, 50), **tri)),
         ("softplus", lambda: hal.softplus(r(4, 50), **tri)),

@@ -24,6 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 from _triton_seq_run import ROOT, interpreter_env, needs_interpreter, run_quick_conformance  # noqa: E402
 
 SUITES = ["matmul", "rms_norm", "softmax", "token_logprobs", "matmul_fast",  # matmul_fast: no L4, ~15 s
+          "token_logprobs_fast",  # no L4; ~30 s here
           "gated_delta_rule_fast",  # no L4; ~30 s of CPU (90 s on 2 busy cores)
           "matmul_exact", "token_logprobs_exact"]  # the exact policy's kernels, L4's shared goldens included
 # elementwise / rotary: their bits are checked by tests/test_triton_elementwise.py in seconds; the suite's quick

@@ -15,6 +15,7 @@ MODULES = {
     "softmax": "hal.conformance.suites.softmax",
     "token_logprobs": "hal.conformance.suites.token_logprobs",
     "token_logprobs_exact": "hal.conformance.suites.token_logprobs_exact",
+    "token_logprobs_fast": "hal.conformance.suites.token_logprobs_fast",
     "attention": "hal.conformance.suites.attention",
     "attention_fast": "hal.conformance.suites.attention_fast",
     "gated_delta_rule": "hal.conformance.suites.gated_delta_rule",

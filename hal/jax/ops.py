@@ -31,7 +31,12 @@ def checked_format(x) -> str:
 
 
 def _spec(family, spec):
-    return specs.resolve(family, spec)
+    s = specs.resolve(family, spec)
+    if specs.FAST in s.policies_used():  # tensor cores: the triton backend's; never run here as another policy
+        from hal.errors import UnsupportedError
+        raise UnsupportedError(f"hal.jax: spec {s.id} uses the fast policy (tensor cores: the triton backend); hal.jax "
+                               "implements the strict and exact policies")
+    return s
 
 
 # ------------------------------------------------------------------ matmul / linear

@@ -48,16 +48,18 @@ def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3)
     return fast_problems(k.asm["ttir"], k.asm["ptx"], target)
 
 
-def fast_matmul_case(launch, dt: str) -> KernelCase:
+def fast_matmul_case(launch, dt: str, logits: bool = False) -> KernelCase:
     """The fast matmul kernel under one launch (kernels/triton/fast_matmul.Launch) for dtype dt, in linear's layout
     as a launch specializes it: x [M, K] and weight [N, K] rows contiguous (unit strides along K are constants 1 to
     Triton, so the loads vectorize and pipeline), the output's columns contiguous; TMA launches take tensor
-    descriptors of x and weight (the host-side TensorDescriptor of triton.tools.tensor_descriptor)."""
+    descriptors of x and weight (the host-side TensorDescriptor of triton.tools.tensor_descriptor). ``logits``: as
+    token_logprobs launches it under a fast matmul spec (no bias, float32 out, divided by the temperature)."""
     from ..triton import fast_matmul as fm
     tdt = {"bf16": tl.bfloat16, "fp16": tl.float16}[dt]
-    sig = {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr", "out_ptr"), **_ints("M", "N", "K", "sa_m", "sb_n", "so_m",
-                                                                            "n_programs")}
-    consts = {"HAS_BIAS": True, "OUT_DTYPE": tdt, "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
+    sig = {**_ptrs(dt, "a_ptr", "b_ptr", "bias_ptr"), **_ptrs("fp32" if logits else dt, "out_ptr"),
+           **_ints("M", "N", "K", "sa_m", "sb_n", "so_m", "n_programs"), "temp": "fp32"}
+    consts = {"HAS_BIAS": not logits, "HAS_TEMP": logits, "OUT_DTYPE": tl.float32 if logits else tdt,
+              "BM": launch.block_m, "BN": launch.block_n, "BK": launch.block_k,
               "GROUP": fm.GROUP_M, "PERSISTENT": launch.persistent, "TMA": launch.tma, "B_NK": launch.tma,
               "sa_k": 1, "sb_k": 1, "so_n": 1}
     if launch.tma:
@@ -65,7 +67,8 @@ def fast_matmul_case(launch, dt: str) -> KernelCase:
                    b_desc=f"tensordesc<{dt}[{launch.block_n}, {launch.block_k}]>")
     else:
         consts.update(a_desc=None, b_desc=None)
-    return KernelCase(f"fast_matmul[{dt},{launch.label}]", fm._fast_matmul_kernel, sig, consts,
+    return KernelCase(f"fast_matmul[{dt},{launch.label}" + (",logits]" if logits else "]"), fm._fast_matmul_kernel, sig,
+                      consts,
                       divisible=("K", "sa_m", "sb_n", "so_m"))
 
 
@@ -96,6 +99,8 @@ def fast_kernels():
     out = []
     for dt in ("bf16", "fp16"):
         out.append((fast_matmul_case(fm.launch_of_spec(s), dt), s.num_warps, s.num_stages))
+    # token_logprobs' logits under its fast spec (hal.spec.POLICY_SPECS["fast"]): the same kernel, float32 out
+    out.append((fast_matmul_case(fm.launch_of_spec(s), "bf16", logits=True), s.num_warps, s.num_stages))
     from hal.spec import FastGatedDeltaRuleSpec
     from ..triton import fast_gated_delta_rule as fg
     from .seq_lint_cases import _sig

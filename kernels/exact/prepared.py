@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hal.errors import InputError
+from hal.spec import EXACT
 from hal.weight_watch import TensorStamp
 
 from . import core
@@ -123,8 +124,9 @@ class ExactWeight:
                              f"argument is {LAYOUTS[layout]}; prepare it with layout={layout!r}")
 
     def check_spec(self, name: str, exact_spec, call_spec_id: str) -> None:
-        """``exact_spec``: the call's exact matmul spec (None when the call's spec ``call_spec_id`` uses none)."""
-        if exact_spec is None:
+        """``exact_spec``: the call's matmul spec (None when the call's spec ``call_spec_id`` uses none; a fast one is
+        refused like None)."""
+        if exact_spec is None or exact_spec.policy != EXACT:  # no matmul, or a fast one
             raise InputError(f"{name}: an ExactWeight holds slices for {self.spec.id}, but the call's spec "
                              f"{call_spec_id} does not use the exact policy; pass an exact spec or the plain tensor")
         if exact_spec != self.spec:

@@ -14,7 +14,8 @@ between programs: a persistent grid (one program per SM walking the tiles) or on
 tensor-descriptor loads or pointer loads (cp.async when pipelined). The spec decides the launch (v2: its
 fields); benchmarks/fast_bits_sweep.py runs the launches one factor at a time to find which change bits on a
 GPU. A float32 ``out_dtype`` stores the accumulator itself (the rounding of ``round_out`` is then only the
-canonical NaN): the sweep's debug view of what a bf16 output would hide.
+canonical NaN): the sweep's debug view of what a bf16 output would hide, and the logits of token_logprobs under a
+fast matmul spec (``logits``: divided by the temperature in the epilogue, kept in float32).
 """
 from __future__ import annotations
 
@@ -125,14 +126,16 @@ def _tile_acc(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, sa_m, sa_k, s
 
 
 @triton.jit
-def _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, HAS_BIAS: tl.constexpr,
-              OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, temp, HAS_BIAS: tl.constexpr,
+              HAS_TEMP: tl.constexpr, OUT_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     row_ok = rows < M
     col_ok = cols < N
     if HAS_BIAS:  # added once, after the K reduction
         acc = acc + sm.widen(tl.load(bias_ptr + cols, mask=col_ok, other=0.0))[None, :]
+    if HAS_TEMP:  # token_logprobs' temperature: one correctly rounded division of the float32 logit
+        acc = sm.div(acc, temp)
     out = sm.round_out(acc, OUT_DTYPE)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * so_m + cols[None, :] * so_n, out,
              mask=row_ok[:, None] & col_ok[None, :])
@@ -141,8 +144,8 @@ def _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, HAS_BIAS: 
 # M (the batch) is never specialised on: one compiled kernel for every batch size (Triton would otherwise
 # compile separate variants for M == 1 and M % 16 == 0), so the batch cannot even pick the binary.
 @triton.jit(do_not_specialize=["M", "n_programs"])
-def _fast_matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, sa_m, sa_k, sb_k, sb_n, so_m, so_n,
-                        HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr,
+def _fast_matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, sa_m, sa_k, sb_k, sb_n, so_m, so_n, temp,
+                        HAS_BIAS: tl.constexpr, HAS_TEMP: tl.constexpr, OUT_DTYPE: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                         a_desc=None, b_desc=None, n_programs=1, PERSISTENT: tl.constexpr = False,
                         TMA: tl.constexpr = False, B_NK: tl.constexpr = False):
@@ -152,12 +155,14 @@ def _fast_matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, sa_m, sa_k, sb
             pid_m, pid_n = _tile_of(tile, M, N, BM, BN, GROUP)
             acc = _tile_acc(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, sa_m, sa_k, sb_k, sb_n,
                             BM, BN, BK, TMA, B_NK)
-            _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, HAS_BIAS, OUT_DTYPE, BM, BN)
+            _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, temp, HAS_BIAS, HAS_TEMP, OUT_DTYPE,
+                      BM, BN)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP)
         acc = _tile_acc(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, sa_m, sa_k, sb_k, sb_n,
                         BM, BN, BK, TMA, B_NK)
-        _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, HAS_BIAS, OUT_DTYPE, BM, BN)
+        _epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, M, N, so_m, so_n, temp, HAS_BIAS, HAS_TEMP, OUT_DTYPE,
+                      BM, BN)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -184,21 +189,26 @@ def _descriptors(a2: torch.Tensor, b_kn: torch.Tensor, lt: Launch):
 
 
 def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype, warmup: bool = False,
-               k_step: int | None = None):
+               k_step: int | None = None, out: torch.Tensor | None = None, temperature: float = 1.0):
     """a2 [M, K] @ b_kn [K, N] (+ bias) -> [M, N] (b_kn may be a transposed view) under the launch ``lt``.
     ``warmup``: compile only (on a GPU; the compiled kernel is returned), for compiling many launches at once.
-    ``k_step``: the interpreter's stand-in rule (None: v2's chain per K tile; 16: v3's); nothing on a GPU."""
+    ``k_step``: the interpreter's stand-in rule (None: v2's chain per K tile; 16: v3's); nothing on a GPU.
+    ``out``: an [M, N] tensor of ``out_dtype`` to write (any row stride: token_logprobs' kept logits); ``temperature``
+    (!= 1): the result divided by it, correctly rounded, before the output rounding (token_logprobs' logits)."""
     m, k = a2.shape
     n = b_kn.shape[1]
-    out = torch.empty((m, n), dtype=out_dtype, device=a2.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a2.device)
     if m == 0 or n == 0:
         return out
     tiles = cdiv(m, lt.block_m) * cdiv(n, lt.block_n)
     n_programs = min(tiles, _sm_count(a2.device)) if lt.persistent else tiles
     a_desc, b_desc, b_nk = _descriptors(a2, b_kn, lt) if lt.tma else (None, None, False)
     args = (a2, b_kn, bias if bias is not None else a2, out, m, n, k,
-            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1))
-    kwargs = dict(HAS_BIAS=bias is not None, OUT_DTYPE=tl_dtype(out_dtype), BM=lt.block_m, BN=lt.block_n,
+            a2.stride(0), a2.stride(1), b_kn.stride(0), b_kn.stride(1), out.stride(0), out.stride(1),
+            float(temperature))
+    kwargs = dict(HAS_BIAS=bias is not None, HAS_TEMP=temperature != 1.0, OUT_DTYPE=tl_dtype(out_dtype),
+                  BM=lt.block_m, BN=lt.block_n,
                   BK=lt.block_k, GROUP=GROUP_M, a_desc=a_desc, b_desc=b_desc, n_programs=n_programs,
                   PERSISTENT=lt.persistent, TMA=lt.tma, B_NK=b_nk, num_warps=lt.num_warps, num_stages=lt.num_stages)
     if warmup:
@@ -208,10 +218,17 @@ def run_launch(a2: torch.Tensor, b_kn: torch.Tensor, bias, lt: Launch, out_dtype
     return out
 
 
-def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, spec, out_dtype) -> torch.Tensor:
-    """a2 [M, K] @ b_kn [K, N] (+ bias) -> [M, N] under the spec's launch."""
+def _mm2d(a2: torch.Tensor, b_kn: torch.Tensor, bias, spec, out_dtype, out=None, temperature: float = 1.0):
+    """a2 [M, K] @ b_kn [K, N] (+ bias) -> [M, N] under the spec's launch (``out``, ``temperature``: run_launch's)."""
     lt, k_step = launch_for(spec, a2, b_kn)
-    return run_launch(a2, b_kn, bias, lt, out_dtype, k_step=k_step)
+    return run_launch(a2, b_kn, bias, lt, out_dtype, k_step=k_step, out=out, temperature=temperature)
+
+
+def logits(hidden2: torch.Tensor, weight: torch.Tensor, spec, out: torch.Tensor, temperature: float) -> None:
+    """token_logprobs' logits under a fast matmul spec: hidden2 [M, H] @ weight [V, H]^T written to out [M, V]
+    (float32, any row stride) as the float32 accumulator itself (no output rounding but the canonical NaN), divided
+    by the temperature when it is not 1; the launch is the spec's, as a linear of the same rows would run."""
+    _mm2d(hidden2, weight.t(), None, spec, torch.float32, out=out, temperature=temperature)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:

@@ -17,6 +17,9 @@ The kept logits are the values the LM head's chains computed, stored and reloade
 same order as computing them again (which the sum pass and the finish used to do), so the same bits at half the
 LM-head work. Each logit is the hidden-tiled fma chain of common.dot_k_tiled, written for a 3-D tile; temperature
 (when != 1) is one correctly rounded division.
+
+A spec with a ``matmul`` (exact or fast logits: _matmul_token_logprobs) replaces pass 1 by that policy's matmul kernels
+writing the kept logits, then takes softmax.py's chunk-max pass and passes 2-4 as above.
 """
 from __future__ import annotations
 
@@ -217,8 +220,8 @@ def _round16(n: int) -> int:
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
                    spec) -> torch.Tensor:
     """float32 log p(tokens[n] | hidden[n]) for hidden [..., H], weight [V, H], tokens [...] int."""
-    if spec.matmul is not None:
-        return _exact_token_logprobs(hidden, weight, tokens, temperature, spec)
+    if spec.matmul is not None:  # the exact or the fast policy's logits
+        return _matmul_token_logprobs(hidden, weight, tokens, temperature, spec)
     lead, hdim = hidden.shape[:-1], hidden.shape[-1]
     h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim).contiguous()
     w = weight.contiguous()
@@ -275,18 +278,38 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Ten
 EXACT_VOCAB_TILE = 8192
 
 
-def _exact_token_logprobs(hidden, weight, tokens, temperature, spec):
-    """token_logprobs with exact logits (``spec.matmul``, an ExactMatmulSpec): pass 1 is the exact policy's kernels
-    (hal.kernels.exact.triton_matmul: the dot rounded once to float32, then the one correctly rounded division by the
-    temperature) written straight into the kept logits, a vocab tile at a time; their chunk maxima are softmax.py's
-    chunk-max pass over the kept rows; passes 2-4 are the strict path's. ``weight``: a tensor (sliced once per call)
-    or a prepared ExactWeight (its slices read a vocab tile at a time)."""
-    from hal.kernels.exact import core, triton_matmul as tx
+def _matmul_token_logprobs(hidden, weight, tokens, temperature, spec):
+    """token_logprobs whose logits are another policy's matmul (``spec.matmul``). Pass 1 writes a row group's float32
+    logits, divided by the temperature (one correctly rounded division), straight into the kept logits:
+
+    * an ExactMatmulSpec: the exact policy's kernels (hal.kernels.exact.triton_matmul: the dot rounded once to
+      float32), a vocab tile at a time; ``weight`` a tensor (sliced once per call) or a prepared ExactWeight (its
+      slices read a vocab tile at a time);
+    * a fast matmul spec: the fast matmul kernel (fast_matmul.logits: tensor cores, the spec's launch, the float32
+      accumulator stored unrounded), the whole vocabulary in one launch.
+
+    Their chunk maxima are softmax.py's chunk-max pass over the kept rows; passes 2-4 are the strict path's, so the
+    log-softmax has the strict spec's bits whatever computed the logits."""
+    from hal.spec import EXACT
     mm = spec.matmul
-    core.check_k("hidden", hidden.shape[-1])
     lead, hdim = hidden.shape[:-1], hidden.shape[-1]
     h2 = hidden.reshape(hidden.shape[:-1].numel(), hdim)
-    w, sw, wbad = tx.weight_slices(weight, mm)
+    temp = float(temperature)
+    if mm.policy == EXACT:
+        from hal.kernels.exact import core, triton_matmul as tx
+        core.check_k("hidden", hdim)
+        w, sw, wbad = tx.weight_slices(weight, mm)
+
+        def fill(hg, out):
+            for v0 in range(0, out.shape[1], EXACT_VOCAB_TILE):
+                v1 = min(out.shape[1], v0 + EXACT_VOCAB_TILE)
+                tx.linear_sliced(hg, w[v0:v1], sw.rows(v0, v1), wbad[v0:v1], None, mm.slices, out[:, v0:v1], temp)
+    else:
+        from . import fast_matmul
+        w = weight
+
+        def fill(hg, out):
+            fast_matmul.logits(hg, w, mm, out, temp)
     tok = tokens.reshape(-1).to(torch.int64).contiguous()
     rows, vocab = h2.shape[0], w.shape[0]
     dev = hidden.device
@@ -308,13 +331,9 @@ def _exact_token_logprobs(hidden, weight, tokens, temperature, spec):
     ws = softmax.split_scratch("token_logprobs", group, n_chunks, sp, dev)
     m, bad, pz, shift, empty, parts = ws
     vtp = next_power_of_2(vt)
-    temp = float(temperature)
     for r0 in range(0, rows, group):
         n = min(group, rows - r0)
-        hg = h2[r0:r0 + n]
-        for v0 in range(0, vocab, EXACT_VOCAB_TILE):
-            v1 = min(vocab, v0 + EXACT_VOCAB_TILE)
-            tx.linear_sliced(hg, w[v0:v1], sw.rows(v0, v1), wbad[v0:v1], None, mm.slices, logits[:n, v0:v1], temp)
+        fill(h2[r0:r0 + n], logits[:n, :vocab])
         launch(softmax._chunk_max_kernel, (n_chunks, cdiv(n, mbr)), logits, m, bad, pz, n, vocab, sl, n_chunks,
                CH=mch, BR=mbr, BC=mbc, persistent=True)
         softmax.run_chunk_stats(ws, n, n_chunks)

@@ -65,13 +65,13 @@ def _teacher_forced(m, seq):
 
 
 def _off_the_switch(log):
-    """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear, attention or
-    gated delta rule call off the fast table's spec or off triton, another op (the GDN conv and gates included) off
-    its strict spec, anything on stock."""
+    """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear, attention,
+    gated delta rule or token_logprobs call off the fast table's spec or off triton, another op (the GDN conv and
+    gates included) off its strict spec, anything on stock."""
     fast = {family: s.id for family, s in POLICY_SPECS["fast"].items()}
     want = {"linear": fast["matmul"], "matmul": fast["matmul"], "flash_attn_varlen_func": fast["attention"],
             "flash_attn_with_kvcache": fast["attention"], "chunk_gated_delta_rule": fast["gated_delta_rule"],
-            "fused_recurrent_gated_delta_rule": fast["gated_delta_rule"]}
+            "fused_recurrent_gated_delta_rule": fast["gated_delta_rule"], "token_logprobs": fast["token_logprobs"]}
     return [(op, sid, b) for op, sid, b in log
             if (op in want and (sid, b) != (want[op], "triton")) or (op not in want and ".strict." not in sid)
             or b == "stock"]
@@ -134,7 +134,7 @@ def switch_engine_equals_trainer():
     prompts = PROMPTS[1:2]  # 5 tokens: prefill in chunks of 4 (HARD's max_batch_tokens), pages of 4
     with lt.patch(m, policy="fast"), dispatch_log() as log:
         engine, _, _ = run_engine(m, prompts, HARD, gen=gen_config(new=NEW))
-    _check_log("switch-engine-runs-fast-specs", log)  # its recorded log-prob: strict token_logprobs (no fast spec)
+    _check_log("switch-engine-runs-fast-specs", log)  # its recorded log-prob too: the fast token_logprobs spec
     with lt.patch(m, policy="fast"):
         trainer = {i: teacher_forced(m, p, engine[i][0]) for i, p in enumerate(prompts)}
     _same("switch-engine-equals-trainer", [(f"prompt-{i}", trainer[i], engine[i][1]) for i in engine])

@@ -35,13 +35,13 @@ def resolve(matmul_spec) -> specs.OpSpec:
 def logprobs_spec(matmul_spec: specs.OpSpec) -> specs.TokenLogprobsSpec:
     """The token_logprobs spec whose logits use the dot of ``matmul_spec``.
 
-    Default strict matmul -> the default token_logprobs spec; ``ExactMatmulSpec(s)`` ->
-    ``TokenLogprobsSpec(matmul=ExactMatmulSpec(s))``; a strict/fast ``MatmulSpec(k_tile=t)`` ->
-    ``TokenLogprobsSpec(hidden_tile=t)`` with its policy.
+    Default strict matmul -> the default token_logprobs spec; ``ExactMatmulSpec(s)`` (or a fast matmul spec) ->
+    ``TokenLogprobsSpec(matmul=matmul_spec)``; a strict ``MatmulSpec(k_tile=t)`` ->
+    ``TokenLogprobsSpec(hidden_tile=t)``.
     """
     if matmul_spec == specs.DEFAULTS["matmul"]:
         return specs.DEFAULTS["token_logprobs"]
-    if isinstance(matmul_spec, specs.ExactMatmulSpec):
+    if isinstance(matmul_spec, (specs.ExactMatmulSpec, specs.FastMatmulSpec, specs.FastMatmulV3Spec)):
         return specs.TokenLogprobsSpec(matmul=matmul_spec)
     if isinstance(matmul_spec, specs.MatmulSpec):
         return specs.TokenLogprobsSpec(policy=matmul_spec.policy, hidden_tile=matmul_spec.k_tile)

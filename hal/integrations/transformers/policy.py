@@ -4,7 +4,7 @@ Every op a patched model's forwards run with the patch's specs -- its linears (L
 included), its attention (trainer forward, ``generate``, transformers' continuous-batching engine), the recorded
 log-prob and, in a Gated DeltaNet hybrid (Qwen3-Next, Qwen3.5), its gated delta rule (prefill, decode, the
 engine's step; the layer's conv and gates stay strict: ``hal.dispatch.switched_spec``) -- takes its family's spec under the policy (``hal.spec.POLICY_SPECS``; a family without
-one keeps its strict default, e.g. token_logprobs under fast) on the backend that claims it for the model's
+one keeps its strict default, e.g. rms_norm under fast) on the backend that claims it for the model's
 device and dtype (``hal.dispatch.check_policy``), checked before the patch changes anything and refused by
 name otherwise (UnsupportedError naming the policy and the device). The specs and the backend names are
 handed to the ops explicitly (no context variable), so a compiled forward keeps them too. Under fast the
