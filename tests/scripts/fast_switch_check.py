@@ -227,6 +227,25 @@ def switch_torchtitan():
     with torch.no_grad():
         strict = ltt.forward(ex.titan_qwen3(hf), tokens, positions)
     _differs("switch-torchtitan-strict-negative-control", [("logits", strict, sampled)])
+    # the recorded log-prob's recomputation: ltt.token_logprobs on the trainer's final hidden states runs the fast
+    # token_logprobs spec (the LM head's policy), as the fast-patched sampler's lt.token_logprobs does. In the
+    # interpreter the v2 fast dot's stand-in is strict arithmetic, so the values alone cannot tell: the log does.
+    targets = torch.tensor(PROMPT[1:])
+    trainer._skip_lm_head = True
+    with torch.no_grad(), dispatch_log() as log:
+        h_tt = ltt.forward(trainer, tokens, positions)[0, :-1]
+        lp_tt = ltt.token_logprobs(trainer, h_tt, targets)
+    trainer._skip_lm_head = False
+    ran = [(op, sid, b) for op, sid, b in log if op == "token_logprobs"]
+    if ran != [("token_logprobs", POLICY_SPECS["fast"]["token_logprobs"].id, "triton")]:
+        FAILED.append("switch-torchtitan-token-logprobs-spec")
+        print(f"switch-torchtitan-token-logprobs-spec: FAIL {ran}", flush=True)
+    else:
+        print("switch-torchtitan-token-logprobs-spec: ok", flush=True)
+    with lt.patch(hf, policy="fast"), torch.no_grad():
+        h_hf = hf.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state[0, :-1]
+        lp_hf = lt.token_logprobs(hf, h_hf, targets)
+    _same("switch-torchtitan-token-logprobs", [("hidden", h_tt, h_hf), ("logprobs", lp_tt, lp_hf)])
 
 
 def switch_torchtitan_qwen3_5():

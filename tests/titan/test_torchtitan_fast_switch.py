@@ -86,6 +86,8 @@ def test_fast_trainer_equals_fast_sampler_in_interpreter():
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "switch-torchtitan: ok" in r.stdout and "switch-torchtitan-strict-negative-control: ok" in r.stdout
+    # the trainer's token_logprobs on the fast spec (the LM head's policy), equal to the fast-patched sampler's
+    assert "switch-torchtitan-token-logprobs-spec: ok" in r.stdout and "switch-torchtitan-token-logprobs: ok" in r.stdout
     # Qwen3.5: its GatedDeltaKernel on the fast GDN spec (the conv and gates strict), trainer == sampler
     assert "switch-torchtitan-qwen3_5-runs-fast-specs: ok" in r.stdout and "switch-torchtitan-qwen3_5: ok" in r.stdout
     assert "switch-torchtitan-qwen3_5-strict-negative-control: ok" in r.stdout

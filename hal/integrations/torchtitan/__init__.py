@@ -31,6 +31,7 @@ import torch
 import hal
 from ...conformance.bits import same_bits
 from ...errors import InputError, UnsupportedError
+from ...spec import STRICT
 
 __all__ = ["check_version", "SUPPORTED", "convert", "qwen3_config_from_hf", "qwen3_5_config_from_hf", "forward",
            "compile_blocks",
@@ -463,11 +464,15 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperatur
     """float32 ``log p(tokens | hidden)`` with the TorchTitan model's LM head (``hal.token_logprobs``).
 
     ``hidden``: the final-normed hidden states (the model's forward with ``model._skip_lm_head = True``,
-    as TorchTitan's chunked loss does). The same call as ``lt.token_logprobs`` on the HF side."""
+    as TorchTitan's chunked loss does). The same call as ``lt.token_logprobs`` on the HF side: under the converter's
+    policy (the LM head's, ``LockstepConverter.Config(policy=)``) the policy's token_logprobs spec, as an HF model
+    patched with that policy records (refused by name where no backend claims it)."""
+    from .modules import switched
     head = getattr(model, "lm_head", None)
     if head is None or getattr(head, "bias", None) is not None:
         raise UnsupportedError("token_logprobs needs a TorchTitan model with a bias-free lm_head")
-    return hal.token_logprobs(hidden, head.weight, tokens, temperature)
+    spec, backend = switched(getattr(head, "policy", STRICT), "token_logprobs", hidden)
+    return hal.token_logprobs(hidden, head.weight, tokens, temperature, spec=spec, backend=backend)
 
 
 # Qwen3.5 modules without an HF counterpart (HF fuses q/k/v projections and convs, has no kernel module)
