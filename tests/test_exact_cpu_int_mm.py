@@ -100,12 +100,12 @@ def test_cpu_backend_on_the_diagonal_gemms_gives_the_reference_bits(dtype, monke
 
 def test_the_shape_choice_lives_in_products(monkeypatch):
     """Where diagonal_gemms_pay says no the one GEMM, where it says yes the diagonal GEMMs once the probe admitted
-    them; the rule: from 128 rows on, and from K / 16 rows on."""
-    assert [cpu_backend.diagonal_gemms_pay(m, k) for m, k in ((127, 1024), (128, 1024), (128, 2048), (255, 4096),
-                                                             (256, 4096), (1, 1))] == [False, True, True, False, True, False]
+    them; the rule: from 256 rows on, K up to 4096 (where it was measured)."""
+    assert [cpu_backend.diagonal_gemms_pay(m, k) for m, k in ((255, 1024), (256, 1024), (4096, 4096), (4096, 4097),
+                                                             (1, 1))] == [False, True, True, False, False]
     taken = []
     monkeypatch.setattr(cpu_backend, "DIAGONAL_MIN_ROWS", 4)
-    monkeypatch.setattr(cpu_backend, "DIAGONAL_ROWS_PER_K", 1 << 20)
+
     monkeypatch.setattr(exact_cpu, "diagonals_int_mm", lambda da, dw: taken.append("diagonal") or 0)
     monkeypatch.setattr(exact_cpu, "products_int_mm", lambda da, dw: taken.append("one") or 0)
     monkeypatch.setattr(cpu_backend, "diagonal_path_admitted", lambda device: True)

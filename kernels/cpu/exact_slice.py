@@ -82,16 +82,17 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.S
     return core.Sliced(digits, e_out, bool(finite_rows.all()))
 
 
-#: the diagonal GEMMs from this many rows on, and from K / DIAGONAL_ROWS_PER_K rows on: they save s² - (2s - 1) int32
-#: outputs per row to widen and combine, and cost a copy of the weight's planes plus s - 1 more reads of each per
-#: call, so they pay from a number of rows that grows with K (benchmarks/exact.py --int-mm, docs/exact_matmul.md)
-DIAGONAL_MIN_ROWS = 128
-DIAGONAL_ROWS_PER_K = 16
+#: the diagonal GEMMs from this many rows on, up to this K: they save s² - (2s - 1) int32 outputs per row to widen
+#: and combine, and cost a copy of the weight's planes plus s - 1 more reads of each per call; measured faster or
+#: equal from 256 rows at K = N = 1024-4096, mixed at 128 rows, slower below (benchmarks/exact.py --int-mm,
+#: docs/exact_matmul.md, *Speed*); longer K was not measured, so it keeps the one GEMM
+DIAGONAL_MIN_ROWS = 256
+DIAGONAL_MAX_K = 4096
 
 
 def diagonal_gemms_pay(rows: int, k: int) -> bool:
     """Where the diagonal GEMMs measured faster than the one GEMM on this CPU (the one place that choice lives)."""
-    return rows >= max(DIAGONAL_MIN_ROWS, k // DIAGONAL_ROWS_PER_K)
+    return rows >= DIAGONAL_MIN_ROWS and k <= DIAGONAL_MAX_K
 
 
 @functools.cache
