@@ -129,3 +129,19 @@ def test_probe_admits_the_int_mm_paths_here_and_catches_the_controls(monkeypatch
     assert probe.one_gemm_int_mm_problems(lambda a, w: torch._int_mm(a[0], w[0].T).long()[None, None], "cpu", small)
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: (a.float() @ b.float()).to(torch.int32))
     assert probe.patterned_problems(exact_cpu.diagonals_int_mm, "cpu", 4, core.INT32_SAFE_K // 4, small)
+
+
+def test_cpu_backend_takes_the_diagonal_gemms_by_itself_from_256_rows(monkeypatch):
+    """No rule patched: 256 rows go through the diagonal GEMMs (after the admission probe), 255 rows through the one
+    GEMM, both with the reference's raw bits."""
+    calls = []
+    real = exact_cpu.diagonals_int_mm
+    x, w = _hostile((256, 64), torch.bfloat16, 5), _hostile((16, 64), torch.bfloat16, 6)
+    spec = ExactMatmulSpec(slices=4)
+    assert cpu_backend.diagonal_path_admitted("cpu")      # probed (once per process) before the counting starts
+    monkeypatch.setattr(exact_cpu, "diagonals_int_mm", lambda da, dw: calls.append(da.shape[1]) or real(da, dw))
+    for rows in (256, 255):
+        d = first_divergence(f"{rows} rows", ref.linear(x[:rows], w, None, spec),
+                             hal.linear(x[:rows], w, spec=spec, backend="cpu"))
+        assert d is None, str(d)
+    assert calls == [256]
