@@ -5,6 +5,8 @@
     python -m benchmarks.exact --logprobs # CPU: token_logprobs with exact logits vs the strict chain vs stock
     python -m benchmarks.exact --prepared # CPU: hal.linear with a prepared weight (hal.exact_weight) vs
                                           #      slicing per call vs F.linear vs strict k64, cpu backend
+    python -m benchmarks.exact --int-mm   # CPU: the two torch._int_mm ways to the slice products (one GEMM;
+                                          #      a GEMM per diagonal t + u), prepared weight, vs F.linear fp32
 
 Medians of repeated calls, same process, same inputs; ratios are what to compare. The weight's
 slices are computed once (as a serving engine would, per weight) unless a row says otherwise.
@@ -91,6 +93,48 @@ def prepared_rows(k=4096, n=4096):
                 yield (shape, f"exact s{s}, weight sliced per call", t, t / t_lin)
 
 
+def interleaved_best(fns, rounds=4):
+    """Best time of each of ``fns``, run in turn ``rounds`` times: a shared, loaded machine slows whichever path
+    runs during a spike, so alternating the paths and keeping each one's best compares them fairly."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def int_mm_rows(rows=(1, 8, 32, 64, 128, 256, 512), sizes=(1024, 2048, 4096), s_values=(3, 4)):
+    """The cpu backend's exact linear with a prepared weight (bf16), its slice products by each torch._int_mm way
+    (kernels/exact/cpu.py: ``products_int_mm``, all pairs in one GEMM; ``diagonals_int_mm``, one GEMM per
+    diagonal), against F.linear in float32 (MKL) on the same values. Compiled slicing of x, combine and the
+    rounding included: the whole call. The two ways are timed in turn (``interleaved_best``); "(cpu backend)"
+    marks the one kernels/cpu/exact_slice.diagonal_gemms_pay picks. The ratio column is each path against
+    F.linear fp32 (its median). Yields rows."""
+    from hal.kernels.cpu.exact_slice import diagonal_gemms_pay, slice_rows
+    g = torch.Generator().manual_seed(0)
+    for kn in sizes:
+        w = (torch.randn(kn, kn, generator=g) * kn ** -0.5).bfloat16()
+        wf = w.float()
+        sliced = {s: slice_rows(w, s) for s in s_values}
+        for m in rows:
+            x = torch.randn(m, kn, generator=g).bfloat16()
+            xf = x.float()
+            shape = f"{m}x{kn}x{kn}"
+            t_lin = median_time(lambda: F.linear(xf, wf))
+            yield (shape, "F.linear fp32 (bf16 values)", t_lin, 1.0)
+            for s in s_values:
+                ways = (("one GEMM", exact_cpu.products_int_mm), ("diagonal GEMMs", exact_cpu.diagonals_int_mm))
+                times = interleaved_best([lambda p=p: core.exact_linear(x, w, None, s, p, sliced[s], slicer=slice_rows)
+                                          for _, p in ways])
+                for (name, _), t in zip(ways, times):
+                    chosen = diagonal_gemms_pay(m, kn) == (name == "diagonal GEMMs")
+                    yield (shape, f"exact s{s} {name}{' (cpu backend)' if chosen else ''}", t, t / t_lin)
+
+
 def logprob_rows(n=64, h=1024, v=8192):
     """token_logprobs on CPU (bf16 inputs): stock torch, the cpu backend's strict k64 chain (numba), the
     cpu backend's exact s4 logits (torch._int_mm; the weight is sliced inside every call)."""
@@ -149,7 +193,7 @@ def gpu_rows(s_values=(3, 4)):
         out.append((shape, "cuBLAS bf16 F.linear", t_cublas, 1.0))
         for s in s_values:
             spec = ExactMatmulSpec(slices=s)
-X
+            ew = hal.exact_weight(w, spec=spec, backend="triton")  # the triton backend's slicing kernel
             wd = ew.sliced
             da = core.slice_rows(x, s).digits
             best = None
@@ -181,19 +225,27 @@ def main(argv=None):
     ap.add_argument("--prepared", action="store_true", help="hal.linear rows (cpu backend): prepared weight vs "
                     "sliced per call vs F.linear vs strict k64, fp32 and bf16")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for every path (0: torch's default)")
+    ap.add_argument("--int-mm", action="store_true", help="the cpu backend's two torch._int_mm ways to the slice "
+                    "products vs F.linear fp32, 1-512 rows, K = N = 1024-4096")
+    ap.add_argument("--rows", type=int, nargs="*", help="--int-mm: these row counts instead")
+    ap.add_argument("--sizes", type=int, nargs="*", help="--int-mm: these K = N instead")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = (gpu_rows() if args.gpu else logprob_rows() if args.logprobs else prepared_rows() if args.prepared
-            else cpu_rows())
+            else int_mm_rows(**{name: tuple(v) for name, v in (("rows", args.rows), ("sizes", args.sizes)) if v})
+            if args.int_mm else cpu_rows())
     base = ("cuBLAS bf16" if args.gpu else "stock" if args.logprobs else "F.linear, same dtype" if args.prepared
             else "F.linear fp32")
+    import os
+    print(f"load average {os.getloadavg()} on {os.cpu_count()} cores; torch threads {torch.get_num_threads()}")
     print(f"| shape | path | ms | vs {base} |")
     print("|---|---|---|---|")
     for shape, path, t, ratio in rows:
         r = ("" if ratio != ratio else f"{ratio:.2f}x") if isinstance(ratio, float) else ratio
         print(f"| {shape} | {path} | {t * 1e3:.3f} | {r} |", flush=True)
+    print(f"load average {os.getloadavg()} at the end")
 
 
 if __name__ == "__main__":

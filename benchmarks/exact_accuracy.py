@@ -8,7 +8,9 @@ error of the *unrounded* dot (the float64 round-to-odd value before the output r
 accumulation error alone) against the float64 product of the same inputs, for the per-row policy
 with s = 2, 3, 4 slices, for a per-K-block scale prototype (block 128; the block dots are exact, the
 blocks are added in float64, whose error ~1e-16 is far below the figures measured), and for the
-float32 ``F.linear`` of the same inputs.
+float32 ``F.linear`` of the same inputs. The triangular column keeps only the slice products with
+t + u <= s - 1 (10 of the 16 at s = 4), the rest of the computation unchanged: a prototype of a
+cheaper s = 4 (docs/exact_matmul.md says why it is not registered).
 """
 from __future__ import annotations
 
@@ -35,6 +37,18 @@ def per_row(x, w, s):
     return core.dot_f64_odd(x, w, s, products_int_mm)[0]
 
 
+def triangular_products(da, dw):
+    """The slice products with t + u <= s - 1 only (the others zero): what the triangular variant keeps."""
+    p = products_int_mm(da, dw)
+    s = da.shape[0]
+    keep = torch.tensor([[t + u <= s - 1 for u in range(s)] for t in range(s)])
+    return p * keep[:, :, None, None]
+
+
+def triangular(x, w, s):
+    return core.dot_f64_odd(x, w, s, triangular_products)[0]
+
+
 def per_block(x, w, s, block):
     """Prototype of an MX-style variant: one scale per row per K-block."""
     total = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)
@@ -59,13 +73,15 @@ def main(argv=None):
     print(f"M x K x N = {m} x {k} x {n}, outliers: {not args.no_outliers}; median / max relative error "
           "of the dot vs float64")
     print("| inputs | " + " | ".join([f"s = {s}" for s in (2, 3, 4)]
-                                     + [f"s = {s}, K-block {args.block}" for s in (2, 3)]) + " | fp32 `F.linear` |")
-    print("|---" * 7 + "|")
+                                     + [f"s = {s}, K-block {args.block}" for s in (2, 3)]
+                                     + ["s = 4 triangular (t + u <= 3)"]) + " | fp32 `F.linear` |")
+    print("|---" * 8 + "|")
     for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32")):
         x, w = make_inputs(m, k, n, dt, not args.no_outliers)
         exact = x.double() @ w.double().T
         cells = [rel(per_row(x, w, s), exact) for s in (2, 3, 4)]
         cells += [rel(per_block(x, w, s, args.block), exact) for s in (2, 3)]
+        cells.append(rel(triangular(x, w, 4), exact))
         cells.append(rel(F.linear(x.float(), w.float()), exact))
         print(f"| {name} | " + " | ".join(f"{a:.1e} / {b:.1e}" for a, b in cells) + " |")
 

@@ -13,10 +13,9 @@ import numpy as np
 import torch
 
 from hal.kernels.exact import core
-from hal.kernels.exact.cpu import products_int_mm
 from hal.kernels.exact.prepared import unpack
 
-from .exact_slice import slice_rows
+from .exact_slice import products, slice_rows
 from .host import F32, array
 from .softmax import _ROW_CHUNK, candidate_rows, logprob_rows
 
@@ -41,7 +40,7 @@ def token_logprobs(hidden, weight, tokens, temperature, spec):
         rows = h2[c0:c0 + _ROW_CHUNK]
         logits = torch.empty((rows.shape[0], v), dtype=F32)  # [chunk, V]: the compiled rows' layout
         for (v0, w), ws in zip(tiles, sliced):
-            logits[:, v0:v0 + w.shape[0]] = core.exact_linear(rows, w, None, mm.slices, products_int_mm, ws,
+            logits[:, v0:v0 + w.shape[0]] = core.exact_linear(rows, w, None, mm.slices, products, ws,
                                                               out_dtype=F32, slicer=slice_rows)
         logprob_rows(array(logits), c0, tok, temp, temperature != 1.0, spec.vocab_tile, array(out))
     return out.reshape(tokens.shape)

@@ -1,4 +1,5 @@
-"""The exact policy on the cpu backend: ``core.slice_rows`` compiled, products by ``torch._int_mm``.
+"""The exact policy on the cpu backend: ``core.slice_rows`` compiled, products by ``torch._int_mm`` (one GEMM of all
+slice pairs, or a GEMM per diagonal t + u where that measured faster: ``products``).
 
 Slicing is the exact policy's host-side cost: with torch's int64 tensor ops it took ~3.8 s for a
 4096 x 4096 weight here (twenty passes over int64 temporaries), 86 % of an exact linear. This is
@@ -7,6 +8,7 @@ digits, exponents and finite flag, bit for bit (tests/test_exact_cpu_slice.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -16,6 +18,7 @@ from numba import njit
 from hal.errors import InputError
 from hal.kernels.exact import core
 from hal.kernels.exact import cpu as _int_mm_path
+from hal.kernels.exact import probe
 
 from . import pool
 from .host import array
@@ -79,8 +82,36 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.S
     return core.Sliced(digits, e_out, bool(finite_rows.all()))
 
 
+#: the diagonal GEMMs from this many rows on, up to this K: they save s² - (2s - 1) int32 outputs per row to widen
+#: and combine, and cost a copy of the weight's planes plus s - 1 more reads of each per call; measured faster or
+#: equal from 256 rows at K = N = 1024-4096, mixed at 128 rows, slower below (benchmarks/exact.py --int-mm,
+#: docs/exact_matmul.md, *Speed*); longer K was not measured, so it keeps the one GEMM
+DIAGONAL_MIN_ROWS = 256
+DIAGONAL_MAX_K = 4096
+
+
+def diagonal_gemms_pay(rows: int, k: int) -> bool:
+    """Where the diagonal GEMMs measured faster than the one GEMM on this CPU (the one place that choice lives)."""
+    return rows >= DIAGONAL_MIN_ROWS and k <= DIAGONAL_MAX_K
+
+
+@functools.cache
+def diagonal_path_admitted(device: str = "cpu") -> bool:
+    """The diagonal GEMMs accumulate exactly on this device: kernels/exact/probe.py at and just past their int32
+    bound (every digit +-127 over a full piece), mixed signs, several GEMM shapes. Probed once per process."""
+    return not probe.diagonal_int_mm_problems(_int_mm_path.diagonals_int_mm, device)
+
+
+def products(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
+    """The cpu backend's slice products: the diagonal GEMMs where they pay (:func:`diagonal_gemms_pay`) and the probe
+    admitted them, else the one GEMM. Same integers either way."""
+    if diagonal_gemms_pay(da.shape[1], da.shape[2]) and diagonal_path_admitted(da.device.type):
+        return _int_mm_path.diagonals_int_mm(da, dw)
+    return _int_mm_path.products_int_mm(da, dw)
+
+
 def linear(x, weight, bias, spec, out_dtype=None):
-    return _int_mm_path.linear(x, weight, bias, spec, out_dtype, slicer=slice_rows)
+    return _int_mm_path.linear(x, weight, bias, spec, out_dtype, slicer=slice_rows, products=products)
 
 
 def matmul(a, b, spec):

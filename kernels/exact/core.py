@@ -115,20 +115,32 @@ def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> Sliced
     return Sliced(torch.stack(digits), e, bool(finite.all()))
 
 
+def diagonal_sums(p: torch.Tensor) -> torch.Tensor:
+    """Slice products p [s, s, M, N] -> their diagonal sums q [2s - 1, M, N], q_d = sum over t + u = d of P_tu
+    (exact: int64, |q_d| < s * 127**2 * 2**24)."""
+    s = p.shape[0]
+    return torch.stack([sum(p[t, d - t] for t in range(max(0, d - s + 1), min(d, s - 1) + 1))
+                        for d in range(2 * s - 1)])
+
+
 def combine(p: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slice products p [s, s, M, N] (int64) -> limbs (hi, lo), S = hi * 2**28 + lo, not normalised.
+    """Slice products p [s, s, M, N] (int64), or their diagonal sums [2s - 1, M, N] (:func:`diagonal_sums`: a
+    product's weight depends on t + u only) -> limbs (hi, lo), S = hi * 2**28 + lo, not normalised.
 
     Limbs of partial sums (K shards) add exactly: sum the limbs, then :func:`to_f64_odd`.
     """
-    hi = torch.zeros(p.shape[2:], dtype=I64, device=p.device)
+    if p.dim() == 3:
+        terms = [(d, p[d]) for d in range(2 * s - 1)]
+    else:  # the pairs one by one (summing them into diagonals first would cost a pass more)
+        terms = [(t + u, p[t, u]) for t in range(s) for u in range(s)]
+    hi = torch.zeros(p.shape[-2:], dtype=I64, device=p.device)
     lo = torch.zeros_like(hi)
-    for t in range(s):
-        for u in range(s):
-            shift = DIGIT * (2 * s - 2 - t - u)
-            if shift >= LIMB:
-                hi = hi + p[t, u] * (1 << (shift - LIMB))
-            else:
-                lo = lo + p[t, u] * (1 << shift)
+    for d, term in terms:
+        shift = DIGIT * (2 * s - 2 - d)
+        if shift >= LIMB:
+            hi = hi + term * (1 << (shift - LIMB))
+        else:
+            lo = lo + term * (1 << shift)
     return hi, lo
 
 
@@ -243,7 +255,8 @@ def exact_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, s:
     (``out_dtype``: another output dtype, e.g. float32 logits of bf16 inputs in token_logprobs).
 
     ``products(a_digits [s, M, K], w_digits [s, N, K])`` returns the exact int64 slice products
-    [s, s, M, N]; it is the only part a backend replaces.
+    [s, s, M, N] or their diagonal sums [2s - 1, M, N] (:func:`combine` takes either); it is the only part a
+    backend replaces.
     """
     v, finite = dot_f64_odd(x, w, s, products, w_sliced, slicer)
     return finish(v, None if finite else special_flags(x, w), bias, out_dtype or x.dtype)

@@ -83,3 +83,58 @@ def diagonal_problems(limbs, device, s: int = 4) -> list[str]:
     got = limbs(da, dw)
     return [f"s{s} K = {DIAGONAL_K}: {name} limb differs ({int((g != e).sum())} outputs)"
             for name, g, e in zip(("hi", "lo"), got, want) if not torch.equal(g, e)]
+
+
+#: (rows, columns) of the patterned probes: oneDNN picks its int8 kernel by shape (a matrix-vector kernel for one
+#: row, blocked ones for more), so each kind is probed
+PATTERN_SHAPES = ((1, 8), (32, 8), (256, 64))
+
+
+def _patterns(k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Digit rows for A (127; -127; +-127 alternating along K; 127 then -127; uniform in [-127, 127]) and for W
+    (127; -127; +-127 alternating; uniform): every extreme product, of either sign, and sums that swing."""
+    g = torch.Generator().manual_seed(k)
+    alt = torch.where(torch.arange(k) % 2 == 0, 127, -127)
+    half = torch.where(torch.arange(k) < k // 2, 127, -127)
+    rand = lambda: torch.randint(-127, 128, (k,), generator=g)
+    a = torch.stack([torch.full((k,), 127), torch.full((k,), -127), alt, half, rand()])
+    w = torch.stack([torch.full((k,), 127), torch.full((k,), -127), alt, rand()])
+    return a.to(torch.int8).to(device), w.to(torch.int8).to(device)
+
+
+def patterned_problems(sums, device, s: int, k: int, shapes=PATTERN_SHAPES) -> list[str]:
+    """``sums(da [s, M, K], dw [s, N, K])`` -> the slice products [s, s, M, N] or their diagonal sums [2s - 1, M, N]
+    (int64), with every plane holding the same pattern digits (so every diagonal term is at its extreme): the
+    exact sums, or what differs. The rows and columns repeat the patterns of :func:`_patterns`."""
+    from .core import diagonal_sums
+    pa, pw = _patterns(k, device)
+    base = pa.long() @ pw.long().T            # [5, 4]: 20 exact int64 dot products
+    terms = torch.tensor([min(d, 2 * s - 2 - d) + 1 for d in range(2 * s - 1)], device=device)
+    problems = []
+    for rows, cols in shapes:
+        ia, iw = torch.arange(rows) % pa.shape[0], torch.arange(cols) % pw.shape[0]
+        da = pa[ia].expand(s, -1, -1).contiguous()
+        dw = pw[iw].expand(s, -1, -1).contiguous()
+        want = terms[:, None, None] * base[ia][:, iw]
+        got = sums(da, dw).to(torch.int64)
+        got = got if got.dim() == 3 else diagonal_sums(got)
+        if not torch.equal(got, want):
+            d, r, c = (got != want).nonzero()[0].tolist()
+            problems.append(f"s{s} K = {k} {rows}x{cols}: diagonal {d} output [{r}, {c}] is {int(got[d, r, c])}, "
+                            f"exactly {int(want[d, r, c])} (A pattern {int(ia[r])}, W pattern {int(iw[c])})")
+    return problems
+
+
+def diagonal_int_mm_problems(diagonals, device, shapes=PATTERN_SHAPES) -> list[str]:
+    """kernels/exact/cpu.py's diagonal GEMMs (or a stand-in with their signature): at s = 3 and 4, one full K piece
+    (a diagonal of s terms sums s x (INT32_SAFE_K // s) <= INT32_SAFE_K products: the int32 bound), just past it
+    (two pieces) and past twice it (a diagonal's sum no int32 holds: the pieces must be added in int64), every
+    pattern of :func:`patterned_problems`. Empty: admitted."""
+    return [p for s in (3, 4) for k in (INT32_SAFE_K // s, INT32_SAFE_K // s + 8, 2 * (INT32_SAFE_K // s) + 8)
+            for p in patterned_problems(diagonals, device, s, k, shapes)]
+
+
+def one_gemm_int_mm_problems(pairs, device, shapes=PATTERN_SHAPES) -> list[str]:
+    """kernels/exact/cpu.py's one GEMM (all pairs) as PROBE_K probes it (one slice: a full piece, just past it,
+    past 2**31 in total), every pattern of :func:`patterned_problems`."""
+    return [p for k in PROBE_K for p in patterned_problems(pairs, device, 1, k, shapes)]
