@@ -25,8 +25,8 @@ claim, checked on raw bits; stock's count beside it), and peak device memory. Si
 slower: 8 prompts x 256 + 64 new; fast: 64 x 512 + 128); ``--prompts/--prompt-len/--new`` override them. A run that
 does not fit -- the device memory it needs, or ``--budget`` seconds after the first warm-up -- stops and says so
 (``OUT/rl_step.jsonl``'s ``error`` row, exit status 3); it never shrinks itself. It needs a transformers release
-whose continuous-batching engine lockstep tested (5.24, 5.25: docs/integrations.md); on another it stops at once,
-naming the engine functions that differ.
+whose continuous-batching engine lockstep tested or covers by source (5.17 to 5.25: docs/integrations.md, "Which
+transformers releases"); on another it stops at once, naming the engine functions that differ.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def run(args) -> list[dict]:
     kwargs = patch_kwargs(args.policy)
     lt.register()
     from hal.integrations.transformers.engine_install import _engine_refusal
-    refusal = _engine_refusal()  # before building anything: the sampler is the engine (5.17's is refused)
+    refusal = _engine_refusal()  # before building anything: the sampler is the engine (an untested one is refused)
     if refusal is not None:
         raise SystemExit(f"the sampler (transformers' continuous-batching engine) cannot run here: {refusal}")
     cuda = device.startswith("cuda")

@@ -3,7 +3,8 @@
 # samples, a micro-batched teacher-forced trainer computes the log-probs, a GRPO-style loss and its backward; lockstep
 # and stock in the same run, the recorded log-prob bits compared. An alternate perf script for a lent GPU's time
 # (like benchmarks/gpu_sweep.sh): one call of at most 5 minutes. Nothing installed; no network (the image's torch,
-# Triton and transformers; lockstep's range starts at the image's transformers 5.17).
+# Triton and transformers 5.17, a release whose continuous-batching engine lockstep's tests run on: CI's vLLM
+# environment; docs/integrations.md, "Which transformers releases").
 #
 #   bash benchmarks/gpu_rl_step.sh OUT_DIR          (the device call's timeout_s = 300)
 #   bash benchmarks/gpu_rl_step.sh --dry-run OUT    (CPU: the same code at tiny shapes)

@@ -53,11 +53,13 @@ GDN_EASY = EASY
 
 def _gdn_hard_blocks() -> int:
     """transformers 5.25's scheduler needs 6 blocks to put a prefill chunk beside two decode rows (with 4 or 5 it
-    admits one request at a time, and runs out of blocks at 4); up to 5.24, 6 blocks are enough not to offload."""
+    admits one request at a time, and runs out of blocks at 4); 5.17's offloader, with 4 or 5, stops with "no
+    requests can be scheduled and no requests can be offloaded"; 5.18 to 5.24 mix and offload with 4 (with 6 they
+    need not offload)."""
     from importlib.metadata import version
 
     from hal.integrations._versions import release
-    return 6 if release(version("transformers")) >= (5, 25) else 4
+    return 4 if (5, 18) <= release(version("transformers")) < (5, 25) else 6
 
 
 GDN_HARD = dict(HARD, allow_block_sharing=False, num_blocks=_gdn_hard_blocks())
@@ -71,7 +73,7 @@ def gen_config(do_sample=False, new=NEW, **kw):
 def run_engine(model, prompts, cb, gen=None, order=None, persistent=False):
     """``model.generate_batch`` with recorded log-probs: ({prompt index: (tokens, float32 log-probs)},
     the engine steps seen by a step hook, the number of token positions the model's forward ran)."""
-    from transformers import ContinuousBatchingConfig
+    from hal.integrations.transformers.testing import continuous_batching_config
     order = list(range(len(prompts))) if order is None else order
     steps, counted = [], []
     hooks = hf_engine.step_hooks(model)
@@ -80,7 +82,7 @@ def run_engine(model, prompts, cb, gen=None, order=None, persistent=False):
         lambda mod, args, kw: counted.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
         out = model.generate_batch([prompts[i] for i in order], generation_config=gen or gen_config(),
-                                   continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **cb),
+                                   continuous_batching_config=continuous_batching_config(return_logprobs=True, **cb),
                                    progress_bar=False, persistent_manager=persistent)
     finally:
         hooks.remove(steps.append)

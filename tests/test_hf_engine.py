@@ -83,7 +83,7 @@ def check_engine_invariant_and_equal_to_trainer(model, easy_cb, hard_cb):
 def run_arrivals(model, prompts, cb):
     """Prompt 0 alone first; the others are added once it decodes (requests arriving into a running batch)."""
     import threading
-    from transformers import ContinuousBatchingConfig
+    from hal.integrations.transformers.testing import continuous_batching_config
     steps, decoding = [], threading.Event()
 
     def hook(step):
@@ -91,7 +91,7 @@ def run_arrivals(model, prompts, cb):
         if any(new for rid, _, new in step.requests if rid == "req_0"):
             decoding.set()
     hf_engine.step_hooks(model).append(hook)
-    manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(return_logprobs=True, **cb))
+    manager = model.init_continuous_batching(_gen_config(), continuous_batching_config(return_logprobs=True, **cb))
     manager.start()
     try:
         manager.add_request(prompts[0], request_id="req_0")
@@ -265,7 +265,7 @@ def test_prefix_blocks_invalidated_after_weight_update(registered):
 
 
 def test_engine_refusals(registered):
-    from transformers import ContinuousBatchingConfig
+    from hal.integrations.transformers.testing import continuous_batching_config
     model = tiny_model("llama")
     with lt.patch(model):
         # processors other than temperature / top-k / top-p, whether the engine keeps them (min_p) or would drop
@@ -274,8 +274,8 @@ def test_engine_refusals(registered):
                            (_gen_config(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor .* drop it")):
             with pytest.raises(UnsupportedError, match=match):
                 model.generate_batch([PROMPTS[1]], generation_config=gen, progress_bar=False,
-                                     continuous_batching_config=ContinuousBatchingConfig(**EASY))
-        manager = model.init_continuous_batching(_gen_config(), ContinuousBatchingConfig(**EASY))
+                                     continuous_batching_config=continuous_batching_config(**EASY))
+        manager = model.init_continuous_batching(_gen_config(), continuous_batching_config(**EASY))
         with pytest.raises(UnsupportedError, match=r"per-request sampling settings \['temperature'\]"):
             manager.add_request(PROMPTS[1], temperature=0.5)
         assert manager.input_queue.empty()  # nothing was queued
@@ -285,7 +285,7 @@ def test_engine_refusals(registered):
                            (dict(EASY, use_async_batching=True), "asynchronous batching .* Gated DeltaNet")):
             with pytest.raises(UnsupportedError, match=match):
                 gdn.generate_batch([PROMPTS[1]], generation_config=_gen_config(),
-                                   continuous_batching_config=ContinuousBatchingConfig(**bad), progress_bar=False)
+                                   continuous_batching_config=continuous_batching_config(**bad), progress_bar=False)
 
 
 def test_paged_adapter_matches_contiguous_keys():
@@ -348,12 +348,25 @@ def test_gdn_engine_scheduler_invariant_and_equal_to_trainer(registered, kind, d
 
 
 def _forked_samples(model):
-    """Two prompts, three samples each (the engine forks the children from the parent's cache)."""
-    from transformers import ContinuousBatchingConfig
+    """Two prompts, three samples each (the engine forks the children from the parent's cache): {request id:
+    its output}, children included (read from the manager: transformers 5.17's generate_batch returns the
+    parents' outputs only)."""
+    from hal.integrations.transformers.testing import continuous_batching_config
     gen = _gen_config(do_sample=True, temperature=0.7, top_k=20, num_return_sequences=3)
     torch.manual_seed(1)
-    return model.generate_batch(PROMPTS[:2], generation_config=gen, progress_bar=False,
-                                continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **GDN_HARD))
+    manager = model.init_continuous_batching(gen, continuous_batching_config(return_logprobs=True, **GDN_HARD))
+    manager.start()
+    try:
+        manager.add_requests(PROMPTS[:2])
+        out = {}
+        while len(out) < 6:
+            o = manager.get_result(timeout=120)
+            assert o is not None, f"the engine stopped with {sorted(out)} finished"
+            if o.is_finished():
+                out[o.request_id] = o
+    finally:
+        manager.stop(block=True)
+    return out
 
 
 def test_gdn_engine_forked_samples_equal_trainer(registered, monkeypatch):

@@ -102,7 +102,7 @@ def test_negative_control_old_check_serves_stale_prefix_blocks(registered, monke
 def _decoding_request_with_fused_step(model):
     """One request; once it decodes, the engine thread waits in its step hook while this thread runs a fused
     AdamW step; then the engine goes on. Returns the request's output (its ``error`` says if it was refused)."""
-    from transformers import ContinuousBatchingConfig
+    from hal.integrations.transformers.testing import continuous_batching_config
     decoding, updated = threading.Event(), threading.Event()
 
     def hook(step):
@@ -110,7 +110,7 @@ def _decoding_request_with_fused_step(model):
             decoding.set()
             assert updated.wait(120)
     hf_engine.step_hooks(model).append(hook)
-    manager = model.init_continuous_batching(gen_config(), ContinuousBatchingConfig(return_logprobs=True, **EASY))
+    manager = model.init_continuous_batching(gen_config(), continuous_batching_config(return_logprobs=True, **EASY))
     manager.start()
     try:
         manager.add_request(PROMPTS[0], request_id="req_0")

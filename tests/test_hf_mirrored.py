@@ -28,7 +28,8 @@ def test_the_table_holds_for_the_installed_release():
     rel = ".".join(map(str, release(transformers.__version__)))
     assert rel in TABLE, f"transformers {transformers.__version__} has no table entry (regenerate mirrored_table.py)"
     assert mirrored.installed_hashes() == TABLE[rel]["hashes"]
-    assert mirrored.MISSING not in set(TABLE[TESTED["model"][-1]]["hashes"].values())  # the newest defines all
+    newest = TABLE[TESTED["model"][-1]]["hashes"]  # defines all but the older releases' engine API
+    assert [n for n, h in newest.items() if h == mirrored.MISSING] == sorted(mirrored.OLDER_ONLY)
     assert lt.check_version() == transformers.__version__
 
 
@@ -60,7 +61,7 @@ def test_a_changed_mirrored_function_is_refused_by_name():
     are refused, naming the release and that function; the unchanged hashes pass."""
     hashes = mirrored.installed_hashes()
     mirrored.check_sources("5.99.0", "model", hashes)
-    engine_tested = not mirrored.differing(hashes, TABLE, TESTED, "engine")  # 5.25's engine yes, 5.17's no
+    engine_tested = not mirrored.differing(hashes, TABLE, TESTED, "engine")
     path, qualname = ATTENTION.split(":")
     text = _installed_text(path)
     at = text.index("\n", text.index("    ) -> ", text.index("class LlamaAttention"))) + 1
@@ -76,8 +77,7 @@ def test_a_changed_mirrored_function_is_refused_by_name():
 
 # per part, the releases of the range whose every mirrored function of that part equals its source in a release
 # that part was tested on (docs/integrations.md lists them)
-COVERED = {"model": {"5.17", "5.18", "5.19", "5.20", "5.21", "5.22", "5.23", "5.24", "5.25"},
-           "engine": {"5.21", "5.22", "5.23", "5.24", "5.25"}}
+COVERED = {"model": set(TABLE), "engine": set(TABLE)}  # every release 5.17 to 5.25, both parts
 
 
 @pytest.mark.parametrize("part", mirrored.PARTS)
@@ -94,13 +94,16 @@ def test_each_release_of_the_table_is_covered_or_refused_by_name(rel, part):
 
 
 def test_an_untested_engine_is_refused_by_name_and_a_patched_model_still_runs():
-    """On a release whose engine functions were not tested (5.17's), lt.patch works, and building the engine for a
-    patched model is refused with the engine's check's message; an unpatched model's engine is HF's own."""
+    """On a release whose engine functions were not tested (5.17's with its forward step changed), lt.patch works,
+    and building the engine for a patched model is refused with the engine's check's message; an unpatched model's
+    engine is HF's own."""
     from hal.integrations.transformers import engine_install
     from hal.integrations.transformers.testing import tiny_model
+    mirrored.check_sources("5.17.0", "engine", TABLE["5.17"]["hashes"])  # tested: passes
+    step = "generation/continuous_batching/model_runner.py:ModelRunner._forward_process_and_sample"
     refusal = None
     try:
-        mirrored.check_sources("5.17.0", "engine", TABLE["5.17"]["hashes"])
+        mirrored.check_sources("5.99.0", "engine", dict(TABLE["5.17"]["hashes"], **{step: "0" * 16}))
     except hal.UnsupportedError as e:
         refusal = e
     assert refusal is not None and "continuous-batching engine" in str(refusal)
@@ -112,7 +115,7 @@ def test_an_untested_engine_is_refused_by_name_and_a_patched_model_still_runs():
     engine_install._install_refusal(Manager, refusal)
     model, other = tiny_model("llama"), tiny_model("llama")
     with lt.patch(model):
-        with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.17\.0: .* continuous-batching engine"):
+        with pytest.raises(hal.UnsupportedError, match=r"^transformers 5\.99\.0: .* continuous-batching engine"):
             Manager(model)
         assert Manager(other).model is other
 

@@ -16,7 +16,9 @@ hal/weight_watch.py), and refusals by name (:func:`check_engine_model`, :func:`s
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -39,25 +41,65 @@ def is_engine_cache(cache) -> bool:
 
 def hf_paged_attention(mod, q, k, v, cache, kwargs, spec=None, backend=None) -> torch.Tensor:
     """A patched attention layer's core inside HF's engine: ``q [1, Hq, T, D]``, new ``k/v [1, Hkv, T, D]``
-    -> ``[1, T, Hq * Dv]`` (``spec``, ``backend``: the patch's attention choice, policy.PatchPolicy). Varlen steps: the engine's allocator writes and reads its cache (exact copies).
-    Decode fast path (a block table, one new token per request): the serving core over the engine's cache."""
-    keys, values = cache.update(k, v, mod.layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
-    cu_k = kwargs["cu_seq_lens_k"]
-    table = kwargs.get("block_table")
+    -> ``[1, T, Hq * Dv]`` (``spec``, ``backend``: the patch's attention choice, policy.PatchPolicy). Varlen steps:
+    the engine's allocator writes and reads its cache (exact copies). Decode fast path (a block table, one new token
+    per request): the serving core over the engine's cache."""
+    keys, values, cu_k, table, pages = _engine_cache_step(mod.layer_idx, k, v, cache, kwargs)
     if table is None:
         batch = ServingBatch(query_start_loc=kwargs["cu_seq_lens_q"], seq_lens=cu_k[1:] - cu_k[:-1])
-        out = varlen_attention(q[0].transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), batch,
-                               mod.scaling, spec=spec, backend=backend)
+        out = varlen_attention(q[0].transpose(0, 1), keys, values, batch, mod.scaling, spec=spec, backend=backend)
     else:
         n = q.shape[2]  # decode only: one query per request
         lens = (cu_k[1:n + 1] - cu_k[:n]).to(torch.int64)
-        paged = PagedKV(kwargs["k_cache"], kwargs["v_cache"])  # [pages, page_size, Hkv, D]
+        paged = PagedKV(*pages)  # [pages, page_size, Hkv, D]
         slots = decode_slot_mapping(paged, table[:n], lens)
         batch = ServingBatch(query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
                              block_table=table[:n], slot_mapping=slots)
         write_kv(paged, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
         out = paged_attention(q[0].transpose(0, 1), paged, batch, mod.scaling, spec=spec, backend=backend)
     return out.reshape(1, out.shape[0], -1)
+
+
+@lru_cache(maxsize=8)
+def _update_takes_kwargs(cache_type) -> bool:
+    return "kwargs" in inspect.signature(cache_type.update).parameters
+
+
+def _engine_cache_step(layer_idx: int, k, v, cache, kwargs):
+    """One attention layer's view of the engine's cache in this step, on each engine API lockstep supports:
+    ``(keys, values [Tk, Hkv, D]`` (the new keys written, the request's keys read; None on the decode fast path:
+    the serving core writes and reads the pages),
+    ``cu_seq_lens_k`` of this layer, its block table (None: a varlen step) and the ``(k_cache, v_cache)`` page views
+    ``[pages, page_size, Hkv, D]`` the block table indexes)``.
+
+    ``update(k, v, layer_idx, kwargs)`` (transformers 5.19+) picks the layer's entries into ``kwargs`` itself;
+    ``update(k, v, layer_idx, read_index, write_index)`` (5.17, 5.18) returns ``[Tk, Hkv, D]`` and leaves the
+    layer's ``cu_seq_lens_k`` (per layer type) and block table (per layer group) to the attention function: they
+    are picked here the way that release's own paged attention picks them."""
+    if _update_takes_kwargs(type(cache)):
+        keys, values = cache.update(k, v, layer_idx, kwargs)  # [1, Hkv, Tk, D]; untouched on the fast path
+        table = kwargs.get("block_table")
+        if table is not None:
+            return None, None, kwargs["cu_seq_lens_k"], table, (kwargs["k_cache"], kwargs["v_cache"])
+        return keys[0].transpose(0, 1), values[0].transpose(0, 1), kwargs["cu_seq_lens_k"], None, None
+    cu_k = kwargs["cu_seq_lens_k"]
+    if isinstance(cu_k, dict):  # per layer type; a lockstep model has full attention only (sliding is refused)
+        if set(cu_k) != {"full_attention"}:
+            raise UnsupportedError(f"engine layer types {sorted(cu_k)}: lockstep runs full-attention layers only")
+        cu_k = cu_k["full_attention"]
+    cu_k = cu_k.to(torch.int32)
+    table = kwargs.get("block_table")
+    if table is None:
+        keys, values = cache.update(key_states=k, value_states=v, layer_idx=layer_idx,
+                                    read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+        return keys, values, cu_k, None, None
+    if hasattr(cache, "layer_to_allocator"):  # 5.18: per-type allocators hold the page views
+        group, k_cache, v_cache = cache.get_cache_for_block_table(layer_idx)
+    else:  # 5.17: one flat cache tensor per position in a layer group
+        group, in_group = cache.layer_index_to_group_indices[layer_idx]
+        shape = (-1, cache.block_size, cache.num_key_value_heads, cache.head_dim)
+        k_cache, v_cache = cache.key_cache[in_group].view(shape), cache.value_cache[in_group].view(shape)
+    return None, None, cu_k, table[group], (k_cache, v_cache)
 
 
 # ---------------------------------------------------------------- refusals
@@ -194,6 +236,20 @@ class EngineStep:
     decoding: frozenset = frozenset()
 
 
+def evict_prefix_cache(cache) -> None:
+    """Drop every block the engine's prefix cache keeps for reuse (no request holds a block: the caller checked).
+    transformers 5.18+ has ``evict_cached_blocks``; on 5.17 the block manager's own reclaim path frees them: asked for
+    every block, it uninitialises each cached one (its hash leaves the table)."""
+    if hasattr(cache, "evict_cached_blocks"):
+        cache.evict_cached_blocks()
+        return
+    blocks = cache._block_manager
+    blocks.has_enough_free_blocks(blocks.num_blocks)
+    if blocks._hash_to_id:  # a block is still held: its reuse would serve KV of the old weights
+        raise UnsupportedError(f"{len(blocks._hash_to_id)} prefix-cache block(s) of the engine are still held after "
+                               "a weight change; they cannot be evicted")
+
+
 class _EngineState:
     """lockstep's state on one engine batch processor: the weights its cached blocks were computed with,
     and the test/diagnostic hooks called once per scheduled step.
@@ -242,8 +298,8 @@ class _EngineState:
                 raise UnsupportedError(f"the model's weights changed while the engine had running requests ({shown}): "
                                        "their KV was computed with the old weights. Update weights between generate "
                                        "calls.")
-            if self.invalidate_on_update:
-                self.processor.cache.evict_cached_blocks()  # the prefix cache was computed with the old weights
+            if self.invalidate_on_update:  # the prefix cache was computed with the old weights
+                evict_prefix_cache(self.processor.cache)
         self.weights = now
 
     def count_offloads(self, offload):
@@ -322,14 +378,24 @@ def attach(processor, model, token_logprobs) -> None:
         return
     state = processor.__dict__[_STATE] = _EngineState(model, processor)
     if is_gdn_model(model):
-        gdn = processor.cache.__dict__[_GDN_STATES] = GdnEngineStates()
-        prepare_fork = processor.cache.prepare_fork_request
+        cache = processor.cache
+        gdn = cache.__dict__[_GDN_STATES] = GdnEngineStates()
+        if hasattr(cache, "prepare_fork_request"):  # transformers 5.18+: it returns the children it forked
+            prepare_fork = cache.prepare_fork_request
 
-        def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
-            forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
-            gdn.fork(src_state.request_id, forked)
-            return forked
-        processor.cache.prepare_fork_request = prepare_fork_request
+            def prepare_fork_request(src_state, dst_req_ids, copy_src_and_dst):
+                forked = prepare_fork(src_state, dst_req_ids, copy_src_and_dst)
+                gdn.fork(src_state.request_id, forked)
+                return forked
+            cache.prepare_fork_request = prepare_fork_request
+        else:  # 5.17: fork_request forks every child it is given (the rest were queued as fresh requests)
+            fork_blocks = cache.fork_request
+
+            def fork_request(source_request_id, destination_request_ids):
+                copies = fork_blocks(source_request_id, destination_request_ids)
+                gdn.fork(source_request_id, destination_request_ids)
+                return copies
+            cache.fork_request = fork_request
     runner = processor.model_runner
     runner._forward_process_and_sample = _LockstepStep(runner, model, token_logprobs)
     prepare = processor.prepare_next_batch

@@ -10,6 +10,7 @@ hal/integrations/transformers/engine.py (``attach``), which holds what then runs
 """
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -25,7 +26,10 @@ _gdn_engine_configs: dict = {}
 
 def _without_gdn_layers(groups_fn, allocators):
     """The engine's layer grouping, with a lockstep GDN hybrid's linear-attention layers left out: the engine
-    allocates pages for the attention layers only; lockstep keeps the GDN states (GdnEngineStates)."""
+    allocates pages for the attention layers only; lockstep keeps the GDN states (GdnEngineStates).
+    ``allocators``: the engine's layer type -> cache allocator (transformers 5.18+, whose grouping is
+    ``{type: [layer]}``); None on 5.17, whose grouping is ``(groups, group_types)``: each type's layers cut into
+    groups of the gcd of the types' layer counts, as that release's own grouping cuts them."""
     def group_layers_by_attn_type(config):
         ref = _gdn_engine_configs.get(id(config))
         if ref is None or ref() is not config:
@@ -34,11 +38,18 @@ def _without_gdn_layers(groups_fn, allocators):
         for i, t in enumerate(config.layer_types):
             if t in GDN_LAYER_TYPES:
                 continue
-            if t not in allocators:
+            if t not in (allocators if allocators is not None else _ENGINE_5_17_LAYER_TYPES):
                 raise UnsupportedError(f"layer {i} of type {t!r}: the continuous-batching engine has no cache for it")
             groups.setdefault(t, []).append(i)
-        return groups
+        if allocators is not None:
+            return groups
+        size = math.gcd(*(len(layers) for layers in groups.values()))
+        cut = [(t, layers[j:j + size]) for t, layers in groups.items() for j in range(0, len(layers), size)]
+        return [layers for _, layers in cut], [t for t, _ in cut]
     return group_layers_by_attn_type
+
+
+_ENGINE_5_17_LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer types 5.17's engine caches
 
 
 def _engine_refusal():
@@ -104,7 +115,9 @@ def install(owner, token_logprobs, allow_untested: bool = False) -> None:
     def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
         if not getattr(_building, "lockstep", False):
             return ensure_fast_path(config, cb_config, user_requested)
-        if not all(init.ATTN_TYPE_TO_ALLOCATOR[t].supports_block_table for t in init.group_layers_by_attn_type(config)):
+        allocators = getattr(init, "ATTN_TYPE_TO_ALLOCATOR", None)  # 5.18+ (5.17's cache checks its layer types)
+        if allocators is not None and not all(allocators[t].supports_block_table
+                                              for t in init.group_layers_by_attn_type(config)):
             cb_config.max_blocks_per_request = 0
 
     init_manager = Manager.__init__
@@ -118,9 +131,9 @@ def install(owner, token_logprobs, allow_untested: bool = False) -> None:
         finally:
             _building.lockstep = False
 
-    def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash=True):
+    def switch_to_cb_friendly_attn(self, model, *args, **kwargs):  # 5.19+ adds auto_switch_to_flash
         if not _lockstep_model(model):
-            return switch(self, model, auto_switch_to_flash)
+            return switch(self, model, *args, **kwargs)
         if is_gdn_model(model):
             cfg = model.config.get_text_config()
             _gdn_engine_configs[id(cfg)] = weakref.ref(cfg)
@@ -148,8 +161,11 @@ def install(owner, token_logprobs, allow_untested: bool = False) -> None:
 
     init.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
     from transformers.generation.continuous_batching import cache as engine_cache
-    init.group_layers_by_attn_type = engine_cache.group_layers_by_attn_type = _without_gdn_layers(
-        engine_cache.group_layers_by_attn_type, engine_cache.ATTN_TYPE_TO_ALLOCATOR)
+    grouping = _without_gdn_layers(engine_cache.group_layers_by_attn_type,
+                                   getattr(engine_cache, "ATTN_TYPE_TO_ALLOCATOR", None))
+    engine_cache.group_layers_by_attn_type = grouping
+    if hasattr(init, "group_layers_by_attn_type"):  # 5.18+ imports it there too
+        init.group_layers_by_attn_type = grouping
     Manager.__init__ = __init__
     add_request = Manager.add_request
 

@@ -13,7 +13,7 @@ Regenerate the table after installing each release of the supported range in its
 
     python -m hal.integrations.transformers.mirrored --dump > /tmp/5.25.json   # in each release's environment
     python -m hal.integrations.transformers.mirrored --write /tmp/5.*.json     # writes mirrored_table.py
-        [--tested-model 5.17,5.18,5.19,5.21,5.23,5.24,5.25 --tested-engine 5.24,5.25]   # the releases each part ran on
+        [--tested-model 5.17,5.18,5.19,5.21,5.23,5.24,5.25 --tested-engine 5.17,5.18,5.19,5.24,5.25]
 
 (``--dump`` reads only the transformers sources, so a ``pip install --no-deps transformers==5.N.*`` venv is
 enough.) See docs/integrations.md.
@@ -49,6 +49,11 @@ def _model_file(cls: str) -> str:
     return f"models/{d}/modeling_{d}.py"
 
 
+#: the engine functions lockstep hooks that only releases older than the newest define: 5.17's fork and the block
+#: manager's reclaim path its prefix eviction calls (engine.py); "missing" on the later releases
+OLDER_ONLY = (f"{_CB}/cache.py:PagedAttentionCache.fork_request",
+              f"{_CB}/cache_manager.py:BlockManager.has_enough_free_blocks")
+
 #: "file under transformers/:qualified name" of every function lockstep mirrors (re-implements) or whose contract
 #: its hooks rely on: the mirrored classes' forwards; the rotary classes' inv_freq (lockstep's rotary and the vLLM
 #: shim read that buffer); each model's decoder layer (how it calls them, and the GDN
@@ -68,7 +73,11 @@ MIRRORED = tuple(
        f"{_CB}/cache.py:group_layers_by_attn_type",
        f"{_CB}/cache.py:PagedAttentionCache.update", f"{_CB}/cache.py:PagedAttentionCache.prepare_fork_request",
        f"{_CB}/input_outputs.py:ContinuousBatchingIOs.carry_over_tokens",
-       f"{_CB}/offloading_manager.py:OffloadingManager.offload_requests"])
+       f"{_CB}/offloading_manager.py:OffloadingManager.offload_requests",
+       # what engine.py uses where a release lacks the above: 5.18's decode page views, the prefix eviction
+       f"{_CB}/cache.py:PagedAttentionCache.get_cache_for_block_table",
+       f"{_CB}/cache.py:PagedAttentionCache.evict_cached_blocks"]
+    + list(OLDER_ONLY))
 
 MISSING = "missing"  # the hash of a function the installed release does not define
 PARTS = ("model", "engine")  # checked apart: a release's model code may be tested while its engine is not
@@ -209,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", nargs="+", metavar="DUMP", help="write mirrored_table.py from --dump outputs")
     ap.add_argument("--tested-model", default="5.17,5.18,5.19,5.21,5.23,5.24,5.25",
                     help="the releases the model code was tested on")
-    ap.add_argument("--tested-engine", default="5.24,5.25", help="the releases the engine was tested on")
+    ap.add_argument("--tested-engine", default="5.17,5.18,5.19,5.24,5.25", help="the releases the engine was tested on")
     args = ap.parse_args(argv)
     if args.dump:
         root = args.root or transformers_dir()
