@@ -54,14 +54,20 @@ def test_a_run_over_budget_says_so_instead_of_shrinking(tmp_path):
     assert row["error"].startswith("does not fit")
 
 
-def test_the_fast_policy_is_passed_to_lt_patch_or_refused_by_name():
-    import inspect
-
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="the CPU refusal, no interpreter")
+def test_the_fast_policy_reaches_lt_patch_and_is_refused_by_name_on_cpu():
+    """--policy fast (the device script's default on CUDA) hands lt.patch its switch; on this CPU no backend claims
+    the fast suites, so lt.patch refuses it by name and leaves the model as it was."""
     from benchmarks.gpu_rl_step import patch_kwargs
+    from hal import UnsupportedError
     from hal.integrations import transformers as lt
-    assert patch_kwargs("strict") == {}
-    if "policy" in inspect.signature(lt.apply).parameters:
-        assert patch_kwargs("fast") == {"policy": "fast"}
-    else:
-        with pytest.raises(SystemExit, match="--policy fast: this lockstep's lt.patch has no policy argument"):
-            patch_kwargs("fast")
+    from hal.integrations.transformers.testing import tiny_model
+    assert patch_kwargs("strict") == {} and patch_kwargs("fast") == {"policy": "fast"}
+    lt.register()
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    forward = type(model.model.layers[0].self_attn).forward
+    with pytest.raises(UnsupportedError, match=r"policy 'fast' on device cpu"):
+        with lt.patch(model, **patch_kwargs("fast")):
+            pass
+    assert "forward" not in vars(model.model.layers[0].self_attn)  # no per-instance forward left behind
+    assert type(model.model.layers[0].self_attn).forward is forward
