@@ -122,6 +122,11 @@ class CpuBackend(Backend):
         return (_exact() if spec.policy == EXACT else _kernel("matmul")).linear(x, weight, bias, spec)
 
     @_strict
+    def linear_with_float32(self, x, weight, bias, spec):
+        """strict linear: (its output, the float32 result it rounded) -- hal.ops.linear_with_float32."""
+        return _kernel("matmul").linear_with_float32(x, weight, bias, spec)
+
+    @_strict
     def exact_slice(self, weight, slices):
         """The compiled ``core.slice_rows`` (hal.exact_weight prepares CPU weights with it)."""
         return _exact().slice_rows(weight, slices)

@@ -41,6 +41,10 @@ class ReferenceBackend(Backend):
     def linear(self, x, weight, bias, spec):
         return (_xm if spec.policy == EXACT else _mm).linear(x, weight, bias, spec)
 
+    def linear_with_float32(self, x, weight, bias, spec):
+        """strict linear: (its output, the float32 result it rounded) -- hal.ops.linear_with_float32."""
+        return _mm.linear_with_float32(x, weight, bias, spec)
+
     def rms_norm(self, x, weight, eps, residual, spec):
         return _rn.rms_norm(x, weight, eps, residual, spec)
 
@@ -130,6 +134,6 @@ def _strict_op(method):
 
 # The strict policy's first and last steps, in one place: no op computes with subnormals flushed,
 # and whatever an op returns (the float64 oracle's too) carries one NaN pattern per dtype.
-for _op in OPS:
+for _op in (*OPS, "linear_with_float32"):
     if callable(getattr(ReferenceBackend, _op, None)):
         setattr(ReferenceBackend, _op, _strict_op(getattr(ReferenceBackend, _op)))

@@ -13,11 +13,11 @@ from .errors import SpecError, UnsupportedError
 from .kernels.exact import core as _exact_core
 from .kernels.exact.prepared import ExactWeight, prepare as _prepare_exact
 from .op_call import backward_dtype, needs_grad, resolve
-from .ops_registry import DTENSOR, TORCH_OP, route, routing
+from .ops_registry import DIRECT, DTENSOR, TORCH_OP, route, routing
 from .torch_ops import FunctionBackward, OpRecord, TorchOp, register, saves
 
-__all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "rms_norm", "softmax", "log_softmax", "logsumexp",
-           "token_logprobs"]
+__all__ = ["exact_weight", "ExactWeight", "matmul", "linear", "linear_with_float32", "rms_norm", "softmax", "log_softmax",
+           "logsumexp", "token_logprobs"]
 
 
 # ---------------------------------------------------------------- prepared exact weights
@@ -128,6 +128,20 @@ class _LinearFn(torch.autograd.Function):
         return gx, gw, gbias, None, None, None
 
 
+def _checked_linear(x, weight, bias, spec, backend):
+    """(spec, backend, dtype) of a linear call on plain tensors, its arguments validated."""
+    v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
+    if bias is not None:
+        v.tensor("bias", bias, ndim=1)
+        v.floating("bias", bias)
+        v.dim_eq("linear: bias.shape[0] vs weight.shape[0] (N)", bias.shape[0], weight.shape[0])
+    dtype = v.same_dtype(x=v.floating("x", x), weight=v.floating("weight", weight))
+    v.dim_eq("linear: x.shape[-1] (K) vs weight.shape[1]", x.shape[-1], weight.shape[1], "weight must be [N, K]")
+    s, impl = resolve("linear", spec, backend, dtype, x=x, weight=weight,
+                      **({"bias": bias} if bias is not None else {}))
+    return s, impl, dtype
+
+
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=None, backend=None):
     """``x [..., K] @ weight[N, K]^T + bias[N]`` -> ``[..., N]`` (drop-in for ``F.linear``).
 
@@ -138,21 +152,49 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, spec=No
     if how is DTENSOR:
         return _tp.linear(lambda x, w, b: linear(x, w, b, spec=spec, backend=backend), x, weight, bias, spec)
     prepared, weight = _unprepared("weight", weight, "linear")
-    v.tensor("x", x, ndim_min=1), v.tensor("weight", weight, ndim=2)
-    if bias is not None:
-        v.tensor("bias", bias, ndim=1)
-        v.floating("bias", bias)
-        v.dim_eq("linear: bias.shape[0] vs weight.shape[0] (N)", bias.shape[0], weight.shape[0])
-    dtype = v.same_dtype(x=v.floating("x", x), weight=v.floating("weight", weight))
-    v.dim_eq("linear: x.shape[-1] (K) vs weight.shape[1]", x.shape[-1], weight.shape[1], "weight must be [N, K]")
-    s, impl = resolve("linear", spec, backend, dtype, x=x, weight=weight,
-                      **({"bias": bias} if bias is not None else {}))
+    s, impl, _ = _checked_linear(x, weight, bias, spec, backend)
     if prepared is not None:
         prepared.check_spec("weight", s if s.policy == specs.EXACT else None, s.id)
     w_arg = _weight_arg(impl, prepared, weight)
     if needs_grad(x, weight, bias):
         return _LinearFn.apply(x, weight, bias, s, impl, w_arg)
     return impl.linear(x, w_arg, bias, s)
+
+
+def linear_with_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, spec=None,
+                        backend=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hal.linear(x, weight, bias, spec=spec), its float32 result before the one rounding)`` from one pass.
+
+    The strict linear accumulates in float32 and rounds once to the inputs' dtype (MatmulSpec's words): the
+    second tensor is that float32 result, unrounded (its own memory, float32 inputs included), so an LM head gives
+    the logits it samples from and the float32 logits a recorded log-prob reduces (hal.sampling.logits_logprobs)
+    without a second pass. Strict specs only; forward only, eagerly (not a torch op: refused while tracing); a
+    backend without the float32 result for bf16 / fp16 inputs (only reference and cpu give it) is refused by
+    name, never run twice or elsewhere."""
+    if routing("linear", x, weight, bias) is not DIRECT:
+        raise UnsupportedError("linear_with_float32 runs eagerly on plain tensors (not a torch op: not under "
+                               "torch.compile / export, not on DTensors); call hal.linear there")
+    if isinstance(weight, ExactWeight):
+        raise UnsupportedError("linear_with_float32: an exact_weight is the exact policy's; the float32 result "
+                               "is the strict linear's (pass the weight tensor)")
+    if needs_grad(x, weight, bias):
+        raise UnsupportedError("linear_with_float32 has no backward (an LM head's sampling pass): call it under "
+                               "torch.no_grad() / inference_mode, or hal.linear for a gradient")
+    s, impl, dtype = _checked_linear(x, weight, bias, spec, backend)
+    if not isinstance(s, specs.MatmulSpec) or s.policy != specs.STRICT:
+        raise UnsupportedError(f"linear_with_float32: spec {s.id} is not a strict MatmulSpec; only the strict "
+                               "linear's float32 result is defined here")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise UnsupportedError(f"linear_with_float32 takes float32, bfloat16 or float16 inputs, got {dtype} "
+                               "(float64 runs the oracle, not a strict spec)")
+    if dtype == torch.float32:  # the linear's output is its float32 result
+        y = impl.linear(x, weight, bias, s)
+        return y, y.clone()
+    both = getattr(impl, "linear_with_float32", None)
+    if both is None:
+        raise UnsupportedError(f"backend {impl.name!r} does not give the strict linear's float32 result for "
+                               f"{dtype} inputs (linear_with_float32: reference and cpu do); call hal.linear")
+    return both(x, weight, bias, s)
 
 
 # ---------------------------------------------------------------- rms_norm

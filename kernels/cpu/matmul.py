@@ -522,7 +522,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, spec) -> torch.Tensor:
     return finish(out.reshape(*a.shape[:-1], b.shape[1]), a.dtype, nan_done=True)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
+def _linear_accumulation(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> np.ndarray:
+    """The float32 result (canonical NaNs) :func:`linear` rounds once to x's dtype, shaped [..., N]."""
     b32 = _NO_BIAS if bias is None else raw(bias.to(F32))
     x2 = raw(x)
     if x2.ndim != 2:  # (a 2-D x skips both reshapes: ~1 us each)
@@ -530,4 +531,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
     acc = dot_rows_nk(x2, raw(weight), spec.k_tile, b32)
     if x.ndim != 2:
         acc = acc.reshape(*x.shape[:-1], weight.shape[0])
-    return finish(acc, x.dtype, nan_done=True)
+    return acc
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> torch.Tensor:
+    return finish(_linear_accumulation(x, weight, bias, spec), x.dtype, nan_done=True)
+
+
+def linear_with_float32(x: torch.Tensor, weight: torch.Tensor, bias, spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`linear`'s output, the float32 result it rounded): one K reduction for both."""
+    acc = finish(_linear_accumulation(x, weight, bias, spec), F32, nan_done=True)
+    return finish(acc, x.dtype, nan_done=True), acc
