@@ -176,13 +176,14 @@ def kept_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, sampling: S
 
 
 def head_logits_are_the_logprobs_dot(dtype: torch.dtype, matmul_spec=None, spec=None) -> bool:
-    """Whether ``hal.linear(hidden, lm_head_weight, spec=matmul_spec)`` of ``dtype`` operands gives, bit for bit,
-    the float32 logits ``hal.token_logprobs(..., spec=spec)`` reduces: float32 operands (the linear's output is then
-    its float32 accumulation, unrounded), both strict, and the linear's K tiles the token_logprobs spec's hidden
-    tiles (the same fma chains, the same order of partials: the two specs' words). A bf16 / fp16 head rounds its
-    logits to its dtype: those are not the recorded value's logits (the log-prob must be recomputed)."""
+    """Whether the LM head ``hal.ops.linear_with_float32(hidden, lm_head_weight, spec=matmul_spec)`` of ``dtype``
+    operands gives, bit for bit, the float32 logits ``hal.token_logprobs(..., spec=spec)`` reduces (its second
+    tensor: the strict linear's float32 accumulation before the one rounding; for float32 operands
+    ``hal.linear``'s own output): float32, bf16 or fp16 operands, both specs strict, and the linear's K tiles the
+    token_logprobs spec's hidden tiles (the same fma chains, the same order of partials: the two specs' words).
+    The head's rounded logits (``hal.linear``'s bf16 / fp16 output) are never the recorded value's."""
     m, s = call_spec("linear", matmul_spec), call_spec("token_logprobs", spec)
-    return (dtype == torch.float32 and isinstance(m, MatmulSpec) and m.policy == STRICT
+    return (dtype in (torch.float32, torch.bfloat16, torch.float16) and isinstance(m, MatmulSpec) and m.policy == STRICT
             and isinstance(s, TokenLogprobsSpec) and s.policy == STRICT and s.matmul is None
             and m.k_tile == s.hidden_tile)
 

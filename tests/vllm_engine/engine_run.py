@@ -5,12 +5,13 @@ lockstep's plugin is process-wide, so plugin-on and stock engines never share a 
 
 SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
-"import_hal": bool, "record_steps": bool, "count_head_passes": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
+"import_hal": bool, "record_steps": bool, "count_head_passes": bool, "head_logits_off": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
 log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
 type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
 nonzero compilation counters; empty for an eager engine). "count_head_passes": how often the LM head ran
-("head_passes": the logits processor's calls, and the recorded values' own ``token_logprobs`` calls). An engine that fails to start records the error for the
+("head_passes": the logits processor's calls, and the recorded values' own ``token_logprobs`` calls;
+"head_logits_off": the logits processor keeps no float32 logits, a control). An engine that fails to start records the error for the
 run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 
 "during" changes the weights while a batch runs (:func:`_midflight`): "raw" / "optimizer" / "collective" from a step
@@ -45,13 +46,18 @@ def _steps_recorder(steps: list):
     return lambda: plugin.STEP_HOOKS.remove(fn)
 
 
-def _head_pass_counter():
+def _head_pass_counter(reuse: bool = True):
     """Counts the passes over the LM head: the logits processor's (vLLM's logits) and ``hal.token_logprobs``'
-    calls from the recorded-value path (each runs the head over its rows again). Returns (counts, undo)."""
+    calls from the recorded-value path (each runs the head over its rows again). ``reuse=False`` (a negative
+    control): the logits processor keeps no float32 logits, so the recorded values run the head again. Returns
+    (counts, undo)."""
     from hal import sampling
     from hal.integrations.vllm import layers
     counts = dict(logits=0, recorded=0)
     forward, token_logprobs = layers.LockstepLogitsProcessor.forward, sampling.token_logprobs
+    reusable = layers.head_logits_are_the_logprobs_dot
+    if not reuse:
+        layers.head_logits_are_the_logprobs_dot = lambda *a, **k: False
 
     def counted_forward(*a, **k):
         counts["logits"] += 1
@@ -65,6 +71,7 @@ def _head_pass_counter():
 
     def undo():
         layers.LockstepLogitsProcessor.forward, sampling.token_logprobs = forward, token_logprobs
+        layers.head_logits_are_the_logprobs_dot = reusable
     return counts, undo
 
 
@@ -222,7 +229,8 @@ def run_one(run) -> dict:
         setattr(compilation_counter, counter, 0)
     steps: list = []
     stop = _steps_recorder(steps) if run.get("record_steps") else None
-    head, uncount = _head_pass_counter() if run.get("count_head_passes") else (None, None)
+    head, uncount = (_head_pass_counter(not run.get("head_logits_off")) if run.get("count_head_passes")
+                     else (None, None))
     llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
     between = {int(i): a for i, a in run.get("between", [])}
     during = {int(i): (a, k) for i, a, k in run.get("during", [])}

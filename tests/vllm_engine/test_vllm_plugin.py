@@ -502,25 +502,32 @@ def test_prompt_logprobs_chunked_and_with_prefix_caching(models, tmp_path):
     assert outputs(cached, 2)[0]["cached"] >= 64  # the same prompt, no prompt_logprobs: a hit
 
 
-def test_float32_lm_head_runs_once_per_token(models, tmp_path):
-    """A float32 head's logits are token_logprobs' own float32 logits: each step runs the LM head once (the
-    logits processor) and the recorded values -- sampled rows, logprobs=N, prompt_logprobs -- come from those
-    logits, the trainer's bits. Control: a bf16 head rounds its logits, so its recorded values run the head again
-    (the counter sees those passes): once per step for all its rows."""
+def test_lm_head_runs_once_per_token(models, tmp_path):
+    """The LM head's pass keeps token_logprobs' own float32 logits (a float32 head: its logits; bf16: the float32
+    result hal.ops.linear_with_float32 rounds once for vLLM): each step runs the head once (the logits processor)
+    and the recorded values -- sampled rows, logprobs=N, prompt_logprobs -- come from those logits, the trainer's
+    bits. Control: a bf16 head that keeps no float32 logits runs the head again for its recorded values (the
+    counter sees those passes): once per step for all its rows, the same bits."""
     f32, bf16 = models[("llama", "float32")], models[("llama", "bfloat16")]
     runs = [dict(model=f32, dtype="float32", batches=[PROMPTS], sampling=[SAMPLED_PARAMS], record_steps=True,
                  count_head_passes=True),
             dict(model=f32, dtype="float32", batches=[PROMPTS], sampling=[ALTERNATIVES], count_head_passes=True),
             dict(model=bf16, dtype="bfloat16", batches=[PROMPTS], sampling=[SAMPLED_PARAMS], record_steps=True,
-                 count_head_passes=True)]
-    sampled, alternatives, rounded = run_engines(tmp_path, runs)
-    assert sampled["head_passes"] == dict(logits=sampled["steps"]["steps"], recorded=0), sampled["head_passes"]
-    assert differing(f32, "float32", PROMPTS, outputs(sampled))[0] == 0  # raw_logprobs: temperature 1
-    assert alternatives["head_passes"]["recorded"] == 0, alternatives["head_passes"]
-    assert entries_differing(f32, "float32", PROMPTS, outputs(alternatives), ALTERNATIVES)[:2] == (0, 0)
+                 count_head_passes=True),
+            dict(model=bf16, dtype="bfloat16", batches=[PROMPTS], sampling=[ALTERNATIVES], count_head_passes=True),
+            dict(model=bf16, dtype="bfloat16", batches=[PROMPTS], sampling=[SAMPLED_PARAMS], record_steps=True,
+                 count_head_passes=True, head_logits_off=True)]
+    sampled, alternatives, sampled16, alternatives16, rerun = run_engines(tmp_path, runs)
+    for model, dtype, one, alt in ((f32, "float32", sampled, alternatives), (bf16, "bfloat16", sampled16,
+                                                                            alternatives16)):
+        assert one["head_passes"] == dict(logits=one["steps"]["steps"], recorded=0), (dtype, one["head_passes"])
+        assert differing(model, dtype, PROMPTS, outputs(one))[0] == 0  # raw_logprobs: temperature 1
+        assert alt["head_passes"]["recorded"] == 0, (dtype, alt["head_passes"])
+        assert entries_differing(model, dtype, PROMPTS, outputs(alt), ALTERNATIVES)[:2] == (0, 0)
     # raw_logprobs: every row of a step recorded in one pass (not one pass per row)
-    assert rounded["head_passes"] == dict(logits=rounded["steps"]["steps"], recorded=rounded["steps"]["steps"])
-    assert differing(bf16, "bfloat16", PROMPTS, outputs(rounded))[0] == 0
+    assert rerun["head_passes"] == dict(logits=rerun["steps"]["steps"], recorded=rerun["steps"]["steps"])
+    assert differing(bf16, "bfloat16", PROMPTS, outputs(rerun))[0] == 0
+    assert outputs(rerun) == outputs(sampled16)
 
 
 @pytest.mark.parametrize("path_kind", ["reload_weights", "extension", "colocated"])

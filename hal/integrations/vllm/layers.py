@@ -15,9 +15,10 @@ Bit-for-bit with the patched HF model, op by op (transformers/modules.py):
   positions, ``hal.apply_rotary`` on the half-split (NeoX / ``rotate_half``) pairs.
 * SiLU-mul: ``hal.silu_mul(gate, up)`` on the two halves of the merged gate-up output.
 * the LM head: ``hal.linear`` over the real vocabulary rows (vLLM pads the head); the hidden rows are kept
-  for the sampler, which records ``hal.token_logprobs`` of them (sampler.py) -- from the head's own logits where
-  they are that op's float32 logits (a float32 head: ``hal.sampling.head_logits_are_the_logprobs_dot``), so the
-  head runs once per token; a bf16 / fp16 head's logits are rounded, and the log-prob runs the head again.
+  for the sampler, which records ``hal.token_logprobs`` of them (sampler.py) -- from the head's own float32
+  logits, the ones that op reduces (``hal.sampling.head_logits_are_the_logprobs_dot``): one pass,
+  ``hal.ops.linear_with_float32``, gives vLLM ``hal.linear``'s logits (bf16 / fp16: the one rounding) and keeps
+  the float32 result unrounded, so the head runs once per token whatever its dtype.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch
 
 import hal
 from ...errors import UnsupportedError
+from ...ops import linear_with_float32
 from ...sampling import head_logits_are_the_logprobs_dot
 
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -147,8 +149,10 @@ class LockstepLogitsProcessor(LogitsProcessor):
             raise UnsupportedError(f"LM head with {type(lm_head.quant_method).__name__} (tp_size={lm_head.tp_size}) "
                                    "is not supported by lockstep's vLLM plugin")
         weight = lm_head.weight[: self.org_vocab_size]  # vLLM pads the head to a multiple of 64 rows
-        logits = hal.linear(hidden_states, weight)
-        own = logits.clone() if head_logits_are_the_logprobs_dot(weight.dtype) else None
+        if head_logits_are_the_logprobs_dot(weight.dtype):  # one pass: vLLM's logits and the recorded values' own
+            logits, own = linear_with_float32(hidden_states, weight)
+        else:
+            logits, own = hal.linear(hidden_states, weight), None
         HIDDEN.remember(logits, hidden_states, weight, own)
         return logits
 

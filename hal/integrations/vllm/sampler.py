@@ -1,8 +1,8 @@
 """vLLM's sampler on lockstep's bits: the tokens come from lockstep's logits and kept set, and the recorded
 log-prob is ``hal.sampling.recorded_logprobs`` of the hidden row the LM head saw (what ``lt.token_logprobs``
-gives a trainer), never ``log_softmax`` of vLLM's rounded logits. A float32 head's logits are that value's own
-float32 logits: the value comes from them, the LM head run once per token (layers.py, ``HiddenRows``); a bf16 /
-fp16 head rounds its logits, and the recorded value runs the head again from the hidden row.
+gives a trainer), never ``log_softmax`` of vLLM's rounded logits. The head's pass keeps that value's own float32
+logits (a bf16 / fp16 head's unrounded float32 result beside the logits vLLM samples from): the value comes from
+them, the LM head run once per token (layers.py, ``HiddenRows``).
 
 Per row (request) of the step:
 
