@@ -17,7 +17,8 @@
 #                        (token_logprobs/fast/N8-256) do not fit its budget: a full gpu_perf run measures them
 #   perf-ops-b    90 s   the same files: linear, decode rows 1-256 and prefill 2k / 8k, strict / fast / exact;
 #                        silu_mul, apply_rotary [47 s, before the fast-v2 rows]
-#   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked [74 s]
+#   perf-ops-c    80 s   the same files: paged decode / prefill attention (strict, fast), GDN decode / chunked [74 s];
+#                        the decode-tile spec's rows (attention_*/fast-m16/*) do not fit: gpu_sweep.sh's first stage
 #   perf-profile  25 s   profile.jsonl, profile.txt: torch.profiler of the 4 worst rows [22 s]
 #   perf-ncu      35 s   ncu.jsonl, ncu_0.csv: Nsight Compute on the 3 worst kernels (absent / failing: logged) [36 s]
 #   perf-summary  10 s   summary.jsonl, summary.txt: every row (a planned row never measured: "not run"), then the
@@ -51,7 +52,8 @@ step perf-ops-a "$(limit perf-ops-a)" perf_ops_a.txt "${PERF[@]}" --stage ops --
 # the elementwise rows ride with linear: after attention they were starved by the 118 ms prefill row (2026-12-04)
 step perf-ops-b "$(limit perf-ops-b)" perf_ops_b.txt "${PERF[@]}" --stage ops --budget 78 --only linear/ silu_mul \
   apply_rotary
-step perf-ops-c "$(limit perf-ops-c)" perf_ops_c.txt "${PERF[@]}" --stage ops --budget 68 --only attention gdn
+step perf-ops-c "$(limit perf-ops-c)" perf_ops_c.txt "${PERF[@]}" --stage ops --budget 68 --only attention gdn \
+  --skip fast-m16
 step perf-profile "$(limit perf-profile)" perf_profile.txt "${PERF[@]}" --stage profile --budget 17
 step perf-ncu "$(limit perf-ncu)" perf_ncu.txt "${PERF[@]}" --stage ncu --budget 28
 step perf-summary "$(limit perf-summary)" perf_summary.txt "${PERF[@]}" --stage summary

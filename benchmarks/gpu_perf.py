@@ -402,6 +402,73 @@ def _fast_attention_path(new: "Case", suffix: str, check: Callable) -> "Case":
                 stock_name=new.stock_name)
 
 
+#: the id part of the decode-tile spec's rows (hal.spec.FAST_ATTENTION_DECODE), beside the default fast spec's rows of
+#: the same shapes: ``attention_decode/fast-m16/B*`` and ``attention_prefill/fast-m16/T*``. Run by gpu_sweep.sh's
+#: first stage; gpu_check_8min.sh's perf-ops-c leaves them out (--skip): its 80 s are spent
+DECODE_TILE = "fast-m16"
+
+
+def _decode_tile_decode(fast: "Case", tri: dict) -> "Case":
+    """``attention_decode/fast-m16/B*``: the paged decode of the row ``fast`` (the default fast spec) under the
+    decode-tile spec, against the same stock. Each input set first checks its raw bits: the decode's out and lse ==
+    the last row of the spec's own prefill-sized chunk ending at the decode row (PACK_MAX_Q + 1 rows against the same
+    paged cache: one head per program, the interior-block path) -- the spec's promise, checked on the device; the
+    row fails by name otherwise."""
+    import hal
+    from hal.conformance.bits import same_bits
+    from hal.kernels.triton import attention as tri_attn, fast_attention as tri_fast
+    from hal.spec import FAST_ATTENTION_DECODE as spec
+
+    def build(seed):
+        _, stock, tensors = fast.build(seed)
+        q, kc, vc, table, lens = tensors
+        b, _, hq, d = q.shape
+        lead = _randn((b, tri_attn.PACK_MAX_Q, hq, d), q.dtype, q.device, 1000 * seed + 14)
+        chunk = torch.cat([lead, q], dim=1)  # a prefill-sized chunk whose last row is the decode row
+
+        def ours():
+            return hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, spec=spec, **tri)
+        out, lse = hal.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, return_lse=True,
+                                               spec=spec, **tri)
+        c_out, c_lse = hal.flash_attn_with_kvcache(chunk, kc, vc, cache_seqlens=lens, block_table=table,
+                                                   return_lse=True, spec=spec, **tri)
+        if not (same_bits(out, c_out[:, -1:]) and same_bits(lse, c_lse[:, :, -1:])):
+            raise AssertionError(f"{fast.id.replace('/fast/', f'/{DECODE_TILE}/')}: {spec.id}'s decode differs from "
+                                 "its prefill-sized chunk's last row (out / lse raw bits)")
+        return _with_constants(tri_fast, ours, {}), stock, tensors  # the spec selects the path: the replay replays it
+    return Case(fast.id.replace("/fast/", f"/{DECODE_TILE}/"), fast.op, "fast", f"{fast.shape} ({spec.id})", build,
+                flops=fast.flops, stock_name=fast.stock_name)
+
+
+def _decode_tile_prefill(fast: "Case", tri: dict) -> "Case":
+    """``attention_prefill/fast-m16/T*``: the causal prefill of the row ``fast`` under the decode-tile spec (its
+    prefill-side cost: the trade-off of one spec for both sides), against the same stock. Each input set first checks
+    its raw bits: the prefill's last row == that row decoded (one query against the keys as a cache)."""
+    import hal
+    from hal.conformance.bits import same_bits
+    from hal.kernels.triton import fast_attention as tri_fast
+    from hal.spec import FAST_ATTENTION_DECODE as spec
+
+    def build(seed):
+        _, stock, tensors = fast.build(seed)
+        q, k, v = tensors
+        T = q.shape[0]
+        cu = torch.tensor([0, T], dtype=torch.int32, device=q.device)
+
+        def ours():
+            return hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, spec=spec, **tri)
+        out, lse = hal.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, return_lse=True, spec=spec, **tri)
+        d_out, d_lse = hal.flash_attn_with_kvcache(q[None, T - 1:], k[None], v[None], return_lse=True, spec=spec,
+                                                   cache_seqlens=torch.tensor([T], dtype=torch.int32, device=q.device),
+                                                   **tri)
+        if not (same_bits(out[T - 1:], d_out[0]) and same_bits(lse[:, T - 1:], d_lse[0])):
+            raise AssertionError(f"{fast.id.replace('/fast/', f'/{DECODE_TILE}/')}: {spec.id}'s prefill differs from "
+                                 "its decode of the last row (out / lse raw bits)")
+        return _with_constants(tri_fast, ours, {}), stock, tensors
+    return Case(fast.id.replace("/fast/", f"/{DECODE_TILE}/"), fast.op, "fast", f"{fast.shape} ({spec.id})", build,
+                flops=fast.flops, stock_name=fast.stock_name)
+
+
 def _old_attention_paths() -> dict:
     """{row suffix: knobs} of the strict attention paths kept selectable where they differ from the default here:
     the decode chains' q loaded as a broadcast [rows, keys, VEC] tile (attention.Q_BROADCAST_LOAD: converted through
@@ -662,6 +729,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                 return _attention_knobs(ours, **knobs), stock, tensors
             out.append(Case(f"attention_decode/strict/B{b}/{name}", "attention_decode", "strict", new.shape,
                             build_old, stock_name=new.stock_name))
+        out.append(_decode_tile_decode(next(c for c in out if c.id == f"attention_decode/fast/B{b}"), tri))
 
     H, HV, d, t_gdn, nb = s.gdn  # names no later loop rebinds (the builders read them when called)
     try:
@@ -734,6 +802,8 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                                                   spec=FastAttentionSpec(), **tri)
             fast = out[-1]
             out += [_fast_attention_path(fast, suffix, check_prefill) for suffix in FAST_ATTENTION_PATHS]
+        if T == s.attn_T[0]:  # the decode-tile spec's prefill, the shorter T only (the stage budget)
+            out.append(_decode_tile_prefill(next(c for c in out if c.id == f"attention_prefill/fast/T{T}"), tri))
         new = next(c for c in out if c.id == f"attention_prefill/strict/T{T}")  # this length's strict row
         for name, knobs in old_prefill.items() if T == s.attn_T[0] else ():  # the shorter T only: the stage budget
             def build_old(seed, knobs=knobs, build=new.build):
@@ -1048,7 +1118,8 @@ def stage_ops(args, out: Out, deadline: float) -> None:
     ceil, source = _ceilings(out)
     say(f"ops: ceilings {source}: {ceil}  [triton {TRITON}]")
     clock = Clock(args.cuda, args.target_s)
-    todo = [c for c in cases(args.shapes, args.device) if not args.only or any(s in c.id for s in args.only)]
+    todo = [c for c in cases(args.shapes, args.device) if (not args.only or any(s in c.id for s in args.only))
+            and not any(s in c.id for s in args.skip or ())]
     for case in todo:  # what this stage means to measure: a row the shell's timeout cut off stays "not run"
         out.row("planned.jsonl", {"id": case.id, "op": case.op, "policy": case.policy})
     for i, case in enumerate(todo):
@@ -1365,6 +1436,7 @@ def main(argv=None) -> int:
     p.add_argument("--stage", nargs="*", choices=STAGES, default=list(STAGES))
     p.add_argument("--budget", type=float, default=None, help="seconds for each stage run (default: per stage)")
     p.add_argument("--only", nargs="*", default=None, help="ops rows whose id contains one of these")
+    p.add_argument("--skip", nargs="*", default=None, help="... leaving out those whose id contains one of these")
     p.add_argument("--target-s", type=float, default=0.05, help="timed replays per side, seconds (CUDA)")
     p.add_argument("--slow-call-s", type=float, default=1.0, help="a first call slower than this is timed once")
     p.add_argument("--profile-rows", type=int, default=None, help="worst rows profiled (default 4; --tiny 2)")

@@ -6,7 +6,8 @@ automatic choice by the tensors' device.
 
 The policy switch, ``with hal.use(policy="fast")`` (or "exact"): a call given no ``spec=`` runs its family's spec
 under that policy (``hal.spec.POLICY_SPECS``, per op: :func:`switched_spec`; a family the policy has no spec for,
-or an op of the family no suite checks under that spec, keeps its strict default), and a
+or an op of the family no suite checks under that spec, keeps its strict default; ``specs=`` replaces entries of that
+table for the enclosed calls, e.g. ``hal.use(policy="fast", specs={"attention": FAST_ATTENTION_DECODE})``), and a
 call whose spec is the policy's is served only by a backend that claims conformance levels for that op's suite
 on that device (the requested one, else the first by priority that serves the call: the triton backend on CUDA,
 or on CPU under ``TRITON_INTERPRET=1``), refused by name (UnsupportedError naming the policy and the device)
@@ -32,7 +33,7 @@ import torch
 from .backend import Backend
 from .errors import BackendUnavailable, InputError, UnsupportedError
 from . import spec as specs
-from .spec import STRICT, OpSpec
+from .spec import POLICY_SPECS, STRICT, OpSpec, policy_specs
 
 log = logging.getLogger("lockstep")
 
@@ -58,6 +59,9 @@ _chosen: dict[tuple, tuple[OpSpec, Backend]] = {}
 _chosen_for: dict | None = None  # the registry _chosen was filled from
 _current: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("lockstep_backend", default=())
 _policy: contextvars.ContextVar[str] = contextvars.ContextVar("lockstep_policy", default=STRICT)
+#: the switch's table when ``hal.use(policy=..., specs=...)`` replaced entries (hal.spec.policy_specs); None: the
+#: policy's own, hal.spec.POLICY_SPECS
+_policy_table: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lockstep_policy_table", default=None)
 
 
 def _load(target: str) -> Backend:
@@ -115,23 +119,31 @@ def get_backend(name: str) -> Backend:
 
 
 @contextlib.contextmanager
-def use(name: str | None = None, *, policy: str | None = None):
-    """Run the enclosed calls on backend ``name`` and / or under ``policy`` (the switch: module docstring).
-    Nests, restores on exceptions, per thread/task; yields the named backend (None when only a policy is given)."""
+def use(name: str | None = None, *, policy: str | None = None, specs: dict | None = None):
+    """Run the enclosed calls on backend ``name`` and / or under ``policy`` (the switch: module docstring), whose
+    table ``specs`` (family -> spec or id) changes for them (hal.spec.policy_specs: SpecError naming a spec that is
+    not the policy's, of another family, or for a family the policy has none of). An inner ``hal.use(policy=...)``
+    brings its own table. Nests, restores on exceptions, per thread/task; yields the named backend (None when only a
+    policy is given)."""
+    if specs is not None and policy is None:
+        raise InputError("hal.use: specs= changes a policy switch's table; pass the policy too, e.g. "
+                         "hal.use(policy='fast', specs={'attention': ...})")
     if name is None and policy is None:
         raise InputError("hal.use needs a backend name, a policy= or both, e.g. hal.use('triton'), "
                          "hal.use(policy='fast')")
     if name is not None:
         get_backend(name)  # fail early on a typo
-    if policy is not None and policy not in specs.POLICY_SPECS:
-        raise InputError(f"hal.use: policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
+    if policy is not None and policy not in POLICY_SPECS:
+        raise InputError(f"hal.use: policy must be one of {tuple(POLICY_SPECS)}, got {policy!r}")
+    table = policy_specs(policy, specs) if specs is not None else None
     backend_token = _current.set(_current.get() + (name,)) if name is not None else None
-    policy_token = _policy.set(policy) if policy is not None else None
+    policy_token = (_policy.set(policy), _policy_table.set(table)) if policy is not None else None
     try:
         yield get_backend(name) if name is not None else None
     finally:
         if policy_token is not None:
-            _policy.reset(policy_token)
+            _policy_table.reset(policy_token[1])
+            _policy.reset(policy_token[0])
         if backend_token is not None:
             _current.reset(backend_token)
 
@@ -145,18 +157,18 @@ def call_spec(op: str, spec: OpSpec | str | None) -> OpSpec:
     """The spec a call of public op ``op`` runs: the given one (object or id), else its spec under the policy in
     force (:func:`switched_spec`: its family's strict default outside a switch)."""
     from .ops_registry import OPS
-    return specs.resolve(OPS[op], spec if spec is not None else switched_spec(op, _policy.get()))
+    return specs.resolve(OPS[op], spec if spec is not None else switched_spec(op, _policy.get(), _policy_table.get()))
 
 
-def switched_spec(op: str, policy: str) -> OpSpec:
+def switched_spec(op: str, policy: str, table: dict | None = None) -> OpSpec:
     """The spec public op ``op`` runs under ``policy``'s switch: its family's entry of ``hal.spec.POLICY_SPECS``
-    where a conformance suite checks ``op`` under that spec (:func:`suite_of`: the op's record lists the suite),
+    (or of ``table``, a switch's own: hal.spec.policy_specs) where a conformance suite checks ``op`` under that spec (:func:`suite_of`: the op's record lists the suite),
     else the family's strict default. So one family entry reaches the ops its spec is made for: under fast the
     gated delta rule's two ops run the fast GDN spec, the GDN layer ops of the same family (gdn_gating,
     gdn_causal_conv1d, which refuse a fast spec) stay strict."""
     from .ops_registry import OPS
     family = OPS[op]
-    s, default = specs.policy_spec(family, policy), specs.DEFAULTS[family]
+    s, default = specs.policy_spec(family, policy, table), specs.DEFAULTS[family]
     return s if s is default or suite_of(op, s) is not None else default
 
 
@@ -310,16 +322,17 @@ def claiming_backend(op: str, spec: OpSpec, dtype: torch.dtype, device: torch.de
     return chosen
 
 
-def check_policy(policy: str, device: torch.device, dtype: torch.dtype, ops) -> dict[str, tuple[OpSpec, Backend]]:
+def check_policy(policy: str, device: torch.device, dtype: torch.dtype, ops,
+                 table: dict | None = None) -> dict[str, tuple[OpSpec, Backend]]:
     """Before a switch changes anything (lt.patch, TorchTitan's converter): for each of ``ops``, the spec it runs
-    under ``policy`` and, where that spec is the policy's own, the backend that claims it on ``device`` for
+    under ``policy`` (with ``table``, the switch's own: hal.spec.policy_specs) and, where that spec is the policy's own, the backend that claims it on ``device`` for
     ``dtype`` (:func:`claiming_backend`, refusing by name); strict ops are listed with backend None (dispatched
     per call as ever). ``{op: (spec, backend)}``."""
     if policy not in specs.POLICY_SPECS:
         raise InputError(f"policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
     out = {}
     for op in ops:
-        s = switched_spec(op, policy)
+        s = switched_spec(op, policy, table)
         out[op] = (s, claiming_backend(op, s, dtype, device, policy=policy) if policy in s.policies_used() else None)
     return out
 
@@ -329,7 +342,8 @@ def fast_fingerprint(device: torch.device | str | None = None, spec_ids: dict[st
     """What fast bits depend on, for a trainer and an engine to compare (equal dicts: the same fast bits may be
     expected; different: not promised): the GPU (name, compute capability) or, under ``TRITON_INTERPRET=1``,
     "triton interpreter" and the CPU; the Triton version; the backend; and the spec id of every family under
-    the fast switch (``spec_ids``: those a patch records, default ``hal.spec.POLICY_SPECS["fast"]``).
+    the fast switch (``spec_ids``: those a patch records; default: the table of an enclosing ``hal.use(policy="fast",
+    specs=...)``, else ``hal.spec.POLICY_SPECS["fast"]``).
     ``device``: default the current CUDA device, or the CPU under the interpreter. Refused (UnsupportedError
     naming the policy and the device) where no backend claims the fast specs there."""
     from .spec import FAST
@@ -337,7 +351,8 @@ def fast_fingerprint(device: torch.device | str | None = None, spec_ids: dict[st
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if spec_ids is None:
-        spec_ids = {family: s.id for family, s in specs.POLICY_SPECS[FAST].items()}
+        table = _policy_table.get() if _policy.get() == FAST else None
+        spec_ids = {family: s.id for family, s in (table or specs.POLICY_SPECS[FAST]).items()}
     from .ops_registry import OPS
     served = {}
     for family, spec_id in spec_ids.items():  # the backend that claims each fast spec in force (today: triton)

@@ -949,6 +949,16 @@ register(AttentionSpec(p_precision="input"))
 register(AttentionSpec(kv_block=16, kv_split=64, p_precision="input"))
 register(FastAttentionSpec())  # tensor cores (triton backend): docs/fast_policy.md
 register(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4))  # small tiles: CI, many blocks/splits
+#: fast attention with a decode-sized query tile (issue 49), opt-in: ``spec=`` on the attention ops (or its id), or
+#: ``specs={"attention": FAST_ATTENTION_DECODE}`` on the policy switch. 16 rows is the smallest tensor-core dot
+#: (``tl.dot`` needs M >= 16; on sm_90 a 16-row dot is mma.sync m16n8k16, wgmma needs 64), and a decode tile packs a
+#: GQA group's query heads: 4-8 heads x 1-4 rows fill 4-16 of its 16 rows, 3-25 % of the default's 128. 4 warps split
+#: the 64-key score tile and the head dim of P.V across the 16 rows (8 would leave each warp one 8-column slice of S).
+#: The key structure (blocks of 64, splits of 512) is the default's. A new id, not a decode heuristic: the tile shape
+#: and warps decide the row sum's reduction tree and the dot's instruction, so its bits may differ from the default's;
+#: prefill, chunked prefill, decode, paged caches and any num_splits give the same bits *within* it, and its prefill
+#: runs 16-row tiles (slower than the default's): one spec for both the trainer and the sampler.
+FAST_ATTENTION_DECODE = register(FastAttentionSpec(block_m=16, num_warps=4))
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
 #: the fast policy's gated delta rule spec (tensor cores, triton backend; docs/gated_delta_rule.md): what a fast switch
@@ -981,9 +991,37 @@ POLICY_SPECS: dict[str, dict[str, OpSpec]] = {
 }
 
 
-def policy_spec(family: str, policy: str) -> OpSpec:
-    """The spec of ``family`` under ``policy``'s switch: the policy's own where its table has one, else the family's
-    strict default. Which of the family's ops take it: ``hal.dispatch.switched_spec`` (per op)."""
+def policy_specs(policy: str, chosen: dict | None = None) -> dict[str, OpSpec]:
+    """A switch's table: ``POLICY_SPECS[policy]`` with the entries of ``chosen`` (family -> spec or its id) in place of
+    the registered ones, e.g. ``{"attention": FAST_ATTENTION_DECODE}`` (``specs=`` of ``hal.use(policy=...)`` and
+    ``lt.patch(model, policy=...)``). A chosen spec must replace an entry the policy's table has (so it reaches the ops
+    that family's spec is checked for, ``hal.dispatch.switched_spec``), be of that family and be the policy's own
+    (a strict spec under fast would run strict where the switch promises fast): SpecError naming it otherwise."""
     if policy not in POLICY_SPECS:
         raise SpecError(f"policy must be one of {tuple(POLICY_SPECS)}, got {policy!r}")
-    return POLICY_SPECS[policy].get(family) or DEFAULTS[family]
+    table = dict(POLICY_SPECS[policy])
+    if chosen is None:
+        return table
+    if not isinstance(chosen, dict):
+        raise SpecError(f"specs= must be a dict of family -> spec (or spec id), e.g. {{'attention': "
+                        f"{FAST_ATTENTION_DECODE.id!r}}}, got {type(chosen).__name__}")
+    for family, spec in chosen.items():
+        if family not in table:
+            raise SpecError(f"specs={{{family!r}: ...}}: policy {policy!r} has no {family!r} spec to replace (its "
+                            f"families: {', '.join(sorted(table)) or 'none'})")
+        s = resolve(family, spec)  # an unknown id, another family's spec: SpecError naming them
+        if policy not in s.policies_used():
+            raise SpecError(f"specs={{{family!r}: {s.id!r}}}: not a {policy!r} spec (it uses "
+                            f"{', '.join(sorted(s.policies_used()))}); the {policy} switch's {family} spec is "
+                            f"{table[family].id}")
+        table[family] = s
+    return table
+
+
+def policy_spec(family: str, policy: str, table: dict | None = None) -> OpSpec:
+    """The spec of ``family`` under ``policy``'s switch: the policy's own where its table has one (``table``: a
+    :func:`policy_specs` table, default ``POLICY_SPECS[policy]``), else the family's strict default. Which of the
+    family's ops take it: ``hal.dispatch.switched_spec`` (per op)."""
+    if policy not in POLICY_SPECS:
+        raise SpecError(f"policy must be one of {tuple(POLICY_SPECS)}, got {policy!r}")
+    return (POLICY_SPECS[policy] if table is None else table).get(family) or DEFAULTS[family]

@@ -5,10 +5,13 @@
 * refusals by name (UnsupportedError naming the policy and the device) on this CPU without the interpreter, and
   on the stock control anywhere; a refused lt.patch leaves the model as it was;
 * strict changes nothing; exact runs the exact specs;
+* ``specs=`` (hal.use, lt.patch) puts a chosen spec of the policy in its table (the decode-tile attention spec),
+  refused by name otherwise, the model unchanged;
 * in the Triton interpreter (tests/scripts/fast_switch_check.py): a fast-patched tiny Llama runs its linears and
   attention on the fast specs (the dispatch log), the trainer's forward == generate == the continuous-batching
   engine in raw bits (negative controls: the strict-patched model's bits differ, a strict patch is flagged by
-  the dispatch-log check), and the patch's fingerprint; LOCKSTEP_FULL=1 adds the Gated DeltaNet hybrids (Qwen3-Next
+  the dispatch-log check), and the patch's fingerprint; a patch with the decode-tile attention spec (its log, trainer ==
+  generate, its fingerprint; negative control: the default patch's log is flagged); LOCKSTEP_FULL=1 adds the Gated DeltaNet hybrids (Qwen3-Next
   with its MoE, Qwen3.5: linears and attention fast, the GDN strict).
 """
 from __future__ import annotations
@@ -23,8 +26,9 @@ from hal import dispatch
 from hal.conformance.bits import same_bits
 from hal.errors import InputError, SpecError, UnsupportedError
 from hal.kernels.triton.versions import interpreting
-from hal.spec import (DEFAULTS, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec, FastGatedDeltaRuleSpec,
-                      FastMatmulSpec, TokenLogprobsSpec, policy_spec)
+from hal.spec import (DEFAULTS, FAST_ATTENTION_DECODE, POLICY_SPECS, ExactMatmulSpec, FastAttentionSpec,
+                      FastGatedDeltaRuleSpec, FastMatmulSpec, FastMatmulV3Spec, TokenLogprobsSpec, policy_spec,
+                      policy_specs)
 
 from _triton_seq_run import ROOT, needs_interpreter, run_checks
 
@@ -84,6 +88,50 @@ def test_use_needs_a_backend_or_a_known_policy():
         with hal.use("cpu"):  # a backend alone keeps the policy
             assert hal.policy_in_force() == "fast"
     assert hal.policy_in_force() == "strict"
+
+
+def test_the_switch_takes_a_chosen_spec_of_its_policy():
+    """specs= replaces entries of the policy's table for hal.use (nested: an inner policy brings its own table; a
+    backend alone keeps it) and check_policy; a spec that is not the policy's, of another family, for a family the
+    table lacks, or specs= without a policy is refused by name and changes nothing."""
+    attn_ops = ("flash_attn_varlen_func", "flash_attn_with_kvcache")
+    chosen = {"attention": FAST_ATTENTION_DECODE.id}  # by id or object
+    assert FAST_ATTENTION_DECODE.id == "attention.fast.m16.b64.s512.w4.st2.v2" != FastAttentionSpec().id
+    table = policy_specs("fast", chosen)
+    assert table == dict(POLICY_SPECS["fast"], attention=FAST_ATTENTION_DECODE)
+    assert POLICY_SPECS["fast"]["attention"] == FastAttentionSpec()  # the registered table is untouched
+    assert policy_specs("fast", {"matmul": FastMatmulV3Spec()})["matmul"] == FastMatmulV3Spec()
+    with hal.use(policy="fast", specs=chosen):
+        assert all(dispatch.call_spec(op, None) is FAST_ATTENTION_DECODE for op in attn_ops)
+        assert dispatch.call_spec("linear", None) == FastMatmulSpec() and dispatch.call_spec("rms_norm", None) is \
+            DEFAULTS["rms_norm"]
+        assert dispatch.call_spec("flash_attn_varlen_func", FastAttentionSpec()) == FastAttentionSpec()  # explicit wins
+        with hal.use("cpu"):
+            assert dispatch.call_spec("flash_attn_with_kvcache", None) is FAST_ATTENTION_DECODE
+        with hal.use(policy="fast"):
+            assert dispatch.call_spec("flash_attn_with_kvcache", None) == FastAttentionSpec()
+        assert dispatch.call_spec("flash_attn_varlen_func", None) is FAST_ATTENTION_DECODE
+    assert dispatch.call_spec("flash_attn_varlen_func", None) is DEFAULTS["attention"]
+    for op in attn_ops:
+        assert dispatch.switched_spec(op, "fast", table) is FAST_ATTENTION_DECODE
+        assert dispatch.switched_spec(op, "fast") == FastAttentionSpec()
+    assert dispatch.check_policy("fast", torch.device("cpu"), torch.bfloat16, ("rms_norm",), table)["rms_norm"] == \
+        (DEFAULTS["rms_norm"], None)
+    refused = [(InputError, "specs= changes a policy switch's table; pass the policy too", dict(specs=chosen)),
+               (SpecError, "policy 'strict' has no 'attention' spec to replace", dict(policy="strict", specs=chosen)),
+               (SpecError, "policy 'fast' has no 'rms_norm' spec to replace",
+                dict(policy="fast", specs={"rms_norm": DEFAULTS["rms_norm"]})),
+               (SpecError, r"not a 'fast' spec \(it uses strict\); the fast switch's attention spec is "
+                           r"attention\.fast\.m128", dict(policy="fast", specs={"attention": DEFAULTS["attention"]})),
+               (SpecError, "is for 'matmul' ops", dict(policy="fast", specs={"attention": FastMatmulSpec()})),
+               (SpecError, "unknown spec id 'attention.fast.m8'", dict(policy="fast", specs={"attention": "attention.fast.m8"})),
+               (SpecError, "specs= must be a dict", dict(policy="fast", specs=[FAST_ATTENTION_DECODE]))]
+    for error, message, kwargs in refused:
+        with pytest.raises(error, match=message):
+            with hal.use(**kwargs):
+                pass
+        assert hal.policy_in_force() == "strict" and dispatch.call_spec("flash_attn_varlen_func", None) is \
+            DEFAULTS["attention"]
 
 
 @no_interpreter
@@ -275,6 +323,13 @@ def test_patch_policy_arguments(lt):
     m = _tiny(torch.float32)  # float32 outputs: the exact and the strict dots' bits differ (in bf16 they may not)
     with pytest.raises(InputError, match="policy must be one of"):
         lt.patch(m, policy="turbo")
+    attrs, _ = _state(m)
+    for policy, chosen, message in (("strict", {"attention": FAST_ATTENTION_DECODE}, "policy 'strict' has no 'attention'"),
+                                    ("fast", {"attention": DEFAULTS["attention"]}, "not a 'fast' spec"),
+                                    ("exact", {"attention": FAST_ATTENTION_DECODE}, "policy 'exact' has no 'attention'")):
+        with pytest.raises(SpecError, match=message):  # before anything is patched
+            lt.patch(m, policy=policy, specs=chosen)
+        assert _state(m)[0] == attrs
     with pytest.raises(InputError, match="not both"):
         lt.patch(m, policy="exact", matmul_spec=ExactMatmulSpec(slices=4))
     with lt.patch(m, policy="exact") as p:
@@ -297,6 +352,7 @@ def test_fast_switch_whole_model_in_interpreter():
     pytest.importorskip("transformers")
     full = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
     names = ("switch-runs-fast-specs", "switch-trainer-equals-generate", "switch-engine-equals-trainer",
-             "switch-fingerprint", "switch-gdn-engine") + (("switch-gdn-hybrids",) if full else ())
-    out = run_checks(*names, script=SCRIPT)  # ~25 s here (generate, the engines, the fingerprint); full: +15 s
-    assert out.count("wrong variant caught") == 4 + 4 * full and out.count("identical") == 3 + 2 * full
+             "switch-fingerprint", "switch-decode-tile", "switch-gdn-engine") + (("switch-gdn-hybrids",) if full else ())
+    out = run_checks(*names, script=SCRIPT)  # ~30 s here (generate, the engines, the fingerprints); full: +15 s
+    assert out.count("wrong variant caught") == 5 + 4 * full and out.count("identical") == 4 + 2 * full
+    assert "switch-decode-tile-fingerprint: ok" in out

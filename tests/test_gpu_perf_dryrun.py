@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -57,6 +58,8 @@ def test_every_stage_wrote_its_rows(dry_run):
         assert r["kernels"] and all(isinstance(g, list) for g in r["grids"]), r
         assert r["triton"] == gpu_perf.TRITON
     assert {r["policy"] for r in ops.values()} == {"strict", "fast", "exact"}
+    # the decode-tile spec's rows (their bits checks included: decode == its prefill-sized chunk, prefill == decode)
+    assert {"attention_decode/fast-m16/B2", "attention_prefill/fast-m16/T24"} <= set(ops)
     assert all(r["ratio"] is not None for r in ops.values())  # transformers is a test dependency: GDN has stock
     kernels = _rows(out, "kernels.jsonl")
     assert {k["id"] for k in kernels} == set(want) and all(k["programs"] >= 1 for k in kernels)
@@ -222,7 +225,7 @@ def test_plan_check_refuses_a_plan_over_its_call(tmp_path):
     assert "plan ok" in fits.stdout and "rc=0" in fits.stdout and fits.stdout.strip().endswith("60")
 
 
-@pytest.mark.parametrize("script, call", [("gpu_verify.sh", 150), ("gpu_check_8min.sh", 450)])
+@pytest.mark.parametrize("script, call", [("gpu_verify.sh", 150), ("gpu_check_8min.sh", 450), ("gpu_sweep.sh", 240)])
 def test_each_call_plan_fits_and_unreached_stages_say_not_run(tmp_path, script, call):
     """Every stage skipped (STEPS names none): the plan is still checked first; the verification call's verdict
     says "not run" for each stage and fails (an unreached stage is never "ok")."""
@@ -324,3 +327,54 @@ def test_a_fast_attention_path_row_fails_unless_its_bits_equal_the_default():
             ours, _, _ = row.build(0)
             assert ours.constants[1] == {"FAST_BLOCK_PATH": False} and ours() is False
     assert fast_attention.FAST_BLOCK_PATH is True
+
+
+def test_a_decode_tile_row_fails_unless_its_decode_equals_its_prefill(monkeypatch):
+    """attention_decode/fast-m16/B* and attention_prefill/fast-m16/T* (the decode-tile spec) check each input set's
+    raw bits before timing: the decode == the last row of a prefill-sized chunk ending at it, the prefill's last row
+    == that row decoded. Stand-in ops (every row's out and lse its own q's: rows are independent) with the lse of the
+    multi-row call one ulp off fail the row by name (the negative control); equal bits pass, the spec passed down."""
+    import hal
+    from benchmarks import gpu_perf
+    from hal.spec import FAST_ATTENTION_DECODE
+    seen = set()
+
+    def rows_own(q, many_rows, shift):  # (out, lse [heads, rows]) of rows [rows, heads, d]
+        lse = q.float().sum(-1).transpose(0, 1)
+        return q.clone(), (torch.nextafter(lse, torch.full_like(lse, float("inf"))) if many_rows and shift else lse)
+
+    def kvcache(shift):
+        def call(q, kc, vc, cache_seqlens, block_table=None, return_lse=False, spec=None, **kw):
+            seen.add(spec)
+            outs = [rows_own(qb, q.shape[1] > 1, shift) for qb in q]
+            out, lse = torch.stack([o for o, _ in outs]), torch.stack([lv for _, lv in outs])
+            return (out, lse) if return_lse else out
+        return call
+
+    def varlen(shift):
+        def call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=False, spec=None, **kw):
+            seen.add(spec)
+            out, lse = rows_own(q, True, shift)
+            return (out, lse) if return_lse else out
+        return call
+
+    q = torch.arange(2 * 4 * 8, dtype=torch.float32).reshape(2, 1, 4, 8).bfloat16()
+    decode = gpu_perf.Case("attention_decode/fast/B2", "attention_decode", "fast", "B2",
+                           build=lambda seed: (None, None, [q, None, None, None, torch.tensor([5, 5])]))
+    qp = torch.arange(24 * 4 * 8, dtype=torch.float32).reshape(24, 4, 8).bfloat16()
+    prefill = gpu_perf.Case("attention_prefill/fast/T24", "attention_prefill", "fast", "T24",
+                            build=lambda seed: (None, None, [qp, qp[:, :2], qp[:, :2]]))
+    for prefill_row, base, make in ((False, decode, gpu_perf._decode_tile_decode),
+                                    (True, prefill, gpu_perf._decode_tile_prefill)):
+        row = make(base, {})
+        assert row.id == base.id.replace("/fast/", "/fast-m16/") and row.policy == "fast"
+        for shift in (True, False):
+            monkeypatch.setattr(hal, "flash_attn_with_kvcache", kvcache(shift and not prefill_row))
+            monkeypatch.setattr(hal, "flash_attn_varlen_func", varlen(shift and prefill_row))
+            if shift:
+                with pytest.raises(AssertionError, match=re.escape(row.id)):
+                    row.build(0)
+            else:
+                ours, _, _ = row.build(0)
+                assert hasattr(ours, "constants")  # a selected-path row: its replay runs under the same call
+    assert seen == {FAST_ATTENTION_DECODE}

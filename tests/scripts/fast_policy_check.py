@@ -232,6 +232,42 @@ def attn_wrong_head_negative():
         _differs(f"attn-wrong-head-negative[{spec.id},{dt}]", [("out", out[60:61], o), ("lse", lse[:, 60:61], l)])
 
 
+#: the attention_fast suite's L2 checks run on the decode-tile case in CI (~7 s after its 8 s prefill here): all but
+#: chunked prefill at every cut through varlen and a paged cache (chunks of up to 500 rows: 30 s in the interpreter)
+#: and paged vs contiguous (decode and prefix reuse run on shuffled pages already); LOCKSTEP_FULL=1 and the suite's
+#: quick set run every one
+DECODE_TILE_L2_CI = ("mixed-prefill-decode", "prefix-cache-reuse", "decode", "num-splits")
+
+
+def attn_decode_tile():
+    """The decode-tile spec (hal.spec.FAST_ATTENTION_DECODE: 16-row tiles, 4 warps) through the attention_fast suite's
+    own L2 checks on its quick case (530 keys across the 512-key split; a GQA group of 4, which decode tiles pack into
+    the 16 rows), raw bits of out and float32 lse against the spec's own prefill (the suite's base call): a 29-row
+    chunk across the split (prefill-sized tiles, the interior path) in a call with decoding rows, a 10-row chunk on
+    shared paged prefix pages, decode token by token across the split (paged, page 5), num_splits 1..8.
+    Negative control: decode tiles reading the next packed head's q, caught by the prefix-reuse rows (a 10-row chunk:
+    4 heads x 4 rows in a tile). (In the interpreter
+    the spec gives the default spec's bits: neither the tl.dot stand-in nor the interpreter's row sum depends on the
+    tile's rows, so no check here can show the two specs differ; only a GPU can.)"""
+    from hal.conformance import suites
+    from hal.kernels.triton import fast_attention
+    from hal.spec import FAST_ATTENTION_DECODE
+    suite = suites.get("attention_fast")
+    case = next(c for c in suite.quick_cases() if c.spec is FAST_ATTENTION_DECODE)
+    be = hal.get_backend("triton")
+    inputs = suite.make_inputs(case)
+    base = suite.run(be, case, inputs)
+    checks = dict(suite.checks["L2"])
+    names = list(checks) if os.environ.get("LOCKSTEP_FULL", "") not in ("", "0") else DECODE_TILE_L2_CI
+    label = f"attn-decode-tile[{case.spec.id},{case.dtype}]"
+    _same(label, [pair for name in names for pair in checks[name](be, case, inputs, base)])
+    with kernel_variant(fast_attention, "_fast_attn_kernel",
+                        "qr_off = q_off  # where rows read q (out and lse go to q_off)",
+                        "qr_off = _q_offsets(Q_ROW0, b, i, g * PACK + (h + 1) % PACK, stride_qt, stride_qh)"):
+        wrong = list(checks["prefix-cache-reuse"](be, case, inputs, base))
+    _differs(f"attn-decode-tile-wrong-head-negative[{case.spec.id},{case.dtype}]", wrong)
+
+
 def attn_block_from_length_negative():
     """Negative control: the key block chosen from the query count (short chunks get bigger blocks) is caught."""
     for spec, dt, d in _pick(ATTN_CASES):
@@ -344,7 +380,7 @@ def attn_interior_negative():
 
 CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negative, mm_split_k_negative,
                                   mm_nonfinite, mm_v3_table_same_bits, attn_split_invariance, attn_batch_invariance,
-                                  attn_reverse_merge_negative, attn_wrong_head_negative,
+                                  attn_reverse_merge_negative, attn_wrong_head_negative, attn_decode_tile,
                                   attn_block_from_length_negative, attn_interior_path, attn_interior_negative)}
 
 if __name__ == "__main__":

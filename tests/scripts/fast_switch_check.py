@@ -4,8 +4,9 @@ Run in a subprocess by tests/test_fast_switch.py. ``lt.patch(model, policy="fast
 which spec every dispatched op ran under (the fast matmul / attention specs on triton, every other op strict,
 never the stock control); the trainer's teacher-forced forward and the sampler's ``generate`` give the same
 raw bits, with a negative control (the strict-patched model's logits must differ from the fast ones); the
-patch's fingerprint; a Gated DeltaNet hybrid's delta rule on the fast GDN spec (its conv and gates strict) in
-the engine (CI) and in generate / the trainer's forward (switch-gdn-hybrids, LOCKSTEP_FULL=1).
+patch's fingerprint; a patch whose table takes the decode-tile attention spec (``specs=``); a Gated DeltaNet
+hybrid's delta rule on the fast GDN spec (its conv and gates strict) in the engine (CI) and in generate / the
+trainer's forward (switch-gdn-hybrids, LOCKSTEP_FULL=1).
 Usage: python tests/scripts/fast_switch_check.py [CHECK...]; prints "CHECK: ok ..." / "CHECK: FAIL ..." lines.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import hal  # noqa: E402
 from hal import dispatch  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.transformers.testing import tiny_model  # noqa: E402
-from hal.spec import POLICY_SPECS  # noqa: E402
+from hal.spec import FAST_ATTENTION_DECODE, POLICY_SPECS, policy_specs  # noqa: E402
 from triton_seq_check import FAILED, _differs, _same  # noqa: E402
 
 PROMPT = [5, 17, 42, 9, 77]
@@ -64,11 +65,11 @@ def _teacher_forced(m, seq):
     return logits[len(PROMPT) - 1:len(PROMPT) - 1 + NEW]
 
 
-def _off_the_switch(log):
+def _off_the_switch(log, table=POLICY_SPECS["fast"]):
     """The dispatched calls of a fast-patched model that ran anything but the switch's choice: a linear, attention,
-    gated delta rule or token_logprobs call off the fast table's spec or off triton, another op (the GDN conv and
-    gates included) off its strict spec, anything on stock."""
-    fast = {family: s.id for family, s in POLICY_SPECS["fast"].items()}
+    gated delta rule or token_logprobs call off the fast table's spec (``table``: the patch's) or off triton, another
+    op (the GDN conv and gates included) off its strict spec, anything on stock."""
+    fast = {family: s.id for family, s in table.items()}
     want = {"linear": fast["matmul"], "matmul": fast["matmul"], "flash_attn_varlen_func": fast["attention"],
             "flash_attn_with_kvcache": fast["attention"], "chunk_gated_delta_rule": fast["gated_delta_rule"],
             "fused_recurrent_gated_delta_rule": fast["gated_delta_rule"], "token_logprobs": fast["token_logprobs"]}
@@ -77,9 +78,9 @@ def _off_the_switch(log):
             or b == "stock"]
 
 
-def _check_log(label, log, gdn=False):
+def _check_log(label, log, gdn=False, table=POLICY_SPECS["fast"]):
     """``gdn``: a hybrid's log must also show the delta rule, prefill and decode, and the layer ops (strict)."""
-    wrong = _off_the_switch(log)
+    wrong = _off_the_switch(log, table)
     linears = sum(op == "linear" for op, _, _ in log)
     attns = sum(op.startswith("flash_attn") for op, _, _ in log)
     rules = {op for op, _, _ in log if op.endswith("gated_delta_rule")}
@@ -156,6 +157,41 @@ def switch_fingerprint():
     if not ok:
         FAILED.append("switch-fingerprint")
     print(f"switch-fingerprint: {'ok' if ok else 'FAIL'} {fp}", flush=True)
+
+
+def switch_decode_tile():
+    """lt.patch(model, policy="fast", specs={"attention": FAST_ATTENTION_DECODE}): every attention call (prefill and the
+    cached decode step) runs the decode-tile spec on triton, the linears the fast table's matmul; trainer forward ==
+    generate in raw bits; the fingerprint names the decode tile, as hal.fast_fingerprint does under
+    hal.use(policy="fast", specs=...). Negative control: the default fast patch's log is flagged (its attention ran
+    the 128-row spec). (Both specs give the same bits in the interpreter: the logits cannot tell them apart here.)"""
+    m = _model()
+    chosen = {"attention": FAST_ATTENTION_DECODE}
+    table = policy_specs("fast", chosen)
+    with lt.patch(m, policy="fast", specs=chosen) as p, dispatch_log() as log:
+        seq, sampled = _generate(m)
+        trained = _teacher_forced(m, seq)
+        fp = p.fingerprint
+    _check_log("switch-decode-tile-runs-its-specs", log, table=table)
+    _same("switch-decode-tile-trainer-equals-generate", [(f"step-{i}", trained[i].float(), sampled[i])
+                                                         for i in range(NEW)])
+    with lt.patch(m, policy="fast") as default_patch, dispatch_log() as default_log:
+        _generate(m)
+    if _off_the_switch(default_log, table):
+        print("switch-decode-tile-log-negative-control: ok (wrong variant caught: the default patch's attention)",
+              flush=True)
+    else:
+        FAILED.append("switch-decode-tile-log-negative-control")
+        print("switch-decode-tile-log-negative-control: FAIL (wrong variant NOT caught)", flush=True)
+    with hal.use(policy="fast", specs=chosen):
+        in_force = hal.fast_fingerprint("cpu")
+    ok = (fp["specs"]["attention"] == FAST_ATTENTION_DECODE.id and fp == in_force
+          and {k: v for k, v in fp["specs"].items() if k != "attention"}
+          == {k: v for k, v in default_patch.fingerprint["specs"].items() if k != "attention"}
+          and default_patch.fingerprint["specs"]["attention"] != FAST_ATTENTION_DECODE.id)
+    if not ok:
+        FAILED.append("switch-decode-tile-fingerprint")
+    print(f"switch-decode-tile-fingerprint: {'ok' if ok else 'FAIL'} {fp['specs']}", flush=True)
 
 
 def switch_gdn_hybrids():
@@ -275,7 +311,7 @@ def switch_torchtitan_qwen3_5():
 
 CHECKS = {f.__name__.replace("_", "-"): f for f in (switch_runs_fast_specs, switch_trainer_equals_generate,
                                                      switch_engine_equals_trainer, switch_fingerprint,
-                                                     switch_gdn_engine)}
+                                                     switch_decode_tile, switch_gdn_engine)}
 OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch_gdn_hybrids,  # when named
             "switch-torchtitan-qwen3_5": switch_torchtitan_qwen3_5}
 

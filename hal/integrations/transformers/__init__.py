@@ -395,7 +395,7 @@ def _inside_handled(model, name: str) -> bool:
     return False
 
 
-def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "raise",
+def apply(model, *, policy: str = "strict", specs: dict | None = None, matmul_spec=None, unknown: str = "raise",
           allow_untested: bool = False) -> Patch:
     """Patch ``model`` in place (per-instance forwards); returns a :class:`Patch` with ``revert()``.
 
@@ -406,6 +406,9 @@ def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "ra
     anything is patched, unless the backend that would run each of the policy's ops claims it on the model's
     device (fast: triton on CUDA, or on CPU under ``TRITON_INTERPRET=1``); ``Patch.fingerprint`` then says
     what fast bits depend on (docs/fast_policy.md).
+    ``specs``: family -> spec (or id) in place of the policy table's, e.g. ``{"attention": FAST_ATTENTION_DECODE}``
+    (hal.spec: fast attention on 16-row query tiles, for decode; the patch's prefill runs it too, so a trainer
+    must pick the same); refused by name (SpecError) unless it is the policy's own spec of a family in its table.
     ``matmul_spec``: the spec of every linear (LM head, router and experts included) -- None for the
     default strict spec, or a matmul spec / its id, e.g. ``ExactMatmulSpec(slices=4)``
     ("matmul.exact.s4.v2"), whose bits do not depend on tiling, split-K, threads or TP degree. Under
@@ -418,7 +421,7 @@ def apply(model, *, policy: str = "strict", matmul_spec=None, unknown: str = "ra
     nested or overlapping patches (``lt.apply(model.model)`` then ``lt.apply(model)``).
     Modules attached later are patched (or refused by name) on their first forward; see :class:`Patch`.
     """
-    switch = PatchPolicy(model, policy, matmul_spec)  # a policy's refusals by name, before anything changes
+    switch = PatchPolicy(model, policy, matmul_spec, specs)  # a policy's refusals by name, before anything changes
     spec, backend = switch.matmul
     matmul = PatchMatmul(spec, switch.logprobs[0], backend)  # a bad spec is a SpecError before anything else
     check_version(allow_untested)

@@ -6,7 +6,9 @@ log-prob and, in a Gated DeltaNet hybrid (Qwen3-Next, Qwen3.5), its gated delta 
 engine's step; the layer's conv and gates stay strict: ``hal.dispatch.switched_spec``) -- takes its family's spec under the policy (``hal.spec.POLICY_SPECS``; a family without
 one keeps its strict default, e.g. rms_norm under fast) on the backend that claims it for the model's
 device and dtype (``hal.dispatch.check_policy``), checked before the patch changes anything and refused by
-name otherwise (UnsupportedError naming the policy and the device). The specs and the backend names are
+name otherwise (UnsupportedError naming the policy and the device); ``specs=`` replaces entries of the policy's table
+(``lt.patch(model, policy="fast", specs={"attention": FAST_ATTENTION_DECODE})``: hal.spec.policy_specs, refused
+by name). The specs and the backend names are
 handed to the ops explicitly (no context variable), so a compiled forward keeps them too. Under fast the
 patch records ``hal.fast_fingerprint`` of what its bits depend on (``Patch.fingerprint``).
 """
@@ -42,11 +44,13 @@ class PatchPolicy:
     log-prob (``logprobs``) and its gated delta rule (``gdn``; a model without Gated DeltaNet layers: (None, None));
     backend None: dispatched per call as without a policy. ``fingerprint``: under fast,
     :func:`hal.fast_fingerprint` of the model's device (every fast spec of the table, as a trainer's own
-    ``hal.fast_fingerprint()``); None otherwise."""
+    ``hal.fast_fingerprint()``, with the ids of ``chosen``'s specs); None otherwise. ``chosen``: family -> spec (or
+    id) in place of the policy table's (hal.spec.policy_specs)."""
 
-    def __init__(self, model, policy: str = specs.STRICT, matmul_spec=None):
+    def __init__(self, model, policy: str = specs.STRICT, matmul_spec=None, chosen=None):
         if policy not in specs.POLICY_SPECS:
             raise InputError(f"lt.patch: policy must be one of {tuple(specs.POLICY_SPECS)}, got {policy!r}")
+        table = specs.policy_specs(policy, chosen)  # a spec that is not the policy's: SpecError, nothing patched
         self.policy = policy
         self.fingerprint = None
         if policy == specs.STRICT:  # what lt.patch did before the switch: nothing changes
@@ -63,7 +67,7 @@ class PatchPolicy:
         ops = SWITCHED_OPS + (GDN_SWITCHED_OPS if hybrid else ())
         chosen = {}
         for device, dtype in where:  # refuses by name, before anything is patched
-            for op, (spec, backend) in dispatch.check_policy(policy, device, dtype, ops).items():
+            for op, (spec, backend) in dispatch.check_policy(policy, device, dtype, ops, table).items():
                 name = None if backend is None else backend.name
                 if chosen.setdefault(op, (spec, name)) != (spec, name):
                     raise UnsupportedError(f"lt.patch(policy={policy!r}): the model's parameters on {where} would run "
@@ -74,4 +78,4 @@ class PatchPolicy:
             raise UnsupportedError(f"lt.patch(policy={policy!r}): the chunked and the recurrent gated delta rule would "
                                    f"run {self.gdn} and {chosen[GDN_SWITCHED_OPS[1]]}; they must share one spec")
         if policy == specs.FAST:
-            self.fingerprint = dispatch.fast_fingerprint(where[0][0])
+            self.fingerprint = dispatch.fast_fingerprint(where[0][0], {f: s.id for f, s in table.items()})
