@@ -952,13 +952,15 @@ register(FastAttentionSpec(block_m=16, kv_block=16, kv_split=64, num_warps=4))  
 #: fast attention with a decode-sized query tile (issue 49), opt-in: ``spec=`` on the attention ops (or its id), or
 #: ``specs={"attention": FAST_ATTENTION_DECODE}`` on the policy switch. 16 rows is the smallest tensor-core dot
 #: (``tl.dot`` needs M >= 16; on sm_90 a 16-row dot is mma.sync m16n8k16, wgmma needs 64), and a decode tile packs a
-#: GQA group's query heads: 4-8 heads x 1-4 rows fill 4-16 of its 16 rows, 3-25 % of the default's 128. 4 warps split
-#: the 64-key score tile and the head dim of P.V across the 16 rows (8 would leave each warp one 8-column slice of S).
-#: The key structure (blocks of 64, splits of 512) is the default's. A new id, not a decode heuristic: the tile shape
-#: and warps decide the row sum's reduction tree and the dot's instruction, so its bits may differ from the default's;
-#: prefill, chunked prefill, decode, paged caches and any num_splits give the same bits *within* it, and its prefill
-#: runs 16-row tiles (slower than the default's): one spec for both the trainer and the sampler.
-FAST_ATTENTION_DECODE = register(FastAttentionSpec(block_m=16, num_warps=4))
+#: GQA group's query heads: 4-8 heads x 1-4 rows fill 4-16 of its 16 rows, 3-25 % of the default's 128. 8 warps, as
+#: the default: the K and V blocks (64 keys x the head dim), not the 16 rows, fill the registers. Compiled for sm_90 by
+#: Triton 3.9 (D 128, bf16; no GPU, 3.6 not checked): the paged split-KV decode kernel has no local stack on 8 warps,
+#: 136 B on 4, 256 B on 2; the prefill tile 16 B on 8, 1744 B on 4 (docs/fast_policy.md). Blocks of 64 and splits of
+#: 512 keys as the default. A new id, not a decode heuristic: the tile shape decides the dot's instruction and the row
+#: sum's reduction tree, so its bits may differ from the default's; prefill, chunked prefill, decode, paged caches and
+#: any num_splits give the same bits *within* it, its prefill on 16-row tiles (slower than the default's): one spec
+#: for the trainer and the sampler both.
+FAST_ATTENTION_DECODE = register(FastAttentionSpec(block_m=16))
 register(GatedDeltaRuleSpec(variant="chunked"), default=True)
 register(GatedDeltaRuleSpec(variant="serial"))
 #: the fast policy's gated delta rule spec (tensor cores, triton backend; docs/gated_delta_rule.md): what a fast switch

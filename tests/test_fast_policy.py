@@ -132,8 +132,15 @@ needs_compiler = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not 
 def test_fast_kernel_uses_tensor_cores(target):
     pytest.importorskip("triton")
     from hal.kernels.checks import fast_lint, lint
-    for case, warps, stages in fast_lint.fast_kernels()[:1] + fast_lint.fast_kernels()[-1:]:  # matmul, decode attention
+    kernels = fast_lint.fast_kernels()
+    decodes = [k for k in kernels if k[0].name.startswith("fast_attention[bf16,paged=True")]  # default, decode tile
+    assert len(decodes) == 2
+    for case, warps, stages in kernels[:1] + decodes:  # matmul, decode attention (128 rows: wgmma; 16: mma on sm_90)
         assert fast_lint.lint(case, target, warps, stages) == [], case.name
+    if target == "sm90":  # the decode tile's 16-row dot is mma.sync there: held to wgmma's rule, it fails
+        case, warps, stages = decodes[1]
+        k = lint.compile_case(case, target, fast_lint.STRICT_OPTIONS["enable_fp_fusion"], warps, stages)
+        assert any("wgmma" in p for p in fast_lint.fast_problems(k.asm["ttir"], k.asm["ptx"], target))
     case, warps, stages = fast_lint.fast_kernels()[0]
     # the strict lint must reject it (tensor cores): the two lints are never swapped
     assert any("tensor-core" in p for p in lint.lint(case, target))

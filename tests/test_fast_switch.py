@@ -96,7 +96,7 @@ def test_the_switch_takes_a_chosen_spec_of_its_policy():
     table lacks, or specs= without a policy is refused by name and changes nothing."""
     attn_ops = ("flash_attn_varlen_func", "flash_attn_with_kvcache")
     chosen = {"attention": FAST_ATTENTION_DECODE.id}  # by id or object
-    assert FAST_ATTENTION_DECODE.id == "attention.fast.m16.b64.s512.w4.st2.v2" != FastAttentionSpec().id
+    assert FAST_ATTENTION_DECODE.id == "attention.fast.m16.b64.s512.w8.st2.v2" != FastAttentionSpec().id
     table = policy_specs("fast", chosen)
     assert table == dict(POLICY_SPECS["fast"], attention=FAST_ATTENTION_DECODE)
     assert POLICY_SPECS["fast"]["attention"] == FastAttentionSpec()  # the registered table is untouched

@@ -5,7 +5,8 @@
 The strict lint (lint.py) rejects tensor cores and must never be applied to these kernels; this one
 requires them: a fast kernel whose ``tl.dot`` fell back to FMA units (an fp32 operand, a tile too small
 for the target's instruction) would be correct but pointless. Rules:
-  PTX: ``wgmma`` (sm_90) / ``mma`` (sm_80) present; no float atomics (``atom``/``red`` on floats:
+  PTX: ``wgmma`` (sm_90) / ``mma`` (sm_80) present (``mma`` on sm_90 for a dot tile of fewer than 64 rows, where
+  wgmma cannot go: the decode-tile attention spec's 16 rows); no float atomics (``atom``/``red`` on floats:
   an order that changes from run to run would break L0).
   TTIR: a ``tt.dot``; compiled with the launch options of the fast kernels (the spec's warps, stages).
 Negative control (tests/test_fast_policy.py): the strict matmul kernel fails it.
@@ -29,11 +30,16 @@ _TENSOR_CORE = {"sm90": ("wgmma.mma_async", re.compile(r"^\s*(?:@!?%p\d+\s+)?wgm
 _FLOAT_ATOMIC = dict(PTX_RULES)["float atomic (order-dependent sum)"]
 
 
-def fast_problems(ttir: str, ptx: str, target: str) -> list[str]:
+#: wgmma's M: a dot tile of fewer rows lowers to mma.sync on sm_90 too
+WGMMA_MIN_ROWS = 64
+
+
+def fast_problems(ttir: str, ptx: str, target: str, rows: int | None = None) -> list[str]:
+    """``rows``: the dot tile's rows, where known (fewer than WGMMA_MIN_ROWS: the sm_80 instruction on sm_90 too)."""
     out = []
     if "tt.dot" not in ttir:
         out.append("no tt.dot in the TTIR: the kernel does not use the matrix unit")
-    name, rx = _TENSOR_CORE[target]
+    name, rx = _TENSOR_CORE["sm80" if rows is not None and rows < WGMMA_MIN_ROWS else target]
     if not rx.search(ptx):
         out.append(f"no tensor-core instruction ({name}) in the PTX for {target}: tl.dot did not reach the "
                    "tensor cores")
@@ -45,7 +51,7 @@ def fast_problems(ttir: str, ptx: str, target: str) -> list[str]:
 
 def lint(case: KernelCase, target: str, num_warps: int = 4, num_stages: int = 3) -> list[str]:
     k = compile_case(case, target, STRICT_OPTIONS["enable_fp_fusion"], num_warps, num_stages)
-    return fast_problems(k.asm["ttir"], k.asm["ptx"], target)
+    return fast_problems(k.asm["ttir"], k.asm["ptx"], target, case.constexprs.get("BLOCK_M"))
 
 
 def fast_matmul_case(launch, dt: str, logits: bool = False) -> KernelCase:
@@ -110,24 +116,24 @@ def fast_kernels():
     sig = {k: v for k, v in _sig(fg._fast_chunked_kernel, types, "*fp32").items() if k not in consts}
     # Qwen3-Next / Qwen3.5 GDN heads (16 q/k, 32 value heads, d 128); launched without num_stages: Triton's 3
     out.append((KernelCase("fast_gdn_chunked[H16/32,d128]", fg._fast_chunked_kernel, sig, consts), g.num_warps, 3))
-    from hal.spec import FastAttentionSpec
+    from hal.spec import FAST_ATTENTION_DECODE, FastAttentionSpec
     from ..triton import fast_attention as fa
-    a = FastAttentionSpec()
     i32 = "i32"
     types = {n: "*i32" for n in ("WN", "Q_ROW0", "QLEN", "KLEN", "K_ROW0", "BT", "LSE_ROW0")}
     types.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_lh",
                                    "bt_stride", "page", "causal", "left", "right", "n_ws_rows", "n_ws_splits",
                                    "n_work", "n1", "n2", "n_kb")})
     types.update(scale="fp32", Q="*bf16", K="*bf16", V="*bf16", O="*bf16")
-    for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode (a GQA group packed)
-        pack = 4 if one else 1
-        # as attend launches them: prefill-sized tiles with the interior path (fast_attention.launch_config)
-        consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
-                      KB=a.kv_block, KS=a.kv_split, NKB=a.kv_split // a.kv_block, OUT=tl.bfloat16, PAGED=paged,
-                      ONE_SPLIT=one, NPU=False, INTERIOR=not one, HEAVY_FIRST=True, FLAT=True)
-        sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
-        out.append((KernelCase(f"fast_attention[bf16,paged={paged}]", fa._fast_attn_kernel, sig, consts),
-                    a.num_warps, a.num_stages))
+    for a, tag in ((FastAttentionSpec(), ""), (FAST_ATTENTION_DECODE, ",m16")):  # the default; the decode tile
+        for paged, one in ((False, False), (True, True)):  # varlen prefill; paged split-KV decode (a GQA group packed)
+            pack = 4 if one else 1
+            # as attend launches them: prefill-sized tiles with the interior path (fast_attention.launch_config)
+            consts = dict(HQ=32, GROUP=4, D=128, BLOCK_M=a.block_m, ROWS=a.block_m // pack, PACK=pack, BLOCK_D=128,
+                          KB=a.kv_block, KS=a.kv_split, NKB=a.kv_split // a.kv_block, OUT=tl.bfloat16, PAGED=paged,
+                          ONE_SPLIT=one, NPU=False, INTERIOR=not one, HEAVY_FIRST=True, FLAT=True)
+            sig = {k: v for k, v in _sig(fa._fast_attn_kernel, types, "*fp32").items() if k not in consts}
+            out.append((KernelCase(f"fast_attention[bf16,paged={paged}{tag}]", fa._fast_attn_kernel, sig, consts),
+                        a.num_warps, a.num_stages))
     return out
 
 
