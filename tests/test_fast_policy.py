@@ -5,8 +5,10 @@
   bits across batch compositions, two wrong variants caught (block_k chosen from the batch, split-K);
   attention L2 (prefill == chunked == decode with 1/8 splits == paged), its wrong variant (split partials
   merged in reverse) caught; attention's interior-block path == the general block step in raw bits on NaN / inf /
-  -0.0 inputs, its three wrong variants caught; LOCKSTEP_FULL=1 adds attention L1, a second wrong variant and the
-  interior path on finite, huge-score and overflowing inputs, every spec x dtype;
+  -0.0 inputs, its three wrong variants caught; the decode-tile spec (FAST_ATTENTION_DECODE) through the
+  attention_fast suite's own L2 checks against its prefill, a wrong-head variant caught; LOCKSTEP_FULL=1 adds
+  attention L1, a second wrong variant and the interior path on finite, huge-score and overflowing inputs, every
+  spec x dtype, and every L2 check of the decode-tile case;
 * conformance: matmul_fast (and, with LOCKSTEP_FULL=1, attention_fast) run in tests/test_triton_interpreter.py;
   here the stock backend (negative control) fails matmul_fast (L0, L1) and attention_fast (L2);
 * fast lint: the kernel compiled for sm_80/sm_90 uses mma/wgmma and no float atomics; the strict matmul
@@ -104,11 +106,12 @@ def test_fast_kernels_structure_in_interpreter():
     ci = ["mm_batch_invariance", "mm_tiles_from_batch_negative", "mm_split_k_negative", "mm_nonfinite",
           "mm_v3_table_same_bits",
           "attn_split_invariance", "attn_reverse_merge_negative", "attn_wrong_head_negative", "attn_interior_path",
-          "attn_interior_negative"]
+          "attn_interior_negative", "attn_decode_tile"]
     out = run_checks(*([] if full else ci), script=SCRIPT)  # ~2 min here; every check: LOCKSTEP_FULL=1
-    assert out.count("wrong variant caught") >= 9 and "outputs identical" in out
+    assert out.count("wrong variant caught") >= 10 and "outputs identical" in out
     assert "mm-v3-table[torch.bfloat16]: ok" in out and "mm-v3-rows-alone-vs-batch: ok" in out
     assert "attn-interior-path[" in out and out.count("attn-interior-negative[") >= 3
+    assert "attn-decode-tile[attention.fast.m16." in out and "attn-decode-tile-wrong-head-negative[" in out
 
 
 def test_stock_fails_the_fast_family():
