@@ -1,6 +1,6 @@
 """The cpu backend's conformance suites with the diagonal GEMMs (kernels/exact/cpu.py) forced for every shape.
 
-    .venv/bin/python tests/scripts/exact_cpu_diagonal_conformance.py real matmul_exact token_logprobs_exact  # ~70 s
+    .venv/bin/python tests/scripts/exact_cpu_diagonal_conformance.py real matmul_exact token_logprobs_exact  # ~30 s CPU
     .venv/bin/python tests/scripts/exact_cpu_diagonal_conformance.py real matmul_exact token_logprobs_exact --quick
     .venv/bin/python tests/scripts/exact_cpu_diagonal_conformance.py control matmul_exact  # must FAIL (L4, A)
     .venv/bin/python tests/scripts/exact_cpu_diagonal_conformance.py one-unit matmul_exact --quick --dtypes fp32  # FAIL
