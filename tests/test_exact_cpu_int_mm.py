@@ -1,10 +1,15 @@
 """The cpu backend's two torch._int_mm ways to the exact policy's slice products (kernels/exact/cpu.py): the one GEMM
 of all pairs and the GEMM per diagonal t + u. Same integers, hence the reference's raw bits; the diagonal GEMMs are
 admitted only by the accumulation probe (kernels/exact/probe.py) at and past their int32 bound. Negative controls:
-the planes of a diagonal mis-ordered, a path without K pieces, a float32 accumulator."""
+the planes of a diagonal mis-ordered, a path without K pieces, a float32 accumulator; the conformance suites with the
+diagonal GEMMs forced (tests/scripts/exact_cpu_diagonal_conformance.py --quick), control: one unit off."""
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +150,30 @@ def test_cpu_backend_takes_the_diagonal_gemms_by_itself_from_256_rows(monkeypatc
                              hal.linear(x[:rows], w, spec=spec, backend="cpu"))
         assert d is None, str(d)
     assert calls == [256]
+
+
+FORCED = Path(__file__).resolve().parent / "scripts" / "exact_cpu_diagonal_conformance.py"
+
+
+def _forced_conformance(mode, *args):
+    """The script's quick run: the suites' quick cases, every level, the diagonal GEMMs forced (counted per level)."""
+    return subprocess.run([sys.executable, str(FORCED), mode, *args, "--quick"], cwd=FORCED.parents[2],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_conformance_suites_hold_on_the_forced_diagonal_gemms():
+    """matmul_exact and token_logprobs_exact on the cpu backend with the diagonal GEMMs taken for every shape: every
+    claimed level holds with the goldens unchanged, and every level reached the diagonal GEMMs (the script fails a
+    level that made no call). The full case sets: the script's first command line (~70 s)."""
+    r = _forced_conformance("real", "matmul_exact", "token_logprobs_exact")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "OK: every claimed level holds" in r.stdout and "real: 0 diagonal" not in r.stdout, r.stdout[-4000:]
+
+
+def test_forced_diagonal_gemms_one_unit_off_is_caught():
+    """Control: the forced path with one unit added to the first output's most significant diagonal sum fails the
+    matmul_exact goldens (L4) of the float32 cases, having reached the diagonal GEMMs on every level."""
+    r = _forced_conformance("one-unit", "matmul_exact", "--dtypes", "fp32")
+    assert r.returncode == 1, r.stdout[-4000:] + r.stderr[-4000:]
+    assert re.search(r"^\[cpu matmul_exact fp32 \S+ L4\] \d+/\d+ cases fail", r.stdout, re.M), r.stdout[-4000:]
+    assert "never reached the diagonal GEMMs" not in r.stdout, r.stdout[-4000:]

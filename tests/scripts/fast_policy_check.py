@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
@@ -20,6 +19,7 @@ import torch  # noqa: E402
 import hal  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
 from hal.spec import FastAttentionSpec, FastMatmulSpec, FastMatmulV3Spec  # noqa: E402
+from _check_cli import main, skip_without_interpreter  # noqa: E402
 from triton_seq_check import FAILED, _differs, _gen, _pick, _same  # noqa: E402
 from _variants import kernel_variant  # noqa: E402
 
@@ -384,13 +384,5 @@ CHECKS = {f.__name__: f for f in (mm_batch_invariance, mm_tiles_from_batch_negat
                                   attn_block_from_length_negative, attn_interior_path, attn_interior_negative)}
 
 if __name__ == "__main__":
-    from hal.kernels.triton.launch import interpreter_problem
-    problem = interpreter_problem()
-    if problem:
-        print(f"SKIP: {problem}")
-        sys.exit(3)
-    for name in sys.argv[1:] or list(CHECKS):
-        t0 = time.time()
-        CHECKS[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    skip_without_interpreter()
+    main(CHECKS)

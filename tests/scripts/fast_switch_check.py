@@ -11,40 +11,22 @@ Usage: python tests/scripts/fast_switch_check.py [CHECK...]; prints "CHECK: ok .
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 
 import hal  # noqa: E402
-from hal import dispatch  # noqa: E402
 from hal.integrations import transformers as lt  # noqa: E402
 from hal.integrations.transformers.testing import tiny_model  # noqa: E402
 from hal.spec import FAST_ATTENTION_DECODE, POLICY_SPECS, policy_specs  # noqa: E402
-from triton_seq_check import FAILED, _differs, _same  # noqa: E402
+from _check_cli import main, skip_without_interpreter  # noqa: E402
+from triton_seq_check import FAILED, _differs, _same, dispatch_log  # noqa: E402
 
 PROMPT = [5, 17, 42, 9, 77]
 NEW = 2  # generated tokens: one prefill + one decode step with the cache (the interpreter is slow)
-
-
-@contextlib.contextmanager
-def dispatch_log():
-    """Every dispatch decision made inside: (op, spec id, backend name) -- what actually ran."""
-    log, real = [], dispatch.select
-
-    def select(op, spec, dtype, device, backend=None):
-        chosen = real(op, spec, dtype, device, backend)
-        log.append((op, spec.id, chosen.name))
-        return chosen
-    dispatch.select = select
-    try:
-        yield log
-    finally:
-        dispatch.select = real
 
 
 def _model(kind="llama"):
@@ -316,14 +298,6 @@ OPTIONAL = {"switch-torchtitan": switch_torchtitan, "switch-gdn-hybrids": switch
             "switch-torchtitan-qwen3_5": switch_torchtitan_qwen3_5}
 
 if __name__ == "__main__":
-    from hal.kernels.triton.launch import interpreter_problem
-    problem = interpreter_problem()
-    if problem:
-        print(f"SKIP: {problem}")
-        sys.exit(3)
+    skip_without_interpreter()
     lt.register()
-    for name in sys.argv[1:] or list(CHECKS):
-        t0 = time.time()
-        {**CHECKS, **OPTIONAL}[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    main(CHECKS, optional=OPTIONAL)

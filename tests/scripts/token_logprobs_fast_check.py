@@ -14,17 +14,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal
 import torch  # noqa: E402
 
 import hal  # noqa: E402
-from hal import dispatch  # noqa: E402
 from hal.kernels.triton import fast_matmul  # noqa: E402
 from hal.spec import POLICY_SPECS, FastMatmulSpec, FastMatmulV3Spec, TokenLogprobsSpec  # noqa: E402
-from triton_seq_check import FAILED, _differs, _gen, _pick, _same  # noqa: E402
+from _check_cli import main, skip_without_interpreter  # noqa: E402
+from triton_seq_check import FAILED, _differs, _gen, _pick, _same, dispatch_log  # noqa: E402
 
 FAST = POLICY_SPECS["fast"]["token_logprobs"]
 SMALL = TokenLogprobsSpec(matmul=FastMatmulSpec(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2))
@@ -107,27 +106,15 @@ def tlp_fast_switch():
     """hal.use(policy="fast") runs hal.token_logprobs (no spec=, no backend=) on the fast spec on triton, with the bits
     of the explicit call; float32 is refused by name. Negative control: without the switch the strict spec runs."""
     h, w, t = _inputs(torch.bfloat16)
-    ran, real = [], dispatch.select
-
-    def select(op, spec, dtype, device, backend=None):
-        chosen = real(op, spec, dtype, device, backend)
-        ran.append((op, spec.id, chosen.name))
-        return chosen
-    dispatch.select = select
-    try:
-        with hal.use(policy="fast"):
-            got = hal.token_logprobs(h, w, t, 0.7)
-            try:
-                hal.token_logprobs(h.float(), w.float(), t)
-                refused = "not refused"
-            except hal.UnsupportedError as e:
-                refused = str(e) + " ".join(e.reasons)
-        switched = list(ran)
-        ran.clear()
+    with dispatch_log() as switched, hal.use(policy="fast"):
+        got = hal.token_logprobs(h, w, t, 0.7)
+        try:
+            hal.token_logprobs(h.float(), w.float(), t)
+            refused = "not refused"
+        except hal.UnsupportedError as e:
+            refused = str(e) + " ".join(e.reasons)
+    with dispatch_log() as strict:
         hal.token_logprobs(h, w, t, 0.7, backend="triton")
-        strict = list(ran)
-    finally:
-        dispatch.select = real
     _same("tlp-fast-switch-bits", [("T0.7", hal.token_logprobs(h, w, t, 0.7, spec=FAST, backend="triton"), got)])
     want = [("token_logprobs", FAST.id, "triton")]
     ok = switched[:1] == want and "policy 'fast'" in refused and "float32" in refused
@@ -146,13 +133,5 @@ CHECKS = {f.__name__: f for f in (tlp_fast_is_fast_logits_then_strict_log_softma
                                   tlp_fast_suite_catches_a_launch_from_the_batch, tlp_fast_switch)}
 
 if __name__ == "__main__":
-    from hal.kernels.triton.launch import interpreter_problem
-    problem = interpreter_problem()
-    if problem:
-        print(f"SKIP: {problem}")
-        sys.exit(3)
-    for name in sys.argv[1:] or list(CHECKS):
-        t0 = time.time()
-        CHECKS[name]()
-        print(f"{name}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    skip_without_interpreter()
+    main(CHECKS)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's hal, not an installed one
 import torch  # noqa: E402
 
+from hal import dispatch  # noqa: E402
 from hal.conformance.bits import first_divergence  # noqa: E402
 from hal.kernels.reference import attention as ref_attn  # noqa: E402
 from hal.kernels.reference import gated_delta_rule as ref_gdn  # noqa: E402
@@ -29,11 +29,11 @@ from hal.kernels.triton import ascend_launch  # noqa: E402
 from hal.kernels.triton import attention as tri_attn  # noqa: E402
 from hal.kernels.triton import attention_kernel as tri_kernel  # noqa: E402
 from hal.kernels.triton import gated_delta_rule as tri_gdn, gdn_layer as tri_layer  # noqa: E402
+from _check_cli import FAILED, main, skip_without_interpreter  # noqa: E402
 from _swapped_chain import swapped_neighbours  # noqa: E402
 from _variants import dropped_last_work_item, kernel_variant, two_rounding_dot  # noqa: E402
 from hal.spec import AttentionSpec, GatedDeltaRuleSpec  # noqa: E402
 
-FAILED = []
 #: LOCKSTEP_FULL=1: every case of each check (all dtypes / modes); default: the first case of each,
 #: which still crosses every block, split, dot-tile and chunk boundary (the CI set).
 FULL = os.environ.get("LOCKSTEP_FULL", "") not in ("", "0")
@@ -65,6 +65,22 @@ def _differs(label, pairs):
     else:
         FAILED.append(label)
         print(f"{label}: FAIL (wrong variant NOT caught)", flush=True)
+
+
+@contextlib.contextmanager
+def dispatch_log():
+    """Every dispatch decision made inside: (op, spec id, backend name) -- what actually ran."""
+    log, real = [], dispatch.select
+
+    def select(op, spec, dtype, device, backend=None):
+        chosen = real(op, spec, dtype, device, backend)
+        log.append((op, spec.id, chosen.name))
+        return chosen
+    dispatch.select = select
+    try:
+        yield log
+    finally:
+        dispatch.select = real
 
 
 # ------------------------------------------------------------------ attention
@@ -495,19 +511,8 @@ CHECKS = {f.__name__.replace("_", "-"): f for f in (attn_varlen, attn_kvcache, a
                                                      gdn_fma_dot, gdn_negative, gdn_layer, persistent_negative)}
 
 if __name__ == "__main__":
-    from hal.kernels.triton.launch import interpreter_problem
-    problem = interpreter_problem()
-    if problem:
-        print(f"SKIP: {problem}")
-        sys.exit(3)
-    names = [a for a in sys.argv[1:] if a != "--ascend"]
+    skip_without_interpreter()
     ascend = "--ascend" in sys.argv[1:]
-    for name in names or list(CHECKS):
-        t0 = time.time()
-        if ascend:
-            with ascend_launch.variant("cpu"):
-                CHECKS[name]()
-        else:
-            CHECKS[name]()
-        print(f"{name}{' (ascend variant)' if ascend else ''}: {time.time() - t0:.1f}s", flush=True)
-    sys.exit(1 if FAILED else 0)
+    main(CHECKS, [a for a in sys.argv[1:] if a != "--ascend"],
+         each=(lambda: ascend_launch.variant("cpu")) if ascend else contextlib.nullcontext,
+         tag=" (ascend variant)" if ascend else "")
