@@ -312,7 +312,7 @@ QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, d
                   attn_T=(2048, 8192), decode_batches=(8, 64), ctx=4096, page=16, gdn=(16, 32, 128, 4096, 32), sms=132)
 TINY = Shapes(hidden=64, inter=96, hq=4, hkv=2, d=32, vocab=300, decode_rows=(2,), prefill_rows=(24,),
               norm_rows=(3,), vocab_rows=(3,), logprob_rows=(3,), attn_T=(24,), decode_batches=(2,), ctx=32, page=16,
-              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,), exact_rows=(2, 24))
+              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,), exact_rows=(24,))
 
 
 def hf_rms_norm(x, w, eps):
