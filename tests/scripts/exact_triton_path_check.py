@@ -4,12 +4,16 @@
   and at its bound; a missing diagonal term as the caught control;
 * slicer: the slicing kernel's digits, exponents and non-finite row flags are core.slice_rows's, every dtype,
   s = 2..4, subnormals, +-0, NaN/inf, rows without a finite non-zero; round-to-nearest digits are caught;
-* bits: the device-side path (slicing kernel, products, finish kernel with the special values selected per tile)
-  gives core.exact_linear's raw bits on random, subnormal, overflowing (to +-inf), NaN and inf inputs, with and
-  without a bias, float32 logits of bf16 inputs, a prepared weight with NaN; a finish that skips the special
-  values is caught;
-* nosync: the path reads no tensor value on the host (no aten._local_scalar_dense: bool(), .item(), .tolist()),
-  so its launches can be captured in a CUDA graph; the earlier torch glue (glue="torch") is caught by the same check;
+* bits: the device-side path (slicing kernel; the fused kernel, and the two-kernel path with the finish kernel; special
+  values selected per tile) gives core.exact_linear's raw bits on random, subnormal, overflowing (to +-inf), NaN and
+  inf inputs, with and without a bias, float32 logits of bf16 inputs, a prepared weight with NaN, K past one int32
+  piece and a multiple of no block; a finish that skips the special values is caught;
+* fused: the integer epilogue against core's rounding on ties and their neighbours (every output format), the int8
+  probe through the fused kernel; float32 / float64 epilogues, an int16-saturating combine and an int32-saturating
+  accumulator over K in one piece are caught;
+* nosync: the path reads no tensor value on the host (no syncing aten op -- bool(), .item(), nonzero, ... -- and no
+  Tensor.item / tolist / numpy / cpu / __bool__ call), so its launches can be captured in a CUDA graph; the earlier
+  torch glue (glue="torch") and an .item() / .tolist() added to the path are caught by the same check;
 * replay: launch_path's replay of hal.linear with a prepared weight reads nothing on the host and skips the
   weight's staleness check (the eager call's), same bits;
 * probe: the int8 accumulation probe (kernels/exact/probe.py) passes the Triton kernel and torch._int_mm and
