@@ -26,8 +26,8 @@
 #   conformance-seq 110 s conformance_seq.txt/.json: attention, gated_delta_rule quick sets [69 s cold]
 #   conformance   110 s  conformance.txt/.json: matmul rms_norm softmax token_logprobs quick sets (beside the other)
 #                        [47 s cold]
-# A later issue's rows name the stage they displace, or go in an alternate perf script (gpu_sweep.sh) run once
-# this one has a complete run on record.
+# A later issue's rows name the stage they displace, or go in an alternate perf script (gpu_sweep.sh; gpu_exact.sh,
+# the exact policy's fast path) run once this one has a complete run on record.
 # Then 00-all.tgz holds every file (the device tool returns only the first few files of OUT, by name).
 # Then summary.txt is printed again, so the call's output tail ends with it. log.txt: each stage's rc and time;
 # perf_<stage>.txt: each python stage's own output.

@@ -13,8 +13,9 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
 * ``ops`` (ops.jsonl, ops.csv, kernels.jsonl): every op at Qwen3-8B shapes (hidden 4096, 32/8 heads, head dim
   128, vocab 151,936; GDN rows at Qwen3-Next's 16/32 heads, d 128) under each policy the triton backend has
   (strict; fast for linear, attention and token_logprobs' logits; exact for linear, its earlier torch glue beside
-  it, and the int8 accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernel and torch._int_mm
-  accumulate exactly on this device), against stock
+  it, and the int8 accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernels and torch._int_mm
+  accumulate exactly on this device; the exact fast path's rows exact/s*/M*, s = 3 and 4, checked against the
+  reference first, run by benchmarks/gpu_exact.sh), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the
   time per call is the median replay / sets. Memory-bound rows rotate enough input sets (>= 128 MB touched
@@ -303,6 +304,7 @@ class Shapes:
     sms: int            # programs below this count are "too few" (CPU: a stand-in)
     gdn_fast_T: tuple = (4096, 16384)   # the fast GDN rows' prefill lengths
     gdn_fast_B: tuple = (1, 8, 64)      # ... and decode batches
+    exact_rows: tuple = (1, 64, 2048, 8192)  # the exact path's rows (benchmarks/gpu_exact.sh)
 
 
 QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, decode_rows=(1, 8, 64, 256),
@@ -310,7 +312,7 @@ QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, d
                   attn_T=(2048, 8192), decode_batches=(8, 64), ctx=4096, page=16, gdn=(16, 32, 128, 4096, 32), sms=132)
 TINY = Shapes(hidden=64, inter=96, hq=4, hkv=2, d=32, vocab=300, decode_rows=(2,), prefill_rows=(24,),
               norm_rows=(3,), vocab_rows=(3,), logprob_rows=(3,), attn_T=(24,), decode_batches=(2,), ctx=32, page=16,
-              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,))
+              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,), exact_rows=(24,))
 
 
 def hf_rms_norm(x, w, eps):
@@ -550,7 +552,8 @@ def _dot_tile_sweep(s: Shapes, dev: str) -> list[Case]:
 def _exact_probe(dev: str) -> None:
     """kernels/exact/probe.py on this device, once per process: the Triton products kernel (one program's K, and
     split-K) and torch._int_mm with K pieces must each give exactly 127**2 x K, the one-pass diagonal kernel its
-    exact limbs at its int32 bound (s = 4); AssertionError names what did not."""
+    exact limbs at its int32 bound (s = 4), the fused kernel (the default exact path) the rounded exact values at,
+    just past and far past its int32 bound (s = 4); AssertionError names what did not."""
     from hal.kernels.exact import probe
     paths = {"triton": probe.triton_sums, "triton split-K 3": lambda a, w: probe.triton_sums(a, w, split_k=3),
              "torch._int_mm": probe.int_mm_sums}
@@ -558,6 +561,7 @@ def _exact_probe(dev: str) -> None:
     from hal.kernels.exact import triton_matmul as tx
     problems += [f"triton diagonal kernel: {p}" for p in
                  probe.diagonal_problems(lambda da, dw: tx.limbs(da, dw, products="diagonal"), dev)]
+    problems += [f"triton fused kernel: {p}" for p in probe.fused_problems(probe.triton_fused_linear, dev)]
     if problems:
         raise AssertionError("int8 accumulation is not exact, the path is not admitted: " + "; ".join(problems))
 
@@ -576,6 +580,61 @@ def _exact_probe_case(dev: str) -> "Case":
                 "s1, probe Ks " + ",".join(map(str, probe.PROBE_K)), build,
                 flops=2.0 * probe.PROBE_ROWS * k * probe.PROBE_COLS, stock_name="torch._int_mm (int8 -> int32)",
                 via_launch_path=False)
+
+
+#: the exact path's rows besides the default (the fused kernel): the two-kernel path (products kernel writing int64
+#: limbs, then the finish kernel), same bits, so one run says which is faster at each row count
+EXACT_PATHS = {"two-kernel": {"FUSED": False}}
+
+
+@functools.cache
+def _exact_reference_weight(h: int, s: int, dev: str):
+    """Input set 0's weight of the exact-path rows (as their build draws it) on the CPU, and its reference slices."""
+    from hal.kernels.exact import core
+    w = _randn((h, h), torch.bfloat16, dev, 2, h ** -0.5).cpu()
+    return w, core.slice_rows(w, s)
+
+
+def _check_exact_reference(x: torch.Tensor, got: torch.Tensor, s: int, h: int, dev: str) -> None:
+    """Raises unless rows of ``got`` (the exact linear of x [M, h] with set 0's weight, on the device) have the raw bits
+    of kernels/reference/exact_matmul (int64 slice products, on the CPU): the first, the last and two drawn rows (a
+    row's bits depend only on that row and the weight, so the rows can be checked apart)."""
+    from hal.conformance.bits import first_divergence
+    from hal.kernels.exact import core
+    from hal.kernels.reference.exact_matmul import products_int64
+    m = x.shape[0]
+    rows = sorted({0, m - 1, *torch.randint(0, m, (2,), generator=torch.Generator().manual_seed(m)).tolist()})
+    w, sliced = _exact_reference_weight(h, s, dev)
+    want = core.exact_linear(x[rows].cpu(), w, None, s, products_int64, sliced)
+    d = first_divergence(f"exact s{s} M{m} rows {rows}", want, got[rows].cpu())
+    if d is not None:
+        raise AssertionError(f"bits differ from the reference: {d}")
+
+
+def _exact_path_cases(s: Shapes, dev: str) -> list[Case]:
+    """Rows exact/s{3,4}/M{rows}: hal.linear under ExactMatmulSpec(slices) on the triton backend, bf16, K = N = hidden,
+    the weight prepared once, by CUDA-graph replay against cuBLAS bf16; each row's set 0 checked against the reference
+    first (_check_exact_reference). Then the same rows on each EXACT_PATHS path."""
+    import hal
+    from hal.kernels.exact import triton_matmul as tx
+    from hal.spec import ExactMatmulSpec
+    h, out = s.hidden, []
+    for path, constants in {"": {}, **EXACT_PATHS}.items():
+        for slices in (3, 4):
+            for m in s.exact_rows:
+                def build(seed, m=m, slices=slices, constants=constants):
+                    x = _randn((m, h), torch.bfloat16, dev, 1000 * seed + 1)
+                    w = _randn((h, h), torch.bfloat16, dev, 1000 * seed + 2, h ** -0.5)
+                    spec = ExactMatmulSpec(slices=slices)
+                    ew = hal.exact_weight(w, spec=spec, backend="triton")
+                    ours = _with_constants(tx, lambda: hal.linear(x, ew, spec=spec, backend="triton"), constants)
+                    if seed == 0:
+                        _check_exact_reference(x, ours(), slices, h, dev)
+                    return ours, (lambda: F.linear(x, w)), [x, w]
+                out.append(Case(f"exact/s{slices}/M{m}" + (f"/{path}" if path else ""), "linear", "exact",
+                                f"M{m} K{h} N{h} bf16 s{slices}" + (f" {constants}" if constants else ""), build,
+                                flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)"))
+    return out
 
 
 def cases(s: Shapes, dev: str) -> list[Case]:
@@ -627,6 +686,7 @@ def cases(s: Shapes, dev: str) -> list[Case]:
                             flops=2.0 * m * h * h, stock_name="F.linear (cuBLAS bf16)",
                             via_launch_path=variant != "exact-torch-glue"))  # the old glue reads values on the host
     out.append(_exact_probe_case(dev))
+    out += _exact_path_cases(s, dev)  # benchmarks/gpu_exact.sh (after fast's and the RL step's device calls)
 
     # old-vs-new pairs of the strict GEMV's selectors (kernels/triton/matmul.py), so one run decides which to keep:
     # "strict-old" is the layout measured on 2026-12-04 (lanes 4 columns x 8 K tiles a warp, one partial a combine

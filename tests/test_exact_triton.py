@@ -65,10 +65,10 @@ def test_triton_kernel_any_tiling_and_split_gives_reference_bits():
     assert lines.count("ok") == 4 and "control-caught" in lines, r.stdout
 
 
-@pytest.mark.parametrize("check", ["diagonal", "slicer", "bits", "nosync", "replay", "probe"])
+@pytest.mark.parametrize("check", ["diagonal", "slicer", "bits", "fused", "nosync", "replay", "probe"])
 def test_device_side_path(check):
-    """The backend's exact path (slicing kernel, products, finish kernel with per-tile special values; no host read)
-    and the int8 accumulation probe, under the interpreter (tests/scripts/exact_triton_path_check.py, each check
-    with its negative control)."""
+    """The backend's exact path (slicing kernel; the fused kernel -- diagonal int32 sums, K pieces, integer epilogue
+    with per-tile special values -- or the two-kernel path; no host read) and the int8 accumulation probe, under the
+    interpreter (tests/scripts/exact_triton_path_check.py, each check with its negative control)."""
     from _triton_seq_run import run_checks
     run_checks(check, script=os.path.join(ROOT, "tests", "scripts", "exact_triton_path_check.py"))

@@ -20,7 +20,8 @@ def _rows(folder, name):
 
 
 def test_shell_script_parses():
-    for script in ("gpu_check_8min.sh", "gpu_verify.sh", "gpu_sweep.sh", "gpu_rl_step.sh", "check_steps.sh"):
+    for script in ("gpu_check_8min.sh", "gpu_verify.sh", "gpu_sweep.sh", "gpu_exact.sh", "gpu_rl_step.sh",
+                   "check_steps.sh"):
         r = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 

@@ -85,6 +85,48 @@ def diagonal_problems(limbs, device, s: int = 4) -> list[str]:
             for name, g, e in zip(("hi", "lo"), got, want) if not torch.equal(g, e)]
 
 
+#: K of the fused kernel's probe (s = 4, pieces of INT32_SAFE_K // 4): one full piece (every diagonal at the int32
+#: bound), just past it and a multiple of no block, and three pieces and a bit (the halves row's partial sums climb
+#: for 1.5 pieces, past what an int32 holds, before they fall back)
+FUSED_K = (INT32_SAFE_K // 4, INT32_SAFE_K // 4 + 13, 3 * (INT32_SAFE_K // 4) + 13)
+
+
+def triton_fused_linear(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
+    """The Triton fused kernel (kernels/exact/triton_matmul.py: products, K pieces, integer epilogue) over digit
+    planes da [s, M, K], dw [s, N, K] with exponents 0, every input finite: float32 [M, N]."""
+    from . import core, triton_matmul
+    s, m, k = da.shape
+    n, dev = dw.shape[1], da.device
+    source = lambda rows: torch.zeros(1, device=dev).expand(rows, k)  # noqa: E731 (read only for non-finite inputs)
+    flags = lambda rows: torch.zeros(rows, dtype=torch.int8, device=dev)  # noqa: E731
+    exps = lambda rows: torch.zeros(rows, dtype=torch.int64, device=dev)  # noqa: E731
+    out = torch.empty(m, n, device=dev)
+    return triton_matmul.linear_from_slices(source(m), core.Sliced(da, exps(m), True), flags(m), source(n),
+                                            core.Sliced(dw, exps(n), True), flags(n), None, s, out)
+
+
+def fused_problems(linear, device, s: int = 4, ks=FUSED_K) -> list[str]:
+    """``linear(da [s, M, K], dw [s, N, K]) -> float32 [M, N]``: the exact linear of digit planes (exponents 0) through
+    its rounding (triton_fused_linear). Every plane holds the patterns of :func:`_patterns` (5 rows x 4 columns), so
+    every diagonal is at its extreme, and the rows that swing (alternating, halves) end far below their partial sums:
+    an accumulator that saturates or rounds on the way shows there. Empty: the rounded exact values, bit for bit."""
+    from .core import F32, combine, round_from_f64_odd, scale_exponent, to_f64_odd
+    problems = []
+    for k in ks:
+        pa, pw = _patterns(k, device)
+        diagonals = torch.tensor([min(d, 2 * s - 2 - d) + 1 for d in range(2 * s - 1)], device=device)
+        hi, lo = combine(diagonals[:, None, None] * (pa.long() @ pw.long().T), s)
+        zero = lambda n: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
+        want = round_from_f64_odd(to_f64_odd(hi, lo, scale_exponent(zero(5), zero(4), s)), F32)
+        got = linear(pa.expand(s, -1, -1).contiguous(), pw.expand(s, -1, -1).contiguous())
+        differ = got.view(torch.int32) != want.view(torch.int32)
+        if differ.any():
+            r, c = differ.nonzero()[0].tolist()
+            problems.append(f"s{s} K = {k}: output [{r}, {c}] is {float(got[r, c])!r}, exactly rounded "
+                            f"{float(want[r, c])!r} (A pattern {r}, W pattern {c})")
+    return problems
+
+
 #: (rows, columns) of the patterned probes: oneDNN picks its int8 kernel by shape (a matrix-vector kernel for one
 #: row, blocked ones for more), so each kind is probed
 PATTERN_SHAPES = ((1, 8), (32, 8), (256, 64))

@@ -301,9 +301,11 @@ def _matmul_token_logprobs(hidden, weight, tokens, temperature, spec):
         w, sw, wbad = tx.weight_slices(weight, mm)
 
         def fill(hg, out):
+            sh, hbad = tx.slice_rows(hg, mm.slices)  # once per row group, read by every vocab tile
             for v0 in range(0, out.shape[1], EXACT_VOCAB_TILE):
                 v1 = min(out.shape[1], v0 + EXACT_VOCAB_TILE)
-                tx.linear_sliced(hg, w[v0:v1], sw.rows(v0, v1), wbad[v0:v1], None, mm.slices, out[:, v0:v1], temp)
+                tx.linear_from_slices(hg, sh, hbad, w[v0:v1], sw.rows(v0, v1), wbad[v0:v1], None, mm.slices,
+                                      out[:, v0:v1], temp)
     else:
         from . import fast_matmul
         w = weight

@@ -4,12 +4,16 @@
   and at its bound; a missing diagonal term as the caught control;
 * slicer: the slicing kernel's digits, exponents and non-finite row flags are core.slice_rows's, every dtype,
   s = 2..4, subnormals, +-0, NaN/inf, rows without a finite non-zero; round-to-nearest digits are caught;
-* bits: the device-side path (slicing kernel, products, finish kernel with the special values selected per tile)
-  gives core.exact_linear's raw bits on random, subnormal, overflowing (to +-inf), NaN and inf inputs, with and
-  without a bias, float32 logits of bf16 inputs, a prepared weight with NaN; a finish that skips the special
-  values is caught;
-* nosync: the path reads no tensor value on the host (no aten._local_scalar_dense: bool(), .item(), .tolist()),
-  so its launches can be captured in a CUDA graph; the earlier torch glue (glue="torch") is caught by the same check;
+* bits: the device-side path (slicing kernel; the fused kernel, and the two-kernel path with the finish kernel; special
+  values selected per tile) gives core.exact_linear's raw bits on random, subnormal, overflowing (to +-inf), NaN and
+  inf inputs, with and without a bias, float32 logits of bf16 inputs, a prepared weight with NaN, K past one int32
+  piece and a multiple of no block; a finish that skips the special values is caught;
+* fused: the integer epilogue against core's rounding on ties and their neighbours (every output format), the int8
+  probe through the fused kernel; float32 / float64 epilogues, an int16-saturating combine and an int32-saturating
+  accumulator over K in one piece are caught;
+* nosync: the path reads no tensor value on the host (no syncing aten op -- bool(), .item(), nonzero, ... -- and no
+  Tensor.item / tolist / numpy / cpu / __bool__ call), so its launches can be captured in a CUDA graph; the earlier
+  torch glue (glue="torch") and an .item() / .tolist() added to the path are caught by the same check;
 * replay: launch_path's replay of hal.linear with a prepared weight reads nothing on the host and skips the
   weight's staleness check (the eager call's), same bits;
 * probe: the int8 accumulation probe (kernels/exact/probe.py) passes the Triton kernel and torch._int_mm and
@@ -20,14 +24,18 @@ Each check prints "<name>: ok" or "<name>: FAIL ...".
 """
 from __future__ import annotations
 
+import random
 import sys
 
 import torch
+import triton
+import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hal.conformance.bits import first_divergence, same_bits
 from hal.kernels.exact import core, prepared, triton_matmul as tx
 from hal.kernels.exact.cpu import products_int_mm
+from hal.kernels.triton import strict_math as sm
 from hal.spec import ExactMatmulSpec
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -93,15 +101,32 @@ def _cases():
     yield "float32 logits of bf16", xb, wb, None, torch.float32
 
 
+def _fused_cases():
+    """_cases plus K past one piece (s = 4: 32,768) and a multiple of no block, a NaN / inf / subnormal among them."""
+    yield from _cases()
+    k = tx.piece_k(4) + 13
+    x, w = _hostile(3, k, torch.bfloat16, 80), _hostile(5, k, torch.bfloat16, 81)
+    x[1, k - 1], w[2, 5] = float("nan"), float("-inf")
+    yield "K past a piece bf16", x, w, torch.randn(5).to(torch.bfloat16), None
+
+
 def check_bits() -> list[str]:
+    """Raw bits against core.exact_linear on _fused_cases, s = 3 and 4 (K past a piece: s = 4): the fused kernel (split_k 1) with the
+    weight's tensor, at a block whose K step divides no case's K (32, or 2048 past a piece), and (s = 4) with the
+    prepared weight at the default block; the two-kernel path (split_k 2: products kernel, finish kernel) with the
+    tensor at s = 3."""
     bad, specials = [], 0
-    for name, x, w, b, out_dtype in _cases():
-        for s in (3, 4):
+    for name, x, w, b, out_dtype in _fused_cases():
+        for s in (3, 4) if x.shape[1] < tx.piece_k(4) else (4,):  # past s = 4's piece (s = 3's is longer)
             spec = ExactMatmulSpec(slices=s)
             want = core.exact_linear(x, w, b, s, products_int_mm, out_dtype=out_dtype)
             specials += int((~torch.isfinite(want)).sum())
-            for label, weight in (("tensor", w), ("prepared", prepared.prepare(w, spec, slicer=tx.prepared_slices))):
-                got = tx.exact_linear_triton(x, weight, b, spec, (16, 16, 32), 2, out_dtype=out_dtype)
+            block = (16, 16, 32) if x.shape[1] < 1024 else None  # K past a piece: the interpreter's K step, 2048
+            runs = [("fused tensor", w, block, 1)]
+            runs += [("two-kernel tensor", w, block, 2)] if s == 3 else \
+                [("fused prepared", prepared.prepare(w, spec, slicer=tx.prepared_slices), None, 1)]
+            for label, weight, block, split in runs:
+                got = tx.exact_linear_triton(x, weight, b, spec, block, split, out_dtype=out_dtype)
                 d = first_divergence(f"{name} s{s} {label}", want, got)
                 if d is not None:
                     bad.append(str(d))
@@ -124,20 +149,50 @@ def check_bits() -> list[str]:
     return bad
 
 
+#: aten ops that make the host wait for the device (a value read back, or an output size only the data decides)
+_SYNCING_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_dim",
+                "unique_consecutive", "repeat_interleave")
+#: Tensor methods that hand a value to Python (tolist / numpy on a CPU tensor read memory without an aten op)
+_READING_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+
+
 class _HostReads(TorchDispatchMode):
-    """Records every read of a tensor value on the host (aten._local_scalar_dense: bool(t), t.item(), int(t))."""
+    """Records every read of a tensor value on the host: the syncing aten ops (bool(t), t.item(), int(t), nonzero,
+    ...) by dispatch, and the Tensor methods that give Python a value, patched for the duration (calls from Triton's
+    interpreter, which stands in for the device and copies storages itself, are not the launch path's)."""
 
     def __init__(self):
         super().__init__()
-        self.reads = 0
+        self.reads, self.names = 0, []
+
+    def _seen(self, name):
+        self.reads += 1
+        self.names.append(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.reads += 1
+        if func.overloadpacket.__name__ in _SYNCING_OPS:
+            self._seen(f"aten.{func.overloadpacket.__name__}")
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        self._saved = {name: getattr(torch.Tensor, name) for name in _READING_METHODS}
+        for name, real in self._saved.items():
+            def method(t, *a, _real=real, _name=name, **k):
+                if not sys._getframe(1).f_globals.get("__name__", "").startswith("triton"):
+                    self._seen(f"Tensor.{_name}")
+                return _real(t, *a, **k)
+            setattr(torch.Tensor, name, method)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, real in self._saved.items():
+            setattr(torch.Tensor, name, real)
+        return super().__exit__(*exc)
 
 
 def check_nosync() -> list[str]:
+    """The launch path (slicing, the fused kernel or the two-kernel path, plain or prepared weight) makes no host
+    read. Controls, each seen: the earlier torch glue (bool of flags), an .item() and a .tolist() added to the path."""
     bad = []
     spec = ExactMatmulSpec(slices=4)
     x, w = _hostile(5, 96, torch.bfloat16, 60), _hostile(7, 96, torch.bfloat16, 61)
@@ -145,16 +200,26 @@ def check_nosync() -> list[str]:
     ew = prepared.prepare(w, spec, slicer=tx.prepared_slices)
     ew_w, sw, wbad = tx.weight_slices(ew, spec)  # the op's staleness check (hashes, a host compare) comes first
     out = torch.empty(5, 7, dtype=torch.bfloat16)
-    for label, run in (("linear_sliced", lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out)),
-                       ("plain weight", lambda: tx.exact_linear_triton(x, w, None, spec))):
+    runs = (("fused, prepared", lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out)),
+            ("two-kernel, prepared", lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out, split_k=2)),
+            ("fused, plain weight", lambda: tx.exact_linear_triton(x, w, None, spec)),
+            ("two-kernel, plain weight", lambda: tx.exact_linear_triton(x, w, None, spec, split_k=2)))
+    for label, run in runs:
         with _HostReads() as mode:
             run()
         if mode.reads:
-            bad.append(f"{label}: {mode.reads} host reads")
-    with _HostReads() as mode:  # negative control: the earlier glue reads flags on the host
-        tx.exact_linear_triton(x, w, None, spec, glue="torch")
-    if not mode.reads:
-        bad.append("control: the torch glue's host reads were not seen")
+            bad.append(f"{label}: {mode.reads} host reads {mode.names}")
+    real = tx.linear_from_slices
+    controls = {"the torch glue": lambda: tx.exact_linear_triton(x, w, None, spec, glue="torch"),
+                "an added .item()": lambda: _with(linear_from_slices=lambda *a, **k: (int(a[1].exp.max().item()),
+                                                                                     real(*a, **k))[1])(runs[2][1]),
+                "an added .tolist()": lambda: _with(linear_from_slices=lambda *a, **k: (a[2].tolist(),
+                                                                                       real(*a, **k))[1])(runs[2][1])}
+    for label, run in controls.items():
+        with _HostReads() as mode:
+            run()
+        if not mode.reads:
+            bad.append(f"control: {label}'s host reads were not seen")
     return bad
 
 
@@ -249,9 +314,153 @@ def check_diagonal() -> list[str]:
     return bad
 
 
-CHECKS = {"diagonal": check_diagonal, "slicer": check_slicer, "bits": check_bits, "nosync": check_nosync,
-          "probe": check_probe,
-          "replay": check_replay}
+# ---------------------------------------------------------------- the fused kernel and its integer epilogue
+
+@triton.jit
+def _round_kernel(hi_ptr, lo_ptr, q_ptr, out_ptr, n, P: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                  B: tl.constexpr):
+    i = tl.program_id(0) * B + tl.arange(0, B)
+    ok = i < n
+    y = tx._round_limbs(tl.load(hi_ptr + i, mask=ok, other=0), tl.load(lo_ptr + i, mask=ok, other=0),
+                        tl.load(q_ptr + i, mask=ok, other=0), P, EMIN, EMAX, core.LIMB)
+    tl.store(out_ptr + i, y, mask=ok)
+
+
+#: (dtype, P, EMIN, EMAX) of the three roundings the epilogue does
+FORMATS = ((torch.float32, 24, -126, 127), (torch.bfloat16, 8, -126, 127), (torch.float16, 11, -14, 15))
+
+
+def _limb_cases(p: int, emin: int, emax: int, seed: int):
+    """(hi, lo, q) int64: random sums over the exact policy's ranges, then for this format exact ties and their
+    neighbours (one unit of S either side) among normals, subnormals, at the overflow threshold and at half the
+    smallest subnormal, either sign, with lo not normalised (hi moved by a few units of 2**28 into lo)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 4000
+    hi = torch.randint(-2 ** 52, 2 ** 52, (n,), generator=g) >> torch.randint(0, 53, (n,), generator=g)
+    lo = torch.randint(-2 ** 40, 2 ** 40, (n,), generator=g) >> torch.randint(0, 41, (n,), generator=g)
+    q = torch.randint(-360, 256, (n,), generator=g)
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(1500):
+        sh = rng.randint(0, 78 - p)
+        odd = rng.randrange(2 ** p, 2 ** (p + 1)) | 1  # P + 1 bits, the last one set: a tie when rounded to P
+        kind = rng.choice(["normal", "subnormal", "overflow", "zero"])
+        if kind == "normal":
+            s, qq = odd << sh, rng.randint(emin, emax) - p - sh
+        elif kind == "subnormal":  # half a subnormal quantum: S = odd * 2**(EMIN - P)
+            s, qq = (rng.randrange(1, 2 ** p) | 1) << sh, emin - p - sh
+        elif kind == "overflow":  # halfway between the largest finite value and 2**(EMAX + 1)
+            s, qq = (2 ** (p + 1) - 1) << sh, emax - p - sh
+        else:  # half the smallest subnormal: ties to +-0
+            s, qq = 1 << sh, emin - p - sh
+        for d in (-1, 0, 1):
+            v = rng.choice([1, -1]) * (s + d)
+            move = rng.randint(-1000, 1000)
+            rows.append(((v >> core.LIMB) - move, (v & ((1 << core.LIMB) - 1)) + (move << core.LIMB), qq))
+    # zeros (whatever q), deep underflow of either sign, a zero from limbs that cancel
+    rows += [(0, 0, 0), (0, 0, 250), (0, 0, -300), (0, 1, -400), (0, -1, -400), (1, -(1 << core.LIMB), 5)]
+    t = torch.tensor(rows, dtype=torch.int64)
+    return torch.cat([hi, t[:, 0]]), torch.cat([lo, t[:, 1]]), torch.cat([q, t[:, 2]])
+
+
+def epilogue_problems() -> list[str]:
+    """tx._round_limbs against core's rounding (round to odd in float64, then to nearest), bit for bit, for each
+    output format on _limb_cases."""
+    bad = []
+    for i, (dtype, p, emin, emax) in enumerate(FORMATS):
+        hi, lo, q = _limb_cases(p, emin, emax, i)
+        want = core.round_from_f64_odd(core.to_f64_odd(hi, lo, q), dtype).to(torch.float32)
+        got = torch.empty(hi.shape[0])
+        _round_kernel[(triton.cdiv(hi.shape[0], 1024),)](hi, lo, q, got, hi.shape[0], P=p, EMIN=emin, EMAX=emax,
+                                                         B=1024)
+        differ = (got.view(torch.int32) != want.view(torch.int32)).nonzero().flatten()
+        if len(differ):
+            j = int(differ[0])
+            bad.append(f"{dtype}: {len(differ)} of {len(hi)} differ, e.g. hi {int(hi[j])} lo {int(lo[j])} "
+                       f"q {int(q[j])}: {float(got[j])!r} for {float(want[j])!r}")
+    return bad
+
+
+@triton.jit
+def _float32_epilogue(hi, lo, q, P: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, LIMB: tl.constexpr):
+    """Control: the limbs added in float32 (rounded twice), then scaled in float64 and rounded to float32."""
+    v = (hi.to(tl.float32) * (1 << LIMB) + lo.to(tl.float32)).to(tl.float64)
+    return (v * ((q + 1023) << 52).to(tl.float64, bitcast=True)).to(tl.float32)
+
+
+@triton.jit
+def _float64_epilogue(hi, lo, q, P: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, LIMB: tl.constexpr):
+    """Control: S rounded to nearest in float64, then to the format (two roundings: wrong on ties only)."""
+    v = (hi.to(tl.float64) * (1 << LIMB) + lo.to(tl.float64)) * ((q + 1023) << 52).to(tl.float64, bitcast=True)
+    y = v.to(tl.float32)
+    if P == 8:
+        y = sm.round_to_bf16(y).to(tl.float32)
+    elif P == 11:
+        y = sm.round_to_fp16(y).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _int16_add_diagonal(hi, lo, g, d: tl.constexpr, S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr):
+    """Control: a diagonal sum saturated to int16 before the combine (an int16 intermediate)."""
+    return _real_add_diagonal(hi, lo, tl.minimum(tl.maximum(g, -32768), 32767), d, S, DIGIT, LIMB)
+
+
+@triton.jit
+def _int32_add_diagonal(hi, lo, g, d: tl.constexpr, S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr):
+    """Control (with K in one piece): a diagonal sum saturated to int32 (Triton's int8 mma is .satfinite; the
+    interpreter's int32 dot does not wrap, so the saturation is applied here)."""
+    g64 = g.to(tl.int64)
+    return _real_add_diagonal(hi, lo, tl.minimum(tl.maximum(g64, -2 ** 31), 2 ** 31 - 1), d, S, DIGIT, LIMB)
+
+
+_real_add_diagonal = tx._add_diagonal
+
+
+def _with(**patches):
+    """Run a thunk with attributes of triton_matmul replaced (the interpreter looks jit helpers up at call time)."""
+    def run(thunk):
+        saved = {k: getattr(tx, k) for k in patches}
+        try:
+            for k, v in patches.items():
+                setattr(tx, k, v)
+            return thunk()
+        finally:
+            for k, v in saved.items():
+                setattr(tx, k, v)
+    return run
+
+
+def check_fused() -> list[str]:
+    """The fast path (_fused_linear_kernel: diagonal int32 sums, K pieces added as int64 limbs in registers, the
+    integer epilogue; its raw bits on the adversarial cases are check_bits'): its rounding against core's on ties
+    and their neighbours (every format, overflow, subnormals, +-0), and the int8 probe through it (every digit 127
+    over a full piece, past it, past what an int32 holds). Controls, each caught: a float32 epilogue (by the raw
+    bits), a float64 epilogue (rounding twice: by the ties), an int16-saturating combine (raw bits and probe), an
+    int32-saturating accumulator over K in one piece (probe)."""
+    from hal.kernels.exact import probe
+    bad = epilogue_problems()
+    bad += probe.fused_problems(probe.triton_fused_linear, "cpu")
+    name, x, w, b, _ = next(c for c in _cases() if c[0] == "random torch.float32")
+    want = core.exact_linear(x, w, b, 3, products_int_mm)
+    spec = ExactMatmulSpec(slices=3)
+    if same_bits(want, _with(_round_limbs=_float32_epilogue)(lambda: tx.exact_linear_triton(x, w, b, spec))):
+        bad.append("control: a float32 epilogue was not caught by the raw bits")
+    if not _with(_round_limbs=_float64_epilogue)(epilogue_problems):
+        bad.append("control: a float64 epilogue (rounding twice) was not caught on the ties")
+    if same_bits(want, _with(_add_diagonal=_int16_add_diagonal)(lambda: tx.exact_linear_triton(x, w, b, spec))):
+        bad.append("control: an int16-saturating combine was not caught by the raw bits")
+    if not _with(_add_diagonal=_int16_add_diagonal)(lambda: probe.fused_problems(probe.triton_fused_linear, "cpu",
+                                                                                 ks=probe.FUSED_K[:1])):
+        bad.append("control: an int16-saturating combine was not caught by the probe")
+    no_pieces = _with(_add_diagonal=_int32_add_diagonal, piece_k=lambda s, bk=None, products="diagonal": 2 ** 40)
+    if not no_pieces(lambda: probe.fused_problems(probe.triton_fused_linear, "cpu", ks=probe.FUSED_K[2:])):
+        bad.append("control: a saturating int32 accumulator over K in one piece was not caught by the probe")
+    return bad
+
+
+CHECKS = {"diagonal": check_diagonal, "slicer": check_slicer, "bits": check_bits, "fused": check_fused,
+          "nosync": check_nosync, "probe": check_probe, "replay": check_replay}
 
 if __name__ == "__main__":
     failed = False
