@@ -57,17 +57,8 @@ class LockstepCPUAttentionImpl(CPUAttentionBackendImpl):
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
                          logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
 
-    def paged(self, kv_cache) -> PagedKV:
-        """The layer's cache as :class:`PagedKV` views, built once per cache tensor and storage (views see every
-        write; a re-allocated cache gets new ones)."""
-        held = getattr(self, "_lockstep_paged", None)
-        if held is None or held[0] is not kv_cache or held[1] != kv_cache.data_ptr():
-            held = self._lockstep_paged = (kv_cache, kv_cache.data_ptr(),
-                                           PagedKV.from_vllm_cpu(kv_cache, self.head_size))
-        return held[2]
-
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        write_kv(self.paged(kv_cache), key, value, slot_mapping)
+        write_kv(PagedKV.from_vllm_cpu(kv_cache, self.head_size), key, value, slot_mapping)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
@@ -78,7 +69,8 @@ class LockstepCPUAttentionImpl(CPUAttentionBackendImpl):
         if not attn_metadata.causal or attn_metadata.dynamic_causal is not None:
             raise UnsupportedError("non-causal attention is not supported by lockstep's vLLM attention")
         n = attn_metadata.num_actual_tokens
-        out = paged_attention(query[:n], self.paged(kv_cache), step_batch(attn_metadata), self.scale)
+        out = paged_attention(query[:n], PagedKV.from_vllm_cpu(kv_cache, self.head_size), step_batch(attn_metadata),
+                              self.scale)
         output[:n] = out.reshape(output[:n].shape)
         return output
 
