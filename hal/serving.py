@@ -6,7 +6,7 @@ independent of all that lives here, over plain tensors, so every engine shim (tr
 hal/integrations/transformers/engine.py, vLLM) is a thin translation of its own metadata:
 
 * :class:`ServingBatch`: one step's attention metadata as engines hold it (query start offsets, sequence
-  lengths, block table, slot mapping);
+  lengths, block table, slot mapping), and what is derived from it, computed once per step;
 * :class:`PagedKV`: the engine's KV cache addressed in place through views (``[block, offset, kv_head,
   dim]``, any strides; vLLM's CPU layout included), never copied whole; :func:`write_kv` stores a step's new
   keys at their slots, :func:`paged_attention` attends over it;
@@ -16,12 +16,12 @@ hal/integrations/transformers/engine.py, vLLM) is a thin translation of its own 
   keyed by an opaque request key and the token position it was computed up to; :func:`gdn_step` runs a
   GDN layer's conv and gated delta rule over one step, each request from its own state.
 
-The paged addressing is kernels/layout.py's (``slot_coords``, ``gather_kv``, ``padded_to_varlen``): moves
-and masks only, so nothing here rounds. This module imports neither transformers nor vLLM.
+The paged addressing is kernels/layout.py's (``slot_coords``, ``paged_token_coords``): moves and masks
+only, so nothing here rounds. This module imports neither transformers nor vLLM.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,20 +44,74 @@ class ServingBatch:
     ``seq_lens [n]``: keys each request sees after this step (cached + new; its queries are the last ones);
     ``block_table [n, max_blocks]`` and ``slot_mapping [tokens]`` (paged engines): the cache blocks holding
     each request's keys in order, and the flat slot ``block * block_size + offset`` of each new token.
+
+    What is derived from the metadata (key offsets, the paged coordinates of every request's keys, the checks
+    on them) is computed on first use and kept: an engine that hands every attention layer of a step the same
+    batch pays for it once per step, not once per layer. So a batch is one step's: its tensors must not change
+    while it is in use (build a new batch for the next step).
     """
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_table: torch.Tensor | None = None
     slot_mapping: torch.Tensor | None = None
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _once(self, key, make):
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def key_starts(self) -> torch.Tensor:
         """int32 ``[n+1]``: cumulative keys per request (the rows of the packed keys)."""
-        lens = self.seq_lens.to(torch.int32)
-        return torch.cat([lens.new_zeros(1), lens.cumsum(0).to(torch.int32)])
+        def make():
+            lens = self.seq_lens.to(torch.int32)
+            return torch.cat([lens.new_zeros(1), lens.cumsum(0).to(torch.int32)])
+        return self._once("key_starts", make)
 
     def query_lens(self) -> torch.Tensor:
         cu = self.query_start_loc.to(torch.int64)
         return cu[1:] - cu[:-1]
+
+    def attention_shape(self, n_q_rows: int, n_k_rows: int, device) -> tuple:
+        """``(cu_q int32, cu_k int32, queries, keys, longest query run, longest key run)`` of the step, checked
+        against the rows an attention call was handed (``n_q_rows`` queries, ``n_k_rows`` packed keys)."""
+        cu_q, cu_k, n_q, n_k, max_q, max_k = self._once(("attention", str(device)), lambda: self._attention(device))
+        if n_q > n_q_rows or n_k > n_k_rows:
+            raise InputError(f"engine batch describes {n_q} queries / {n_k} keys but got {n_q_rows} / {n_k_rows}")
+        return cu_q, cu_k, n_q, n_k, max_q, max_k
+
+    def _attention(self, device):
+        cu_q = self.query_start_loc.to(torch.int32)
+        cu_k = self.key_starts().to(device)
+        q_lens = (cu_q[1:] - cu_q[:-1]).to(cu_k.device)
+        if bool((q_lens > self.seq_lens.to(cu_k.device)).any()):
+            raise InputError("an engine request has more new queries than keys (seq_lens must count the new tokens)")
+        n_q = int(cu_q[-1])
+        max_q, max_k = (int(q_lens.max()), int(self.seq_lens.max())) if n_q else (0, 0)
+        return cu_q, cu_k, n_q, int(cu_k[-1]), max_q, max_k
+
+    def paged_keys(self, cache: "PagedKV") -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset in block), int64 ``[sum(seq_lens)]``: where each request's keys lie in ``cache``,
+        oldest first, requests packed in order (``layout.paged_token_coords``), checked against the cache."""
+        blocks, offsets, (low, top) = self._once(("paged", cache.block_size, str(cache.keys.device)),
+                                                 lambda: self._paged(cache.block_size, cache.keys.device))
+        if low < 0 or top >= cache.num_blocks:
+            raise InputError(f"block_table names a block outside the cache's {cache.num_blocks} blocks")
+        return blocks, offsets
+
+    def _paged(self, block_size: int, device):
+        if self.block_table is None:
+            raise InputError("paged attention needs batch.block_table (the engine's blocks of each request)")
+        table, lens = self.block_table, self.seq_lens.to(device=device, dtype=torch.int64)
+        if table.dim() != 2 or table.shape[0] < lens.shape[0]:
+            raise InputError(f"block_table {tuple(table.shape)} must be [requests={lens.shape[0]}, max_blocks]")
+        table = table[:lens.shape[0]].to(device)
+        if bool((-(-lens // block_size) > table.shape[1]).any()):  # blocks each request reads
+            raise InputError(f"a request's seq_lens {lens.tolist()} exceed its block_table's {table.shape[1]} blocks "
+                             f"of {block_size}")
+        blocks, offsets = layout.paged_token_coords(lens, table, block_size)
+        span = (int(blocks.min()), int(blocks.max())) if blocks.numel() else (0, -1)  # the block ids read
+        return blocks, offsets, span
 
 
 # ---------------------------------------------------------------- the engine's paged cache
@@ -130,13 +184,19 @@ def write_kv(cache: PagedKV, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapp
     if k_new.dtype != cache.keys.dtype or v_new.dtype != cache.values.dtype:
         raise InputError(f"write_kv: new keys / values are {k_new.dtype} / {v_new.dtype} but the cache holds "
                          f"{cache.keys.dtype}: a cache of another dtype (e.g. fp8 KV) is not supported")
+    if n == 0:
+        return
     slots = slot_mapping.to(device=cache.keys.device, dtype=torch.int64)
-    real = slots >= 0
-    if bool((slots[real] >= cache.num_blocks * cache.block_size).any()):
+    low, top = (int(x) for x in torch.aminmax(slots))
+    if top >= cache.num_blocks * cache.block_size:
         raise InputError(f"write_kv: a slot is past the cache's {cache.num_blocks} blocks of {cache.block_size}")
-    blocks, offsets = layout.slot_coords(slots[real], cache.block_size)
-    cache.keys[blocks, offsets] = k_new[:n][real]
-    cache.values[blocks, offsets] = v_new[:n][real]
+    k_new, v_new = k_new[:n], v_new[:n]
+    if low < 0:  # padding rows: only the real ones are written (no bool-mask copies when there are none)
+        real = slots >= 0
+        slots, k_new, v_new = slots[real], k_new[real], v_new[real]
+    blocks, offsets = layout.slot_coords(slots, cache.block_size)
+    cache.keys[blocks, offsets] = k_new
+    cache.values[blocks, offsets] = v_new
 
 
 def decode_slot_mapping(cache: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -148,29 +208,10 @@ def decode_slot_mapping(cache: PagedKV, block_table: torch.Tensor, seq_lens: tor
 
 def request_kv(cache: PagedKV, batch: ServingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's ``seq_lens`` keys / values, oldest first, packed ``[sum(seq_lens), Hkv, D]`` (copies
-    of the blocks the requests use, read through ``batch.block_table``)."""
-    if batch.block_table is None:
-        raise InputError("paged attention needs batch.block_table (the engine's blocks of each request)")
-    table, lens = batch.block_table, batch.seq_lens.to(device=cache.keys.device, dtype=torch.int64)
-    if table.dim() != 2 or table.shape[0] < lens.shape[0]:
-        raise InputError(f"block_table {tuple(table.shape)} must be [requests={lens.shape[0]}, max_blocks]")
-    table = table[:lens.shape[0]].to(cache.keys.device)
-    need = -(-lens // cache.block_size)  # blocks each request reads
-    if bool((need > table.shape[1]).any()):
-        raise InputError(f"a request's seq_lens {lens.tolist()} exceed its block_table's {table.shape[1]} blocks "
-                         f"of {cache.block_size}")
-    used = torch.arange(table.shape[1], device=table.device).reshape(1, -1) < need.reshape(-1, 1)
-    ids = table.to(torch.int64)[used]
-    if bool(((ids < 0) | (ids >= cache.num_blocks)).any()):
-        raise InputError(f"block_table names a block outside the cache's {cache.num_blocks} blocks")
-    max_len = int(lens.max()) if lens.numel() else 0
-    total = int(lens.sum())
-    starts = batch.key_starts().to(cache.keys.device)
-    out = []
-    for kv in (cache.keys, cache.values):
-        padded = layout.gather_kv(kv, lens, table, max_len)
-        out.append(layout.padded_to_varlen(padded, starts, total))
-    return out[0], out[1]
+    of the blocks the requests use, read through ``batch.block_table``): one gather each, straight into the
+    packed layout, at coordinates the batch computes once (:meth:`ServingBatch.paged_keys`)."""
+    blocks, offsets = batch.paged_keys(cache)
+    return cache.keys[blocks, offsets], cache.values[blocks, offsets]
 
 
 # ---------------------------------------------------------------- attention
@@ -181,21 +222,14 @@ def varlen_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """``q [tokens, Hq, D]`` (requests packed as ``batch.query_start_loc`` says), ``keys / values
     [sum(seq_lens), Hkv, D]`` (each request's keys contiguous, oldest first) -> ``[tokens, Hq, Dv]``.
     Rows past ``query_start_loc[-1]`` (an engine's padding) are zeros."""
-    cu_q = batch.query_start_loc.to(torch.int32)
-    cu_k = batch.key_starts().to(q.device)
-    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
-    if n_q > q.shape[0] or n_k > keys.shape[0]:
-        raise InputError(f"engine batch describes {n_q} queries / {n_k} keys but got {q.shape[0]} / {keys.shape[0]}")
-    q_lens = (cu_q[1:] - cu_q[:-1]).to(cu_k.device)
-    if bool((q_lens > batch.seq_lens.to(cu_k.device)).any()):
-        raise InputError("an engine request has more new queries than keys (seq_lens must count the new tokens)")
-    out = q.new_zeros((q.shape[0], q.shape[1], values.shape[-1]))
+    cu_q, cu_k, n_q, n_k, max_q, max_k = batch.attention_shape(q.shape[0], keys.shape[0], q.device)
     if n_q == 0:
+        return q.new_zeros((q.shape[0], q.shape[1], values.shape[-1]))
+    out = flash_attn_varlen_func(q[:n_q], keys[:n_k], values[:n_k], cu_q, cu_k, max_q, max_k, softmax_scale=scale,
+                                 causal=True, spec=spec, backend=backend)
+    if n_q == q.shape[0]:  # no padding rows: the output as it is (no zeroed copy)
         return out
-    out[:n_q] = flash_attn_varlen_func(q[:n_q], keys[:n_k], values[:n_k], cu_q, cu_k, int(q_lens.max()),
-                                       int(batch.seq_lens.max()), softmax_scale=scale, causal=True, spec=spec,
-                                       backend=backend)
-    return out
+    return torch.cat([out, out.new_zeros((q.shape[0] - n_q, *out.shape[1:]))])
 
 
 def paged_attention(q: torch.Tensor, cache: PagedKV, batch: ServingBatch, scale: float, *, spec=None,

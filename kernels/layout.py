@@ -67,6 +67,16 @@ def _uniform(cu: torch.Tensor, lens: torch.Tensor, max_len: int, total: int) -> 
     return total == lens.shape[0] * max_len and int(cu[0]) == 0 and bool((lens == max_len).all())
 
 
+def varlen_rows(cu: torch.Tensor, max_len: int, n_rows: int):
+    """(int64 ``[batch, max_len]``, lengths): the packed row (of ``n_rows``) holding element j of sequence b;
+    positions past a sequence's end name row 0 (clamped to the rows there are), for callers that mask them.
+    A kernel that reads its operand through these rows needs no padded copy of it (:func:`varlen_via_rows`)."""
+    cu = cu.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    i = torch.arange(max_len, device=cu.device).reshape(1, -1)
+    return torch.where(i < lens.reshape(-1, 1), cu[:-1].reshape(-1, 1) + i, 0).clamp_max(max(n_rows - 1, 0)), lens
+
+
 def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
     """Packed ``x [total, ...]`` -> ``[batch, max_len, ...]`` and lengths; padding rows are copies (masked later)."""
     cu = cu.to(torch.int64)
@@ -76,9 +86,7 @@ def varlen_to_padded(x: torch.Tensor, cu: torch.Tensor, max_len: int):
         return x.new_zeros((bsz, max_len, *x.shape[1:])), lens
     if _uniform(cu, lens, max_len, x.shape[0]):  # already padded: a view, no copy
         return x.reshape(bsz, max_len, *x.shape[1:]), lens
-    i = torch.arange(max_len, device=x.device).reshape(1, -1)
-    idx = torch.where(i < lens.reshape(-1, 1), cu[:-1].reshape(-1, 1) + i, 0).clamp_max(x.shape[0] - 1)
-    return x[idx], lens
+    return x[varlen_rows(cu, max_len, x.shape[0])[0]], lens
 
 
 def padded_to_varlen(xp: torch.Tensor, cu: torch.Tensor, total: int, fill: float = 0.0) -> torch.Tensor:
@@ -101,11 +109,30 @@ def varlen_via_padded(attend_padded, q, k, v, cu_q, cu_k, *args, **kwargs):
     """A varlen attention from a padded one: packed q [Tq, Hq, D], k, v [Tk, Hkv, D] are padded to the real
     longest sequence (max_seqlen_* may be generous bounds), ``attend_padded(qp, kp, vp, qlen, klen, *args)``
     runs, and the rows go back packed: (out [Tq, Hq, D], lse [Hq, Tq]). Exact copies only."""
+    def attend(qp, qlen, max_k):
+        kp, klen = varlen_to_padded(k, cu_k, max_k)
+        vp, _ = varlen_to_padded(v, cu_k, max_k)
+        return attend_padded(qp, kp, vp, qlen, klen, *args, **kwargs)
+    return _varlen_queries(attend, q, cu_q, cu_k)
+
+
+def varlen_via_rows(attend_rows, q, k, v, cu_q, cu_k, *args, **kwargs):
+    """As :func:`varlen_via_padded` for a kernel that reads keys and values through row indices:
+    ``attend_rows(qp, k, v, rows, qlen, klen, *args)`` with the packed k, v as they are and ``rows [b, max_k]``
+    (:func:`varlen_rows`), so the keys and values are never copied into a padded layout (two copies of each,
+    there and back, per call); the queries and outputs still go through it."""
+    def attend(qp, qlen, max_k):
+        rows, klen = varlen_rows(cu_k, max_k, k.shape[0])
+        return attend_rows(qp, k, v, rows, qlen, klen, *args, **kwargs)
+    return _varlen_queries(attend, q, cu_q, cu_k)
+
+
+def _varlen_queries(attend, q, cu_q, cu_k):
+    """The query side of the varlen adapters: q padded to the real longest sequence, ``attend(qp, qlen,
+    max_k)`` -> padded (out, lse), packed back: (out [Tq, Hq, D], lse [Hq, Tq])."""
     max_q, max_k = (int((cu[1:] - cu[:-1]).max()) for cu in (cu_q, cu_k))
     qp, qlen = varlen_to_padded(q, cu_q, max_q)
-    kp, klen = varlen_to_padded(k, cu_k, max_k)
-    vp, _ = varlen_to_padded(v, cu_k, max_k)
-    out, lse = attend_padded(qp, kp, vp, qlen, klen, *args, **kwargs)
+    out, lse = attend(qp, qlen, max_k)
     return (padded_to_varlen(out, cu_q, q.shape[0]),
             padded_to_varlen(lse, cu_q, q.shape[0], float("-inf")).transpose(0, 1).contiguous())
 
@@ -148,6 +175,18 @@ def slot_coords(slots: torch.Tensor, block_size: int):
     mapping), as index tuples for a ``[blocks, block_size, ...]`` cache of any strides."""
     slots = slots.to(torch.int64)
     return slots // block_size, slots % block_size
+
+
+def paged_token_coords(seqlens: torch.Tensor, block_table: torch.Tensor, block_size: int):
+    """(block, offset in block), int64 ``[sum(seqlens)]`` each: where token j of sequence b lies in a paged
+    cache ``[blocks, block_size, ...]`` through its row of ``block_table``, sequences packed in order (the
+    varlen layout). ``cache[blocks, offsets]`` is then every sequence's tokens packed, in one gather: no
+    padded ``[batch, max_len]`` copy between (:func:`gather_kv` + :func:`padded_to_varlen` read and wrote
+    each token three times). Table entries past a sequence's blocks are never read (they may be -1)."""
+    lens = seqlens.to(torch.int64)
+    seq = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)
+    pos = torch.arange(seq.shape[0], device=lens.device) - (lens.cumsum(0) - lens)[seq]
+    return block_table.to(torch.int64)[seq, pos // block_size], pos % block_size
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:

@@ -19,7 +19,8 @@ import hal
 from hal.conformance.bits import same_bits
 from hal.errors import InputError, UnsupportedError
 from hal.sampling import Sampling, kept_logprobs, kept_set, recorded_logprobs, sampling_scores, top_logprobs
-from hal.serving import GdnStates, PagedKV, ServingBatch, paged_attention, varlen_attention, write_kv
+from hal.kernels import layout
+from hal.serving import GdnStates, PagedKV, ServingBatch, paged_attention, request_kv, varlen_attention, write_kv
 
 HQ, HKV, D, BS, BLOCKS = 4, 2, 8, 4, 12
 SCALE = 0.35
@@ -105,6 +106,7 @@ def test_mixed_step_equals_each_request_alone(layout, dtype):
     got, want = (out.float(), want.float()) if dtype == torch.bfloat16 else (out, want)
     assert same_bits(got[:n], want)
     assert out.shape == (n + PAD, HQ, D) and not bits(out[n:].float()).any()  # padding rows: +0.0
+    assert same_bits(paged_attention(q[:n], cache, batch, SCALE), out[:n])  # no padding rows (vLLM's call)
     # the contiguous-keys form of the same step: the same bits
     assert same_bits(varlen_attention(q, torch.cat(keys), torch.cat(vals), batch, SCALE).float(), out.float())
     if layout == "vllm_cpu":
@@ -148,6 +150,94 @@ def test_wrong_addressing_is_caught():
     keys_tokens_major = kv.view(BLOCKS, HKV, 2, BS, D)[:, :, 0].transpose(1, 2)  # keys read [BS, D], not [D, BS]
     wrong = PagedKV(keys_tokens_major, cache.values)
     assert not same_bits(paged_attention(q, wrong, batch, SCALE)[:n], want)
+
+
+def random_bits_cache(make, dtype, seed):
+    """A cache whose every slot holds random bits (NaN patterns included): a token read from a wrong slot shows."""
+    cache, _ = make(dtype)
+    g = torch.Generator().manual_seed(seed)
+    raw, half = (torch.int16, 2 ** 15) if dtype.itemsize == 2 else (torch.int32, 2 ** 31)
+    for t in (cache.keys, cache.values):
+        t.copy_(torch.randint(-half, half, t.shape, generator=g, dtype=torch.int64).to(raw).view(dtype))
+    return cache
+
+
+def padded_round_trip(cache, batch):
+    """The old request_kv: each request padded to the longest (layout.gather_kv, whole pages), then packed."""
+    lens = batch.seq_lens.to(torch.int64)
+    max_len, total = (int(lens.max()), int(lens.sum())) if lens.numel() else (0, 0)
+    return [layout.padded_to_varlen(layout.gather_kv(kv, lens, batch.block_table, max_len), batch.key_starts(), total)
+            for kv in (cache.keys, cache.values)]
+
+
+RAGGED = [  # (seq_lens, block table): out-of-order blocks, unused entries -1, empty requests, exact block multiples
+    ([6, 0, 9, 1, 8, 0], [[7, 2, -1], [-1, -1, -1], [4, 9, 0], [11, -1, -1], [3, 1, -1], [5, -1, -1]]),
+    ([0, 0], [[1, -1, -1], [-1, -1, -1]]),
+    ([12], [[10, 6, 8]]),
+]
+
+
+@pytest.mark.parametrize("layout_name", ["blocks_bs_h_d", "vllm_cpu"])
+def test_one_gather_is_the_padded_round_trip_bit_for_bit(layout_name):
+    """request_kv gathers each request's keys straight into the packed layout (one gather at coordinates the batch
+    computes once): the raw bits of the old padded -> packed round trip and of a per-token loop, for ragged
+    lengths, empty requests and non-contiguous blocks. Negative control: keys one slot off are caught."""
+    make = standard_cache if layout_name == "blocks_bs_h_d" else vllm_cache
+    cache = random_bits_cache(make, torch.bfloat16, seed=3)
+    for lens, table in RAGGED:
+        lens, table = torch.tensor(lens, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)
+        batch = ServingBatch(torch.zeros(len(lens) + 1, dtype=torch.int32), lens, table)
+        got = request_kv(cache, batch)
+        loop = [torch.stack([kv[int(table[b, t // BS]), t % BS] for b in range(len(lens)) for t in range(lens[b])])
+                if int(lens.sum()) else kv[:0, 0] for kv in (cache.keys, cache.values)]
+        for new, old, by_token in zip(got, padded_round_trip(cache, batch), loop):
+            assert new.shape == (int(lens.sum()), HKV, D) and new.is_contiguous()
+            assert torch.equal(bits(new.float()), bits(old.float())) and torch.equal(bits(new.float()),
+                                                                                   bits(by_token.float()))
+    lens, table = torch.tensor(RAGGED[0][0]), torch.tensor(RAGGED[0][1])
+    blocks, offsets = layout.paged_token_coords(lens, table, BS)
+    old = padded_round_trip(cache, ServingBatch(torch.zeros(len(lens) + 1, dtype=torch.int32), lens, table))[0]
+    assert torch.equal(bits(cache.keys[blocks, offsets].float()), bits(old.float()))
+    off_by_one = cache.keys[blocks, (offsets + 1) % BS]  # each token read from the slot beside its own
+    assert not torch.equal(bits(off_by_one.float()), bits(old.float()))
+    one_block_on = cache.keys[(blocks + 1) % BLOCKS, offsets]
+    assert not torch.equal(bits(one_block_on.float()), bits(old.float()))
+
+
+def test_a_batch_derives_its_indices_once_for_every_layer(monkeypatch):
+    """One ServingBatch over two layers' caches (vLLM hands every layer of a step the same metadata): the paged
+    coordinates are computed once, each layer still reads its own cache, and each cache is still checked."""
+    calls = []
+    coords = layout.paged_token_coords
+    monkeypatch.setattr(layout, "paged_token_coords", lambda *a: calls.append(1) or coords(*a))
+    q, keys, vals, batch, cache, _ = filled(vllm_cache)
+    other = random_bits_cache(vllm_cache, torch.float32, seed=5)  # another layer's cache
+    n = sum(NEW)
+    want = alone(q, keys, vals, batch)
+    for _ in range(2):
+        assert same_bits(paged_attention(q, cache, batch, SCALE)[:n], want)
+        for new, old in zip(request_kv(other, batch), padded_round_trip(other, batch)):
+            assert torch.equal(bits(new), bits(old))
+    assert len(calls) == 1
+    small = PagedKV(other.keys[:8], other.values[:8])  # TABLE names block 11: past a cache of 8 blocks
+    with pytest.raises(InputError, match="outside the cache's 8 blocks"):
+        request_kv(small, batch)
+    fresh = ServingBatch(batch.query_start_loc, batch.seq_lens, batch.block_table)  # a new step: computed anew
+    request_kv(cache, fresh)
+    assert len(calls) == 2
+
+
+def test_write_kv_skips_padding_slots_among_real_ones():
+    """vLLM's PAD_SLOT_ID (-1) rows beside real ones: only the real rows are written, each at its slot."""
+    cache, (kc, vc) = standard_cache()
+    g = torch.Generator().manual_seed(4)
+    k, v = torch.randn(4, HKV, D, generator=g), torch.randn(4, HKV, D, generator=g)
+    before = kc.clone()
+    write_kv(cache, k, v, torch.tensor([-1, 13, -1, 2]))
+    assert torch.equal(bits(kc[3, 1]), bits(k[1])) and torch.equal(bits(vc[0, 2]), bits(v[3]))
+    untouched = torch.ones(BLOCKS, BS, dtype=torch.bool)
+    untouched[3, 1] = untouched[0, 2] = False
+    assert torch.equal(bits(kc[untouched]), bits(before[untouched]))
 
 
 def test_refusals_change_nothing():

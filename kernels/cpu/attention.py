@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_padded
+from hal.kernels.layout import key_visibility, kv_rows, query_positions, varlen_via_rows
 
 from . import pool
 from .host import F32, array, finish, raw, wide
@@ -277,25 +277,21 @@ def _attend(q, k, v, rows, qlen, klen, scale, causal, window, spec):
         tw = max(1, min(spec.kv_split, r.shape[1]))  # splits start at multiples of kv_split
         kt = np.empty((bsz, kr.shape[1], -(-r.shape[1] // tw), d, tw), np.float32)
         _keys_by_dim(kr, r, kt)
-        if v.dtype is not F32:  # the rows it reads, widened (exactly): same values, one compiled body for all dtypes
-            v = v[rows.reshape(-1)].to(F32)
-            r = np.arange(r.size, dtype=np.int64).reshape(r.shape)
+        if v.dtype is not F32:  # widened (exactly): same values, one compiled body for all dtypes
+            if v.shape[0] <= r.size:  # packed values (varlen): no more rows than are read, widened as they are
+                v = v.to(F32)
+            else:  # a cache larger than what is read: the rows read, gathered
+                v = v[rows.reshape(-1)].to(F32)
+                r = np.arange(r.size, dtype=np.int64).reshape(r.shape)
         pool.run(_attend_tasks, bsz * n_q * kr.shape[1], wide(q), kt, raw(v), r, array(vis.contiguous()),
                  np.float32(scale), spec.kv_block, spec.kv_split, spec.dot_tile, p_mode, array(out), array(lse),
                  parallel=parallel_worth(out.numel() * vis.shape[-1]))
     return finish(out, q.dtype), lse
 
 
-def attend_padded(q, k, v, qlen, klen, scale, causal, window, spec):
-    """As the reference's attend_padded: q [b, Q, Hq, D], k, v [b, K, Hkv, D] -> out (q's dtype), lse f32."""
-    bsz, nk = k.shape[:2]
-    rows = torch.arange(bsz * nk, dtype=torch.int64).reshape(bsz, nk)
-    return _attend(q, k.reshape(bsz * nk, *k.shape[2:]), v.reshape(bsz * nk, *v.shape[2:]), rows, qlen, klen,
-                   scale, causal, window, spec)
-
-
 def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, spec):
-    return varlen_via_padded(attend_padded, q, k, v, cu_q, cu_k, scale, causal, window, spec)
+    """The packed keys and values are read in place through their rows (no padded copy of either)."""
+    return varlen_via_rows(_attend, q, k, v, cu_q, cu_k, scale, causal, window, spec)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, seqlens_k, block_table, scale, causal, window, num_splits, spec):

@@ -5,7 +5,8 @@ vLLM's CPU platform resolves every attention request to ``CPU_ATTN``; the plugin
 ``query_start_loc``, ``seq_lens``, ``block_table``, ``slot_mapping`` are what the core takes); the impl writes
 the step's keys into vLLM's own paged cache ``[blocks, kv_heads, block_size, 2 * head_dim]`` (in place, through
 views: ``PagedKV.from_vllm_cpu``) and attends with ``hal.serving.paged_attention``: each request's queries on its
-own keys, bottom-right aligned, so neighbours, prefill chunking, paging and prefix hits change no bit.
+own keys, bottom-right aligned, so neighbours, prefill chunking, paging and prefix hits change no bit. One
+``ServingBatch`` serves every layer of a step (:func:`step_batch`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,20 @@ from ...serving import PagedKV, ServingBatch, paged_attention, write_kv
 
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+
+
+_STEP: list = [None, None]  # (vLLM's metadata object, its ServingBatch): the step the layers are in
+
+
+def step_batch(attn_metadata) -> ServingBatch:
+    """The step's :class:`ServingBatch`, one per metadata object: vLLM's builder makes a new metadata object each
+    step and hands the same one to every layer of the group, so the batch's derived indices (the paged
+    coordinates of every request's keys, the checks) are computed once per step, not once per layer. The
+    object is held (not its id), so a later step's metadata is never mistaken for it."""
+    if _STEP[0] is not attn_metadata:
+        _STEP[:] = attn_metadata, ServingBatch(attn_metadata.query_start_loc, attn_metadata.seq_lens,
+                                               attn_metadata.block_table, attn_metadata.slot_mapping)
+    return _STEP[1]
 
 
 class LockstepCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -54,9 +69,8 @@ class LockstepCPUAttentionImpl(CPUAttentionBackendImpl):
         if not attn_metadata.causal or attn_metadata.dynamic_causal is not None:
             raise UnsupportedError("non-causal attention is not supported by lockstep's vLLM attention")
         n = attn_metadata.num_actual_tokens
-        batch = ServingBatch(attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
-                             attn_metadata.slot_mapping)
-        out = paged_attention(query[:n], PagedKV.from_vllm_cpu(kv_cache, self.head_size), batch, self.scale)
+        out = paged_attention(query[:n], PagedKV.from_vllm_cpu(kv_cache, self.head_size), step_batch(attn_metadata),
+                              self.scale)
         output[:n] = out.reshape(output[:n].shape)
         return output
 

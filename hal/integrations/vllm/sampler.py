@@ -108,11 +108,11 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
     hidden, head, head_logits = HIDDEN.find(logits)
     n, vocab = logits.shape
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
-    plans = []
+    plans, greedy = [], []
     for i in range(n):
         s = row_sampling(md, i, vocab)
         if s is None:
-            tokens[i] = torch.argmax(logits[i].float())
+            greedy.append(i)
             plans.append((Sampling(), None))
             continue
         scores = sampling_scores(logits[i:i + 1], s.temperature)
@@ -122,6 +122,12 @@ def lockstep_sample(self, logits, sampling_metadata, predict_bonus_token=False, 
         gen = md.generators.get(i)
         tokens[i] = torch.multinomial(torch.softmax(drawn_from, dim=-1), 1, generator=gen)[0, 0]
         plans.append((s, scores))
+    if greedy:  # every greedy row's argmax in one call (each row's own: the first index among its ties)
+        if len(greedy) == n:
+            tokens.copy_(logits.float().argmax(-1))
+        else:
+            at = torch.tensor(greedy)
+            tokens[at] = logits[at].float().argmax(-1)
     logprobs_tensors = None
     if md.max_num_logprobs is not None:
         top = md.max_num_logprobs  # the batch's largest N; vLLM keeps each request's first 1 + N columns
