@@ -3,6 +3,7 @@
     python -m benchmarks.run --ops cpu --threads 1 2 --plot     # ratios at 1 and 2 threads + PNG
     python -m benchmarks.cpu --first-call                        # first call vs steady state
     python -m benchmarks.cpu --linear [--threads 1 2] [--quick]  # strict linear vs MKL float32, per vLLM shape
+    python -m benchmarks.cpu --decode [--threads 1 2] [--rounds 3] [--cpu-time]  # decode rows: weight GB/s
 
 Shapes follow issue 9's table: linear decode (M=1, K=N=4096, fp32 and bf16) and 16x256x256 /
 128x1024x1024, rms_norm / softmax / log_softmax / token_logprobs at V=32k, attention decode
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,19 +141,25 @@ def rows(quick: bool):
 ENGINE_LINEARS = (("qkv", 1024, 1536), ("o", 1024, 1024), ("gate_up", 1024, 2 * 2816), ("down", 2816, 1024),
                   ("lm_head", 1024, 32000))
 ENGINE_ROWS = (1, 2, 4, 8, 16, 64, 512)  # decode batches up to prefill blocks
+DECODE_ROWS = (1, 2, 4, 8)  # the streaming kernel's rows (matmul._STREAM_ROWS): a vLLM decode step's batch
 LM_HEAD_ROWS = 64  # the engine computes logits for the sampled positions only: a few rows per step
 _ROTATE_BYTES = 96 << 20  # each call reads its weight from memory, as in the engine (~180 MB of weights a step)
+#: decode rows (weights of 2-4 MB): 96 MB of copies still left some in the 32 MiB L3 (kernel rates above the
+#: read bandwidth), so the decode report rotates more
+_DECODE_ROTATE_BYTES = 256 << 20
 
 
-def _best_seconds(fn, min_calls=5, min_seconds=0.3):
+def _best_seconds(fn, min_calls=5, min_seconds=0.3, clock=time.perf_counter):
     """The fastest of at least ``min_calls`` calls (and ``min_seconds`` of calls): on a machine shared with
-    other jobs the fastest call is the one least disturbed. ``fn(i)`` gets the call number."""
+    other jobs the fastest call is the one least disturbed. ``fn(i)`` gets the call number. ``clock``:
+    wall time, or ``time.thread_time`` (the calling thread's CPU time: a one-thread kernel's time without
+    the slices other jobs take; not for calls that use other threads)."""
     fn(0)
     best, calls, start = float("inf"), 0, time.perf_counter()
     while calls < min_calls or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(calls)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
         calls += 1
     return best
 
@@ -177,13 +185,15 @@ def _reader():
     return read, np.ones(64 << 20, np.float32), np.zeros(16 * 64, np.float32)
 
 
-def read_bandwidth(min_seconds: float = 1.0) -> float:
+def read_bandwidth(min_seconds: float = 1.0, clock=time.perf_counter) -> float:
     """Bytes per second of reading a 256 MiB float32 buffer with sixteen-lane vector loads on torch's
-    thread count (hal's cpu pool): the ceiling of a kernel that streams a weight from memory."""
+    thread count (hal's cpu pool), best of at least 5 reads: the ceiling of a kernel that streams a weight
+    from memory."""
     from hal.kernels.cpu import pool
     read, buf, out = _reader()
     chunks = buf.size // 16384
-    return buf.nbytes / _best_seconds(lambda i: pool.run(read, chunks, buf, out, parallel=True), 5, min_seconds)
+    return buf.nbytes / _best_seconds(lambda i: pool.run(read, chunks, buf, out, parallel=True), 5, min_seconds,
+                                      clock)
 
 
 def linear_report(quick: bool) -> list[dict]:
@@ -237,6 +247,79 @@ def linear_report(quick: bool) -> list[dict]:
     return out
 
 
+def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
+    """The streaming linear at the engine's decode shapes (1, 2, 4, 8 rows; every engine linear, bf16 and float32
+    weights): the weight's bytes / fastest call of ``hal.linear`` (the whole call: checks, dispatch, the output
+    rounded to the input dtype by torch) and of its kernel alone (``matmul.dot_rows_nk`` on the stored arrays),
+    each as a share of the machine's read bandwidth (:func:`read_bandwidth` on the same threads), beside MKL's
+    float32 ``F.linear`` and stock bf16 ``F.linear``. The machine is shared, so each shape runs ``rounds``
+    interleaved rounds (the bandwidth, then every row count's four calls), each figure is the fastest call over
+    all of them, and the shares are against the median of the rounds' bandwidths (their range printed). Each
+    call reads its weight from memory (copies rotated past the L3), as the engine does. ``cpu_time`` (one
+    thread only): time calls by the thread's CPU time, which leaves out the slices other jobs take (not the
+    memory bandwidth they use)."""
+    from hal.kernels.cpu import matmul
+    from hal.kernels.cpu.host import raw
+    from hal.spec import MatmulSpec
+    tile = MatmulSpec().k_tile
+    threads = torch.get_num_threads()
+    if cpu_time and threads != 1:
+        raise SystemExit("--cpu-time times the calling thread: use it with --threads 1")
+    clock = time.thread_time if cpu_time else time.perf_counter
+    load = os.getloadavg()
+    print(f"decode rows, threads {threads}, {'thread CPU time' if cpu_time else 'wall time'}, {rounds} interleaved "
+          f"rounds, fastest call of each; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (as uptime)",
+          flush=True)
+    print("per row count M: hal.linear's weight GB/s (its share of the read bandwidth), its kernel's, then MKL "
+          "float32 / stock bf16 F.linear in us")
+    print(f"{'linear':<8} {'K':>5} {'N':>6} {'dtype':<5} {'read GB/s (range)':>17} | M=...")
+    out = []
+    for name, k, n in ENGINE_LINEARS:
+        for dt in (torch.bfloat16, torch.float32):
+            copies = max(2, _DECODE_ROTATE_BYTES // (n * k * dt.itemsize))
+            g = torch.Generator().manual_seed(0)
+            ws = [torch.randn(n, k, generator=g).to(dt) for _ in range(copies)]
+            w32 = ws if dt == torch.float32 else [w.float() for w in ws[:max(2, copies // 2)]]
+            w16 = ws if dt == torch.bfloat16 else [w.bfloat16() for w in ws[:copies * 2]]
+            xs = {m: torch.randn(m, k, generator=g).to(dt) for m in DECODE_ROWS}
+            raws = [raw(w) for w in ws]
+            best = {}
+            bws = []
+            for _ in range(rounds):
+                bws.append(read_bandwidth(0.3, clock))
+                for m in DECODE_ROWS:
+                    x = xs[m]
+                    x32, x16 = x.float(), x.bfloat16()
+                    rx = raw(x)
+                    for key, fn in (("strict", lambda i: hal.linear(x, ws[i % len(ws)], backend=B)),
+                                    ("kernel", lambda i: matmul.dot_rows_nk(rx, raws[i % len(raws)], tile)),
+                                    ("mkl", lambda i: F.linear(x32, w32[i % len(w32)])),
+                                    ("bf16", lambda i: F.linear(x16, w16[i % len(w16)]))):
+                        t = _best_seconds(fn, 5, 0.1, clock)
+                        best[m, key] = min(best.get((m, key), float("inf")), t)
+            bw = statistics.median(bws)
+            wbytes = n * k * dt.itemsize
+            cells = []
+            for m in DECODE_ROWS:
+                gbps, kernel = wbytes / best[m, "strict"] / 1e9, wbytes / best[m, "kernel"] / 1e9
+                row = dict(linear=name, M=m, K=k, N=n, dtype="bf16" if dt == torch.bfloat16 else "fp32",
+                           strict_gbps=gbps, of_bandwidth=gbps * 1e9 / bw, kernel_gbps=kernel,
+                           kernel_of_bandwidth=kernel * 1e9 / bw, read_gbps=bw / 1e9,
+                           read_gbps_range=(min(bws) / 1e9, max(bws) / 1e9),
+                           strict_us=best[m, "strict"] * 1e6, mkl_fp32_us=best[m, "mkl"] * 1e6,
+                           stock_bf16_us=best[m, "bf16"] * 1e6, threads=threads, load1=load[0])
+                out.append(row)
+                share, kshare = row["of_bandwidth"], row["kernel_of_bandwidth"]
+                cells.append(f"M={m}: {gbps:4.1f} ({share:4.0%}) {kernel:4.1f} ({kshare:4.0%}) "
+                             f"{row['mkl_fp32_us']:5.0f} / {row['stock_bf16_us']:5.0f}")
+            print(f"{name:<8} {k:>5} {n:>6} {row['dtype']:<5} {bw / 1e9:4.1f} ({min(bws) / 1e9:4.1f}-"
+                  f"{max(bws) / 1e9:4.1f}) | " + " | ".join(cells), flush=True)
+            del ws, w32, w16, raws
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return out
+
+
 def _first_call_child():
     """Run in a fresh process: the first call of each row (numba loads or compiles), then steady state."""
     from benchmarks.run import median_time
@@ -266,13 +349,20 @@ if __name__ == "__main__":
     p.add_argument("--linear", action="store_true", help="the strict linear vs MKL float32 at the engine's shapes")
     p.add_argument("--threads", nargs="*", type=int, default=None, help="with --linear: thread counts")
     p.add_argument("--quick", action="store_true", help="with --linear: a few shapes and row counts")
+    p.add_argument("--decode", action="store_true",
+                   help="the streaming linear's decode rows: weight GB/s against the read bandwidth")
+    p.add_argument("--rounds", type=int, default=3, help="with --decode: interleaved rounds per shape")
+    p.add_argument("--cpu-time", action="store_true", help="with --decode --threads 1: time by the thread's CPU time")
     a = p.parse_args()
     if a.child:
         _first_call_child()
-    elif a.linear:
+    elif a.linear or a.decode:
         torch.set_grad_enabled(False)
         for threads in a.threads or [torch.get_num_threads()]:
             torch.set_num_threads(threads)
-            linear_report(a.quick)
+            if a.decode:
+                decode_report(a.rounds, a.cpu_time)
+            else:
+                linear_report(a.quick)
     else:
         first_call_report()

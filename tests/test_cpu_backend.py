@@ -153,12 +153,13 @@ def test_linear_operand_packing_edges(dt):
         same(f"matmul {m}x{k}x{n}", *both(hal.matmul, x, w.t(), spec=spec))
 
 
-# the decode kernels on the weight as stored (one row: matmul._dots_*; 2 to _STREAM_ROWS rows: _stream_*): row counts
-# inside and past a group of four, N under and off its 32-row tasks, K off its 64-byte blocks (32 bf16 /
-# 16 float32 steps), their halves and its span (_SPAN steps), tiles ending inside a block or a span
-# and longer than a span
-STREAM_SHAPES = [((1, 1, 1), 64), ((1, 200, 70), 64), ((3, 33, 31), 7), ((4, 97, 33), 48), ((5, 130, 65), 100),
-                 ((8, 81, 32), 16), ((7, 64, 96), 64), ((2, 300, 40), 256)]
+# the decode kernel on the weight as stored (matmul._stream_*, 1 to _STREAM_ROWS rows): each of its row paths
+# (1, 2, 3-4 rows with two K tiles at once, 5-8 rows one tile at a time), N under and off its 16-row tasks, K off
+# its blocks (32 bf16 / 16 float32 / fp16 steps), tiles ending inside a block or shorter than one (steps one at
+# a time), tiles in pairs, a tile left unpaired (odd count, or the next one shorter) and tiles longer than K
+STREAM_SHAPES = [((1, 1, 1), 64), ((1, 200, 70), 64), ((1, 256, 48), 64), ((2, 128, 16), 32), ((2, 300, 40), 256),
+                 ((3, 33, 31), 7), ((4, 97, 33), 48), ((5, 130, 65), 100), ((8, 81, 32), 16), ((7, 64, 96), 64),
+                 ((6, 96, 17), 32)]
 
 
 def _stream_operands(g, m, k, n, dt):
@@ -196,21 +197,22 @@ def test_linear_streaming_bits(dt):
              ref32, torch.from_numpy(km.dot_rows_nk(km.raw(x), km.raw(w), tile, km.raw(b.float()))))
     # negative controls, caught by the same comparison of the kernel's float32 output (16-bit inputs are
     # widened exactly, so the float32 reference on the widened inputs is the kernel's own chain): the
-    # streaming kernel run at another tile, and MKL's float32 product (another summation order)
-    x, w, _ = _stream_operands(g, 3, 200, 70, dt)
-    ref = canon(hal.linear(x.float(), w.float(), backend="reference"))
-    got = np.empty((3, 70), np.float32)
-    for tile, agrees in ((64, True), (32, False)):
-        km._stream_into(km._widened(km.raw(x)), km.raw(w), got, tile, km._NO_BIAS)
-        assert (first_divergence(f"tile {tile}", ref, torch.from_numpy(got)) is None) == agrees
+    # streaming kernel run at another tile (on each row path), and MKL's float32 product (another order)
+    for m in (1, 2, 3, 6):
+        x, w, _ = _stream_operands(g, m, 200, 70, dt)
+        ref = canon(hal.linear(x.float(), w.float(), backend="reference"))
+        got = np.empty((m, 70), np.float32)
+        for tile, agrees in ((64, True), (32, False)):
+            km._stream_into(km._widened(km.raw(x)), km.raw(w), got, tile, km._NO_BIAS)
+            assert (first_divergence(f"{m} rows, tile {tile}", ref, torch.from_numpy(got)) is None) == agrees
     assert first_divergence("mkl", ref, canon(torch.nn.functional.linear(x.float(), w.float()))) is not None
 
 
 # ------------------------------------------------------------------ invariances (by construction; shown)
 
 def test_linear_row_alone_equals_row_in_batch():
-    # one row runs the one-row kernel on the weight as stored (2-8 rows stream it), a batch of 33 rows the gemm with
-    # x packed, a batch of 100 rows the gemm with the weight packed: same bits for every row
+    # one row streams the weight as stored (as 2-8 rows do), a batch of 33 rows runs the gemm with x packed, a
+    # batch of 100 rows the gemm with the weight packed: same bits for every row
     g = torch.Generator().manual_seed(1)
     x, w = randn(g, 100, 300), randn(g, 70, 300)
     big, batch = hal.linear(x, w, backend="cpu"), hal.linear(x[:33], w, backend="cpu")
@@ -444,12 +446,14 @@ def test_parallel_and_serial_drivers_same_bits(monkeypatch):
                                ("gemm nk, x packed", km._gemm_into, (w2, a2, True)),
                                ("gemm kn", km._gemm_into, (a2, wt2, False)),
                                ("stream", km._stream_into, (km._widened(a2[:3]), w2)),
-                               ("dots", km._dots_into, (a2[:3], w2))):
+                               ("stream one row", km._stream_into, (km._widened(a2[:1]), w2)),
+                               ("stream six rows", km._stream_into, (km._widened(a2[:6]), w2))):
             xpacked = name.endswith("x packed")  # C^T = W . x^T inside, then transposed
             outs = []
             for par, t in ((True, 64), (False, 64), (False, 32)):
                 monkeypatch.setattr(km, "parallel_worth", lambda work, par=par: par)
-                out = np.zeros((3 if name in ("stream", "dots") else 70, 300), np.float32)
+                rows = {"stream": 3, "stream one row": 1, "stream six rows": 6}.get(name, 70)
+                out = np.zeros((rows, 300), np.float32)
                 fn(*args, out, t, km._NO_BIAS, *((xpacked,) if name.startswith("gemm") else ()))
                 outs.append(torch.from_numpy(out))
             assert first_divergence(name, outs[0], outs[1]) is None

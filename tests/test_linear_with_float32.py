@@ -40,7 +40,7 @@ def _special(dtype, rows, k=80, n=70, seed=0, inf=True):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", HALF + [torch.float32])
-@pytest.mark.parametrize("rows", [1, 3, 11])  # cpu: the one-row dots, decode streaming (2-8), the gemm
+@pytest.mark.parametrize("rows", [1, 3, 11])  # cpu: decode streaming (1 and 2-8 rows), the gemm
 def test_output_is_linear_and_float32_result_rounds_to_it(backend, dtype, rows):
     x, w = _special(dtype, rows)
     bias = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(1)).to(dtype)

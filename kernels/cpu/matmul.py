@@ -13,14 +13,12 @@ is symmetric in a and b, so which operand is broadcast and which is vectorised n
   broadcasts, 2 ``_R`` vector fmas, no accumulator loads or stores. Linear packs the smaller
   operand: x (few rows) is packed and the product computed as C^T = W . x^T, then transposed once;
   with more rows than the weight, the weight is packed. matmul packs B.
-* ``_dots_*``: linear with one row, on the weight as stored: eight output columns are eight chains in the
-  lanes of one vector (eight k steps of eight weight rows transposed in registers).
-* ``_stream_*``: linear with 2 to 8 rows (decode), on the weight as stored ([N, K], bf16 / fp16 / float32
-  read in place): a task owns 32 weight rows, whose 32 chains per x row run in the lanes of two
-  sixteen-float vectors (simd.py's f32x16). A span of k steps of the 32 rows is widened and transposed
-  in registers into a small float32 buffer in L1 (bf16 as 32-bit words, split after the transpose),
-  then every x row (widened to float32 on the host: M x K values) runs over it, four rows at a time
-  with eight chains in registers: the weight is read from memory once per call, whatever M.
+* ``_stream_*``: linear with 1 to 8 rows (decode), on the weight as stored ([N, K], bf16 / fp16 / float32
+  read in place): a task owns 16 weight rows, whose chains per row of x are the lanes of one sixteen-float
+  vector (simd.py's f32x16). A cache line of each of the 16 rows is loaded, widened and transposed in
+  registers (simd.vsteps16) and applied to every row of x (widened to float32 on the host: M x K values),
+  so the weight is read from memory once per call whatever M; two K tiles run at once where the rows of x
+  alone give too few chains, and each task prefetches the next task's rows in memory order.
 
 Each phase is one compiled kernel over a range of tasks, split over threads by pool.run when the
 product is large enough (pool.parallel_worth: handing ranges to threads costs tens of microseconds).
@@ -31,14 +29,14 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, types, uint64
+from numba import literal_unroll, njit, types, uint64
 from numba.extending import overload
 
 from . import pool
 from .host import F32, finish, raw
 from .pool import parallel_worth
-from .simd import (bf16_even, bf16_odd, transpose8, transpose8x2, transpose16, vadd, vcanon, vfma, vload,
-                   vload16, vload16_wide, vload2_words, vload_wide, vsplat, vsplat16, vstore, vstore16, vzero)
+from .simd import (prefetch, vadd, vcanon, vchains, vfma, vload, vload16, vsplat, vsteps16, vstore, vstore16, vzero,
+                   vzero16)
 from .strict_math import ZERO, canon, widen
 
 _L = 16  # panel width: two eight-float vectors per row
@@ -198,159 +196,10 @@ def _gemm_into(A, B, nk, C, T, bias, xpacked):
         pool.run(_transpose_blocks, (C.shape[0] + _L - 1) // _L, CT, C, parallel=par)
 
 
-@njit(inline="always", cache=True)
-def _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp):
-    """Step k of eight weight rows (row offsets o0..o7) as one vector, through tmp (a tile's last
-    1-7 steps, when the tile is not a multiple of eight)."""
-    tmp[0], tmp[1], tmp[2], tmp[3] = widen(b[o0 + k]), widen(b[o1 + k]), widen(b[o2 + k]), widen(b[o3 + k])
-    tmp[4], tmp[5], tmp[6], tmp[7] = widen(b[o4 + k]), widen(b[o5 + k]), widen(b[o6 + k]), widen(b[o7 + k])
-    return vload(tmp, 0)
-
-
-@njit(cache=True)  # not inlined, as _gemm_task
-def _dots_task(a, b, c, M, N, K, T, bias, blk, tmp):
-    """Row m of A against eight weight rows n0..n0+7: eight chains in the lanes of one vector. Eight
-    k steps of the eight rows are loaded as eight row vectors and transposed in registers, so each
-    step is one vector fma in k order (the lanes never meet)."""
-    nnb = (N + 7) // 8
-    m = blk // nnb
-    n0 = (blk % nnb) * 8
-    # unsigned offsets: no negative-index wraparound in the inner loop; rows past N are clamped
-    # (computed, never stored)
-    uk, last = uint64(K), N - 1
-    ra = uint64(m) * uk
-    o0, o1, o2, o3 = uint64(n0) * uk, uint64(min(n0 + 1, last)) * uk, uint64(min(n0 + 2, last)) * uk, uint64(min(n0 + 3, last)) * uk
-    o4, o5, o6, o7 = uint64(min(n0 + 4, last)) * uk, uint64(min(n0 + 5, last)) * uk, uint64(min(n0 + 6, last)) * uk, uint64(min(n0 + 7, last)) * uk
-    tot = vzero()
-    for k0 in range(0, K, T):
-        k1 = min(k0 + T, K)
-        acc = vzero()
-        kk = k0
-        while kk + 8 <= k1:
-            k = uint64(kk)
-            w0, w1, w2, w3, w4, w5, w6, w7 = transpose8(
-                vload_wide(b, o0 + k), vload_wide(b, o1 + k), vload_wide(b, o2 + k), vload_wide(b, o3 + k),
-                vload_wide(b, o4 + k), vload_wide(b, o5 + k), vload_wide(b, o6 + k), vload_wide(b, o7 + k))
-            x = ra + k
-            acc = vfma(vsplat(widen(a[x])), w0, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(1)])), w1, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(2)])), w2, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(3)])), w3, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(4)])), w4, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(5)])), w5, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(6)])), w6, acc)
-            acc = vfma(vsplat(widen(a[x + uint64(7)])), w7, acc)
-            kk += 8
-        while kk < k1:
-            k = uint64(kk)
-            acc = vfma(vsplat(widen(a[ra + k])), _column(b, o0, o1, o2, o3, o4, o5, o6, o7, k, tmp), acc)
-            kk += 1
-        tot = vadd(tot, acc)
-    vstore(tmp, 0, tot)
-    for i in range(min(8, N - n0)):  # + bias once, after the K reduction
-        v = tmp[i]
-        if bias.shape[0] > 0:
-            v += bias[n0 + i]
-        c[m * N + n0 + i] = canon(v)
-
-
-@njit(nogil=True, cache=True)
-def _dots_tasks(a, b, c, M, N, K, T, bias, lo, hi):
-    tmp = np.empty(8, np.float32)
-    for blk in range(lo, hi):
-        _dots_task(a, b, c, M, N, K, T, bias, blk, tmp)
-
-
-def _dots_into(A, B, C, T, bias):
-    """C = A . B^T + bias for B [N, K] as stored: tasks of one row by eight columns, split over threads."""
-    M, K = A.shape
-    N = B.shape[0]
-    pool.run(_dots_tasks, M * ((N + 7) // 8), A.ravel(), B.ravel(), C.ravel(), M, N, K, T, bias,
-             parallel=parallel_worth(C.size * K))
-
-
 # ---------------------------------------------------------------- few rows: the weight streamed as stored
 
-_SN = 32  # outputs (weight rows) per streaming task: two sixteen-lane vectors, two chains per x row
-_STREAM_ROWS = 8  # up to this many x rows (decode) linear streams the weight once for all of them
-_SPAN = 32  # steps of the 32 weight rows widened at a time: 4 KiB of float32, in L1
-
-
-@njit(inline="always", cache=True)
-def _fill_words(b, o, k, wbuf, w):
-    """bf16: sixteen steps of a row are eight 32-bit words; transposed as words, split into floats after."""
-    for g in range(2):
-        q = 16 * g
-        w0, w1, w2, w3, w4, w5, w6, w7 = transpose8x2(
-            vload2_words(b, o[q] + k, o[q + 8] + k), vload2_words(b, o[q + 1] + k, o[q + 9] + k),
-            vload2_words(b, o[q + 2] + k, o[q + 10] + k), vload2_words(b, o[q + 3] + k, o[q + 11] + k),
-            vload2_words(b, o[q + 4] + k, o[q + 12] + k), vload2_words(b, o[q + 5] + k, o[q + 13] + k),
-            vload2_words(b, o[q + 6] + k, o[q + 14] + k), vload2_words(b, o[q + 7] + k, o[q + 15] + k))
-        vstore16(wbuf, w + 0 * _SN + q, bf16_even(w0))
-        vstore16(wbuf, w + 1 * _SN + q, bf16_odd(w0))
-        vstore16(wbuf, w + 2 * _SN + q, bf16_even(w1))
-        vstore16(wbuf, w + 3 * _SN + q, bf16_odd(w1))
-        vstore16(wbuf, w + 4 * _SN + q, bf16_even(w2))
-        vstore16(wbuf, w + 5 * _SN + q, bf16_odd(w2))
-        vstore16(wbuf, w + 6 * _SN + q, bf16_even(w3))
-        vstore16(wbuf, w + 7 * _SN + q, bf16_odd(w3))
-        vstore16(wbuf, w + 8 * _SN + q, bf16_even(w4))
-        vstore16(wbuf, w + 9 * _SN + q, bf16_odd(w4))
-        vstore16(wbuf, w + 10 * _SN + q, bf16_even(w5))
-        vstore16(wbuf, w + 11 * _SN + q, bf16_odd(w5))
-        vstore16(wbuf, w + 12 * _SN + q, bf16_even(w6))
-        vstore16(wbuf, w + 13 * _SN + q, bf16_odd(w6))
-        vstore16(wbuf, w + 14 * _SN + q, bf16_even(w7))
-        vstore16(wbuf, w + 15 * _SN + q, bf16_odd(w7))
-
-
-def _line_words(b, o, k, wbuf, w):
-    _fill_words(b, o, k, wbuf, w)
-    _fill_words(b, o, k + uint64(16), wbuf, w + 16 * _SN)
-
-
-def _line_wide(b, o, k, wbuf, w):
-    """float32 / fp16: a row's 16 steps (float32: one cache line, read by one load) widened, 16 rows at a
-    time, one 16 x 16 transpose (two 8 x 8 halves per line, as bf16 does, measured 10-40 % slower: the
-    rows, 4 KiB apart at K = 1024, share one L1 set, and a line read in two halves is read twice)."""
-    for q in range(0, _SN, 16):
-        t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15 = transpose16(
-            vload16_wide(b, o[q] + k), vload16_wide(b, o[q + 1] + k), vload16_wide(b, o[q + 2] + k),
-            vload16_wide(b, o[q + 3] + k), vload16_wide(b, o[q + 4] + k), vload16_wide(b, o[q + 5] + k),
-            vload16_wide(b, o[q + 6] + k), vload16_wide(b, o[q + 7] + k), vload16_wide(b, o[q + 8] + k),
-            vload16_wide(b, o[q + 9] + k), vload16_wide(b, o[q + 10] + k), vload16_wide(b, o[q + 11] + k),
-            vload16_wide(b, o[q + 12] + k), vload16_wide(b, o[q + 13] + k), vload16_wide(b, o[q + 14] + k),
-            vload16_wide(b, o[q + 15] + k))
-        vstore16(wbuf, w + 0 * _SN + q, t0)
-        vstore16(wbuf, w + 1 * _SN + q, t1)
-        vstore16(wbuf, w + 2 * _SN + q, t2)
-        vstore16(wbuf, w + 3 * _SN + q, t3)
-        vstore16(wbuf, w + 4 * _SN + q, t4)
-        vstore16(wbuf, w + 5 * _SN + q, t5)
-        vstore16(wbuf, w + 6 * _SN + q, t6)
-        vstore16(wbuf, w + 7 * _SN + q, t7)
-        vstore16(wbuf, w + 8 * _SN + q, t8)
-        vstore16(wbuf, w + 9 * _SN + q, t9)
-        vstore16(wbuf, w + 10 * _SN + q, t10)
-        vstore16(wbuf, w + 11 * _SN + q, t11)
-        vstore16(wbuf, w + 12 * _SN + q, t12)
-        vstore16(wbuf, w + 13 * _SN + q, t13)
-        vstore16(wbuf, w + 14 * _SN + q, t14)
-        vstore16(wbuf, w + 15 * _SN + q, t15)
-
-
-def _stream_block(b, o, k, wbuf, w):  # pragma: no cover - replaced by the overload inside compiled code
-    raise NotImplementedError
-
-
-@overload(_stream_block, inline="always")
-def _stream_block_for(b, o, k, wbuf, w):
-    """wbuf[w + j * _SN + l] = the weight's row o[l] (element offsets of the task's 32 rows) at step k + j,
-    widened to float32, for a block of :func:`_block_steps` steps: 64 bytes of each row, so that each
-    cache line of a row is read whole at once (the 32 rows, 2-4 KiB apart at K = 1024, share few L1
-    sets: a line left half read was evicted before its second half was used). Two rows per register,
-    8x8 transposes in each 256-bit half (moves only)."""
-    return _line_words if b.dtype == types.int16 else _line_wide
+_SN = 16  # outputs (weight rows) per streaming task: one sixteen-lane vector per row of x
+_STREAM_ROWS = 8  # up to this many rows of x (decode) linear streams the weight once for all of them
 
 
 def _block_steps(b):  # pragma: no cover - replaced by the overload inside compiled code
@@ -359,85 +208,144 @@ def _block_steps(b):  # pragma: no cover - replaced by the overload inside compi
 
 @overload(_block_steps, inline="always")
 def _block_steps_for(b):
-    """Steps per block: 64 bytes of a row (32 bf16 steps, 16 float32 steps; fp16 is widened as float32,
-    16 steps: 32 bytes)."""
+    """Steps per :func:`simd.vsteps16` block: 32 for bf16, 16 for float32 / fp16."""
     steps = 32 if b.dtype == types.int16 else 16
     return lambda b: steps
 
 
 @njit(inline="always", cache=True)
-def _stream_steps(b, o, k, steps, wbuf, w):
-    """As :func:`_stream_block` for ``steps`` steps, one value at a time (a tile's last steps)."""
-    for j in range(steps):
-        for l in range(_SN):
-            wbuf[w + j * _SN + l] = widen(b[o[l] + k + uint64(j)])
+def _step_column(b, o, k, tmp):
+    """Step k of the task's 16 weight rows (element offsets o) as one vector, through tmp (a tile's steps
+    past its last whole block)."""
+    for l in range(_SN):
+        tmp[l] = widen(b[o[l] + k])
+    return vload16(tmp, 0)
 
 
-@njit(inline="always", cache=True)
-def _stream_rows(x, K, r, last, wbuf, steps, k, acc):
-    """Four rows of x from r (clamped at ``last``: computed, never stored) over ``steps`` steps of the
-    32 widened weight rows in wbuf: eight chains in registers, each step two weight vectors, four
-    broadcast x values, eight fmas; the chains' partials come from and go back to acc."""
-    uk = uint64(K)
-    x0, x1 = uint64(r) * uk + k, uint64(min(r + 1, last)) * uk + k
-    x2, x3 = uint64(min(r + 2, last)) * uk + k, uint64(min(r + 3, last)) * uk + k
-    o = r * _SN
-    a0, a1, a2, a3 = vload16(acc, o), vload16(acc, o + 16), vload16(acc, o + 32), vload16(acc, o + 48)
-    a4, a5, a6, a7 = vload16(acc, o + 64), vload16(acc, o + 80), vload16(acc, o + 96), vload16(acc, o + 112)
-    for j in range(steps):
-        lo, hi = vload16(wbuf, j * _SN), vload16(wbuf, j * _SN + 16)
-        uj = uint64(j)
-        s = vsplat16(x[x0 + uj])
-        a0, a1 = vfma(s, lo, a0), vfma(s, hi, a1)
-        s = vsplat16(x[x1 + uj])
-        a2, a3 = vfma(s, lo, a2), vfma(s, hi, a3)
-        s = vsplat16(x[x2 + uj])
-        a4, a5 = vfma(s, lo, a4), vfma(s, hi, a5)
-        s = vsplat16(x[x3 + uj])
-        a6, a7 = vfma(s, lo, a6), vfma(s, hi, a7)
-    vstore16(acc, o, a0)
-    vstore16(acc, o + 16, a1)
-    vstore16(acc, o + 32, a2)
-    vstore16(acc, o + 48, a3)
-    vstore16(acc, o + 64, a4)
-    vstore16(acc, o + 80, a5)
-    vstore16(acc, o + 96, a6)
-    vstore16(acc, o + 112, a7)
+def _add(tot, a):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(_add, inline="always")
+def _add_for(tot, a):
+    """tot[m] += a[m] (the task's running totals, [_STREAM_ROWS, _SN] flat: tile partials in tile order)."""
+    rows = len(a)
+
+    def add(tot, a):
+        for m in literal_unroll(range(rows)):
+            vstore16(tot, m * _SN, vadd(vload16(tot, m * _SN), a[m]))
+    return add
+
+
+def _prefetch_next(b, pf, pf_end):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(_prefetch_next, inline="always")
+def _prefetch_next_for(b, pf, pf_end):
+    """Prefetch as many cache lines of b from element offset pf as a block of a task reads (16 for bf16 /
+    float32, 8 for fp16) unless pf is at or past pf_end; the offset after them. (A few lines past pf_end
+    may be prefetched at the end of a range: a hint, never a fault.)"""
+    line = 512 // b.dtype.bitwidth  # elements per 64-byte line
+    lines = _SN * (32 if b.dtype == types.int16 else 16) // line
+
+    def pref(b, pf, pf_end):
+        if pf < pf_end:
+            for i in literal_unroll(range(lines)):
+                prefetch(b, pf + uint64(i * line))
+        return pf + uint64(lines * line)
+    return pref
 
 
 @njit(cache=True)  # not inlined, as _gemm_task
-def _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot):
-    """Every row of x (x: [M, K] float32 flat, M <= _STREAM_ROWS) against 32 weight rows from blk * 32
-    (b: [N, K] as stored, flat): 32 chains per x row in the lanes of two vectors, each advanced in k order.
-    Up to _SPAN steps of the 32 rows are widened and transposed once into wbuf (4 KiB, in L1), then the
-    rows of x run over it four at a time (eight chains in registers, one broadcast x value per row and
-    step): the weight is read from memory once per call, whatever M. Weight rows past N are clamped
-    (computed, never stored)."""
-    n0 = blk * _SN
-    uk = uint64(K)
+def _tile_pairs(x, xo, b, o, K, T, tmp, tot, pf, pf_end, zero):
+    """The task's K for one, two or four rows of x (zero: a +0.0 vector per row), two K tiles at a time:
+    their chains are independent, so twice as many are in flight. A tile without a next one as long runs
+    beside a copy of itself whose partials are dropped. Prefetches the next task's rows (pf .. pf_end)."""
     kb = _block_steps(b)
-    for l in range(_SN):
-        o[l] = uint64(min(n0 + l, N - 1)) * uk
-    for i in range(M * _SN):
-        tot[i] = ZERO
+    t0 = 0
+    while t0 < K:
+        n = min(T, K - t0)  # this tile's steps
+        t1 = t0 + n
+        pair = t1 < K and K - t1 >= n  # the next tile is as long: both at once
+        u0 = t1 if pair else t0
+        a, e = zero, zero  # the chains of the tile from t0, of the tile from u0
+        j = 0
+        second = False  # a block of each tile in turn: one block's vectors live at a time (both at once spilled)
+        while j + kb <= n:
+            pf = _prefetch_next(b, pf, pf_end)
+            if second:
+                u = uint64(u0 + j)
+                e = vchains(x, xo, u, vsteps16(b, o, u), e)
+                j += kb
+            else:
+                k = uint64(t0 + j)
+                a = vchains(x, xo, k, vsteps16(b, o, k), a)
+            second = not second
+        while j < n:
+            k, u = uint64(t0 + j), uint64(u0 + j)
+            a = vchains(x, xo, k, _step_column(b, o, k, tmp), a)
+            e = vchains(x, xo, u, _step_column(b, o, u, tmp), e)
+            j += 1
+        _add(tot, a)
+        if pair:
+            _add(tot, e)
+            t1 += n
+        t0 = t1
+
+
+@njit(cache=True)  # not inlined, as _gemm_task
+def _tiles(x, xo, b, o, K, T, tmp, tot, pf, pf_end, zero):
+    """The task's K for eight rows of x, one K tile at a time (eight chains in flight), as :func:`_tile_pairs`."""
+    kb = _block_steps(b)
     for k0 in range(0, K, T):
         k1 = min(k0 + T, K)
-        for i in range(_STREAM_ROWS * _SN):
-            acc[i] = ZERO
-        for s0 in range(k0, k1, _SPAN):  # a tile's chains go on across spans (partials kept in acc)
-            s1 = min(s0 + _SPAN, k1)
-            kk = s0
-            while kk < s1:
-                steps = min(kb, s1 - kk)
-                if steps == kb:
-                    _stream_block(b, o, uint64(kk), wbuf, (kk - s0) * _SN)
-                else:
-                    _stream_steps(b, o, uint64(kk), steps, wbuf, (kk - s0) * _SN)
-                kk += steps
-            for r in range(0, M, 4):
-                _stream_rows(x, K, r, M - 1, wbuf, s1 - s0, uint64(s0), acc)
-        for i in range(M * _SN):
-            tot[i] += acc[i]
+        a = zero
+        kk = k0
+        while kk + kb <= k1:
+            pf = _prefetch_next(b, pf, pf_end)
+            k = uint64(kk)
+            a = vchains(x, xo, k, vsteps16(b, o, k), a)
+            kk += kb
+        while kk < k1:
+            k = uint64(kk)
+            a = vchains(x, xo, k, _step_column(b, o, k, tmp), a)
+            kk += 1
+        _add(tot, a)
+
+
+@njit(cache=True)  # not inlined, as _gemm_task
+def _stream_task(x, M, b, N, K, T, bias, c, blk, pf_end, o, xo, tmp, tot):
+    """Every row of x (x: [M, K] float32 flat, M <= _STREAM_ROWS) against the 16 weight rows from blk * 16
+    (b: [N, K] as stored, flat): per row of x, the 16 rows' chains in the lanes of one vector, advanced one
+    k step at a time in k order for a whole K tile in registers; tile partials added in tile order into
+    tot, bias once after. A block of steps (a cache line of each weight row, :func:`simd.vsteps16`) is
+    loaded and transposed in registers once and applied to every row of x.
+
+    The rows of x run as 1, 2, 4 or 8 (a missing row repeats the last: computed, never stored). A chain's
+    fma waits ~4 cycles for the one before, so a core needs eight chains in flight to keep its two fma pipes
+    busy: up to four rows run two K tiles at once (:func:`_tile_pairs`), eight one (:func:`_tiles`). The
+    task prefetches the next task's weight rows (up to pf_end) in memory order, as fast as it reads its
+    own: 16-32 row streams at once read ~30 GB/s of the ~42 a sequential read gets here, with the prefetch
+    ~36. Weight rows past N are clamped (computed, never stored)."""
+    n0 = blk * _SN
+    uk = uint64(K)
+    for l in range(_SN):
+        o[l] = uint64(min(n0 + l, N - 1)) * uk
+    for m in range(_STREAM_ROWS):
+        xo[m] = uint64(min(m, M - 1)) * uk
+    for i in range(_STREAM_ROWS * _SN):
+        tot[i] = ZERO
+    pf = uint64(min(n0 + _SN, N)) * uk  # the next task's first element
+    z = vzero16()
+    if M == 1:
+        _tile_pairs(x, xo, b, o, K, T, tmp, tot, pf, pf_end, (z,))
+    elif M == 2:
+        _tile_pairs(x, xo, b, o, K, T, tmp, tot, pf, pf_end, (z, z))
+    elif M <= 4:
+        _tile_pairs(x, xo, b, o, K, T, tmp, tot, pf, pf_end, (z, z, z, z))
+    else:
+        _tiles(x, xo, b, o, K, T, tmp, tot, pf, pf_end, (z, z, z, z, z, z, z, z))
     has_bias = bias.shape[0] > 0
     for m in range(M):
         for l in range(min(_SN, N - n0)):
@@ -450,16 +358,17 @@ def _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot):
 @njit(nogil=True, cache=True)
 def _stream_tasks(x, M, b, N, K, T, bias, c, lo, hi):
     o = np.empty(_SN, np.uint64)
-    wbuf = np.empty(_SPAN * _SN, np.float32)
-    acc = np.empty(_STREAM_ROWS * _SN, np.float32)
+    xo = np.empty(_STREAM_ROWS, np.uint64)
+    tmp = np.empty(_SN, np.float32)
     tot = np.empty(_STREAM_ROWS * _SN, np.float32)
+    pf_end = uint64(min(hi * _SN, N)) * uint64(K)  # past the range's last weight row: prefetch nothing
     for blk in range(lo, hi):
-        _stream_task(x, M, b, N, K, T, bias, c, blk, o, wbuf, acc, tot)
+        _stream_task(x, M, b, N, K, T, bias, c, blk, pf_end, o, xo, tmp, tot)
 
 
 def _stream_into(x32, B, C, T, bias):
-    """C = x . B^T + bias for x [M <= _STREAM_ROWS, K] float32 and B [N, K] as stored: tasks of 32
-    weight rows, split over threads."""
+    """C = x . B^T + bias for x [M <= _STREAM_ROWS, K] float32 and B [N, K] as stored: tasks of 16 weight
+    rows, split over threads."""
     M, K = x32.shape
     N = B.shape[0]
     pool.run(_stream_tasks, (N + _SN - 1) // _SN, x32.ravel(), M, B.ravel(), N, K, T, bias, C.ravel(),
@@ -497,17 +406,11 @@ def _widened(a2: np.ndarray) -> np.ndarray:
 
 
 def dot_rows_nk(a2: np.ndarray, b_nk: np.ndarray, t: int, bias: np.ndarray = _NO_BIAS) -> np.ndarray:
-    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`. One row runs
-    :func:`_dots_into`, 2 to _STREAM_ROWS rows (decode) stream the weight as stored (:func:`_stream_into`),
-    more run the gemm."""
+    """[M, K] . [N, K]^T (+ bias [N]) -> float32 [M, N], as :func:`dot_rows_kn`. Up to _STREAM_ROWS rows
+    (decode) stream the weight as stored (:func:`_stream_into`), more run the gemm."""
     m = a2.shape[0]
     if m > _STREAM_ROWS:
         return _gemm(a2, b_nk, True, t, bias)
-    if m == 1:  # one row: eight chains in a vector, no buffer (faster from memory than streaming at one row)
-        out = np.zeros((m, b_nk.shape[0]), np.float32)
-        if out.size:
-            _dots_into(a2, b_nk, out, t, bias)
-        return out
     out = np.empty((m, b_nk.shape[0]), np.float32)  # every element is stored
     if out.size:
         _stream_into(_widened(a2), b_nk, out, t, bias)

@@ -246,18 +246,6 @@ def vzero16(typingctx):
 
 
 @intrinsic
-def vsplat16(typingctx, x):
-    """x in all sixteen lanes."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        one = builder.insert_element(ir.Constant(_VEC16, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(one, ir.Constant(_VEC16, ir.Undefined), ir.Constant(_I32X16, [0] * (2 * LANES)))
-    return f32x16(x), codegen
-
-
-@intrinsic
 def vload16(typingctx, arr, i):
     """arr.flat[i : i + 16] of a C-contiguous float32 array (unchecked)."""
     if not _is_f32_array(arr, i):
@@ -282,136 +270,137 @@ def vstore16(typingctx, arr, i, v):
     return types.none(arr, i, v), codegen
 
 
-_JOIN = ir.Constant(_I32X16, list(range(2 * LANES)))
+def _transposed16(builder, rows):
+    """LLVM IR: the 16x16 transpose of 16 sixteen-lane vectors (lane i of result j is lane j of row i): four
+    stages in which rows (i, i + d) swap their off-diagonal d x d blocks, 64 shuffles, moves only (any bit
+    pattern)."""
+    n = 2 * LANES
+    rows = list(rows)
+    for d in (1, 2, 4, 8):
+        low = ir.Constant(_I32X16, [j if not j & d else n + j - d for j in range(n)])
+        high = ir.Constant(_I32X16, [j + d if not j & d else n + j for j in range(n)])
+        for i in range(n):
+            if not i & d:
+                a, b = rows[i], rows[i + d]
+                rows[i], rows[i + d] = builder.shuffle_vector(a, b, low), builder.shuffle_vector(a, b, high)
+    return rows
+
+
+_RUN = types.UniTuple(f32x16, 2 * LANES)  # 16 vectors: one per step of a block, over 16 weight rows
 
 
 @intrinsic
-def vload2_words(typingctx, arr, i, j):
-    """The sixteen 16-bit values arr.flat[i : i + 16] as eight 32-bit words in lanes 0-7 and those at j in
-    lanes 8-15, unconverted (unchecked; the lanes hold bit patterns, not floats, until :func:`bf16_even` /
-    :func:`bf16_odd`): word w of a row holds steps 2w (low half) and 2w + 1 (high half). Moves only."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int16
-            and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
-        return None
+def vsteps16(typingctx, arr, rows, k):
+    """A 64-byte block from element k of each of 16 rows of a weight (row offsets in ``rows``, 16 uint64:
+    elements from arr's start; unchecked), as one float32 vector per step over the 16 rows (lane l: row l),
+    widened exactly and transposed in registers, in runs of 16 steps (a tuple of runs, each 16 vectors).
 
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        lo, hi = (builder.load(builder.bitcast(builder.gep(data, [k]), _VEC.as_pointer()), align=2)
-                  for k in (args[1], args[2]))
-        return builder.shuffle_vector(lo, hi, _JOIN)
-    return f32x16(arr, i, j), codegen
-
-
-def _bf16_half(high: bool):
-    @intrinsic
-    def half(typingctx, v):
-        if v != f32x16:
-            return None
-
-        def codegen(context, builder, sig, args):
-            w = builder.bitcast(args[0], _I32X16)
-            if high:  # the word's high half is already a float32's high half
-                w = builder.and_(w, ir.Constant(_I32X16, [-65536] * (2 * LANES)))
-            else:
-                w = builder.shl(w, ir.Constant(_I32X16, [16] * (2 * LANES)))
-            return builder.bitcast(w, _VEC16)
-        return f32x16(f32x16), codegen
-    return half
-
-
-#: The bf16 in each word's low half (the even step) / high half (the odd step), as float32: exact, as widen.
-bf16_even, bf16_odd = _bf16_half(False), _bf16_half(True)
-
-
-def _shuffle16(mask8):
-    """An intrinsic applying the two-source eight-lane ``mask8`` in each 256-bit half of (a, b)."""
-    mask = [(x if x < LANES else 2 * LANES + x - LANES) + h * LANES for h in (0, 1) for x in mask8]
-
-    @intrinsic
-    def shuffle(typingctx, a, b):
-        if not (a == f32x16 and b == f32x16):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return builder.shuffle_vector(args[0], args[1], ir.Constant(_I32X16, mask))
-        return f32x16(f32x16, f32x16), codegen
-    return shuffle
-
-
-_lo32x2, _hi32x2 = _shuffle16([0, 8, 1, 9, 4, 12, 5, 13]), _shuffle16([2, 10, 3, 11, 6, 14, 7, 15])
-_lo64x2, _hi64x2 = _shuffle16([0, 1, 8, 9, 4, 5, 12, 13]), _shuffle16([2, 3, 10, 11, 6, 7, 14, 15])
-_lo128x2, _hi128x2 = _shuffle16([0, 1, 2, 3, 8, 9, 10, 11]), _shuffle16([4, 5, 6, 7, 12, 13, 14, 15])
-
-
-@njit(inline="always", cache=True)
-def transpose8x2(r0, r1, r2, r3, r4, r5, r6, r7):
-    """:func:`transpose8` in each 256-bit half of eight sixteen-lane vectors: lane i of result j is lane j
-    of row i, lane 8 + i of result j lane 8 + j of row i (24 shuffles, moves only: any bit pattern)."""
-    t0, t1, t2, t3 = _lo32x2(r0, r1), _hi32x2(r0, r1), _lo32x2(r2, r3), _hi32x2(r2, r3)
-    t4, t5, t6, t7 = _lo32x2(r4, r5), _hi32x2(r4, r5), _lo32x2(r6, r7), _hi32x2(r6, r7)
-    u0, u1, u2, u3 = _lo64x2(t0, t2), _hi64x2(t0, t2), _lo64x2(t1, t3), _hi64x2(t1, t3)
-    u4, u5, u6, u7 = _lo64x2(t4, t6), _hi64x2(t4, t6), _lo64x2(t5, t7), _hi64x2(t5, t7)
-    return (_lo128x2(u0, u4), _lo128x2(u1, u5), _lo128x2(u2, u6), _lo128x2(u3, u7),
-            _hi128x2(u0, u4), _hi128x2(u1, u5), _hi128x2(u2, u6), _hi128x2(u3, u7))
-
-
-@intrinsic
-def vload16_wide(typingctx, arr, i):
-    """arr.flat[i : i + 16] widened exactly to float32 (unchecked): float32 as is, fp16 bits (uint16) by
-    ``fpext`` (bf16 weights are read as words: :func:`vload2_words`)."""
-    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer)
-            and arr.dtype in (types.float32, types.uint16)):
+    bf16 (int16 bits): 32 steps, two runs. A row's 64 bytes are sixteen 32-bit words (word w: steps 2w and
+    2w + 1), transposed as words, then split: a word's low half shifted up is the even step's float32, its
+    high half masked the odd step's (exact, as strict_math.widen). float32: 16 steps, one run (one line per
+    row). fp16 (uint16 bits): 16 steps, one run (32 bytes per row, ``fpext``). Moves, shifts, masks and
+    conversions only: every bit pattern, NaN payloads included, widens as ``widen`` does. One intrinsic, so
+    numba types one call per block instead of ~100."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.int16, types.float32, types.uint16)
+            and isinstance(rows, types.Array) and rows.dtype == types.uint64 and isinstance(k, types.Integer)):
         return None
     dtype = arr.dtype
+    runs = 2 if dtype == types.int16 else 1
+    ret = types.UniTuple(_RUN, runs)
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ptr = builder.gep(data, [args[1]])
-        if dtype == types.float32:
-            return builder.load(builder.bitcast(ptr, _VEC16.as_pointer()), align=4)
-        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 2 * LANES).as_pointer()), align=2)
-        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 2 * LANES)), _VEC16)
-    return f32x16(arr, i), codegen
+        offs = context.make_array(sig.args[1])(context, builder, args[1]).data
+        k64 = context.cast(builder, args[2], sig.args[2], types.uint64)
+        loaded = []
+        for l in range(2 * LANES):
+            row = builder.load(builder.gep(offs, [ir.Constant(ir.IntType(64), l)]))
+            ptr = builder.gep(data, [builder.add(row, k64)])
+            if dtype == types.uint16:
+                half = ir.VectorType(ir.HalfType(), 2 * LANES)
+                v = builder.fpext(builder.load(builder.bitcast(ptr, half.as_pointer()), align=2), _VEC16)
+                loaded.append(builder.bitcast(v, _I32X16))
+            else:
+                loaded.append(builder.load(builder.bitcast(ptr, _I32X16.as_pointer()), align=2))
+        cols = _transposed16(builder, loaded)
+        if dtype == types.int16:
+            sixteen = ir.Constant(_I32X16, [16] * (2 * LANES))
+            mask = ir.Constant(_I32X16, [-65536] * (2 * LANES))
+            steps = []
+            for w in cols:
+                steps += [builder.shl(w, sixteen), builder.and_(w, mask)]
+        else:
+            steps = cols
+        steps = [builder.bitcast(v, _VEC16) for v in steps]
+        out = [context.make_tuple(builder, _RUN, steps[16 * r:16 * (r + 1)]) for r in range(runs)]
+        return context.make_tuple(builder, ret, out)
+    return ret(arr, rows, k), codegen
 
 
-def _butterfly(d: int, high: bool):
-    """Stage ``d`` of the 16x16 transpose: rows (a, b) = (i, i + d) swap their off-diagonal d x d blocks."""
-    n = 2 * LANES
-    mask = [(j + d if not j & d else n + j) if high else (j if not j & d else n + j - d) for j in range(n)]
+@intrinsic
+def vchains(typingctx, x, xo, k, v, acc):
+    """Chains advanced in k order over a block of steps: acc[m] + x.flat[xo[m] + k + j] * v_j for j = 0, 1, ..
+    in turn, one rounding per lane (the float32 x value in all sixteen lanes; unchecked). acc: a tuple of
+    sixteen-lane vectors, one per row of x (row m's element offsets from xo[m], uint64); v: one vector (one
+    step) or :func:`vsteps16`'s runs of 16 (steps k, k + 1, ..). Returns the advanced tuple. One intrinsic
+    for up to 8 x 32 splats and fmas: numba types every call it compiles (~1 ms apiece), and the decode
+    kernel written as one call per fma took ~25 CPU s to compile per weight dtype (now ~4.5)."""
+    if not (_is_f32_array(x, k) and isinstance(xo, types.Array) and xo.dtype == types.uint64
+            and isinstance(acc, types.UniTuple) and acc.dtype == f32x16):
+        return None
+    if v == f32x16:
+        steps_of = None
+    elif isinstance(v, types.UniTuple) and v.dtype == _RUN:
+        steps_of = v.count
+    else:
+        return None
 
-    @intrinsic
-    def stage(typingctx, a, b):
-        if not (a == f32x16 and b == f32x16):
-            return None
+    def codegen(context, builder, sig, args):
+        xs, offs = (context.make_array(t)(context, builder, a).data for t, a in zip(sig.args[:2], args[:2]))
+        k64 = context.cast(builder, args[2], sig.args[2], types.uint64)
+        if steps_of is None:
+            steps = [args[3]]
+        else:
+            steps = [builder.extract_value(builder.extract_value(args[3], r), j)
+                     for r in range(steps_of) for j in range(2 * LANES)]
+        rows = [builder.extract_value(args[4], m) for m in range(acc.count)]
+        base = [builder.add(builder.load(builder.gep(offs, [ir.Constant(ir.IntType(64), m)])), k64)
+                for m in range(acc.count)]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC16, [_VEC16] * 3),
+                                             "llvm.fma.v16f32")
+        lane0, splat = ir.Constant(ir.IntType(32), 0), ir.Constant(_I32X16, [0] * (2 * LANES))
+        for j, w in enumerate(steps):
+            for m in range(acc.count):
+                xv = builder.load(builder.gep(xs, [builder.add(base[m], ir.Constant(ir.IntType(64), j))]))
+                one = builder.insert_element(ir.Constant(_VEC16, ir.Undefined), xv, lane0)
+                rows[m] = builder.call(fma, [builder.shuffle_vector(one, ir.Constant(_VEC16, ir.Undefined), splat),
+                                             w, rows[m]])
+        return context.make_tuple(builder, sig.return_type, rows)
+    return acc(x, xo, k, v, acc), codegen
 
-        def codegen(context, builder, sig, args):
-            return builder.shuffle_vector(args[0], args[1], ir.Constant(_I32X16, mask))
-        return f32x16(f32x16, f32x16), codegen
-    return stage
+
+# ---------------------------------------------------------------- software prefetch
+
+_I8P = ir.IntType(8).as_pointer()
 
 
-_B1L, _B1H, _B2L, _B2H = _butterfly(1, False), _butterfly(1, True), _butterfly(2, False), _butterfly(2, True)
-_B4L, _B4H, _B8L, _B8H = _butterfly(4, False), _butterfly(4, True), _butterfly(8, False), _butterfly(8, True)
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """A hint that arr.flat[i]'s cache line will be read soon (``llvm.prefetch``: read, keep in all
+    levels, data). Never faults, changes no value; for a kernel that reads a weight in an order the
+    hardware prefetchers follow badly (matmul.py's streaming linear: 16 rows at once), the next task's
+    lines in memory order."""
+    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8P, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), _I8P), ir.Constant(i32, 0),
+                          ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, i), codegen
 
 
-@njit(inline="always", cache=True)
-def transpose16(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15):
-    """The 16x16 transpose of sixteen row vectors: lane i of result j is lane j of row i (four stages of
-    block swaps, 64 shuffles, moves only: any bit pattern)."""
-    r0, r1, r2, r3 = _B1L(r0, r1), _B1H(r0, r1), _B1L(r2, r3), _B1H(r2, r3)
-    r4, r5, r6, r7 = _B1L(r4, r5), _B1H(r4, r5), _B1L(r6, r7), _B1H(r6, r7)
-    r8, r9, r10, r11 = _B1L(r8, r9), _B1H(r8, r9), _B1L(r10, r11), _B1H(r10, r11)
-    r12, r13, r14, r15 = _B1L(r12, r13), _B1H(r12, r13), _B1L(r14, r15), _B1H(r14, r15)
-    r0, r2, r1, r3 = _B2L(r0, r2), _B2H(r0, r2), _B2L(r1, r3), _B2H(r1, r3)
-    r4, r6, r5, r7 = _B2L(r4, r6), _B2H(r4, r6), _B2L(r5, r7), _B2H(r5, r7)
-    r8, r10, r9, r11 = _B2L(r8, r10), _B2H(r8, r10), _B2L(r9, r11), _B2H(r9, r11)
-    r12, r14, r13, r15 = _B2L(r12, r14), _B2H(r12, r14), _B2L(r13, r15), _B2H(r13, r15)
-    r0, r4, r1, r5 = _B4L(r0, r4), _B4H(r0, r4), _B4L(r1, r5), _B4H(r1, r5)
-    r2, r6, r3, r7 = _B4L(r2, r6), _B4H(r2, r6), _B4L(r3, r7), _B4H(r3, r7)
-    r8, r12, r9, r13 = _B4L(r8, r12), _B4H(r8, r12), _B4L(r9, r13), _B4H(r9, r13)
-    r10, r14, r11, r15 = _B4L(r10, r14), _B4H(r10, r14), _B4L(r11, r15), _B4H(r11, r15)
-    r0, r8, r1, r9 = _B8L(r0, r8), _B8H(r0, r8), _B8L(r1, r9), _B8H(r1, r9)
-    r2, r10, r3, r11 = _B8L(r2, r10), _B8H(r2, r10), _B8L(r3, r11), _B8H(r3, r11)
-    r4, r12, r5, r13 = _B8L(r4, r12), _B8H(r4, r12), _B8L(r5, r13), _B8H(r5, r13)
-    r6, r14, r7, r15 = _B8L(r6, r14), _B8H(r6, r14), _B8L(r7, r15), _B8H(r7, r15)
-    return r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15
