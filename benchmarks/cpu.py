@@ -196,6 +196,39 @@ def read_bandwidth(min_seconds: float = 1.0, clock=time.perf_counter) -> float:
                                       clock)
 
 
+@functools.cache
+def _fma_chains():
+    from numba import njit
+    from hal.kernels.cpu.simd import vadd, vfma, vload16, vstore16
+
+    @njit(nogil=True)
+    def chains(v, out, lo, hi):  # twelve independent sixteen-lane chains: enough to fill both FMA ports
+        a = vload16(v, 0)
+        b = vload16(v, 16)
+        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = vload16(v, 32)
+        for _ in range(lo, hi):
+            for _ in range(1024):
+                c0, c1, c2, c3 = vfma(a, c0, b), vfma(a, c1, b), vfma(a, c2, b), vfma(a, c3, b)
+                c4, c5, c6, c7 = vfma(a, c4, b), vfma(a, c5, b), vfma(a, c6, b), vfma(a, c7, b)
+                c8, c9, c10, c11 = vfma(a, c8, b), vfma(a, c9, b), vfma(a, c10, b), vfma(a, c11, b)
+        s = vadd(vadd(vadd(c0, c1), vadd(c2, c3)), vadd(vadd(c4, c5), vadd(c6, c7)))
+        vstore16(out, 16 * (lo % 64), vadd(s, vadd(vadd(c8, c9), vadd(c10, c11))))
+
+    return chains
+
+
+def fma_rate(min_seconds: float = 0.3, clock=time.perf_counter) -> float:
+    """float32 fused multiply-adds per second of independent sixteen-lane chains on torch's thread count
+    (hal's cpu pool), best of at least 5 runs: the ceiling of the strict spec's products, whose every step is
+    one float32 FMA. A linear of M rows over a weight of P parameters does M x P of them."""
+    import numpy as np
+    from hal.kernels.cpu import pool
+    chains, tasks = _fma_chains(), 256
+    v, out = np.full(48, 0.5, np.float32), np.zeros(16 * 64, np.float32)
+    fmas = tasks * 1024 * 12 * 16
+    return fmas / _best_seconds(lambda i: pool.run(chains, tasks, v, out, parallel=True), 5, min_seconds, clock)
+
+
 def linear_report(quick: bool) -> list[dict]:
     """Per engine shape and row count, bf16 and float32: the strict linear on the cpu backend beside MKL's
     float32 ``F.linear`` (the strict spec's products are float32 fmas: its rate is the bar) and stock bf16
@@ -270,9 +303,10 @@ def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
     print(f"decode rows, threads {threads}, {'thread CPU time' if cpu_time else 'wall time'}, {rounds} interleaved "
           f"rounds, fastest call of each; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (as uptime)",
           flush=True)
-    print("per row count M: hal.linear's weight GB/s (its share of the read bandwidth), its kernel's, then MKL "
-          "float32 / stock bf16 F.linear in us")
-    print(f"{'linear':<8} {'K':>5} {'N':>6} {'dtype':<5} {'read GB/s (range)':>17} | M=...")
+    print("per row count M: hal.linear's weight GB/s (its share of the read bandwidth), its kernel's and the "
+          "share the FMA rate allows (M float32 FMAs per parameter read), then MKL float32 / stock bf16 F.linear "
+          "in us")
+    print(f"{'linear':<8} {'K':>5} {'N':>6} {'dtype':<5} {'read GB/s (range)':>17} {'FMA':>11} | M=...")
     out = []
     for name, k, n in ENGINE_LINEARS:
         for dt in (torch.bfloat16, torch.float32):
@@ -284,9 +318,10 @@ def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
             xs = {m: torch.randn(m, k, generator=g).to(dt) for m in DECODE_ROWS}
             raws = [raw(w) for w in ws]
             best = {}
-            bws = []
+            bws, fmas = [], []
             for _ in range(rounds):
                 bws.append(read_bandwidth(0.3, clock))
+                fmas.append(fma_rate(0.1, clock))
                 for m in DECODE_ROWS:
                     x = xs[m]
                     x32, x16 = x.float(), x.bfloat16()
@@ -297,7 +332,7 @@ def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
                                     ("bf16", lambda i: F.linear(x16, w16[i % len(w16)]))):
                         t = _best_seconds(fn, 5, 0.1, clock)
                         best[m, key] = min(best.get((m, key), float("inf")), t)
-            bw = statistics.median(bws)
+            bw, fma = statistics.median(bws), statistics.median(fmas)
             wbytes = n * k * dt.itemsize
             cells = []
             for m in DECODE_ROWS:
@@ -305,15 +340,18 @@ def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
                 row = dict(linear=name, M=m, K=k, N=n, dtype="bf16" if dt == torch.bfloat16 else "fp32",
                            strict_gbps=gbps, of_bandwidth=gbps * 1e9 / bw, kernel_gbps=kernel,
                            kernel_of_bandwidth=kernel * 1e9 / bw, read_gbps=bw / 1e9,
+                           # the FMA ceiling: M FMAs per parameter read cap the share of the bandwidth
+                           fma_ceiling=min(1.0, fma * dt.itemsize / (m * bw)), gfma=fma / 1e9,
                            read_gbps_range=(min(bws) / 1e9, max(bws) / 1e9),
                            strict_us=best[m, "strict"] * 1e6, mkl_fp32_us=best[m, "mkl"] * 1e6,
                            stock_bf16_us=best[m, "bf16"] * 1e6, threads=threads, load1=load[0])
                 out.append(row)
                 share, kshare = row["of_bandwidth"], row["kernel_of_bandwidth"]
-                cells.append(f"M={m}: {gbps:4.1f} ({share:4.0%}) {kernel:4.1f} ({kshare:4.0%}) "
+                cells.append(f"M={m}: {gbps:4.1f} ({share:4.0%}) {kernel:4.1f} ({kshare:4.0%}, ceiling "
+                             f"{row['fma_ceiling']:4.0%}) "
                              f"{row['mkl_fp32_us']:5.0f} / {row['stock_bf16_us']:5.0f}")
             print(f"{name:<8} {k:>5} {n:>6} {row['dtype']:<5} {bw / 1e9:4.1f} ({min(bws) / 1e9:4.1f}-"
-                  f"{max(bws) / 1e9:4.1f}) | " + " | ".join(cells), flush=True)
+                  f"{max(bws) / 1e9:4.1f}) {fma / 1e9:4.0f} GFMA/s | " + " | ".join(cells), flush=True)
             del ws, w32, w16, raws
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
