@@ -304,24 +304,13 @@ def _special_codes(x_ptr, w_ptr, rm, rn, M, N, K, sx_m, sx_k, sw_n, sw_k,
 
 @triton.jit
 def _floor_log2(v):
-    """floor(log2 v) for int64 0 < v < 2**63 (0 for v = 0), by six halving steps: integers only."""
+    """floor(log2 v) for int64 0 < v < 2**63 (0 for v = 0), by six halving steps (shifts 32, 16, ..., 1): where
+    v >> shift is nonzero, floor(log2 v) has that bit, and v moves down by it. Integers only."""
     lg = tl.zeros_like(v)
-    t = v >> 32
-    lg += tl.where(t > 0, 32, 0)
-    v = tl.where(t > 0, t, v)
-    t = v >> 16
-    lg += tl.where(t > 0, 16, 0)
-    v = tl.where(t > 0, t, v)
-    t = v >> 8
-    lg += tl.where(t > 0, 8, 0)
-    v = tl.where(t > 0, t, v)
-    t = v >> 4
-    lg += tl.where(t > 0, 4, 0)
-    v = tl.where(t > 0, t, v)
-    t = v >> 2
-    lg += tl.where(t > 0, 2, 0)
-    v = tl.where(t > 0, t, v)
-    lg += tl.where((v >> 1) > 0, 1, 0)
+    for step in tl.static_range(6):
+        t = v >> (32 >> step)
+        lg += tl.where(t > 0, 32 >> step, 0)
+        v = tl.where(t > 0, t, v)
     return lg
 
 
