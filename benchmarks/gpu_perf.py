@@ -15,7 +15,8 @@ short by its budget or by the shell's ``timeout`` keeps what it measured:
   (strict; fast for linear, attention and token_logprobs' logits; exact for linear, its earlier torch glue beside
   it, and the int8 accumulation probe, kernels/exact/probe.py, which raises unless the Triton kernels and torch._int_mm
   accumulate exactly on this device; the exact fast path's rows exact/s*/M*, s = 3 and 4, checked against the
-  reference first, run by benchmarks/gpu_exact.sh), against stock
+  reference first, with the weight-source (decode rows) and two-kernel paths beside them, run by
+  benchmarks/gpu_exact.sh), against stock
   torch. Device time: each input set's call is recorded through ``backends.triton.launch_path`` (stock: the
   torch call itself), all sets are captured in one ``torch.cuda.CUDAGraph`` and the graph is replayed; the
   time per call is the median replay / sets. Memory-bound rows rotate enough input sets (>= 128 MB touched
@@ -305,6 +306,7 @@ class Shapes:
     gdn_fast_T: tuple = (4096, 16384)   # the fast GDN rows' prefill lengths
     gdn_fast_B: tuple = (1, 8, 64)      # ... and decode batches
     exact_rows: tuple = (1, 64, 2048, 8192)  # the exact path's rows (benchmarks/gpu_exact.sh)
+    exact_decode_rows: tuple = (1, 8, 64)  # ... its decode rows, also on the weight-source path (EXACT_PATHS)
 
 
 QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, decode_rows=(1, 8, 64, 256),
@@ -312,7 +314,8 @@ QWEN3_8B = Shapes(hidden=4096, inter=12288, hq=32, hkv=8, d=128, vocab=151936, d
                   attn_T=(2048, 8192), decode_batches=(8, 64), ctx=4096, page=16, gdn=(16, 32, 128, 4096, 32), sms=132)
 TINY = Shapes(hidden=64, inter=96, hq=4, hkv=2, d=32, vocab=300, decode_rows=(2,), prefill_rows=(24,),
               norm_rows=(3,), vocab_rows=(3,), logprob_rows=(3,), attn_T=(24,), decode_batches=(2,), ctx=32, page=16,
-              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,), exact_rows=(24,))
+              gdn=(1, 2, 16, 24, 1), sms=4, gdn_fast_T=(70,), gdn_fast_B=(2,), exact_rows=(24,),
+              exact_decode_rows=(24,))
 
 
 def hf_rms_norm(x, w, eps):
@@ -582,9 +585,13 @@ def _exact_probe_case(dev: str) -> "Case":
                 via_launch_path=False)
 
 
-#: the exact path's rows besides the default (the fused kernel): the two-kernel path (products kernel writing int64
-#: limbs, then the finish kernel), same bits, so one run says which is faster at each row count
-EXACT_PATHS = {"two-kernel": {"FUSED": False}}
+#: the exact path's rows besides the default (the fused kernel reading the weight's prepared int8 planes), each
+#: (module constants, the Shapes field of its row counts): the fused kernel slicing the weight's own bf16 tensor in
+#: registers (decode rows: there the weight's bytes decide; s bytes a parameter read as planes, 2 as bf16), then the
+#: two-kernel path (products kernel writing int64 limbs, then the finish kernel); same bits, so one run says which is
+#: faster at each row count
+EXACT_PATHS = {"weight-source": ({"WEIGHT_SOURCE": True}, "exact_decode_rows"),
+               "two-kernel": ({"FUSED": False}, "exact_rows")}
 
 
 @functools.cache
@@ -614,14 +621,17 @@ def _check_exact_reference(x: torch.Tensor, got: torch.Tensor, s: int, h: int, d
 def _exact_path_cases(s: Shapes, dev: str) -> list[Case]:
     """Rows exact/s{3,4}/M{rows}: hal.linear under ExactMatmulSpec(slices) on the triton backend, bf16, K = N = hidden,
     the weight prepared once, by CUDA-graph replay against cuBLAS bf16; each row's set 0 checked against the reference
-    first (_check_exact_reference). Then the same rows on each EXACT_PATHS path."""
+    first (_check_exact_reference); the default path at exact_rows and exact_decode_rows. Then each EXACT_PATHS path at
+    its rows."""
     import hal
     from hal.kernels.exact import triton_matmul as tx
     from hal.spec import ExactMatmulSpec
     h, out = s.hidden, []
-    for path, constants in {"": {}, **EXACT_PATHS}.items():
+    default = ({}, tuple(sorted(set(s.exact_rows) | set(s.exact_decode_rows))))
+    paths = {"": default, **{path: (constants, getattr(s, rows)) for path, (constants, rows) in EXACT_PATHS.items()}}
+    for path, (constants, row_counts) in paths.items():
         for slices in (3, 4):
-            for m in s.exact_rows:
+            for m in row_counts:
                 def build(seed, m=m, slices=slices, constants=constants):
                     x = _randn((m, h), torch.bfloat16, dev, 1000 * seed + 1)
                     w = _randn((h, h), torch.bfloat16, dev, 1000 * seed + 2, h ** -0.5)

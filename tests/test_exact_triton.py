@@ -65,7 +65,7 @@ def test_triton_kernel_any_tiling_and_split_gives_reference_bits():
     assert lines.count("ok") == 4 and "control-caught" in lines, r.stdout
 
 
-@pytest.mark.parametrize("check", ["diagonal", "slicer", "bits", "fused", "nosync", "replay", "probe"])
+@pytest.mark.parametrize("check", ["diagonal", "slicer", "bits", "fused", "source", "nosync", "replay", "probe"])
 def test_device_side_path(check):
     """The backend's exact path (slicing kernel; the fused kernel -- diagonal int32 sums, K pieces, integer epilogue
     with per-tile special values -- or the two-kernel path; no host read) and the int8 accumulation probe, under the

@@ -102,7 +102,8 @@ def triton_fused_linear(da: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     exps = lambda rows: torch.zeros(rows, dtype=torch.int64, device=dev)  # noqa: E731
     out = torch.empty(m, n, device=dev)
     return triton_matmul.linear_from_slices(source(m), core.Sliced(da, exps(m), True), flags(m), source(n),
-                                            core.Sliced(dw, exps(n), True), flags(n), None, s, out)
+                                            core.Sliced(dw, exps(n), True), flags(n), None, s, out,
+                                            weight_source=False)  # the planes are no slicing of the zero source
 
 
 def fused_problems(linear, device, s: int = 4, ks=FUSED_K) -> list[str]:

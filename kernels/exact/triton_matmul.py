@@ -29,6 +29,11 @@ order the atomics land in cannot change a bit; then ``_finish_kernel`` runs ``_f
 ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy integer matmul, exact as well (and it does not wrap at 2**31: an
 int32 overflow shows only on a device, which is why kernels/exact/probe.py runs there).
 
+``WEIGHT_SOURCE`` (opt-in, for decode, where the weight's bytes decide): the fused kernel reads the weight's own
+tensor (2 bytes a parameter for bf16 / fp16, 4 for float32) and its channel exponents instead of its s int8 planes
+(s bytes a parameter), and cuts each weight tile into the same digits in registers inside the K loop (``_magnitude``
+/ ``_digit``: the slicer's own helpers), then the same diagonal sums and epilogue: the same bits.
+
 ``glue="torch"`` keeps the earlier path (core's torch slicing and finish around the products kernel, host
 syncs included) selectable, for the benchmark's comparison.
 """
@@ -38,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hal.errors import UnsupportedError
 from hal.kernels.triton import strict_math as sm
 from hal.kernels.triton.dtypes import tl_dtype
 
@@ -64,24 +70,39 @@ def _fields(bits):
 
 
 @triton.jit
-def _store_digits(bits, ok, ex, d_rows, ks, sd_s, S: tl.constexpr, DIGIT: tl.constexpr):
-    """|T| = m * 2**(q + 7s - 1 - E) truncated (E = ex, per row), cut into S signed digits, stored."""
+def _magnitude(bits, ex, S: tl.constexpr, DIGIT: tl.constexpr):
+    """float32 bits -> (|T| int64, T < 0): |T| = m * 2**(q + 7s - 1 - E) truncated, E = ex (int64, broadcast against
+    bits: a row's or a weight column's exponent); a non-finite value is 0. The one home of the slicing arithmetic
+    (core.slice_rows'), shared by the slicer (_store_digits) and the fused kernel slicing the weight (W_SOURCE)."""
     finite, m, q, e = _fields(bits)
-    d = q.to(tl.int64) + (DIGIT * S - 1) - ex[:, None]
+    d = q.to(tl.int64) + (DIGIT * S - 1) - ex
     d = tl.minimum(tl.maximum(d, -40), DIGIT * S)
     m64 = m.to(tl.int64)
     mag = tl.where(d >= 0, m64 << tl.maximum(d, 0), m64 >> tl.maximum(-d, 0))
-    neg = (bits < 0) & (mag != 0)
+    return mag, (bits < 0) & (mag != 0)
+
+
+@triton.jit
+def _digit(mag, neg, t: tl.constexpr, S: tl.constexpr, DIGIT: tl.constexpr):
+    """Digit t (most significant first) of |T|, with T's sign: int8 in [-127, 127]."""
+    dg = (mag >> (DIGIT * (S - 1 - t))) & 127
+    return tl.where(neg, -dg, dg).to(tl.int8)
+
+
+@triton.jit
+def _store_digits(bits, ok, ex, d_rows, ks, sd_s, S: tl.constexpr, DIGIT: tl.constexpr):
+    """The S signed digits of rows of values (E = ex, per row), stored."""
+    mag, neg = _magnitude(bits, ex[:, None], S, DIGIT)
     for t in tl.static_range(S):
-        dg = (mag >> (DIGIT * (S - 1 - t))) & 127
-        tl.store(d_rows + t * sd_s + ks[None, :], tl.where(neg, -dg, dg).to(tl.int8), mask=ok)
+        tl.store(d_rows + t * sd_s + ks[None, :], _digit(mag, neg, t, S, DIGIT), mask=ok)
 
 
 @triton.jit
 def _slice_kernel(x_ptr, d_ptr, e_ptr, bad_ptr, R, K, sx_r, sx_k, sd_s, sd_r,
                   S: tl.constexpr, DIGIT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                  ONE_BLOCK: tl.constexpr):
-    """Rows of x [R, K] -> digits [S, R, K] int8, exponents E [R] int64, non-finite flags [R] int8.
+                  ONE_BLOCK: tl.constexpr, DIGITS: tl.constexpr):
+    """Rows of x [R, K] -> digits [S, R, K] int8, exponents E [R] int64, non-finite flags [R] int8 (not DIGITS: the
+    exponents and flags only, for the fused kernel that slices the weight itself, W_SOURCE).
     ONE_BLOCK (K <= BK): a row is one block, read once (the exponent and the digits from the same registers);
     else two passes over K (the exponent, a maximum; then the digits)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -99,7 +120,8 @@ def _slice_kernel(x_ptr, d_ptr, e_ptr, bad_ptr, R, K, sx_r, sx_k, sd_s, sd_r,
         bad = (ok & ~finite).to(tl.int32)
         big_r = tl.max(big, axis=1)
         ex = tl.where(big_r == NO_EXP, 0, big_r).to(tl.int64)
-        _store_digits(bits, ok, ex, d_rows, ks, sd_s, S, DIGIT)
+        if DIGITS:
+            _store_digits(bits, ok, ex, d_rows, ks, sd_s, S, DIGIT)
     else:
         for k0 in range(0, K, BK):  # pass 1: E = the maximum exponent (order-free), the non-finite flag
             ks = k0 + tl.arange(0, BK)
@@ -110,11 +132,12 @@ def _slice_kernel(x_ptr, d_ptr, e_ptr, bad_ptr, R, K, sx_r, sx_k, sd_s, sd_r,
             bad = tl.maximum(bad, (ok & ~finite).to(tl.int32))
         big_r = tl.max(big, axis=1)
         ex = tl.where(big_r == NO_EXP, 0, big_r).to(tl.int64)
-        for k0 in range(0, K, BK):  # pass 2: the digits
-            ks = k0 + tl.arange(0, BK)
-            ok = row_ok[:, None] & (ks < K)[None, :]
-            bits = sm.widen(tl.load(x_rows + ks[None, :] * sx_k, mask=ok, other=0.0)).to(tl.int32, bitcast=True)
-            _store_digits(bits, ok, ex, d_rows, ks, sd_s, S, DIGIT)
+        if DIGITS:
+            for k0 in range(0, K, BK):  # pass 2: the digits
+                ks = k0 + tl.arange(0, BK)
+                ok = row_ok[:, None] & (ks < K)[None, :]
+                bits = sm.widen(tl.load(x_rows + ks[None, :] * sx_k, mask=ok, other=0.0)).to(tl.int32, bitcast=True)
+                _store_digits(bits, ok, ex, d_rows, ks, sd_s, S, DIGIT)
     tl.store(e_ptr + rows, ex, mask=row_ok)
     tl.store(bad_ptr + rows, tl.max(bad, axis=1).to(tl.int8), mask=row_ok)
 
@@ -165,14 +188,28 @@ def _plane(ptr, t: tl.constexpr, s_plane, offs, mask):
 
 
 @triton.jit
+def _weight_digit(w_ptr, u: tl.constexpr, sw_s, w_offs, w_mask, w_mag, w_neg,
+                  S: tl.constexpr, DIGIT: tl.constexpr, W_SOURCE: tl.constexpr):
+    """Digit tile u of the weight [BK, BN]: its prepared plane, or (W_SOURCE) cut in registers from the magnitudes of
+    the tile's own values (_magnitude, loaded once a K step)."""
+    if W_SOURCE:
+        w = _digit(w_mag, w_neg, u, S, DIGIT)
+    else:
+        w = _plane(w_ptr, u, sw_s, w_offs, w_mask)
+    return w
+
+
+@triton.jit
 def _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
                  S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, eb, W_SOURCE: tl.constexpr):
     """The limbs (hi, lo) of K range [k_lo, k_hi) of a [BM, BN] tile in one pass: each K step loads the S digit
     tiles of A and of W once and adds the S**2 int8 products into one int32 accumulator per diagonal d = t + u
     (2S - 1 of them: G_d = sum_{t+u=d} A_t W_u^T). A diagonal sums up to S products a term, so the range is at most
     INT32_SAFE_K // S long (the launchers' pieces): every G_d is exact in int32. Then core.combine's limbs,
-    grouped: S = sum_d G_d * 2**(7(2S - 2 - d)), the same integers."""
+    grouped: S = sum_d G_d * 2**(7(2S - 2 - d)), the same integers.
+    W_SOURCE: w_ptr is the weight's own tensor [N, K] (strides sw_n, sw_k; sw_s unused), eb its channel exponents
+    [BN] (int64); each K step loads the weight tile once and cuts it into the S digits the slicer would have stored."""
     g0 = tl.zeros((BM, BN), dtype=tl.int32)
     g1 = tl.zeros((BM, BN), dtype=tl.int32)
     g2 = tl.zeros((BM, BN), dtype=tl.int32)
@@ -187,18 +224,23 @@ def _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, sa_s, sa_m, sa_k, sw_s,
         a_mask = (rm[:, None] < M) & km[None, :]
         w_offs = rk[:, None] * sw_k + rn.to(tl.int64)[None, :] * sw_n
         w_mask = km[:, None] & (rn[None, :] < N)
+        if W_SOURCE:  # masked values load as 0.0: digits 0, as the planes' masked loads
+            w_bits = sm.widen(tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)).to(tl.int32, bitcast=True)
+            w_mag, w_neg = _magnitude(w_bits, eb[None, :], S, DIGIT)
+        else:
+            w_mag, w_neg = 0, 0  # unused: the digits come from the planes
         a0 = _plane(a_ptr, 0, sa_s, a_offs, a_mask)
-        w0 = _plane(w_ptr, 0, sw_s, w_offs, w_mask)
+        w0 = _weight_digit(w_ptr, 0, sw_s, w_offs, w_mask, w_mag, w_neg, S, DIGIT, W_SOURCE)
         g0 = tl.dot(a0, w0, g0, out_dtype=tl.int32)
         if S > 1:
             a1 = _plane(a_ptr, 1, sa_s, a_offs, a_mask)
-            w1 = _plane(w_ptr, 1, sw_s, w_offs, w_mask)
+            w1 = _weight_digit(w_ptr, 1, sw_s, w_offs, w_mask, w_mag, w_neg, S, DIGIT, W_SOURCE)
             g1 = tl.dot(a0, w1, g1, out_dtype=tl.int32)
             g1 = tl.dot(a1, w0, g1, out_dtype=tl.int32)
             g2 = tl.dot(a1, w1, g2, out_dtype=tl.int32)
         if S > 2:
             a2 = _plane(a_ptr, 2, sa_s, a_offs, a_mask)
-            w2 = _plane(w_ptr, 2, sw_s, w_offs, w_mask)
+            w2 = _weight_digit(w_ptr, 2, sw_s, w_offs, w_mask, w_mag, w_neg, S, DIGIT, W_SOURCE)
             g2 = tl.dot(a0, w2, g2, out_dtype=tl.int32)
             g2 = tl.dot(a2, w0, g2, out_dtype=tl.int32)
             g3 = tl.dot(a1, w2, g3, out_dtype=tl.int32)
@@ -206,7 +248,7 @@ def _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, sa_s, sa_m, sa_k, sw_s,
             g4 = tl.dot(a2, w2, g4, out_dtype=tl.int32)
         if S > 3:
             a3 = _plane(a_ptr, 3, sa_s, a_offs, a_mask)
-            w3 = _plane(w_ptr, 3, sw_s, w_offs, w_mask)
+            w3 = _weight_digit(w_ptr, 3, sw_s, w_offs, w_mask, w_mag, w_neg, S, DIGIT, W_SOURCE)
             g3 = tl.dot(a0, w3, g3, out_dtype=tl.int32)
             g3 = tl.dot(a3, w0, g3, out_dtype=tl.int32)
             g4 = tl.dot(a1, w3, g4, out_dtype=tl.int32)
@@ -242,7 +284,7 @@ def _diagonal_limbs_kernel(a_ptr, w_ptr, hi_ptr, lo_ptr, M, N, K, k_per_split,
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     hi, lo = _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
-                          S, DIGIT, LIMB, BM, BN, BK)
+                          S, DIGIT, LIMB, BM, BN, BK, 0, False)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
     if ATOMIC:  # several programs share this tile (K pieces / split-K): integer adds, exact in any order
@@ -411,22 +453,28 @@ def _fused_linear_kernel(a_ptr, w_ptr, ea_ptr, eb_ptr, rbad_ptr, cbad_ptr, x_ptr
                          S: tl.constexpr, DIGIT: tl.constexpr, LIMB: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_TEMP: tl.constexpr, OUT_DTYPE: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
-                         ONE_PIECE: tl.constexpr):
+                         ONE_PIECE: tl.constexpr, W_SOURCE: tl.constexpr):
     """The fast exact path, one kernel: an output tile's K in pieces of ``piece`` (<= INT32_SAFE_K // S; one
     piece when ONE_PIECE), each piece's 2S - 1 int32 diagonal sums (_piece_limbs) added as int64 limbs in
     registers, then the integer epilogue (_finish_tile). Digits a [S, M, K] / w [S, N, K]; x [M, K] and the weight
-    src [N, K] are read only by a tile whose rows or columns hold a non-finite value (the flags)."""
+    src [N, K] are read only by a tile whose rows or columns hold a non-finite value (the flags).
+    W_SOURCE (WEIGHT_SOURCE): w_ptr is the weight's own tensor (src), sliced tile by tile in the K loop with its
+    channel exponents eb: no planes read."""
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    if W_SOURCE:
+        eb = tl.load(eb_ptr + rn, mask=rn < N, other=0)
+    else:
+        eb = 0  # unused
     if ONE_PIECE:
         hi, lo = _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, 0, K, sa_s, sa_m, sa_k, sw_s, sw_n, sw_k,
-                              S, DIGIT, LIMB, BM, BN, BK)
+                              S, DIGIT, LIMB, BM, BN, BK, eb, W_SOURCE)
     else:
         hi = tl.zeros((BM, BN), dtype=tl.int64)
         lo = tl.zeros((BM, BN), dtype=tl.int64)
         for k_lo in range(0, K, piece):
             p_hi, p_lo = _piece_limbs(a_ptr, w_ptr, rm, rn, M, N, k_lo, tl.minimum(k_lo + piece, K),
-                                      sa_s, sa_m, sa_k, sw_s, sw_n, sw_k, S, DIGIT, LIMB, BM, BN, BK)
+                                      sa_s, sa_m, sa_k, sw_s, sw_n, sw_k, S, DIGIT, LIMB, BM, BN, BK, eb, W_SOURCE)
             hi += p_hi
             lo += p_lo
     _finish_tile(hi, lo, rm, rn, ea_ptr, eb_ptr, rbad_ptr, cbad_ptr, x_ptr, src_ptr, b_ptr, out_ptr,
@@ -447,6 +495,14 @@ FUSED = True
 #: the products kernel of the two-kernel path (limbs()): "diagonal" (_diagonal_limbs_kernel: one K pass, 2s - 1 int32
 #: accumulators) or "pairs" (_limbs_kernel: a K pass per slice pair, the first kernel). Same integers
 PRODUCTS = "diagonal"
+
+#: what the fused kernel reads of the weight: False (default) its s int8 digit planes, prepared once beside the source
+#: (s bytes a parameter more); True its own tensor (bf16 / fp16 / float32 as stored: 2 / 2 / 4 bytes a parameter)
+#: and its channel exponents, each weight tile cut into its s digits in registers inside the K loop (_magnitude /
+#: _digit, the slicer's arithmetic): same digits, same bits, fewer bytes for decode. Only the fused kernel does it:
+#: split_k > 1, FUSED = False, PRODUCTS = "pairs" or glue="torch" with it are refused (UnsupportedError). Opt-in until
+#: benchmarks/gpu_perf.py's exact/s*/M*/weight-source rows decide on a device
+WEIGHT_SOURCE = False
 
 #: the GPU blocks: products tile (BM, BN, BK); the finish's output tile and the K step of its special-value pass (a
 #: [BM, BN, BKS] block of classes); the slicer's K block beyond which it reads a row twice (two passes), and its
@@ -483,21 +539,22 @@ def _blocks(m: int, n: int, k: int):
             (_p2(m, 1, max(1, (1 << 16) // bk_slice)), bk_slice), (products, 4))
 
 
-def slice_rows(x: torch.Tensor, s: int) -> tuple[core.Sliced, torch.Tensor]:
+def slice_rows(x: torch.Tensor, s: int, digits: bool = True) -> tuple[core.Sliced, torch.Tensor]:
     """x [R, K] -> (its slices, int8 [R] non-finite flags) on the device, no host sync: core.slice_rows's
     digits and exponents (its ``finite`` field is left True: the flags say it per row). One read of x when a row
-    fits one block (K <= 8192 on a GPU), else two."""
+    fits one block (K <= 8192 on a GPU), else two. ``digits=False``: the exponents and flags only (``digits`` None;
+    the weight of WEIGHT_SOURCE, sliced by the fused kernel itself), one read of x."""
     if x.dtype not in core.DTYPES:
         raise core.InputError(f"the exact policy takes float32, bfloat16 or float16 inputs, got {x.dtype}")
     r, k = x.shape
-    digits = torch.empty((s, r, k), dtype=torch.int8, device=x.device)
     exp = torch.empty(r, dtype=torch.int64, device=x.device)
+    planes = torch.empty((s, r, k) if digits else (1, 1, 1), dtype=torch.int8, device=x.device)
     bad = torch.empty(r, dtype=torch.int8, device=x.device)
     if r:
         br, bk = _blocks(r, 1, k)[3]
-        _slice_kernel[(triton.cdiv(r, br),)](x, digits, exp, bad, r, k, *x.stride(), *digits.stride()[:2],
-                                             S=s, DIGIT=core.DIGIT, BR=br, BK=bk, ONE_BLOCK=k <= bk)
-    return core.Sliced(digits, exp, True), bad
+        _slice_kernel[(triton.cdiv(r, br),)](x, planes, exp, bad, r, k, *x.stride(), *planes.stride()[:2],
+                                             S=s, DIGIT=core.DIGIT, BR=br, BK=bk, ONE_BLOCK=k <= bk, DIGITS=digits)
+    return core.Sliced(planes if digits else None, exp, True), bad
 
 
 def prepared_slices(w: torch.Tensor, s: int) -> core.Sliced:
@@ -537,25 +594,44 @@ def limbs(da: torch.Tensor, dw: torch.Tensor, block=None, split_k: int = 1, prod
     return hi, lo
 
 
-def weight_slices(weight, spec) -> tuple[torch.Tensor, core.Sliced, torch.Tensor]:
+def weight_slices(weight, spec, digits: bool = True) -> tuple[torch.Tensor, core.Sliced, torch.Tensor]:
     """A weight argument (a tensor, sliced here, or a fresh ``ExactWeight`` of ``spec``) -> (weight [N, K], its
-    slices, int8 [N] non-finite flags of its channels)."""
+    slices, int8 [N] non-finite flags of its channels). ``digits=False``: a tensor's exponents and flags only
+    (WEIGHT_SOURCE: the fused kernel slices it; a prepared weight's planes stay, unread)."""
     w, sw = unpack(weight, spec)
     if sw is None:
-        sw, bad = slice_rows(w, spec.slices)
+        sw, bad = slice_rows(w, spec.slices, digits)
         return w, sw, bad
     if sw.finite:  # read at preparation
         return w, sw, torch.zeros(w.shape[0], dtype=torch.int8, device=w.device)
     return w, sw, (~torch.isfinite(w).all(-1)).to(torch.int8)  # a weight holding NaN / inf: a pass over it
 
 
+def _weight_source(split_k: int, glue: str = "kernels", weight_source: bool | None = None) -> bool:
+    """Whether the call slices the weight inside the fused kernel (``weight_source``, default WEIGHT_SOURCE); refuses a
+    call that asks for it where the fused kernel does not run (other bits would need other paths' planes)."""
+    on = WEIGHT_SOURCE if weight_source is None else weight_source
+    fused = FUSED and split_k == 1 and PRODUCTS == "diagonal" and glue == "kernels"
+    if on and not fused:
+        raise UnsupportedError(f"WEIGHT_SOURCE (the exact policy's weight sliced inside the fused kernel) runs on the "
+                               f"fused kernel only: split_k 1, FUSED, PRODUCTS 'diagonal', glue 'kernels'; got split_k "
+                               f"{split_k}, FUSED {FUSED}, PRODUCTS {PRODUCTS!r}, glue {glue!r}")
+    return on
+
+
 def linear_from_slices(x2: torch.Tensor, sa: core.Sliced, xbad: torch.Tensor, w: torch.Tensor, sw: core.Sliced,
                        wbad: torch.Tensor, bias, s: int, out: torch.Tensor, temperature: float = 1.0, block=None,
-                       split_k: int = 1, **launch) -> torch.Tensor:
+                       split_k: int = 1, weight_source: bool | None = None, **launch) -> torch.Tensor:
     """out [M, N] (any row stride) = x2 [M, K] . w [N, K] under the exact policy with s slices, given both operands'
     slices and non-finite flags (slice_rows, weight_slices): the fused kernel (FUSED, split_k 1), else the products
-    kernel and the finish kernel. Launches only: nothing is read on the host. Returns ``out``."""
+    kernel and the finish kernel. ``weight_source`` (default WEIGHT_SOURCE): the fused kernel cuts w itself into
+    digits with sw.exp (sw.digits unread; w must be the tensor they were cut from -- a caller handing planes of other
+    values, the probe, passes False). Launches only: nothing is read on the host. Returns ``out``."""
     m, n, k = x2.shape[0], w.shape[0], x2.shape[1]
+    from_source = _weight_source(split_k, weight_source=weight_source)
+    if not from_source and sw.digits is None:
+        raise core.InputError("weight slices without digit planes (slice_rows(..., digits=False)) serve only "
+                              "WEIGHT_SOURCE, the fused kernel that slices the weight itself")
     if not (m and n):
         return out
     _, (fm, fn), bks, _, (fused_block, fused_warps) = _blocks(m, n, k)
@@ -565,10 +641,12 @@ def linear_from_slices(x2: torch.Tensor, sa: core.Sliced, xbad: torch.Tensor, w:
         bm, bn, bk = block or fused_block
         launch = launch if block else {"num_warps": fused_warps, **launch}
         piece = piece_k(s, bk)
+        w_digits, w_strides = (w, (0, *w.stride())) if from_source else (sw.digits, sw.digits.stride())
         _fused_linear_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-            sa.digits, sw.digits, sa.exp, sw.exp, xbad, wbad, x2, w, bias if bias is not None else sa.exp, out,
-            m, n, k, piece, *sa.digits.stride(), *sw.digits.stride(), *x2.stride(), *w.stride(), out.stride(0),
-            float(temperature), **common, BM=bm, BN=bn, BK=bk, BKS=bks, ONE_PIECE=k <= piece, **launch)
+            sa.digits, w_digits, sa.exp, sw.exp, xbad, wbad, x2, w, bias if bias is not None else sa.exp, out,
+            m, n, k, piece, *sa.digits.stride(), *w_strides, *x2.stride(), *w.stride(), out.stride(0),
+            float(temperature), **common, BM=bm, BN=bn, BK=bk, BKS=bks, ONE_PIECE=k <= piece, W_SOURCE=from_source,
+            **launch)
         return out
     hi, lo = limbs(sa.digits, sw.digits, block, split_k, **launch)
     _finish_kernel[(triton.cdiv(m, fm), triton.cdiv(n, fn))](
@@ -601,6 +679,7 @@ def exact_linear_triton(x: torch.Tensor, weight, bias: torch.Tensor | None, spec
     x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
     core.check_k("x / a", x2.shape[-1])
     out_dtype = out_dtype or x.dtype
+    from_source = _weight_source(split_k, glue or GLUE)
     if (glue or GLUE) == "torch":
         w, sw = unpack(weight, spec)
         sa = core.slice_rows(x2, s)
@@ -609,7 +688,7 @@ def exact_linear_triton(x: torch.Tensor, weight, bias: torch.Tensor | None, spec
         v = core.to_f64_odd(hi, lo, core.scale_exponent(sa.exp, sw.exp, s))
         flags = None if sa.finite and sw.finite else core.special_flags(x2, w)
         return core.finish(v, flags, bias, out_dtype).reshape(*x.shape[:-1], w.shape[0])
-    w, sw, wbad = weight_slices(weight, spec)
+    w, sw, wbad = weight_slices(weight, spec, digits=not from_source)
     out = torch.empty((x2.shape[0], w.shape[0]), dtype=out_dtype, device=x.device)
     linear_sliced(x2, w, sw, wbad, bias, s, out, 1.0, block, split_k, **launch)
     return out.reshape(*x.shape[:-1], w.shape[0])

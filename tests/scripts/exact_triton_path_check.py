@@ -11,6 +11,10 @@
 * fused: the integer epilogue against core's rounding on ties and their neighbours (every output format), the int8
   probe through the fused kernel; float32 / float64 epilogues, an int16-saturating combine and an int32-saturating
   accumulator over K in one piece are caught;
+* source: WEIGHT_SOURCE (the fused kernel slicing the weight's own tensor in registers) gives core.exact_linear's and
+  the planes path's raw bits on 1-64 rows, every dtype, the adversarial inputs, K past a piece and a multiple of no
+  block, plain, prepared and matmul-layout weights; refused where only planes serve; a dropped digit and exponents off
+  by one are caught;
 * nosync: the path reads no tensor value on the host (no syncing aten op -- bool(), .item(), nonzero, ... -- and no
   Tensor.item / tolist / numpy / cpu / __bool__ call), so its launches can be captured in a CUDA graph; the earlier
   torch glue (glue="torch") and an .item() / .tolist() added to the path are caught by the same check;
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hal import errors as hal_errors
 from hal.conformance.bits import first_divergence, same_bits
 from hal.kernels.exact import core, prepared, triton_matmul as tx
 from hal.kernels.exact.cpu import products_int_mm
@@ -101,13 +106,18 @@ def _cases():
     yield "float32 logits of bf16", xb, wb, None, torch.float32
 
 
-def _fused_cases():
-    """_cases plus K past one piece (s = 4: 32,768) and a multiple of no block, a NaN / inf / subnormal among them."""
-    yield from _cases()
+def _past_a_piece():
+    """K past one piece (s = 4: 32,768) and a multiple of no block, a NaN / inf / subnormal among the values."""
     k = tx.piece_k(4) + 13
     x, w = _hostile(3, k, torch.bfloat16, 80), _hostile(5, k, torch.bfloat16, 81)
     x[1, k - 1], w[2, 5] = float("nan"), float("-inf")
-    yield "K past a piece bf16", x, w, torch.randn(5).to(torch.bfloat16), None
+    return "K past a piece bf16", x, w, torch.randn(5).to(torch.bfloat16), None
+
+
+def _fused_cases():
+    """_cases plus K past one piece (_past_a_piece)."""
+    yield from _cases()
+    yield _past_a_piece()
 
 
 def check_bits() -> list[str]:
@@ -146,6 +156,92 @@ def check_bits() -> list[str]:
         tx.slice_rows = real
     if same_bits(want, out):
         bad.append("control: a finish without the special values was not caught")
+    return bad
+
+
+def _source_cases():
+    """_cases (7 rows: random, bias, overflowing, NaN / inf / -0.0 / subnormal, float32 logits) plus 1 and 64 rows
+    of every dtype at a K no block divides, and K past one piece (s = 4) with a NaN and an -inf."""
+    yield from _cases()
+    for i, dtype in enumerate(DTYPES):
+        for m in (1, 64):
+            yield f"rows {m} {dtype}", _hostile(m, 200, dtype, 90 + i), _hostile(13, 200, dtype, 95 + i), None, None
+    yield _past_a_piece()
+
+
+@triton.jit
+def _digit_1_dropped(w_ptr, u: tl.constexpr, sw_s, w_offs, w_mask, w_mag, w_neg,
+                     S: tl.constexpr, DIGIT: tl.constexpr, W_SOURCE: tl.constexpr):
+    """Control: the weight's second digit cut as 0 (a digit dropped by the in-kernel slicing)."""
+    w = _real_weight_digit(w_ptr, u, sw_s, w_offs, w_mask, w_mag, w_neg, S, DIGIT, W_SOURCE)
+    if u == 1:
+        w = w * 0
+    return w
+
+
+_real_weight_digit = tx._weight_digit
+
+
+def check_source() -> list[str]:
+    """WEIGHT_SOURCE (the fused kernel reading the weight's own tensor, cutting each tile into digits in registers):
+    raw bits against core.exact_linear and against the planes path (the default) on _source_cases, s = 3 and 4 (K past
+    a piece: s = 4), float32 / bf16 / fp16 weights, a block whose K step divides no K; with a prepared weight (its
+    planes unread) and a prepared matmul-layout weight (a transposed source: other strides); the exponents-only slicer
+    against the full one. Refusals: split_k > 1, FUSED = False, glue="torch". Controls, each caught by the same
+    comparison: the weight's digit 1 dropped in the kernel, the weight sliced with its exponents off by one."""
+    bad, specials = [], 0
+    source = _with(WEIGHT_SOURCE=True)
+    for name, x, w, b, out_dtype in _source_cases():
+        for s in (3, 4) if x.shape[1] < tx.piece_k(4) else (4,):
+            spec = ExactMatmulSpec(slices=s)
+            want = core.exact_linear(x, w, b, s, products_int_mm, out_dtype=out_dtype)
+            specials += int((~torch.isfinite(want)).sum())
+            block = (16, 16, 32) if x.shape[1] < 1024 else None
+            planes = tx.exact_linear_triton(x, w, b, spec, block, out_dtype=out_dtype)
+            got = source(lambda: tx.exact_linear_triton(x, w, b, spec, block, out_dtype=out_dtype))
+            for label, other in (("core.exact_linear", want), ("the planes path", planes)):
+                d = first_divergence(f"{name} s{s} weight source vs {label}", other, got)
+                bad += [] if d is None else [str(d)]
+            if s == 4 and x.shape[1] < 1024:
+                ew = prepared.prepare(w, spec, slicer=tx.prepared_slices)
+                d = first_divergence(f"{name} s4 weight source, prepared", want,
+                                     source(lambda: tx.exact_linear_triton(x, ew, b, spec, out_dtype=out_dtype)))
+                bad += [] if d is None else [str(d)]
+    if specials < 20:
+        bad.append(f"only {specials} non-finite outputs: the special-value cases do not exercise the select")
+    x, w = _hostile(6, 90, torch.float16, 100), _hostile(90, 10, torch.float16, 101)  # matmul: b [K, N]
+    spec = ExactMatmulSpec(slices=4)
+    want = core.exact_linear(x, w.T, None, 4, products_int_mm)
+    ew = prepared.prepare(w, spec, layout="matmul", slicer=tx.prepared_slices)
+    for label, b in (("tensor", w.T), ("prepared", ew)):
+        got = source(lambda: tx.exact_linear_triton(x, b, None, spec))
+        d = first_divergence(f"matmul layout {label} weight source", want, got)
+        bad += [] if d is None else [str(d)]
+    for dtype in DTYPES:  # the exponents-only slicer (digits=False) gives the full slicer's exponents and flags
+        v = _hostile(5, 300, dtype, 102)
+        v[1, 3], v[3] = float("inf"), 0.0
+        (full, f_bad), (lean, l_bad) = tx.slice_rows(v, 3), tx.slice_rows(v, 3, digits=False)
+        if lean.digits is not None or not (torch.equal(full.exp, lean.exp) and torch.equal(f_bad, l_bad)):
+            bad.append(f"exponents-only slicer {dtype}: exponents or flags differ")
+    for label, constants, kw in (("split_k 2", {}, {"split_k": 2}), ("glue torch", {}, {"glue": "torch"}),
+                                 ("FUSED False", {"FUSED": False}, {})):
+        try:
+            _with(WEIGHT_SOURCE=True, **constants)(lambda: tx.exact_linear_triton(x, w.T, None, spec, **kw))
+            bad.append(f"WEIGHT_SOURCE with {label} was not refused")
+        except hal_errors.UnsupportedError as e:
+            bad += [] if "WEIGHT_SOURCE" in str(e) else [f"{label}: the refusal does not name WEIGHT_SOURCE: {e}"]
+    # controls: a wrong in-kernel slicing of the weight is caught by the raw bits
+    x, w = _hostile(5, 150, torch.float32, 103), _hostile(9, 150, torch.float32, 104)
+    spec = ExactMatmulSpec(slices=3)
+    want = core.exact_linear(x, w, None, 3, products_int_mm)
+    if same_bits(want, _with(WEIGHT_SOURCE=True, _weight_digit=_digit_1_dropped)(
+            lambda: tx.exact_linear_triton(x, w, None, spec))):
+        bad.append("control: a dropped weight digit was not caught")
+    sw, wbad = tx.slice_rows(w, 3, digits=False)
+    off = torch.empty_like(want)
+    tx.linear_sliced(x, w, sw._replace(exp=sw.exp + 1), wbad, None, 3, off, weight_source=True)
+    if same_bits(want, off):
+        bad.append("control: the weight sliced with its exponents off by one was not caught")
     return bad
 
 
@@ -191,8 +287,9 @@ class _HostReads(TorchDispatchMode):
 
 
 def check_nosync() -> list[str]:
-    """The launch path (slicing, the fused kernel or the two-kernel path, plain or prepared weight) makes no host
-    read. Controls, each seen: the earlier torch glue (bool of flags), an .item() and a .tolist() added to the path."""
+    """The launch path (slicing, the fused kernel -- planes or weight source -- or the two-kernel path, plain or
+    prepared weight) makes no host read. Controls, each seen: the earlier torch glue (bool of flags), an .item() and a
+    .tolist() added to the path."""
     bad = []
     spec = ExactMatmulSpec(slices=4)
     x, w = _hostile(5, 96, torch.bfloat16, 60), _hostile(7, 96, torch.bfloat16, 61)
@@ -200,10 +297,14 @@ def check_nosync() -> list[str]:
     ew = prepared.prepare(w, spec, slicer=tx.prepared_slices)
     ew_w, sw, wbad = tx.weight_slices(ew, spec)  # the op's staleness check (hashes, a host compare) comes first
     out = torch.empty(5, 7, dtype=torch.bfloat16)
+    source = _with(WEIGHT_SOURCE=True)
     runs = (("fused, prepared", lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out)),
             ("two-kernel, prepared", lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out, split_k=2)),
             ("fused, plain weight", lambda: tx.exact_linear_triton(x, w, None, spec)),
-            ("two-kernel, plain weight", lambda: tx.exact_linear_triton(x, w, None, spec, split_k=2)))
+            ("two-kernel, plain weight", lambda: tx.exact_linear_triton(x, w, None, spec, split_k=2)),
+            ("fused, weight source", lambda: source(lambda: tx.exact_linear_triton(x, w, None, spec))),
+            ("fused, weight source, prepared",
+             lambda: tx.linear_sliced(x, ew_w, sw, wbad, None, 4, out, weight_source=True)))
     for label, run in runs:
         with _HostReads() as mode:
             run()
@@ -460,7 +561,7 @@ def check_fused() -> list[str]:
 
 
 CHECKS = {"diagonal": check_diagonal, "slicer": check_slicer, "bits": check_bits, "fused": check_fused,
-          "nosync": check_nosync, "probe": check_probe, "replay": check_replay}
+          "source": check_source, "nosync": check_nosync, "probe": check_probe, "replay": check_replay}
 
 if __name__ == "__main__":
     failed = False
