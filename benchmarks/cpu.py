@@ -229,6 +229,17 @@ def fma_rate(min_seconds: float = 0.3, clock=time.perf_counter) -> float:
     return fmas / _best_seconds(lambda i: pool.run(chains, tasks, v, out, parallel=True), 5, min_seconds, clock)
 
 
+def _rotated_weights(n: int, k: int, dt, rotate_bytes: int, min_copies: int):
+    """(generator, copies of a random [n, k] weight in dt filling rotate_bytes, float32 copies for MKL, bf16 copies
+    for stock): each call of a report takes the next copy, so it reads its weight from memory, as the engine does."""
+    copies = max(min_copies, rotate_bytes // (n * k * dt.itemsize))
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(n, k, generator=g).to(dt) for _ in range(copies)]
+    w32 = ws if dt == torch.float32 else [w.float() for w in ws[:max(min_copies, copies // 2)]]
+    w16 = ws if dt == torch.bfloat16 else [w.bfloat16() for w in ws[:copies * 2]]
+    return g, ws, w32, w16
+
+
 def linear_report(quick: bool) -> list[dict]:
     """Per engine shape and row count, bf16 and float32: the strict linear on the cpu backend beside MKL's
     float32 ``F.linear`` (the strict spec's products are float32 fmas: its rate is the bar) and stock bf16
@@ -248,11 +259,7 @@ def linear_report(quick: bool) -> list[dict]:
     out = []
     for name, k, n in shapes:
         for dt in (torch.bfloat16, torch.float32):
-            copies = max(1, _ROTATE_BYTES // (n * k * dt.itemsize))
-            g = torch.Generator().manual_seed(0)
-            ws = [torch.randn(n, k, generator=g).to(dt) for _ in range(copies)]
-            w32 = ws if dt == torch.float32 else [w.float() for w in ws[:max(1, copies // 2)]]
-            w16 = ws if dt == torch.bfloat16 else [w.bfloat16() for w in ws[:copies * 2]]
+            g, ws, w32, w16 = _rotated_weights(n, k, dt, _ROTATE_BYTES, 1)
             for m in rows:
                 if name == "lm_head" and m > LM_HEAD_ROWS:
                     continue
@@ -310,11 +317,7 @@ def decode_report(rounds: int = 3, cpu_time: bool = False) -> list[dict]:
     out = []
     for name, k, n in ENGINE_LINEARS:
         for dt in (torch.bfloat16, torch.float32):
-            copies = max(2, _DECODE_ROTATE_BYTES // (n * k * dt.itemsize))
-            g = torch.Generator().manual_seed(0)
-            ws = [torch.randn(n, k, generator=g).to(dt) for _ in range(copies)]
-            w32 = ws if dt == torch.float32 else [w.float() for w in ws[:max(2, copies // 2)]]
-            w16 = ws if dt == torch.bfloat16 else [w.bfloat16() for w in ws[:copies * 2]]
+            g, ws, w32, w16 = _rotated_weights(n, k, dt, _DECODE_ROTATE_BYTES, 2)
             xs = {m: torch.randn(m, k, generator=g).to(dt) for m in DECODE_ROWS}
             raws = [raw(w) for w in ws]
             best = {}
