@@ -7,7 +7,7 @@ back to the reference. float64 inputs run the float64 oracle, as on the referenc
 
 Threads: a large call splits its kernel's tasks over ``torch.get_num_threads()`` threads of lockstep's
 own pool (kernels/cpu/pool.py: one compiled serial kernel per op, no numba ``parallel=True`` driver), so
-``torch.set_num_threads`` governs both. Work is split over independent outputs only, so the thread
+``torch.set_num_threads`` governs both unless hal.kernel_threads gave the kernels a count of their own. Work is split over independent outputs only, so the thread
 count never changes a bit. numba's thread pool and threading layer are never used: the process's
 numba settings stay the user's own. Calls are serialised by a lock.
 

@@ -66,9 +66,9 @@ every stamp carries its key's id and comparing a stamp of another key (an ExactW
 process and used in another, another rank's stamp) raises InputError by name. A forked child inherits
 its parent's key (same coefficients), so its parent's stamps stay valid there.
 
-``hash_torch`` is the readable definition and runs on every device; CPU tensors use ``_hash_cpu`` (numba,
-one pass, no temporaries; rows on threads for large tensors): tests/test_weight_watch.py checks that they
-give the same value under the process key.
+``hash_torch`` is the readable definition and runs on every device; CPU tensors use ``_hash_tasks`` (numba,
+one pass, no temporaries; blocks of rows on lockstep's own threads, kernels/cpu/pool.py, for large tensors):
+tests/test_weight_watch.py checks that they give the same value under the process key.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ from typing import Mapping
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import InputError
@@ -162,23 +162,21 @@ def _row(lane, a, r):
     return h
 
 
-@njit(cache=True)
-def _hash_cpu(lane, a, b):
-    h = np.int64(0)
-    for r in range(lane.shape[0]):
-        h += _row(lane, a, r) * b[r]
-    return h
+_ROWS_PER_TASK = 64  # rows of lanes each task of the threaded pass sums
 
 
-@njit(parallel=True, cache=True)
-def _hash_cpu_threads(lane, a, b):
-    h = np.int64(0)
-    for r in prange(lane.shape[0]):  # a sum modulo 2**64: the same value in any order
-        h += _row(lane, a, r) * b[r]
-    return h
+@njit(nogil=True, cache=True)
+def _hash_tasks(lane, a, b, partial, lo, hi):
+    """partial[task] = the rows of tasks [lo, hi)'s sum (kernels/cpu/pool.py runs ranges on its threads;
+    a sum modulo 2**64 is the same in any order, so the partials add to the serial value)."""
+    for task in range(lo, hi):
+        h = np.int64(0)
+        for r in range(task * _ROWS_PER_TASK, min((task + 1) * _ROWS_PER_TASK, lane.shape[0])):
+            h += _row(lane, a, r) * b[r]
+        partial[task] = h
 
 
-_THREADS_FROM = 1 << 20  # lanes: below, starting numba's threads costs more than the pass
+_THREADS_FROM = 1 << 20  # lanes: below, handing ranges to other threads costs more than the pass
 
 
 def content_hash(t: torch.Tensor) -> int:
@@ -189,12 +187,15 @@ def content_hash(t: torch.Tensor) -> int:
     lane = lanes(t)
     if lane.device.type != "cpu":
         return hash_torch(lane)
-    key = process_key()
+    from hal.kernels.cpu import pool  # lockstep's threads, not numba's layer: the process's numba and OpenMP
+    key = process_key()               # settings stay the user's (a numba parallel pass reset torch's count)
     n, length = lane.shape
     a = _coefficients(length, key.seed_a, lane.device).numpy()
     b = _coefficients(n, key.seed_b, lane.device).numpy()
-    kernel = _hash_cpu_threads if lane.numel() >= _THREADS_FROM else _hash_cpu
-    return int(kernel(lane.numpy(), a, b))
+    partial = np.zeros(-(-n // _ROWS_PER_TASK), np.int64)
+    pool.run(_hash_tasks, partial.shape[0], np.from_dlpack(lane), a, b, partial,
+             parallel=lane.numel() >= _THREADS_FROM)
+    return int(partial.sum())  # numpy's int64 sum wraps modulo 2**64, as the kernel's does
 
 
 # ---------------------------------------------------------------- one tensor

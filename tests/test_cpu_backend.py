@@ -242,6 +242,86 @@ def test_thread_count_does_not_change_bits():
         assert first_divergence("threads", a, b) is None
 
 
+def _pool_calls(monkeypatch):
+    """Every kernel lockstep's pool splits over threads, as (threads, torch's thread count) at the time."""
+    from hal.kernels.cpu import pool
+    calls, real = [], pool.run
+
+    def recorded(kernel, n_tasks, *args, parallel):
+        if parallel and min(pool.threads(), n_tasks) > 1:
+            calls.append((min(pool.threads(), n_tasks), torch.get_num_threads()))
+        return real(kernel, n_tasks, *args, parallel=parallel)
+    monkeypatch.setattr(pool, "run", recorded)
+    return calls
+
+
+def test_engine_calls_give_torchs_threads_to_lockstep(monkeypatch):
+    """hal.integrations.vllm.threads: inside, torch on one thread and lockstep's kernels on the threads torch had;
+    put back after (an exception too); the bits are those of either count. Control: with torch on one thread and
+    no scope, the same call launches no second thread."""
+    from hal import kernel_threads
+    from hal.integrations.vllm.threads import lockstep_takes_the_cores
+    from hal.kernels.cpu import pool
+    g = torch.Generator().manual_seed(3)
+    x, w = randn(g, 64, 512), randn(g, 256, 512)  # 8M fma steps: parallel
+    calls = _pool_calls(monkeypatch)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = hal.linear(x, w, backend="cpu")
+        assert calls == []  # the control: one torch thread, one lockstep thread
+        torch.set_num_threads(2)
+        with lockstep_takes_the_cores():
+            assert (torch.get_num_threads(), pool.threads(), kernel_threads.own()) == (1, 2, 2)
+            with lockstep_takes_the_cores():  # nested: nothing more to hand over
+                assert (torch.get_num_threads(), pool.threads()) == (1, 2)
+            inside = hal.linear(x, w, backend="cpu")
+        assert calls and all(c == (2, 1) for c in calls), calls
+        assert (torch.get_num_threads(), kernel_threads.own()) == (2, None)
+        assert first_divergence("engine threads", serial, inside) is None
+        with pytest.raises(RuntimeError, match="boom"):
+            with lockstep_takes_the_cores():
+                raise RuntimeError("boom")
+        assert (torch.get_num_threads(), kernel_threads.own()) == (2, None)
+        kernel_threads.set_own(3)  # a count of lockstep's own is kept inside, and after
+        with lockstep_takes_the_cores():
+            assert (torch.get_num_threads(), pool.threads()) == (1, 3)
+        assert (torch.get_num_threads(), kernel_threads.own()) == (2, 3)
+    finally:
+        kernel_threads.set_own(None)
+        torch.set_num_threads(old)
+
+
+def test_install_wraps_only_the_model_calls():
+    from hal.integrations.vllm import threads
+    from hal.kernels.cpu import pool
+
+    def seen(self):
+        return torch.get_num_threads(), pool.threads()
+
+    worker = type("Worker", (), {name: seen for name in threads.MODEL_CALLS + ("load_model",)})
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert worker().execute_model() == (2, 2)  # the control: before install
+        threads.install(worker)
+        for name in threads.MODEL_CALLS:
+            assert getattr(worker(), name)() == (1, 2), name
+        assert worker().load_model() == (2, 2)  # weight loading keeps torch's threads
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_pool_thread_count_refuses_bad_values(bad):
+    from hal import kernel_threads
+    from hal.errors import InputError
+    with pytest.raises(InputError, match="thread count"):
+        kernel_threads.set_own(bad)
+    assert kernel_threads.own() is None
+
+
 def test_auto_selection_prefers_cpu_and_reference_stays_selectable():
     x = torch.randn(3, 4)
     spec = hal.spec.DEFAULTS["softmax"]

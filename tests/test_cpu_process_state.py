@@ -125,3 +125,72 @@ def test_hal_info_shows_cpu_unavailable_with_jit_disabled():
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(l for l in out.stdout.splitlines() if l.strip().startswith("cpu "))
     assert "not available" in line and "NUMBA_DISABLE_JIT" in line, line
+
+
+_AFFINITY_PROGRAM = """
+    import os, threading
+    import torch
+    import hal
+    torch.set_num_threads(2)
+    os.sched_setaffinity(0, {{{main}}})          # this thread only, as vLLM-CPU's worker pins its main thread
+    release = threading.Event()
+    def omp_like():                               # another thread of the process on the other core
+        os.sched_setaffinity(0, {{{other}}})
+        release.wait()
+    t = threading.Thread(target=omp_like); t.start()
+    while os.sched_getaffinity(t.native_id) != {{{other}}}:
+        pass
+    g = torch.Generator().manual_seed(0)
+    hal.linear(torch.randn(64, 512, generator=g), torch.randn(256, 512, generator=g), backend="cpu")  # parallel
+    worker = next(w for w in threading.enumerate() if w.name == "lockstep-cpu-1")
+    print(sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(worker.native_id)))
+    release.set(); t.join()
+"""
+
+
+def test_pool_workers_run_on_the_process_cores_not_the_pinned_creators():
+    """A worker thread inherits its creator's affinity: started from a main thread pinned to one core, lockstep's
+    second thread would share that core (measured in vLLM-CPU's bound worker: both on core 0, half the speed).
+    kernels/cpu/pool.py gives its workers every core of the process's threads. The main thread's own mask is
+    printed beside it: the inherited value the check would see without the fix."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores to pin the main thread and another thread apart")
+    main, other = cores[0], cores[1]
+    out = _python(_AFFINITY_PROGRAM.format(main=main, other=other))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[0] == f"[{main}] {sorted([main, other])}", out.stdout
+
+
+_HASH_PROGRAM = """
+    import numba, numpy as np, torch
+    from hal import weight_watch
+    torch.set_num_threads(2)
+    weight_watch.content_hash(torch.randn(2048, 1024).bfloat16())  # >= 1M lanes: the threaded pass
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no layer started
+        layer = None
+    print(torch.get_num_threads(), layer)
+
+    @numba.njit(parallel=True)
+    def total(a):
+        s = 0.0
+        for i in numba.prange(a.shape[0]):
+            s += a[i]
+        return s
+    total(np.ones(1 << 20))
+    print(torch.get_num_threads(), numba.threading_layer() is not None)
+"""
+
+
+def test_weight_hash_runs_on_lockstep_threads_not_numbas_layer():
+    """The weight watch's hash of a large weight (the vLLM plugin stamps every weight at load) runs on lockstep's
+    own threads: numba's threading layer never starts and torch keeps its count. (A numba ``parallel=True`` pass
+    there set torch's count to one in vLLM-CPU's bound worker, measured: lockstep's kernels then ran on one
+    thread.) Control: a ``parallel=True`` pass in the same process does start the layer."""
+    out = _python(_HASH_PROGRAM)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hashed, control = out.stdout.split("\n")[:2]
+    assert hashed == "2 None", out.stdout
+    assert control.split()[1] == "True", out.stdout

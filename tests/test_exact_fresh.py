@@ -85,7 +85,7 @@ def test_hash_definitions_agree_and_see_one_bit(dtype):
     w = _spread((37, 70), dtype, 3)
     with torch.inference_mode():
         inf_w = w.clone()
-    big = _spread((2100, 520), dtype, 4)  # numba's threaded kernel
+    big = _spread((2100, 520), dtype, 4)  # the threaded pass (lockstep's pool)
     assert stamp.lanes(big).numel() >= stamp._THREADS_FROM
     for t in (w, w.T, w[5:20], inf_w, big):
         assert stamp.content_hash(t) == stamp.hash_torch(stamp.lanes(t))

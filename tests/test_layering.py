@@ -3,7 +3,7 @@ that is where import circles hide), and the backend contract's single homes.
 
 Layers (docs/architecture.md):
 
-* foundation: hal.spec, hal.errors, hal.validate, hal.backend, hal.dispatch, hal.ops_registry, hal.fp_env and the shared
+* foundation: hal.spec, hal.errors, hal.validate, hal.backend, hal.dispatch, hal.ops_registry, hal.fp_env, hal.kernel_threads and the shared
   semantics below the ops, hal.kernels.layout: importable by everyone;
 * public op modules: the ``hal`` package and the modules users call (hal.ops, hal.attention, ...): they
   validate and reach a backend through dispatch;
@@ -29,7 +29,7 @@ PACKAGES = {"hal": "hal", "kernels": "hal.kernels", "backends": "hal.backends", 
 
 FOUNDATION = {"hal.spec", "hal.errors", "hal.validate", "hal.deprecation",
               "hal.backend", "hal.dispatch", "hal.ops_registry", "hal.backend_contract",
-              "hal.fp_env", "hal.weight_watch", "hal.kernels.layout"}
+              "hal.fp_env", "hal.kernel_threads", "hal.weight_watch", "hal.kernels.layout"}
 IMPLEMENTATION = ("hal.backends", "hal.kernels", "hal.jax")
 #: front ends and harnesses that are neither ops nor implementations: the CLI and the conformance suite
 #: (which runs backends directly and compares them with the oracles)

@@ -19,3 +19,27 @@ def test_ops_are_counted_and_attributed_to_the_lockstep_function_that_issued_the
     assert issuers.get("kernels/layout.py:paged_token_coords", 0) > 0 and issuers.get("hal/serving.py:request_kv", 0) > 0
     assert s["ops_calls"] == sum(ops.values()) == sum(issuers.values())
     assert "other" not in issuers  # every op here was issued by lockstep code
+
+
+def test_thread_cpu_time_sees_a_busy_thread_by_name():
+    """--thread-steps' per-thread CPU time: a Python thread that spins during the steps shows up by its name with
+    about the steps' wall time; one that sleeps does not (the control)."""
+    import threading
+    import time
+    stop, spin_for = threading.Event(), 0.05
+
+    def spin():
+        while not stop.is_set():
+            pass
+    busy = threading.Thread(target=spin, name="busy-spinner")
+    idle = threading.Thread(target=stop.wait, name="idle-waiter")
+    busy.start(), idle.start()
+    try:
+        res = vsp.per_step_threads(lambda: time.sleep(spin_for), 4)
+    finally:
+        stop.set()
+        busy.join(), idle.join()
+    used = dict(res["threads"])
+    assert res["steps"] == 4 and res["median_wall_ms"] >= spin_for * 1000
+    assert used.get("busy-spinner", 0) > 0.3 * spin_for * 1000, res
+    assert "idle-waiter" not in used, res

@@ -17,11 +17,14 @@ layer are never used, so the process's numba settings stay the user's.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 
 import numpy as np
 import torch
+
+from hal import kernel_threads
 
 from .strict_math import _probe_one
 
@@ -38,8 +41,9 @@ _TINY = np.float32(2.0 ** -126)
 
 
 def threads() -> int:
-    """The thread count of a parallel call: torch's (``torch.set_num_threads`` governs both)."""
-    return max(1, torch.get_num_threads())
+    """The thread count of a parallel call: torch's unless lockstep's kernels were given their own
+    (hal.kernel_threads)."""
+    return kernel_threads.count()
 
 
 def parallel_worth(work: int) -> bool:
@@ -53,7 +57,25 @@ def size() -> int:
     return len(_workers)
 
 
-def _serve(jobs: queue.SimpleQueue) -> None:
+def _process_cores() -> set[int] | None:
+    """The cores any thread of this process may run on (None where the OS does not say). A thread starts
+    with its creator's affinity: where an engine pinned its main thread to one core and each of torch's
+    OpenMP threads to one more (vLLM-CPU's worker), a worker thread started from the main thread would share
+    the main thread's core; it gets the cores the process was given instead."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores: set[int] = set()
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+        try:
+            cores |= os.sched_getaffinity(int(tid))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return cores or None
+
+
+def _serve(jobs: queue.SimpleQueue, cores: set[int] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)  # 0: this thread
     while True:
         fn, done = jobs.get()
         try:
@@ -67,9 +89,10 @@ def _serve(jobs: queue.SimpleQueue) -> None:
 def _on_threads(n: int, fn) -> None:
     """fn() on the calling thread and on n - 1 worker threads at once; the first error is raised."""
     with _grow:
+        cores = _process_cores() if len(_workers) < n - 1 else None
         while len(_workers) < n - 1:
             jobs = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(jobs,), name=f"lockstep-cpu-{len(_workers) + 1}",
+            threading.Thread(target=_serve, args=(jobs, cores), name=f"lockstep-cpu-{len(_workers) + 1}",
                              daemon=True).start()
             _workers.append(jobs)
         mine = _workers[:n - 1]

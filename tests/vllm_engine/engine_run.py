@@ -5,14 +5,16 @@ lockstep's plugin is process-wide, so plugin-on and stock engines never share a 
 
 SPEC: {"runs": [{"model": dir, "dtype": "float32"|"bfloat16", "engine": {LLM kwargs}, "batches": [[prompt ids]],
 "sampling": [{SamplingParams kwargs}] per batch (one per prompt; default: 8 greedy tokens, logprobs=0),
-"import_hal": bool, "record_steps": bool, "count_head_passes": bool, "head_logits_off": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
+"import_hal": bool, "record_steps": bool, "count_head_passes": bool, "record_threads": bool, "head_logits_off": bool, "between": [[batch index, action]], "during": [[batch index, action, step]]}]}.
 Each run builds one engine and generates each batch in turn; per batch it records every request's tokens,
 log-prob bits, num_cached_tokens, the logprobs=N / prompt_logprobs entries (:func:`_entries`), or the error's
 type and message (refusals are asserted by name), and how often vLLM's compiler ran during the run ("compiles": its
 nonzero compilation counters; empty for an eager engine). "count_head_passes": how often the LM head ran
 ("head_passes": the logits processor's calls, and the recorded values' own ``token_logprobs`` calls;
 "head_logits_off": the logits processor keeps no float32 logits, a control). An engine that fails to start records the error for the
-run. Whether the plugin is on is the environment's LOCKSTEP_VLLM.
+run. "record_threads": each of lockstep's cpu kernels launched, with the (lockstep pool's, torch's) thread counts, and
+torch's count before the engine is built and after each batch (an in-process engine: hal.integrations.vllm.threads).
+Whether the plugin is on is the environment's LOCKSTEP_VLLM.
 
 "during" changes the weights while a batch runs (:func:`_midflight`): "raw" / "optimizer" / "collective" from a step
 hook inside ``generate`` (the engine core's schedule of that step), "reload_weights" / "admission" between the steps
@@ -73,6 +75,22 @@ def _head_pass_counter(reuse: bool = True):
         layers.LockstepLogitsProcessor.forward, sampling.token_logprobs = forward, token_logprobs
         layers.head_logits_are_the_logprobs_dot = reusable
     return counts, undo
+
+
+def _thread_recorder():
+    """Records (kernel, lockstep pool's threads, torch's threads) at each cpu kernel launch. Returns (seen, undo)."""
+    import torch
+    from hal.kernels.cpu import pool
+    seen, real = set(), pool.run
+
+    def recorded(kernel, *args, **kwargs):
+        seen.add((kernel.__name__, pool.threads(), torch.get_num_threads()))
+        return real(kernel, *args, **kwargs)
+    pool.run = recorded
+
+    def undo():
+        pool.run = real
+    return seen, undo
 
 
 def _step_summary(steps) -> dict:
@@ -231,6 +249,9 @@ def run_one(run) -> dict:
     stop = _steps_recorder(steps) if run.get("record_steps") else None
     head, uncount = (_head_pass_counter(not run.get("head_logits_off")) if run.get("count_head_passes")
                      else (None, None))
+    import torch
+    threads_seen, unrecord = _thread_recorder() if run.get("record_threads") else (None, None)
+    torch_threads = [torch.get_num_threads()]
     llm = LLM(model=run["model"], dtype=run["dtype"], **{**BASE, **run.get("engine", {})})
     between = {int(i): a for i, a in run.get("between", [])}
     during = {int(i): (a, k) for i, a, k in run.get("during", [])}
@@ -253,13 +274,18 @@ def run_one(run) -> dict:
                                               bits=[bits(d[t].logprob) for d, t in
                                                     zip(r.outputs[0].logprobs or [], r.outputs[0].token_ids)],
                                               cached=r.num_cached_tokens, **_entries(r)) for r in res]))
+            torch_threads.append(torch.get_num_threads())
         out = dict(batches=batches, compiles={k: v for k, v in vars(compilation_counter).items() if v})
         if stop is not None:
             out["steps"] = _step_summary(steps)
         if head is not None:
             out["head_passes"] = dict(head)
+        if threads_seen is not None:
+            out["threads"] = dict(launches=sorted(threads_seen), torch=torch_threads)
         return out
     finally:
+        if unrecord is not None:
+            unrecord()
         if stop is not None:
             stop()
         if uncount is not None:

@@ -433,6 +433,22 @@ def test_multiprocess_engine_two_threads(models, tmp_path):
     assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
 
 
+def test_engine_steps_run_lockstep_on_torchs_threads(models, tmp_path):
+    """hal.integrations.vllm.threads in a real in-process engine: every lockstep kernel of its model calls
+    (warm-up, steps, sampling) launches with torch on one thread and lockstep's pool on the two threads torch had;
+    between batches torch has its two threads back (the weight watch's hashes outside the model calls see them);
+    the bits are the trainer's."""
+    case = ("llama", "bfloat16")
+    runs = [dict(model=models[case], dtype=case[1], batches=[PROMPTS, PROMPTS[:2]], record_threads=True)]
+    (res,) = run_engines(tmp_path, runs, env=dict(OMP_NUM_THREADS="2"))
+    model = {(n, pool, torch) for n, pool, torch in res["threads"]["launches"] if n != "_hash_tasks"}
+    assert model and {(pool, torch) for _, pool, torch in model} == {(2, 1)}, res["threads"]
+    # the weight watch's hashes run outside the model calls (load, the engine core's checks): torch's threads
+    assert {(p, t) for n, p, t in res["threads"]["launches"] if n == "_hash_tasks"} == {(2, 2)}, res["threads"]
+    assert res["threads"]["torch"] == [2, 2, 2], res["threads"]
+    assert differing(models[case], case[1], PROMPTS, outputs(res)) == (0, 0)
+
+
 def test_async_llm_equals_trainer(models, tmp_path):
     """AsyncLLM (verl's async rollout, ``vllm serve``), six concurrent requests: the trainer's bits."""
     case = ("qwen3", "float32")

@@ -7,7 +7,8 @@
   ``Sampler.forward`` -> sampler.py, and the seeded rows' generators around the model runner's
   ``sample_tokens`` (a discarded prefill-chunk draw is never rewound with CUDA's ``set_offset``); the prompt
   positions' log-probs (``prompt_logprobs``) through sampler.py's ``PromptScorer`` around the runner's
-  ``_get_prompt_logprobs_dict``;
+  ``_get_prompt_logprobs_dict``; the worker's model calls with torch on one thread and lockstep's kernels on
+  the cores (threads.py);
 * the refusals, each naming the feature, before anything computes: the engine's configuration when it is
   built (:func:`check_config`, in the front end's ``EngineArgs.create_engine_config`` and again in the worker
   before the model loads), every module of the loaded model (:func:`audit_model`: a module lockstep does not
@@ -285,7 +286,7 @@ def install() -> None:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from . import engine_args, gdn, layers, sampler, weights
+    from . import engine_args, gdn, layers, sampler, threads, weights
 
     for name, cls in layers.OOT_CUSTOM_OPS.items():
         CustomOp.register_oot(cls, name=name)
@@ -347,6 +348,7 @@ def install() -> None:
 
     _run_inside(CPUModelRunner, "sample_tokens", sampler.discarded_rows_spare_their_generators)
     _run_inside(CPUModelRunner, "_get_prompt_logprobs_dict", sampler.scoring_prompts)
+    threads.install(CPUWorker)
     CPUWorker.lockstep_weights_changed = weights.worker_weights_changed
     CPUWorker.lockstep_weights_handled = weights.worker_weights_handled
 
