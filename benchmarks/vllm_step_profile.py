@@ -1,6 +1,7 @@
 """The torch ops of one vLLM + lockstep engine step, counted: the glue around lockstep's kernels (issue 52, item 3).
 
     python -m benchmarks.vllm_step_profile [--layers 4 --hidden 512 --prompts 8 --prompt-len 128] [--out DIR]
+    python -m benchmarks.vllm_step_profile --thread-steps 20 [--layers 8 --hidden 1024 --mlp 2816 --vocab 32000]
 
 Builds a small Llama-shaped model with random weights (default: hidden 512, 4 layers, 8 heads of 64, 2 KV heads,
 MLP 1408, vocab 8000, bf16), starts an eager in-process vLLM engine with lockstep's plugin (LOCKSTEP_VLLM=1) and
@@ -11,6 +12,11 @@ one top-p decode step. Per step it prints the step's wall time, every torch op's
 lockstep's kernels are surrounded by: in eager mode the numba kernels run outside any torch op), and which
 lockstep function issued them (the innermost frame under hal/); ``vllm_step_profile.json`` keeps it all.
 The load average is printed: on a loaded machine the self times mean little, the counts still do.
+
+``--thread-steps N``: after the profiled round, N greedy decode steps unprofiled: the median step's wall time and
+the CPU time each thread of the process used per step (``/proc/self/task``; lockstep's pool threads by name, the
+rest -- torch's OpenMP workers among them -- as "other"). ``LOCKSTEP_VLLM=0`` in the environment runs stock vLLM
+for the comparison. Where a spinning worker takes a core, its CPU time is about the step's wall time.
 """
 from __future__ import annotations
 
@@ -58,6 +64,37 @@ def summarise(prof, wall_s: float) -> dict:
                 ops_self_ms=sum(t for _, t in by_op.values()),
                 by_op=[(k, c, round(t, 3)) for k, (c, t) in rows],
                 by_issuer=[(k, c, round(t, 3)) for k, (c, t) in sorted(by_issuer.items(), key=lambda kv: -kv[1][1])])
+
+
+def thread_cpu_ms() -> dict[int, tuple[str, float]]:
+    """Native thread id -> (name, CPU ms used so far) for every thread of this process (Linux's /proc; Python
+    threads by their ``threading`` name, the main thread as "main", the others as "other")."""
+    import threading
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    names[os.getpid()] = "main"
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = (names.get(int(tid), "other"), (int(fields[11]) + int(fields[12])) * tick_ms)
+    return out
+
+
+def per_step_threads(step, n: int) -> dict:
+    """``n`` calls of ``step``: the median wall ms and each thread's CPU ms per step (threads that used any)."""
+    walls, before = [], thread_cpu_ms()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        walls.append((time.perf_counter() - t0) * 1000)
+    after = thread_cpu_ms()
+    used = [(name, (ms - before.get(tid, (name, 0.0))[1]) / n) for tid, (name, ms) in after.items()]
+    return dict(steps=n, median_wall_ms=sorted(walls)[n // 2],
+                threads=sorted([(name, round(ms, 2)) for name, ms in used if ms > 0], key=lambda r: -r[1]))
 
 
 def build(path: str, a) -> str:
@@ -108,6 +145,16 @@ def run(path: str, a) -> dict:
                 one_step(f"decode {kind}" if profiled else None)
                 while engine.has_unfinished_requests():
                     engine.step()
+        if a.thread_steps:
+            sp = SamplingParams(max_tokens=a.thread_steps + 8, ignore_eos=True, temperature=0.0)
+            for p in prompts:
+                engine.add_request(f"r{rid}", TokensPrompt(prompt_token_ids=p), sp)
+                rid += 1
+            for _ in range(4):  # the prefill and the first decode steps
+                engine.step()
+            out["threads"] = per_step_threads(engine.step, a.thread_steps)
+            while engine.has_unfinished_requests():
+                engine.step()
     finally:
         engine.engine_core.shutdown()
     return out
@@ -122,6 +169,7 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--top", type=int, default=15, help="ops printed per step")
+    ap.add_argument("--thread-steps", type=int, default=0, help="greedy decode steps timed per thread after the profile")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     os.environ.setdefault("LOCKSTEP_VLLM", "1")
@@ -136,6 +184,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     json.dump(res, open(os.path.join(a.out, "vllm_step_profile.json"), "w"), indent=1)
     print(load, file=sys.stderr)
+    threads = res["steps"].pop("threads", None)
     for label, s in res["steps"].items():
         print(f"\n## {label}: step {s['wall_ms']:.1f} ms, {s['ops_calls']} torch op calls, "
               f"{s['ops_self_ms']:.1f} ms self time in them, torch threads {s['torch_threads']}\n\n| op | calls | self ms |\n|---|---|---|")
@@ -144,6 +193,13 @@ def main(argv=None):
         print("\n| issued by | calls | self ms |\n|---|---|---|")
         for k, c, t in s["by_issuer"][:a.top]:
             print(f"| {k} | {c} | {t:.2f} |")
+    if threads:
+        print(f"\n## {threads['steps']} greedy decode steps ({'lockstep' if os.environ['LOCKSTEP_VLLM'] == '1' else 'stock'}): "
+              f"median {threads['median_wall_ms']:.2f} ms a step\n\n| thread | CPU ms a step |\n|---|---|")
+        for name, ms in threads["threads"]:
+            print(f"| {name} | {ms:.2f} |")
+        res["threads"] = threads
+        json.dump(res, open(os.path.join(a.out, "vllm_step_profile.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":
