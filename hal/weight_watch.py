@@ -187,8 +187,9 @@ def content_hash(t: torch.Tensor) -> int:
     lane = lanes(t)
     if lane.device.type != "cpu":
         return hash_torch(lane)
-    from hal.kernels.cpu import pool  # lockstep's threads, not numba's layer: the process's numba and OpenMP
-    key = process_key()               # settings stay the user's (a numba parallel pass reset torch's count)
+    # lockstep's threads, not numba's parallel layer, which in vLLM-CPU's worker reset torch's thread count
+    from hal.kernels.cpu import pool
+    key = process_key()
     n, length = lane.shape
     a = _coefficients(length, key.seed_a, lane.device).numpy()
     b = _coefficients(n, key.seed_b, lane.device).numpy()

@@ -11,8 +11,9 @@ in, so neither the thread count nor the split changes a bit.
 
 The threads are started on demand by the thread that first needs them (a thread starts with its
 creator's floating-point environment) and are never replaced: :func:`keep_subnormals` probes each one
-(hal.fp_env), and the pool's size is the probe's generation. numba's own thread pool and threading
-layer are never used, so the process's numba settings stay the user's.
+(hal.fp_env), and the pool's size is the probe's generation. A worker may run on any core of the
+process's threads (:func:`_process_cores`), not only on its creator's. numba's own thread pool and
+threading layer are never used, so the process's numba settings stay the user's.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import queue
 import threading
 
 import numpy as np
-import torch
 
 from hal import kernel_threads
 
@@ -75,7 +75,10 @@ def _process_cores() -> set[int] | None:
 
 def _serve(jobs: queue.SimpleQueue, cores: set[int] | None) -> None:
     if cores:
-        os.sched_setaffinity(0, cores)  # 0: this thread
+        try:
+            os.sched_setaffinity(0, cores)  # 0: this thread
+        except OSError:  # e.g. a core taken from the process meanwhile: keep the inherited cores
+            pass
     while True:
         fn, done = jobs.get()
         try:
