@@ -4,6 +4,7 @@
     python -m benchmarks.cpu --first-call                        # first call vs steady state
     python -m benchmarks.cpu --linear [--threads 1 2] [--quick]  # strict linear vs MKL float32, per vLLM shape
     python -m benchmarks.cpu --decode [--threads 1 2] [--rounds 3] [--cpu-time]  # decode rows: weight GB/s
+    python -m benchmarks.cpu --pool [--threads 2]                # what handing a call to the pool's threads costs
 
 Shapes follow issue 9's table: linear decode (M=1, K=N=4096, fp32 and bf16) and 16x256x256 /
 128x1024x1024, rms_norm / softmax / log_softmax / token_logprobs at V=32k, attention decode
@@ -169,18 +170,22 @@ def _reader():
     """A compiled read of a 256 MiB float32 buffer (beyond the caches) with sixteen-lane vector loads."""
     import numpy as np
     from numba import njit
+    from hal.kernels.cpu.pool import claim
     from hal.kernels.cpu.simd import vadd, vload16, vstore16, vzero16
 
     @njit(nogil=True)
-    def read(buf, out, lo, hi):  # chunks of 64 KiB; eight independent sums hide the add latency
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vzero16()
-        for c in range(lo, hi):
-            for i in range(c * 16384, (c + 1) * 16384, 128):
-                a0, a1 = vadd(a0, vload16(buf, i)), vadd(a1, vload16(buf, i + 16))
-                a2, a3 = vadd(a2, vload16(buf, i + 32)), vadd(a3, vload16(buf, i + 48))
-                a4, a5 = vadd(a4, vload16(buf, i + 64)), vadd(a5, vload16(buf, i + 80))
-                a6, a7 = vadd(a6, vload16(buf, i + 96)), vadd(a7, vload16(buf, i + 112))
-        vstore16(out, 16 * (lo % 64), vadd(vadd(vadd(a0, a1), vadd(a2, a3)), vadd(vadd(a4, a5), vadd(a6, a7))))
+    def read(buf, out, work):  # chunks of 64 KiB; eight independent sums hide the add latency
+        lo, hi = claim(work)
+        while lo < hi:
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vzero16()
+            for c in range(lo, hi):
+                for i in range(c * 16384, (c + 1) * 16384, 128):
+                    a0, a1 = vadd(a0, vload16(buf, i)), vadd(a1, vload16(buf, i + 16))
+                    a2, a3 = vadd(a2, vload16(buf, i + 32)), vadd(a3, vload16(buf, i + 48))
+                    a4, a5 = vadd(a4, vload16(buf, i + 64)), vadd(a5, vload16(buf, i + 80))
+                    a6, a7 = vadd(a6, vload16(buf, i + 96)), vadd(a7, vload16(buf, i + 112))
+            vstore16(out, 16 * (lo % 64), vadd(vadd(vadd(a0, a1), vadd(a2, a3)), vadd(vadd(a4, a5), vadd(a6, a7))))
+            lo, hi = claim(work)
 
     return read, np.ones(64 << 20, np.float32), np.zeros(16 * 64, np.float32)
 
@@ -199,20 +204,24 @@ def read_bandwidth(min_seconds: float = 1.0, clock=time.perf_counter) -> float:
 @functools.cache
 def _fma_chains():
     from numba import njit
+    from hal.kernels.cpu.pool import claim
     from hal.kernels.cpu.simd import vadd, vfma, vload16, vstore16
 
     @njit(nogil=True)
-    def chains(v, out, lo, hi):  # twelve independent sixteen-lane chains: enough to fill both FMA ports
+    def chains(v, out, work):  # twelve independent sixteen-lane chains: enough to fill both FMA ports
         a = vload16(v, 0)
         b = vload16(v, 16)
-        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = vload16(v, 32)
-        for _ in range(lo, hi):
-            for _ in range(1024):
-                c0, c1, c2, c3 = vfma(a, c0, b), vfma(a, c1, b), vfma(a, c2, b), vfma(a, c3, b)
-                c4, c5, c6, c7 = vfma(a, c4, b), vfma(a, c5, b), vfma(a, c6, b), vfma(a, c7, b)
-                c8, c9, c10, c11 = vfma(a, c8, b), vfma(a, c9, b), vfma(a, c10, b), vfma(a, c11, b)
-        s = vadd(vadd(vadd(c0, c1), vadd(c2, c3)), vadd(vadd(c4, c5), vadd(c6, c7)))
-        vstore16(out, 16 * (lo % 64), vadd(s, vadd(vadd(c8, c9), vadd(c10, c11))))
+        lo, hi = claim(work)
+        while lo < hi:
+            c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = vload16(v, 32)
+            for _ in range(lo, hi):
+                for _ in range(1024):
+                    c0, c1, c2, c3 = vfma(a, c0, b), vfma(a, c1, b), vfma(a, c2, b), vfma(a, c3, b)
+                    c4, c5, c6, c7 = vfma(a, c4, b), vfma(a, c5, b), vfma(a, c6, b), vfma(a, c7, b)
+                    c8, c9, c10, c11 = vfma(a, c8, b), vfma(a, c9, b), vfma(a, c10, b), vfma(a, c11, b)
+            s = vadd(vadd(vadd(c0, c1), vadd(c2, c3)), vadd(vadd(c4, c5), vadd(c6, c7)))
+            vstore16(out, 16 * (lo % 64), vadd(s, vadd(vadd(c8, c9), vadd(c10, c11))))
+            lo, hi = claim(work)
 
     return chains
 
@@ -383,6 +392,43 @@ def first_call_report():
             subprocess.run([sys.executable, "-m", "benchmarks.cpu", "--child"], env=env, check=True)
 
 
+def pool_report(calls: int = 3000) -> dict:
+    """What a parallel call costs beyond its work: the median wall time of ``pool.run`` over a kernel with nothing
+    to do (64 one-element tasks, every thread claiming in turn) on the current thread count, beside the same call
+    forced onto the calling thread alone. The difference is the hand-over: posting to the workers, their start,
+    and waiting for their ends."""
+    import numpy as np
+    from numba import njit
+
+    from hal.kernels.cpu import pool
+    from hal.kernels.cpu.pool import claim
+
+    @njit(nogil=True)
+    def touch(a, work):
+        lo, hi = claim(work)
+        while lo < hi:
+            for i in range(lo, hi):
+                a[i] += 1.0
+            lo, hi = claim(work)
+
+    a = np.zeros(64)
+    out = {}
+    for parallel in (False, True):
+        for _ in range(200):
+            pool.run(touch, 64, a, parallel=parallel)
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            pool.run(touch, 64, a, parallel=parallel)
+            ts.append(time.perf_counter() - t0)
+        out["parallel" if parallel else "alone"] = float(np.median(ts)) * 1e6
+    load = os.getloadavg()
+    print(f"pool hand-over, {pool.threads()} threads, median of {calls} calls, load average {load[0]:.2f}: "
+          f"a call on the calling thread alone {out['alone']:.1f} us, on {pool.threads()} threads "
+          f"{out['parallel']:.1f} us", flush=True)
+    return out
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--first-call", action="store_true")
@@ -394,9 +440,14 @@ if __name__ == "__main__":
                    help="the streaming linear's decode rows: weight GB/s against the read bandwidth")
     p.add_argument("--rounds", type=int, default=3, help="with --decode: interleaved rounds per shape")
     p.add_argument("--cpu-time", action="store_true", help="with --decode --threads 1: time by the thread's CPU time")
+    p.add_argument("--pool", action="store_true", help="what a call handed to the pool's threads costs beyond its work")
     a = p.parse_args()
     if a.child:
         _first_call_child()
+    elif a.pool:
+        for threads in a.threads or [2]:
+            torch.set_num_threads(threads)
+            pool_report()
     elif a.linear or a.decode:
         torch.set_grad_enabled(False)
         for threads in a.threads or [torch.get_num_threads()]:

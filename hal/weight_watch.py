@@ -66,7 +66,7 @@ every stamp carries its key's id and comparing a stamp of another key (an ExactW
 process and used in another, another rank's stamp) raises InputError by name. A forked child inherits
 its parent's key (same coefficients), so its parent's stamps stay valid there.
 
-``hash_torch`` is the readable definition and runs on every device; CPU tensors use ``_hash_tasks`` (numba,
+``hash_torch`` is the readable definition and runs on every device; CPU tensors use kernels/cpu/weight_hash.py (numba,
 one pass, no temporaries; blocks of rows on lockstep's own threads, kernels/cpu/pool.py, for large tensors):
 tests/test_weight_watch.py checks that they give the same value under the process key.
 """
@@ -79,7 +79,6 @@ from typing import Mapping
 
 import numpy as np
 import torch
-from numba import njit
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import InputError
@@ -154,31 +153,6 @@ def hash_torch(lane: torch.Tensor) -> int:
     return int((rows * b).sum())
 
 
-@njit(inline="always", cache=True)
-def _row(lane, a, r):
-    h = np.int64(0)
-    for j in range(lane.shape[1]):
-        h += np.int64(lane[r, j]) * a[j]
-    return h
-
-
-_ROWS_PER_TASK = 64  # rows of lanes each task of the threaded pass sums
-
-
-@njit(nogil=True, cache=True)
-def _hash_tasks(lane, a, b, partial, lo, hi):
-    """partial[task] = the rows of tasks [lo, hi)'s sum (kernels/cpu/pool.py runs ranges on its threads;
-    a sum modulo 2**64 is the same in any order, so the partials add to the serial value)."""
-    for task in range(lo, hi):
-        h = np.int64(0)
-        for r in range(task * _ROWS_PER_TASK, min((task + 1) * _ROWS_PER_TASK, lane.shape[0])):
-            h += _row(lane, a, r) * b[r]
-        partial[task] = h
-
-
-_THREADS_FROM = 1 << 20  # lanes: below, handing ranges to other threads costs more than the pass
-
-
 def content_hash(t: torch.Tensor) -> int:
     """The 64-bit fingerprint of a tensor's bits under this process's key (any shape and dtype; inference
     tensors included). Equal bits and shape give equal values; see the module docstring for the bound."""
@@ -187,16 +161,11 @@ def content_hash(t: torch.Tensor) -> int:
     lane = lanes(t)
     if lane.device.type != "cpu":
         return hash_torch(lane)
-    # lockstep's threads, not numba's parallel layer, which in vLLM-CPU's worker reset torch's thread count
-    from hal.kernels.cpu import pool
+    from hal.kernels.cpu.weight_hash import lane_hash
     key = process_key()
     n, length = lane.shape
-    a = _coefficients(length, key.seed_a, lane.device).numpy()
-    b = _coefficients(n, key.seed_b, lane.device).numpy()
-    partial = np.zeros(-(-n // _ROWS_PER_TASK), np.int64)
-    pool.run(_hash_tasks, partial.shape[0], np.from_dlpack(lane), a, b, partial,
-             parallel=lane.numel() >= _THREADS_FROM)
-    return int(partial.sum())  # numpy's int64 sum wraps modulo 2**64, as the kernel's does
+    return lane_hash(np.from_dlpack(lane), _coefficients(length, key.seed_a, lane.device).numpy(),
+                     _coefficients(n, key.seed_b, lane.device).numpy())
 
 
 # ---------------------------------------------------------------- one tensor

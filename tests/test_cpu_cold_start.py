@@ -143,7 +143,7 @@ def test_one_kernel_per_op_no_numba_parallel_driver(tmp_path):
 
 
 def test_pool_splits_tasks_over_threads_with_the_same_bits():
-    """pool.run over 2 threads (ranges taken in turn, each once) and on the calling thread: the same bits
+    """pool.run over 2 threads (ranges claimed in turn, each once) and on the calling thread: the same bits
     (RMSNorm rows); a kernel's error, on whichever thread, reaches the caller."""
     import numpy as np
 
@@ -162,12 +162,24 @@ def test_pool_splits_tasks_over_threads_with_the_same_bits():
         pool.run(k._rms_tasks, 64, h, w, np.float32(1e-6), 8, other, parallel=True)  # control: another tile
         assert not np.array_equal(par.view(np.int32), other.view(np.int32))
         ranges = []
-        pool.run(lambda lo, hi: ranges.append((lo, hi)), 16, parallel=True)
-        assert sorted(ranges) == [(lo, lo + 2) for lo in range(0, 16, 2)]  # every range taken exactly once
 
-        def fails(lo, hi):
-            if lo == 8:
-                raise RuntimeError("task range failed")
+        def record(work):  # a Python kernel: the contract of a compiled one
+            lo, hi = pool.claim(work)
+            while lo < hi:
+                ranges.append((lo, hi))
+                lo, hi = pool.claim(work)
+        pool.run(record, 16, parallel=True)
+        assert sorted(ranges) == [(lo, lo + 2) for lo in range(0, 16, 2)]  # every range taken exactly once
+        ranges.clear()
+        pool.run(record, 16, parallel=False)
+        assert ranges == [(0, 16)]  # alone: one range
+
+        def fails(work):
+            lo, hi = pool.claim(work)
+            while lo < hi:
+                if lo == 8:
+                    raise RuntimeError("task range failed")
+                lo, hi = pool.claim(work)
         with pytest.raises(RuntimeError, match="task range failed"):
             pool.run(fails, 16, parallel=True)
     finally:
@@ -176,6 +188,92 @@ def test_pool_splits_tasks_over_threads_with_the_same_bits():
     # from a warm disk cache
     f32 = [s for s in k._rms_tasks.signatures if str(s[0]).startswith("array(float32")]
     assert len(f32) <= 1, k._rms_tasks.signatures
+
+
+def test_pool_hand_overs_that_block_still_run_every_task(monkeypatch):
+    """A worker that watched past its spin blocks (idle) and is woken by the next call; a caller whose worker
+    is still busy past its spin blocks and is woken by the worker's end. Both paths, forced with spins of one
+    tick: every task runs once, on both threads."""
+    import threading
+    import time
+
+    from hal.kernels.cpu import pool
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pool.run(lambda work: None, 2, parallel=True)  # the worker exists
+        monkeypatch.setattr(pool, "CALLER_SPIN_S", 0.0)
+        monkeypatch.setattr(pool, "WORKER_SPIN_S", 0.0)
+        pool.run(lambda work: None, 2, parallel=True)  # the worker's next watch: one tick
+        ran = []
+
+        def slow(work):  # 8 ranges of 2 ms: the caller waits on a worker still sleeping in its range
+            lo, hi = pool.claim(work)
+            while lo < hi:
+                ran.append((lo, threading.current_thread().name))
+                time.sleep(2e-3)
+                lo, hi = pool.claim(work)
+        for _ in range(3):
+            deadline = time.monotonic() + 5
+            while not pool._workers[0].idle and time.monotonic() < deadline:
+                time.sleep(1e-3)
+            assert pool._workers[0].idle  # blocked on its queue: the post must wake it
+            ran.clear()
+            pool.run(slow, 16, parallel=True)
+            assert sorted(lo for lo, _ in ran) == list(range(0, 16, 2))
+            assert {name for _, name in ran} == {"MainThread", "lockstep-cpu-1"}
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_pool_watches_last_as_long_as_asked(monkeypatch):
+    """A watch's bound is in cycle-counter ticks from a rate measured once (pool._cycles): a watch for a word that
+    never comes returns False no sooner than asked. Control: the rate once mis-measured here (taken while the
+    clock's first call was still loading: 33,000 ticks a second) ends the same watch at once -- every hand-over
+    then blocked."""
+    import time
+
+    import numpy as np
+
+    from hal.kernels.cpu import pool
+    words = np.zeros(16, np.int64)
+
+    def watched_seconds():
+        t0 = time.perf_counter()
+        assert not pool._watch(words, 0, 1, pool._cycles(0.02))
+        return time.perf_counter() - t0
+    assert 0.01 <= watched_seconds() < 5
+    words[0] = 1
+    assert pool._watch(words, 0, 1, pool._cycles(0.02))  # the word there: at once
+    words[0] = 0
+    monkeypatch.setattr(pool, "_ticks_per_s", 33_000.0)
+    assert watched_seconds() < 0.01
+
+def test_pool_threads_watch_only_where_each_has_a_core():
+    """Waiting threads watch memory (spin) only when the call's threads fit the process's cores: with more threads
+    than cores a watching thread would take time from one still working, so each blocks at once (its watch is
+    one tick). The same call on as many threads as cores watches (the control)."""
+    from hal import kernel_threads
+    from hal.kernels.cpu import pool
+    cores = len(pool._process_cores() or ())
+    if cores < 2:
+        pytest.skip("needs two cores for a parallel call that fits them")
+    done = []
+
+    def record(work):
+        lo, hi = pool.claim(work)
+        while lo < hi:
+            done.extend(range(lo, hi))
+            lo, hi = pool.claim(work)
+    try:
+        for n, watches in ((cores, True), (cores + 1, False)):
+            kernel_threads.set_own(n)
+            done.clear()
+            pool.run(record, 64, parallel=True)
+            assert sorted(done) == list(range(64))
+            assert all((w.spin > 1) == watches for w in pool._workers[:n - 1]), (n, [w.spin for w in pool._workers])
+    finally:
+        kernel_threads.set_own(None)
 
 
 def test_row_wise_kernels_compile_one_body_for_three_dtypes():

@@ -194,3 +194,35 @@ def test_weight_hash_runs_on_lockstep_threads_not_numbas_layer():
     hashed, control = out.stdout.split("\n")[:2]
     assert hashed == "2 None", out.stdout
     assert control.split()[1] == "True", out.stdout
+
+
+_FORK_PROGRAM = """
+    import os, numpy as np, torch
+    from hal.kernels.cpu import pool
+    torch.set_num_threads(2)
+    def kernel(out, work):
+        lo, hi = pool.claim(work)
+        while lo < hi:
+            out[lo:hi] += 1
+            lo, hi = pool.claim(work)
+    out = np.zeros(64, np.int64)
+    pool.run(kernel, 64, out, parallel=True)
+    print("parent", pool.size())
+    pid = os.fork()
+    if pid == 0:  # the child has none of the parent's threads: a worker it still counted would never answer
+        size = pool.size()
+        pool.run(kernel, 64, out, parallel=True)
+        print("child", size, pool.size(), int(out.min()), int(out.max()), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_starts_its_own_workers():
+    """Threads do not survive fork(): a child that kept its parent's worker list would post to threads that do
+    not exist and wait forever. The child starts with none (the parent's count printed beside it: the stale
+    value) and its parallel call runs every task once on workers of its own."""
+    out = _python(_FORK_PROGRAM, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split("\n")
+    assert lines[0] == "parent 1" and "child 0 1 2 2" in out.stdout, out.stdout

@@ -82,11 +82,12 @@ def test_hash_definitions_agree_and_see_one_bit(dtype):
     """numba's hash == the torch definition (contiguous, transposed, inference tensors); flipping any one
     bit (sign, lowest mantissa), swapping two values or moving a value changes it."""
     from hal import weight_watch as stamp
+    from hal.kernels.cpu import weight_hash
     w = _spread((37, 70), dtype, 3)
     with torch.inference_mode():
         inf_w = w.clone()
     big = _spread((2100, 520), dtype, 4)  # the threaded pass (lockstep's pool)
-    assert stamp.lanes(big).numel() >= stamp._THREADS_FROM
+    assert stamp.lanes(big).numel() >= weight_hash._THREADS_FROM
     for t in (w, w.T, w[5:20], inf_w, big):
         assert stamp.content_hash(t) == stamp.hash_torch(stamp.lanes(t))
     h = stamp.content_hash(w)

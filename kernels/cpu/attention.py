@@ -235,10 +235,13 @@ def _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
 
 
 @njit(nogil=True, cache=True)
-def _attend_tasks(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, lo, hi):
-    """Tasks [lo, hi) (pool.run splits them over threads; one compiled kernel for every thread count)."""
-    for task in range(lo, hi):
-        _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+def _attend_tasks(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, work):
+    """Tasks claimed from ``work`` (pool.run runs it on several threads; one compiled kernel for every thread count)."""
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for task in range(lo, hi):
+            _attend_task(q, kt, v, rows, vis, scale, kb, ks, dt, p_mode, out, lse, task)
+        lo, hi = pool.claim(work)
 
 
 @njit(cache=True)

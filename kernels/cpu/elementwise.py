@@ -61,10 +61,13 @@ def _unary_block(kind, x, out, blk):
 
 
 @njit(nogil=True, cache=True)
-def _map_unary(kind, x, out, lo, hi):
-    """Blocks [lo, hi) of _BLOCK elements (pool.run splits them over threads)."""
-    for blk in range(lo, hi):
-        _unary_block(kind, x, out, blk)
+def _map_unary(kind, x, out, work):
+    """Blocks of _BLOCK elements claimed from ``work`` (pool.run runs it on several threads)."""
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for blk in range(lo, hi):
+            _unary_block(kind, x, out, blk)
+        lo, hi = pool.claim(work)
 
 
 @njit(inline="always", cache=True)
@@ -74,9 +77,12 @@ def _silu_mul_block(a, b, out, blk):
 
 
 @njit(nogil=True, cache=True)
-def _map_silu_mul(a, b, out, lo, hi):
-    for blk in range(lo, hi):
-        _silu_mul_block(a, b, out, blk)
+def _map_silu_mul(a, b, out, work):
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for blk in range(lo, hi):
+            _silu_mul_block(a, b, out, blk)
+        lo, hi = pool.claim(work)
 
 
 #: up to this many elements one thread maps them all: handing blocks to other threads costs tens of microseconds
@@ -109,14 +115,17 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @njit(nogil=True, cache=True)
-def _cos_sin(pos, freq, cos, sin, lo, hi):
+def _cos_sin(pos, freq, cos, sin, work):
     half = cos.shape[1]
-    for p in range(lo, hi):
-        fp = np.float32(pos[p])  # exact: |pos| < 2**24 is validated
-        for i in range(half):
-            s, c = sincos(fp * freq[i])
-            cos[p, i] = canon(c)
-            sin[p, i] = canon(s)
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for p in range(lo, hi):
+            fp = np.float32(pos[p])  # exact: |pos| < 2**24 is validated
+            for i in range(half):
+                s, c = sincos(fp * freq[i])
+                cos[p, i] = canon(c)
+                sin[p, i] = canon(s)
+        lo, hi = pool.claim(work)
 
 
 def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
@@ -133,19 +142,22 @@ def rotary_cos_sin(positions, rotary_dim, base, inv_freq):
 
 
 @njit(nogil=True, cache=True)
-def _rotate(x, cos, sin, interleaved, out, lo, hi):
-    """Rows [lo, hi) of x [rows, D], cos/sin [rows, half] float32 -> out [rows, D] float32."""
+def _rotate(x, cos, sin, interleaved, out, work):
+    """Rows (claimed from ``work``) of x [rows, D], cos/sin [rows, half] float32 -> out [rows, D] float32."""
     d = x.shape[1]
     half = cos.shape[1]
-    for r in range(lo, hi):
-        for j in range(d):
-            out[r, j] = widen(x[r, j])  # dims >= R pass through (exact)
-        for i in range(half):
-            i1, i2 = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
-            x1, x2 = widen(x[r, i1]), widen(x[r, i2])
-            c, s = cos[r, i], sin[r, i]
-            out[r, i1] = fma(x1, c, -(x2 * s))
-            out[r, i2] = fma(x2, c, x1 * s)
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            for j in range(d):
+                out[r, j] = widen(x[r, j])  # dims >= R pass through (exact)
+            for i in range(half):
+                i1, i2 = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                x1, x2 = widen(x[r, i1]), widen(x[r, i2])
+                c, s = cos[r, i], sin[r, i]
+                out[r, i1] = fma(x1, c, -(x2 * s))
+                out[r, i2] = fma(x2, c, x1 * s)
+        lo, hi = pool.claim(work)
 
 
 def apply_rotary(x, cos, sin, interleaved):

@@ -41,28 +41,31 @@ def _fields(b):
 
 
 @njit(nogil=True, cache=True)
-def _slice(bits, s, e_in, have_e, digits, e_out, finite_rows, lo, hi):
-    """Rows [lo, hi) (pool.run splits them over threads)."""
+def _slice(bits, s, e_in, have_e, digits, e_out, finite_rows, work):
+    """Rows claimed from ``work`` (pool.run runs it on several threads)."""
     k = bits.shape[1]
-    for r in range(lo, hi):
-        big = _NO_EXP
-        fin = True
-        for i in range(k):
-            f, m, q, e = _fields(bits[r, i])
-            fin = fin and f
-            big = max(big, e)
-        E = e_in[r] if have_e else (0 if big == _NO_EXP else big)
-        e_out[r] = E
-        finite_rows[r] = fin
-        for i in range(k):
-            b = bits[r, i]
-            f, m, q, e = _fields(b)
-            d = min(max(np.int64(q) + (7 * s - 1) - E, -40), 7 * s)
-            mag = (np.int64(m) << d) if d >= 0 else (np.int64(m) >> -d)
-            neg = b < 0 and mag != 0
-            for t in range(s):
-                dg = (mag >> (7 * (s - 1 - t))) & 127
-                digits[t, r, i] = -dg if neg else dg
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            big = _NO_EXP
+            fin = True
+            for i in range(k):
+                f, m, q, e = _fields(bits[r, i])
+                fin = fin and f
+                big = max(big, e)
+            E = e_in[r] if have_e else (0 if big == _NO_EXP else big)
+            e_out[r] = E
+            finite_rows[r] = fin
+            for i in range(k):
+                b = bits[r, i]
+                f, m, q, e = _fields(b)
+                d = min(max(np.int64(q) + (7 * s - 1) - E, -40), 7 * s)
+                mag = (np.int64(m) << d) if d >= 0 else (np.int64(m) >> -d)
+                neg = b < 0 and mag != 0
+                for t in range(s):
+                    dg = (mag >> (7 * (s - 1 - t))) & 127
+                    digits[t, r, i] = -dg if neg else dg
+        lo, hi = pool.claim(work)
 
 
 def slice_rows(x: torch.Tensor, s: int, e: torch.Tensor | None = None) -> core.Sliced:

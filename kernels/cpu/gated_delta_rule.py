@@ -164,43 +164,46 @@ def prepare_qk(q, k, tk, hk, scale, l2, t, xq, xk, part):
 
 
 @njit(nogil=True, cache=True)
-def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out, lo, hi):
-    """Tasks (sequence, value head) [lo, hi) of q, k [tokens, H, dk], v [tokens, HV, dv], g, beta [tokens, HV]
-    (float32); S0 [N, HV, dk, dv]. Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after
+def _serial(q, k, v, g, beta, starts, lengths, S0, scale, l2, t, o, S_out, work):
+    """Tasks (sequence, value head), claimed from ``work``, of q, k [tokens, H, dk], v [tokens, HV, dv], g, beta
+    [tokens, HV] (float32); S0 [N, HV, dk, dv]. Writes o [tokens, HV, dv] and S_out [N, HV, dk, dv] (the state after
     the last token)."""
     hv, dv = v.shape[1], v.shape[2]
     h, dk = q.shape[1], q.shape[2]
     group = hv // h
-    for task in range(lo, hi):
-        s = task // hv
-        j = task % hv
-        hk = j // group
-        S = S_out[s, j]
-        S[:, :] = S0[s, j]
-        kv = np.empty(dk, np.float32)
-        qv = np.empty(dk, np.float32)
-        part = np.empty(max(1, (dk + t - 1) // t), np.float32)
-        w = np.empty(dv, np.float32)
-        tmp = np.empty(dv, np.float32)
-        u = np.empty(dv, np.float32)
-        for i in range(lengths[s]):
-            tk = starts[s] + i
-            alpha = exp(widen(g[tk, j]))
-            b = widen(beta[tk, j])
-            prepare_qk(q, k, tk, hk, scale, l2, t, qv, kv, part)
-            for a in range(dk):  # S' = alpha S, in place: the pass that reads S' for w
-                row = S[a]
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for task in range(lo, hi):
+            s = task // hv
+            j = task % hv
+            hk = j // group
+            S = S_out[s, j]
+            S[:, :] = S0[s, j]
+            kv = np.empty(dk, np.float32)
+            qv = np.empty(dk, np.float32)
+            part = np.empty(max(1, (dk + t - 1) // t), np.float32)
+            w = np.empty(dv, np.float32)
+            tmp = np.empty(dv, np.float32)
+            u = np.empty(dv, np.float32)
+            for i in range(lengths[s]):
+                tk = starts[s] + i
+                alpha = exp(widen(g[tk, j]))
+                b = widen(beta[tk, j])
+                prepare_qk(q, k, tk, hk, scale, l2, t, qv, kv, part)
+                for a in range(dk):  # S' = alpha S, in place: the pass that reads S' for w
+                    row = S[a]
+                    for c in range(dv):
+                        row[c] = row[c] * alpha
+                col_dot(S, kv, t, dv, w, tmp)                # w = S'^T k
                 for c in range(dv):
-                    row[c] = row[c] * alpha
-            col_dot(S, kv, t, dv, w, tmp)                # w = S'^T k
-            for c in range(dv):
-                u[c] = (widen(v[tk, j, c]) - w[c]) * b
-            for a in range(dk):                          # S = S' + k u^T
-                row = S[a]
-                ka = kv[a]
-                for c in range(dv):
-                    row[c] = fma(ka, u[c], row[c])
-            col_dot(S, qv, t, dv, o[tk, j], tmp)  # o = S^T qs
+                    u[c] = (widen(v[tk, j, c]) - w[c]) * b
+                for a in range(dk):                          # S = S' + k u^T
+                    row = S[a]
+                    ka = kv[a]
+                    for c in range(dv):
+                        row[c] = fma(ka, u[c], row[c])
+                col_dot(S, qv, t, dv, o[tk, j], tmp)  # o = S^T qs
+        lo, hi = pool.claim(work)
 
 
 # ---------------------------------------------------------------- chunked
@@ -329,14 +332,17 @@ def _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v,
 
 @njit(nogil=True, cache=True)
 def _chunked(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-             C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, lo, hi):
-    """Tasks (sequence, value head) [lo, hi), as _serial, plus: opened [N] open rows of the incoming state
+             C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, work):
+    """Tasks (sequence, value head) claimed from ``work``, as _serial, plus: opened [N] open rows of the incoming state
     (open_* [N, C, ...] float32); writes S_out (state at the last chunk boundary), final_out (after the
     last token; if want_final) and new_* (the rows after the last boundary, zeros past them: the caller
     passes zeros)."""
-    for task in range(lo, hi):
-        _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
-                      C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task)
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for task in range(lo, hi):
+            _chunked_task(q, k, v, g, beta, starts, lengths, opened, S0, open_k, open_v, open_g, open_beta,
+                          C, scale, l2, t, want_final, o, S_out, final_out, new_k, new_v, new_g, new_beta, task)
+        lo, hi = pool.claim(work)
 
 
 # ---------------------------------------------------------------- entry point

@@ -23,10 +23,13 @@ def _gating_row(A_log, a, dt_bias, b, g, beta, r):
 
 
 @njit(nogil=True, cache=True)
-def _gating(A_log, a, dt_bias, b, g, beta, lo, hi):
-    """Rows [lo, hi) (pool.run splits them over threads)."""
-    for r in range(lo, hi):
-        _gating_row(A_log, a, dt_bias, b, g, beta, r)
+def _gating(A_log, a, dt_bias, b, g, beta, work):
+    """Rows claimed from ``work`` (pool.run runs it on several threads)."""
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            _gating_row(A_log, a, dt_bias, b, g, beta, r)
+        lo, hi = pool.claim(work)
 
 
 def gdn_gating(A_log, a, dt_bias, b):
@@ -43,23 +46,26 @@ def gdn_gating(A_log, a, dt_bias, b):
 
 
 @njit(nogil=True, cache=True)
-def _conv(x, starts, lengths, prev, w, bias, has_bias, silu, y, lo, hi):
-    """Tasks (sequence, channel) [lo, hi) of x [tokens, D]; prev [N, K-1, D] (the previous inputs); w [D, K];
-    bias [D] -> y [tokens, D].
+def _conv(x, starts, lengths, prev, w, bias, has_bias, silu, y, work):
+    """Tasks (sequence, channel), claimed from ``work``, of x [tokens, D]; prev [N, K-1, D] (the previous inputs);
+    w [D, K]; bias [D] -> y [tokens, D].
 
     Tap i of output t reads input t-K+1+i: the previous inputs for t-K+1+i < 0, else x."""
     d, kw = w.shape
-    for task in range(lo, hi):
-        s = task // d
-        c = task % d
-        b0 = widen(bias[c]) if has_bias else ZERO
-        for t in range(lengths[s]):
-            acc = b0
-            for i in range(kw):
-                src = t - kw + 1 + i
-                xv = widen(x[starts[s] + src, c]) if src >= 0 else widen(prev[s, kw - 1 + src, c])
-                acc = fma(widen(w[c, i]), xv, acc)
-            y[starts[s] + t, c] = silu_f32(acc) if silu else acc
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for task in range(lo, hi):
+            s = task // d
+            c = task % d
+            b0 = widen(bias[c]) if has_bias else ZERO
+            for t in range(lengths[s]):
+                acc = b0
+                for i in range(kw):
+                    src = t - kw + 1 + i
+                    xv = widen(x[starts[s] + src, c]) if src >= 0 else widen(prev[s, kw - 1 + src, c])
+                    acc = fma(widen(w[c, i]), xv, acc)
+                y[starts[s] + t, c] = silu_f32(acc) if silu else acc
+        lo, hi = pool.claim(work)
 
 
 def causal_conv1d(x, weight, bias, conv_state, activation, cu_seqlens):

@@ -162,22 +162,31 @@ def _transpose_rows(CT, C, m0, m1):
 
 
 @njit(nogil=True, cache=True)
-def _pack_panels(B, nk, P, lo, hi):
-    for b in range(lo, hi):
-        _pack_panel(B, nk, P, b)
+def _pack_panels(B, nk, P, work):
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for b in range(lo, hi):
+            _pack_panel(B, nk, P, b)
+        lo, hi = pool.claim(work)
 
 
 @njit(nogil=True, cache=True)
-def _gemm_tasks(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, lo, hi):
+def _gemm_tasks(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, work):
     tot = np.empty(_R * _L, np.float32)
-    for task in range(lo, hi):
-        _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot)
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for task in range(lo, hi):
+            _gemm_task(a, rows, K, p, panels, c, ncols, T, bias, bias_rows, task, tot)
+        lo, hi = pool.claim(work)
 
 
 @njit(nogil=True, cache=True)
-def _transpose_blocks(CT, C, lo, hi):
-    for blk in range(lo, hi):
-        _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
+def _transpose_blocks(CT, C, work):
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for blk in range(lo, hi):
+            _transpose_rows(CT, C, blk * _L, min(blk * _L + _L, C.shape[0]))
+        lo, hi = pool.claim(work)
 
 
 def _gemm_into(A, B, nk, C, T, bias, xpacked):
@@ -356,14 +365,17 @@ def _stream_task(x, M, b, N, K, T, bias, c, blk, pf_end, o, xo, tmp, tot):
 
 
 @njit(nogil=True, cache=True)
-def _stream_tasks(x, M, b, N, K, T, bias, c, lo, hi):
+def _stream_tasks(x, M, b, N, K, T, bias, c, work):
     o = np.empty(_SN, np.uint64)
     xo = np.empty(_STREAM_ROWS, np.uint64)
     tmp = np.empty(_SN, np.float32)
     tot = np.empty(_STREAM_ROWS * _SN, np.float32)
-    pf_end = uint64(min(hi * _SN, N)) * uint64(K)  # past the range's last weight row: prefetch nothing
-    for blk in range(lo, hi):
-        _stream_task(x, M, b, N, K, T, bias, c, blk, pf_end, o, xo, tmp, tot)
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        pf_end = uint64(min(hi * _SN, N)) * uint64(K)  # past the range's last weight row: prefetch nothing
+        for blk in range(lo, hi):
+            _stream_task(x, M, b, N, K, T, bias, c, blk, pf_end, o, xo, tmp, tot)
+        lo, hi = pool.claim(work)
 
 
 def _stream_into(x32, B, C, T, bias):

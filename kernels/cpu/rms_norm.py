@@ -27,10 +27,13 @@ def _rms_row(h, w, eps, t, out, r):
 
 
 @njit(nogil=True, cache=True)
-def _rms_tasks(h, w, eps, t, out, lo, hi):
-    """Rows [lo, hi) (pool.run splits them over threads)."""
-    for r in range(lo, hi):
-        _rms_row(h, w, eps, t, out, r)
+def _rms_tasks(h, w, eps, t, out, work):
+    """Rows claimed from ``work`` (pool.run runs it on several threads)."""
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            _rms_row(h, w, eps, t, out, r)
+        lo, hi = pool.claim(work)
 
 
 def rms_norm(x, weight, eps, residual, spec):

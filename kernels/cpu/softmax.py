@@ -101,10 +101,13 @@ def _softmax_row(x, t, kind, out, r):
 
 
 @njit(nogil=True, cache=True)
-def _softmax_tasks(x, t, kind, out, lo, hi):
-    """Rows [lo, hi) (pool.run splits them over threads)."""
-    for r in range(lo, hi):
-        _softmax_row(x, t, kind, out, r)
+def _softmax_tasks(x, t, kind, out, work):
+    """Rows claimed from ``work`` (pool.run runs it on several threads)."""
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            _softmax_row(x, t, kind, out, r)
+        lo, hi = pool.claim(work)
 
 
 def _softmax_rows(x, t, kind, out):
@@ -155,9 +158,12 @@ def _logprob_row(logits, row0, tokens, temp, scale, t, out, r):
 
 
 @njit(nogil=True, cache=True)
-def _logprob_tasks(logits, row0, tokens, temp, scale, t, out, lo, hi):
-    for r in range(lo, hi):
-        _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+def _logprob_tasks(logits, row0, tokens, temp, scale, t, out, work):
+    lo, hi = pool.claim(work)
+    while lo < hi:
+        for r in range(lo, hi):
+            _logprob_row(logits, row0, tokens, temp, scale, t, out, r)
+        lo, hi = pool.claim(work)
 
 
 def logprob_rows(logits, row0, tokens, temp, scale, t, out):

@@ -328,7 +328,11 @@ def main():
     results = []
     for run in spec["runs"]:
         if run.get("import_hal"):
-            import hal  # noqa: F401  (a trainer process: numba is imported before the engine's worker starts)
+            # a trainer process: it ran a cpu-backend op (numba loaded) before the engine's worker starts. (``import
+            # hal`` alone no longer loads numba.)
+            import hal
+            import torch
+            hal.softmax(torch.randn(2, 4), backend="cpu")
         try:
             results.append(run_async(run) if run.get("async") else run_one(run))
         except Exception as e:
