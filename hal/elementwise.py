@@ -242,11 +242,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     if half == 0 or 2 * half > x.shape[-1]:
         raise InputError(f"cos.shape[-1] (R/2) must be in [1, D/2] with D = x.shape[-1] = {x.shape[-1]}; got {half}")
     want = (*x.shape[:-1], half)
-    try:
-        ok = tuple(torch.broadcast_shapes(tuple(cos.shape), want)) == want
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not v.broadcasts_to(cos.shape, want):
         raise InputError(f"cos/sin shape {tuple(cos.shape)} must broadcast to x.shape[:-1] + (R/2,) = {want} "
                          "(e.g. cos[:, :, None, :] for x [B, T, H, D] and cos [B, T, R/2])")
     s, impl = resolve("apply_rotary", spec, backend, x.dtype, x=x, cos=cos, sin=sin)

@@ -146,6 +146,14 @@ def real(name: str, value, *, allow_inf: bool = False) -> float:
     return f
 
 
+def broadcasts_to(shape, want) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to exactly ``want`` (numpy's rule, right-aligned: each dim of
+    ``shape`` is want's or 1, and it has no more dims). Plain Python: torch.broadcast_shapes costs ~30 us a call,
+    about the whole kernel of a decode step's rotary."""
+    shape, want = tuple(shape), tuple(want)
+    return len(shape) <= len(want) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(want)))
+
+
 def mask01(name: str, t, shape) -> torch.Tensor:
     """A token mask of ``shape``: bool, or integer / float values that are all exactly 0 or 1 (never a
     0.5 that would silently count as True). Returns it as bool."""

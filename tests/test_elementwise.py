@@ -258,3 +258,22 @@ def test_gdn_gating_uses_the_elementwise_definitions():
     g, beta = hal.gdn_gating(A_log, a, dt_bias, b)
     assert _bits_equal(beta, hal.sigmoid(b))
     assert _bits_equal(g, -(exp(A_log) * hal.softplus(a + dt_bias)))
+
+
+def test_broadcasts_to_is_torchs_rule():
+    """hal.validate.broadcasts_to (apply_rotary's shape check, in plain Python) answers as torch.broadcast_shapes
+    does, for shapes that broadcast, that broadcast to a larger shape, that do not, and with empty dims."""
+    from hal import validate
+    want_shapes = [(8, 16, 32), (2, 3, 4, 5), (0, 4), (1, 4), (3,)]
+    cands = [(8, 1, 32), (1, 32), (32,), (16, 32), (8, 16, 32), (2, 16, 32), (1, 8, 16, 32), (3, 1, 5), (4, 5), (1,),
+             (0, 4), (1, 4), (0, 1), (2, 4), (3,), (), (1, 1, 1, 1, 1)]
+    seen = set()
+    for want in want_shapes:
+        for shape in cands:
+            try:
+                torch_says = tuple(torch.broadcast_shapes(shape, want)) == want
+            except RuntimeError:
+                torch_says = False
+            assert validate.broadcasts_to(shape, want) == torch_says, (shape, want)
+            seen.add(torch_says)
+    assert seen == {True, False}  # both answers were asked for

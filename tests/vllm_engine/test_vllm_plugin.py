@@ -411,7 +411,7 @@ def test_switch_values_other_than_documented_are_refused(monkeypatch):
 
 
 def test_colocated_engines_after_import_hal(models, tmp_path):
-    """A trainer process that imported hal (numba) builds in-process engines one after another, the plugin off;
+    """A trainer process that ran a lockstep cpu op (numba loaded) builds in-process engines one after another, the plugin off;
     without lockstep's llvmlite guard (its entry point not loaded: VLLM_PLUGINS names another plugin) vLLM's
     worker start crashes on llvmlite's ffi object -- the negative control."""
     path, dtype = models[("qwen3", "float32")], "float32"
@@ -609,3 +609,48 @@ def test_weight_change_while_requests_run_is_refused_and_leaves_the_engine_consi
         fresh = after[1:] if kind == "admission" else after
         assert all(o["cached"] == 0 for o in fresh), (kind, [o["cached"] for o in after])
         assert differing(path, case[1], long_prompts, after) == (0, 0), kind
+
+
+_ROTARY_PROGRAM = r"""
+import json, sys, torch, hal
+from vllm.config import VllmConfig, set_current_vllm_config
+from hal.integrations.vllm import layers
+with set_current_vllm_config(VllmConfig()):
+    rope = layers.LockstepRotaryEmbedding(64, 64, 1024, 10000.0, True, torch.bfloat16)
+built, real = [], hal.rotary_cos_sin
+def counted(*a, **k):
+    built.append(1)
+    return real(*a, **k)
+hal.rotary_cos_sin = counted
+g = torch.Generator().manual_seed(0)
+q = torch.randn(8, 4 * 64, generator=g).bfloat16()
+k = torch.randn(8, 2 * 64, generator=g).bfloat16()
+def fresh(pos):
+    cos, sin = real(pos, 64, inv_freq=layers.hf_default_inv_freq(10000.0, 64))
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return [hal.apply_rotary(x.reshape(8, -1, 64), c, s).reshape(x.shape) for x in (q, k)]
+def bits(ts):
+    return [t.view(torch.int16).tolist() for t in ts]
+with torch.inference_mode():
+    pos = torch.arange(40, 48)
+    first = bits(rope.forward(pos, q, k))
+    again = bits(rope.forward(pos.clone(), q, k))  # another layer: equal positions, another tensor
+    tables_built = len(built)
+    pos += 1  # the engine's next step: its positions buffer rewritten in place
+    moved = bits(rope.forward(pos, q, k))
+    print(json.dumps(dict(first=first == bits(fresh(torch.arange(40, 48))), again=again == first, built=tables_built,
+                          moved=moved == bits(fresh(torch.arange(41, 49))), stale_differs=moved != first,
+                          built_after=len(built))))
+"""
+
+
+def test_rotary_tables_are_reused_across_layers_only_for_equal_positions(tmp_path):
+    """The plugin's rotary module (one per model in vLLM) keeps the last tables and reuses them when a layer passes
+    equal positions: the second layer builds none, its bits the first's. The engine's next step rewrites the
+    positions buffer in place: new tables, the fresh computation's bits -- and not the first step's (the control:
+    tables kept by the tensor's identity would have returned those)."""
+    env = dict(os.environ, LOCKSTEP_VLLM="1")
+    proc = subprocess.run([sys.executable, "-c", _ROTARY_PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res == dict(first=True, again=True, built=1, moved=True, stale_differs=True, built_after=2), res

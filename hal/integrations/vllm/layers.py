@@ -79,12 +79,29 @@ class LockstepRotaryEmbedding(RotaryEmbedding):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._lockstep_inv_freq = hf_default_inv_freq(self.base, self.rotary_dim)
+        self._lockstep_last = None  # (positions, cos, sin) of the last eager call
+
+    def tables(self, positions):
+        """float32 (cos, sin) for ``positions``. vLLM builds one rotary module for every layer of a model
+        (``get_rope`` keeps them by configuration) and each layer of a forward passes the same positions, so the
+        last tables are reused when the positions equal the last ones -- compared value by value (a copy is kept:
+        the engine rewrites its positions buffer in place between steps, and inference tensors have no version
+        counter). Traced (torch.compile) calls build their tables in the graph."""
+        if torch.compiler.is_compiling():
+            return hal.rotary_cos_sin(positions, self.rotary_dim, inv_freq=self._lockstep_inv_freq)
+        last = self._lockstep_last
+        if (last is not None and last[0].shape == positions.shape and last[0].dtype == positions.dtype
+                and torch.equal(last[0], positions)):
+            return last[1], last[2]
+        cos, sin = hal.rotary_cos_sin(positions, self.rotary_dim, inv_freq=self._lockstep_inv_freq)
+        self._lockstep_last = (positions.clone(), cos, sin)
+        return cos, sin
 
     def forward(self, positions, query, key=None):
         if not self.is_neox_style:
             raise UnsupportedError("interleaved (GPT-J style) rotary embeddings are not supported by lockstep's vLLM "
                                    "plugin (the tested models use the half-split NeoX layout)")
-        cos, sin = hal.rotary_cos_sin(positions, self.rotary_dim, inv_freq=self._lockstep_inv_freq)
+        cos, sin = self.tables(positions)
         c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [tokens, 1, rotary_dim / 2]: every head alike
 
         def rotate(x):
