@@ -256,9 +256,10 @@ class _Worker:
                 self.caller_waiting = False
                 self.ended.put(None)
             if job == finished:  # none came
+                self.idle = True  # before the look: a post after the look sees the flag, and wakes this thread
                 if self.ctl[_POSTED] == finished:
-                    self.idle = True
                     self.wake.get()
+                self.idle = False
                 continue
             try:
                 if self.ctl[_KIND] == _KERNEL:
