@@ -136,12 +136,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                  alibi_slopes=(alibi_slopes, lambda x: x is None))
     cq = checks.cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     ck = checks.cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
-    if cq.shape != ck.shape:
-        raise InputError(f"cu_seqlens_q has {cq.shape[0] - 1} sequences but cu_seqlens_k has {ck.shape[0] - 1}; "
+    if len(cq) != len(ck):
+        raise InputError(f"cu_seqlens_q has {len(cq) - 1} sequences but cu_seqlens_k has {len(ck) - 1}; "
                          "both describe the same batch")
     maxes = []
     for name, cu, given in (("max_seqlen_q", cq, max_seqlen_q), ("max_seqlen_k", ck, max_seqlen_k)):
-        need = int((cu[1:] - cu[:-1]).max())
+        need = checks.longest(cu)
         try:
             got = operator.index(given)
         except TypeError:

@@ -52,21 +52,29 @@ def only_defaults(**kw) -> None:
             raise InputError(f"{name}={val!r} is not supported by lockstep attention (leave it at its default)")
 
 
-def cu_seqlens(name: str, cu, total: int) -> torch.Tensor:
+def cu_seqlens(name: str, cu, total: int) -> list[int]:
+    """The cumulative sequence lengths ``cu`` as Python ints, checked: ``[0, end_0, end_1, ...]``, non-decreasing,
+    at most ``total`` packed rows. The values are read from the device once (one transfer, where a check per
+    tensor expression would sync once each: a serving step runs this twice per attention layer)."""
     chk.tensor(name, cu, ndim=1)
     chk.integer(name, cu)
-    if cu.shape[0] < 2:
-        raise InputError(f"{name} must have batch+1 >= 2 entries [0, end_0, end_1, ...], got {cu.tolist()}")
-    c = cu.detach().cpu().to(torch.int64)
-    if int(c[0]) != 0:
-        raise InputError(f"{name}[0] must be 0, got {int(c[0])}")
-    if bool((c[1:] < c[:-1]).any()):
-        b = int((c[1:] < c[:-1]).nonzero()[0, 0])
-        raise InputError(f"{name} must be non-decreasing (cumulative sequence lengths), but {name}[{b + 1}] = "
-                         f"{int(c[b + 1])} < {name}[{b}] = {int(c[b])}")
-    if int(c[-1]) > total:
-        raise InputError(f"{name}[-1] = {int(c[-1])} exceeds the number of packed tokens ({total})")
+    c = cu.tolist()
+    if len(c) < 2:
+        raise InputError(f"{name} must have batch+1 >= 2 entries [0, end_0, end_1, ...], got {c}")
+    if c[0] != 0:
+        raise InputError(f"{name}[0] must be 0, got {c[0]}")
+    for b in range(1, len(c)):
+        if c[b] < c[b - 1]:
+            raise InputError(f"{name} must be non-decreasing (cumulative sequence lengths), but {name}[{b}] = "
+                             f"{c[b]} < {name}[{b - 1}] = {c[b - 1]}")
+    if c[-1] > total:
+        raise InputError(f"{name}[-1] = {c[-1]} exceeds the number of packed tokens ({total})")
     return c
+
+
+def longest(cu: list[int]) -> int:
+    """The longest sequence of checked cumulative lengths (:func:`cu_seqlens`)."""
+    return max(b - a for a, b in zip(cu, cu[1:]))
 
 
 def no_grad_needed(op: str, **tensors) -> None:
