@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import struct
 
 import torch
 
@@ -62,6 +63,16 @@ def dim_eq(what: str, got: int, want: int, fix: str = "") -> None:
 _F32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
 
 
+def as_float32(f: float) -> float:
+    """``f`` rounded to the nearest float32 (ties to even: the conversion the kernels' float32 arguments go
+    through), infinite where that overflows. Plain Python (``struct``): a torch scalar tensor costs microseconds,
+    and every norm and softmax call checks its scalars."""
+    try:
+        return struct.unpack("f", struct.pack("f", f))[0]
+    except OverflowError:  # finite, but past float32's largest value once rounded
+        return math.copysign(math.inf, f)
+
+
 def scalar(name: str, value, *, positive: bool = False, reciprocal: bool = False) -> float:
     """A real-number argument, checked as the float32 number the kernels use (they round it to float32).
 
@@ -73,7 +84,7 @@ def scalar(name: str, value, *, positive: bool = False, reciprocal: bool = False
                                                                  value.dtype in (torch.int32, torch.int64)):
         value = value.item()
     f = _real_number(name, value)
-    f32 = float(torch.tensor(f, dtype=torch.float32))
+    f32 = as_float32(f)
     if not math.isfinite(f32):
         raise InputError(f"{name} must be finite as the float32 number the op uses, got {value!r} "
                          f"(float32: {f32})")

@@ -149,6 +149,37 @@ def test_scalar_validator_is_the_one_used_and_keeps_valid_values():
         validate.index_scalar("w", -2, minimum=-1)
 
 
+def test_scalars_round_to_float32_as_torch_does():
+    """validate.as_float32 (plain Python) gives torch's float32 conversion, bit for bit: the edges (signed zeros,
+    subnormals and the halfway points below them, the overflow boundary, infinities, NaN) and random float64
+    bit patterns. Control: a conversion that truncates toward zero instead of rounding differs on the same set."""
+    import math
+    import random
+    import struct
+    big = float(torch.finfo(F32).max)
+    values = [0.0, -0.0, 2.0 ** -149, 2.0 ** -150, 3 * 2.0 ** -151, -(2.0 ** -150), 1e-40, 1 / 3, 0.1, big,
+              3.4028235677973366e38, 3.4028235677973362e38, 3.5e38, -3.5e38, 1e308, math.inf, -math.inf, math.nan]
+    rng = random.Random(0)
+    values += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(4000)]
+    values += [rng.uniform(-1, 1) * 10.0 ** rng.uniform(-48, 39) for _ in range(4000)]
+
+    def bits(f):
+        return struct.pack("d", f) if not math.isnan(f) else b"nan"
+    torch_f32 = [bits(float(torch.tensor(f, dtype=F32))) for f in values]
+    assert [bits(validate.as_float32(f)) for f in values] == torch_f32
+
+    def toward_zero(f):  # the control: the float32 next to the rounded one, toward zero, where rounding went up
+        r = validate.as_float32(f)
+        if math.isnan(f) or math.isinf(f) or abs(r) <= abs(f):
+            return r
+        if math.isinf(r):  # rounded past float32's largest value
+            return math.copysign(big, f)
+        (b,) = struct.unpack("<I", struct.pack("<f", r))
+        return struct.unpack("<f", struct.pack("<I", b - 1))[0]  # one step down in magnitude, sign kept
+    control = [bits(toward_zero(f)) for f in values]
+    assert sum(a != b for a, b in zip(control, torch_f32)) > 1000
+
+
 def test_valid_edge_scalars_still_run():
     h, w, tok = torch.full((2, 4), 0.1), torch.ones(10, 4), torch.tensor([1, 2])
     lp = hal.token_logprobs(h, w, tok, torch.finfo(F32).tiny * 4)  # equal logits: log(1/10) each
